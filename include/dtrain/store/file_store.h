@@ -1,0 +1,46 @@
+#pragma once
+
+// Store kept in a file on a filesystem every rank can see (a shared NFS
+// directory, or /tmp on one machine). The file is an append-only log of
+// records guarded by flock(2); a torn record at the end (a writer killed
+// mid-write) is ignored. num_users counts the FileStore objects open on the
+// path; the last one to close removes the file, as torch's FileStore does.
+
+#include <mutex>
+#include <map>
+
+#include "dtrain/store/store.h"
+
+namespace dtrain {
+
+class FileStore : public Store {
+ public:
+  explicit FileStore(std::string path,
+                     std::chrono::milliseconds timeout = kDefaultTimeout);
+  ~FileStore() override;
+
+  void set(const std::string& key, const std::vector<uint8_t>& value) override;
+  using Store::set;
+  std::vector<uint8_t> get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  std::vector<uint8_t> compare_set(const std::string& key,
+                                   const std::vector<uint8_t>& expected,
+                                   const std::vector<uint8_t>& desired) override;
+  bool check(const std::vector<std::string>& keys) override;
+  bool delete_key(const std::string& key) override;
+  int64_t num_keys() override;
+  void wait(const std::vector<std::string>& keys,
+            std::chrono::milliseconds timeout) override;
+  using Store::wait;
+
+  const std::string& path() const { return path_; }
+
+ private:
+  class Locked;
+  std::string path_;
+  std::mutex mutex_;  // one file operation at a time within this process
+  std::map<std::string, std::vector<uint8_t>> cache_;
+  int64_t cache_offset_ = 0;
+};
+
+}  // namespace dtrain

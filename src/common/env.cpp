@@ -1,0 +1,68 @@
+#include "common/env.h"
+
+#include <cerrno>
+#include <cstdlib>
+
+#include "common/enforce.h"
+
+namespace dtrain::env {
+
+const Var kRank{"RANK", nullptr, "Global rank of this process (0..WORLD_SIZE-1)."};
+const Var kWorldSize{"WORLD_SIZE", nullptr, "Number of ranks in the job."};
+const Var kLocalRank{"LOCAL_RANK", nullptr,
+                     "Rank of this process on its machine (set by launchers)."};
+const Var kMasterAddr{"MASTER_ADDR", nullptr,
+                      "Host of rank 0's TCP store for env:// (name or address)."};
+const Var kMasterPort{"MASTER_PORT", nullptr, "Port of rank 0's TCP store for env://."};
+const Var kUseAgentStore{
+    "TORCHELASTIC_USE_AGENT_STORE", "False",
+    "True when torchrun's agent already hosts the store on MASTER_PORT; ranks "
+    "then connect to it as clients."};
+const Var kRestartCount{"TORCHELASTIC_RESTART_COUNT", "0",
+                        "Restart attempt number; store keys are scoped by it."};
+const Var kOmpiRank{"OMPI_COMM_WORLD_RANK", nullptr, "Rank under mpirun (when RANK is unset)."};
+const Var kOmpiSize{"OMPI_COMM_WORLD_SIZE", nullptr,
+                    "World size under mpirun (when WORLD_SIZE is unset)."};
+const Var kSlurmProcId{"SLURM_PROCID", nullptr, "Rank under srun (when RANK is unset)."};
+const Var kSlurmNTasks{"SLURM_NTASKS", nullptr,
+                       "World size under srun (when WORLD_SIZE is unset)."};
+const Var kDebug{"DTRAIN_DEBUG", "OFF",
+                 "OFF, INFO (log group creation and timings) or DETAIL (also "
+                 "fingerprint every collective across ranks before it runs)."};
+const Var kSocketIfname{"DTRAIN_SOCKET_IFNAME", nullptr,
+                        "Network interface for gloo's TCP connections (e.g. eth0)."};
+const Var kGlooSocketIfname{"GLOO_SOCKET_IFNAME", nullptr,
+                            "PyTorch's name for DTRAIN_SOCKET_IFNAME, honoured when that is unset."};
+const Var kTimeout{"DTRAIN_TIMEOUT", "1800",
+                   "Default timeout in seconds of every blocking call when "
+                   "InitOptions().timeout is not given."};
+
+const std::vector<const Var*>& all() {
+  static const std::vector<const Var*> vars{
+      &kRank,      &kWorldSize, &kLocalRank,    &kMasterAddr,   &kMasterPort,
+      &kUseAgentStore, &kRestartCount, &kOmpiRank, &kOmpiSize, &kSlurmProcId,
+      &kSlurmNTasks, &kDebug,   &kSocketIfname, &kGlooSocketIfname, &kTimeout};
+  return vars;
+}
+
+std::optional<std::string> get(const Var& var) {
+  if (const char* v = std::getenv(var.name)) return std::string(v);
+  if (var.default_value) return std::string(var.default_value);
+  return std::nullopt;
+}
+
+std::optional<long long> get_int(const Var& var, long long lo, long long hi) {
+  auto text = get(var);
+  if (!text) return std::nullopt;
+  errno = 0;
+  char* end = nullptr;
+  long long value = std::strtoll(text->c_str(), &end, 10);
+  DTRAIN_CHECK_ARG(!text->empty() && end && *end == '\0' && errno == 0,
+                   "environment variable ", var.name, "='", *text,
+                   "' is not an integer");
+  DTRAIN_CHECK_ARG(value >= lo && value <= hi, "environment variable ", var.name,
+                   "=", value, " is out of range (expected ", lo, "..", hi, ")");
+  return value;
+}
+
+}  // namespace dtrain::env

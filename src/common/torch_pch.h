@@ -1,0 +1,2 @@
+// Precompiled once per target (CMake target_precompile_headers).
+#include <ATen/ATen.h>
