@@ -18,6 +18,19 @@ std::string cat(const Args&... args) {
   return out.str();
 }
 
+// "0, 1, 3" for any iterable of streamable values.
+template <typename Range>
+std::string join(const Range& values, const char* sep = ", ") {
+  std::ostringstream out;
+  bool first = true;
+  for (const auto& v : values) {
+    if (!first) out << sep;
+    out << v;
+    first = false;
+  }
+  return out.str();
+}
+
 template <typename A, typename B>
 [[noreturn]] void enforce_failed(const char* file, int line, const char* expr,
                                  const A& a, const B& b) {

@@ -37,10 +37,18 @@ class FileStore : public Store {
 
  private:
   class Locked;
+  // Polls the file until every key exists (then copies the first key's value
+  // into *value when value is non-null) or throws TimeoutError.
+  void poll_for(const std::vector<std::string>& keys, std::chrono::milliseconds timeout,
+                std::vector<uint8_t>* value);
   std::string path_;
   std::mutex mutex_;  // one file operation at a time within this process
+  // The records read so far from the file generation (device, inode)
+  // identified below; cache_offset_ is where the next record starts.
   std::map<std::string, std::vector<uint8_t>> cache_;
   int64_t cache_offset_ = 0;
+  uint64_t cache_dev_ = 0;
+  uint64_t cache_ino_ = 0;
 };
 
 }  // namespace dtrain

@@ -1,0 +1,124 @@
+#pragma once
+
+// torch.distributed for C++: the default process group, subgroups and the
+// collective functions. Names, argument order and semantics follow
+// torch.distributed; ranks given to these functions (src, dst) are *global*
+// ranks, also when a subgroup is passed, exactly as in PyTorch.
+//
+//   dtrain::init_process_group();                 // env://, backend gloo
+//   dtrain::all_reduce(t);                        // SUM, in place, blocking
+//   auto w = dtrain::all_reduce(t, dtrain::AllReduceOptions()
+//                                      .op(dtrain::ReduceOp::AVG).async_op(true));
+//   w->wait();
+//
+// Every call returns a Work; without async_op it has already completed.
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtrain/arg.h"
+#include "dtrain/process_group.h"
+#include "dtrain/store/store.h"
+
+namespace dtrain {
+
+struct InitOptions {
+  // "gloo" (default). "nccl" and "mpi" name backends that a build may lack.
+  DTRAIN_ARG(std::string, backend) = "gloo";
+  // "env://" (MASTER_ADDR, MASTER_PORT), "tcp://host:port" or
+  // "file:///path"; ignored when store() is given.
+  DTRAIN_ARG(std::string, init_method) = "env://";
+  // -1: from RANK / WORLD_SIZE, else OMPI_COMM_WORLD_*, else SLURM_*.
+  DTRAIN_ARG(int, rank) = -1;
+  DTRAIN_ARG(int, world_size) = -1;
+  // Default timeout of every blocking call; unset: DTRAIN_TIMEOUT (1800 s).
+  DTRAIN_ARG(std::optional<std::chrono::milliseconds>, timeout) = std::nullopt;
+  // Rendezvous through this store instead of init_method.
+  DTRAIN_ARG(std::shared_ptr<Store>, store) = nullptr;
+};
+
+// Creates the default group. Validates every input first (InvalidArgument
+// naming the variable and its value), then waits until all ranks joined
+// (TimeoutError "x/y ranks joined", naming the missing ranks).
+void init_process_group(const InitOptions& options = InitOptions());
+bool is_initialized();
+// Waits for the default group's queued work, then releases every group.
+void destroy_process_group();
+int get_rank();
+int get_world_size();
+std::shared_ptr<ProcessGroup> default_group();
+// The store of the default group (for user-level rendezvous data).
+std::shared_ptr<Store> default_store();
+
+struct NewGroupOptions {
+  DTRAIN_ARG(std::string, backend) = "";  // empty: the default group's
+  DTRAIN_ARG(std::optional<std::chrono::milliseconds>, timeout) = std::nullopt;
+};
+
+// Every rank of the default group must call new_group with the same ranks,
+// in the same order of new_group calls. Ranks outside `ranks` get a handle
+// whose rank() is -1 and whose collectives throw InvalidArgument.
+std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks,
+                                        const NewGroupOptions& options = NewGroupOptions());
+
+// Backends are looked up by name; register your own before init.
+using BackendFactory = std::function<std::shared_ptr<ProcessGroup>(
+    std::shared_ptr<Store> store, int rank, int size, const GroupOptions& options)>;
+void register_backend(const std::string& name, BackendFactory factory);
+std::vector<std::string> available_backends();
+// Builds a group directly on a store (tests, custom launchers). Throws
+// BackendUnavailable for an unknown backend or one this build lacks.
+std::shared_ptr<ProcessGroup> create_process_group(const std::string& backend,
+                                                   std::shared_ptr<Store> store, int rank,
+                                                   int size,
+                                                   const GroupOptions& options = GroupOptions());
+
+// --- collectives ---------------------------------------------------------
+struct ReduceOptions {
+  DTRAIN_ARG(ReduceOp, op) = ReduceOp::SUM;
+  DTRAIN_ARG(bool, async_op) = false;
+  DTRAIN_ARG(std::shared_ptr<ProcessGroup>, group) = nullptr;  // null: default group
+  DTRAIN_ARG(Timeout, timeout) = std::nullopt;                 // unset: the group's
+};
+using AllReduceOptions = ReduceOptions;
+using ReduceScatterOptions = ReduceOptions;
+
+struct CollectiveOptions {
+  DTRAIN_ARG(bool, async_op) = false;
+  DTRAIN_ARG(std::shared_ptr<ProcessGroup>, group) = nullptr;
+  DTRAIN_ARG(Timeout, timeout) = std::nullopt;
+};
+
+struct P2POptions {
+  DTRAIN_ARG(int, tag) = 0;
+  DTRAIN_ARG(std::shared_ptr<ProcessGroup>, group) = nullptr;
+  DTRAIN_ARG(Timeout, timeout) = std::nullopt;
+};
+
+WorkPtr all_reduce(at::Tensor tensor, const AllReduceOptions& options = AllReduceOptions());
+WorkPtr broadcast(at::Tensor tensor, int src, const CollectiveOptions& options = CollectiveOptions());
+WorkPtr reduce(at::Tensor tensor, int dst, const ReduceOptions& options = ReduceOptions());
+WorkPtr all_gather(const std::vector<at::Tensor>& outputs, at::Tensor input,
+                   const CollectiveOptions& options = CollectiveOptions());
+// `outputs` only on dst (one per rank); other ranks pass {}.
+WorkPtr gather(at::Tensor input, const std::vector<at::Tensor>& outputs, int dst,
+               const CollectiveOptions& options = CollectiveOptions());
+// `inputs` only on src (one per rank); other ranks pass {}.
+WorkPtr scatter(at::Tensor output, const std::vector<at::Tensor>& inputs, int src,
+                const CollectiveOptions& options = CollectiveOptions());
+WorkPtr reduce_scatter(at::Tensor output, const std::vector<at::Tensor>& inputs,
+                       const ReduceScatterOptions& options = ReduceScatterOptions());
+WorkPtr all_to_all(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
+                   const CollectiveOptions& options = CollectiveOptions());
+WorkPtr barrier(const CollectiveOptions& options = CollectiveOptions());
+// Blocking point to point, and their asynchronous forms.
+void send(at::Tensor tensor, int dst, const P2POptions& options = P2POptions());
+void recv(at::Tensor tensor, int src, const P2POptions& options = P2POptions());
+WorkPtr isend(at::Tensor tensor, int dst, const P2POptions& options = P2POptions());
+WorkPtr irecv(at::Tensor tensor, int src, const P2POptions& options = P2POptions());
+
+}  // namespace dtrain

@@ -1,0 +1,13 @@
+#pragma once
+
+// Umbrella header: everything a training program needs.
+
+#include "dtrain/distributed.h"
+#include "dtrain/errors.h"
+#include "dtrain/process_group.h"
+#include "dtrain/store/file_store.h"
+#include "dtrain/store/hash_store.h"
+#include "dtrain/store/prefix_store.h"
+#include "dtrain/store/store.h"
+#include "dtrain/store/tcp_store.h"
+#include "dtrain/work.h"

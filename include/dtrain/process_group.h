@@ -1,0 +1,146 @@
+#pragma once
+
+// ProcessGroup: a set of ranks that run collectives together.
+//
+// The public methods below are the same for every backend. They check their
+// arguments before anything is sent (InvalidArgument naming what is wrong),
+// stage non-contiguous tensors through contiguous copies, fingerprint the
+// call across ranks when DTRAIN_DEBUG=DETAIL, number it, and hand it to the
+// backend. Every call returns a Work (see work.h); the operation runs in
+// issue order on the group's own thread, under `timeout` (the group's default
+// when not given). Rank arguments here are ranks *within this group*.
+//
+// Tensors must stay alive and untouched until the Work completes (the Work
+// keeps references, so dropping your handle is fine; writing to an input is
+// not).
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtrain/arg.h"
+#include "dtrain/store/store.h"
+#include "dtrain/work.h"
+
+namespace dtrain {
+
+enum class ReduceOp { SUM, AVG, PRODUCT, MIN, MAX };
+const char* to_string(ReduceOp op);
+
+// Everything a backend needs to build one group.
+struct GroupOptions {
+  DTRAIN_ARG(std::string, name) = "default";
+  // Default timeout of every operation of the group.
+  DTRAIN_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(30);
+  // Address that peers use to reach this rank's listening sockets; empty:
+  // derived from DTRAIN_SOCKET_IFNAME, else 127.0.0.1.
+  DTRAIN_ARG(std::string, local_address) = "";
+  // Global rank of each group rank; empty means the identity.
+  DTRAIN_ARG(std::vector<int>, global_ranks) = {};
+  // Fingerprint each collective across ranks before it runs; unset: on when
+  // DTRAIN_DEBUG=DETAIL.
+  DTRAIN_ARG(std::optional<bool>, check_collectives) = std::nullopt;
+};
+
+using Timeout = std::optional<std::chrono::milliseconds>;
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  // In place: every rank ends with op(tensor of rank 0, ..., rank n-1).
+  // AVG divides the sum by size() (truncating for integer dtypes).
+  WorkPtr all_reduce(at::Tensor tensor, ReduceOp op = ReduceOp::SUM, Timeout timeout = {});
+  WorkPtr broadcast(at::Tensor tensor, int root, Timeout timeout = {});
+  // Root's tensor receives the reduction; other ranks' tensors are unchanged.
+  WorkPtr reduce(at::Tensor tensor, int root, ReduceOp op = ReduceOp::SUM,
+                 Timeout timeout = {});
+  // outputs[i] receives rank i's input; size() outputs, each like input.
+  WorkPtr all_gather(const std::vector<at::Tensor>& outputs, at::Tensor input,
+                     Timeout timeout = {});
+  // Root passes size() outputs; other ranks pass none.
+  WorkPtr gather(const std::vector<at::Tensor>& outputs, at::Tensor input, int root,
+                 Timeout timeout = {});
+  // Root passes size() inputs, each like output; other ranks pass none.
+  WorkPtr scatter(at::Tensor output, const std::vector<at::Tensor>& inputs, int root,
+                  Timeout timeout = {});
+  // output = op over ranks of inputs[rank()]; size() inputs, each like output.
+  WorkPtr reduce_scatter(at::Tensor output, const std::vector<at::Tensor>& inputs,
+                         ReduceOp op = ReduceOp::SUM, Timeout timeout = {});
+  // outputs[j] receives inputs[rank()] of rank j; tensors may differ in size
+  // from one peer to another but not in dtype.
+  WorkPtr all_to_all(const std::vector<at::Tensor>& outputs,
+                     const std::vector<at::Tensor>& inputs, Timeout timeout = {});
+  WorkPtr barrier(Timeout timeout = {});
+  // Point to point. Sends and receives are matched by (peer, tag) in order;
+  // they are posted at once, so isend/irecv pairs in any order never
+  // deadlock.
+  WorkPtr send(at::Tensor tensor, int dst, int tag = 0, Timeout timeout = {});
+  WorkPtr recv(at::Tensor tensor, int src, int tag = 0, Timeout timeout = {});
+
+  int rank() const { return rank_; }  // -1 on a rank that is not a member
+  int size() const { return size_; }
+  const std::string& name() const { return options_.name(); }
+  std::chrono::milliseconds timeout() const { return options_.timeout(); }
+  const std::vector<int>& global_ranks() const { return global_ranks_; }
+  // Group rank of a global rank, or -1 when it is not a member.
+  int group_rank_of(int global_rank) const;
+  virtual std::string backend_name() const = 0;
+  // Device types the backend's collectives accept (kCPU for gloo).
+  virtual bool supports(c10::DeviceType type) const = 0;
+
+ protected:
+  ProcessGroup(int rank, int size, GroupOptions options);
+
+  // One validated call, as the backend receives it.
+  struct Call {
+    const char* op;           // "all_reduce", ...
+    uint64_t seq;             // per group, counts collectives (not p2p)
+    std::chrono::milliseconds timeout;
+    std::string description;  // "all_reduce #3 on group 'default' (rank 1/4)"
+  };
+
+  // Backend hooks. Tensors are dense, contiguous, of one dtype and on a
+  // supported device; lists have the sizes documented above.
+  virtual WorkPtr do_all_reduce(const Call& call, at::Tensor tensor, ReduceOp op) = 0;
+  virtual WorkPtr do_broadcast(const Call& call, at::Tensor tensor, int root) = 0;
+  virtual WorkPtr do_reduce(const Call& call, at::Tensor tensor, int root, ReduceOp op) = 0;
+  virtual WorkPtr do_all_gather(const Call& call, std::vector<at::Tensor> outputs,
+                                at::Tensor input) = 0;
+  virtual WorkPtr do_gather(const Call& call, std::vector<at::Tensor> outputs,
+                            at::Tensor input, int root) = 0;
+  virtual WorkPtr do_scatter(const Call& call, at::Tensor output,
+                             std::vector<at::Tensor> inputs, int root) = 0;
+  virtual WorkPtr do_reduce_scatter(const Call& call, at::Tensor output,
+                                    std::vector<at::Tensor> inputs, ReduceOp op) = 0;
+  virtual WorkPtr do_all_to_all(const Call& call, std::vector<at::Tensor> outputs,
+                                std::vector<at::Tensor> inputs) = 0;
+  virtual WorkPtr do_barrier(const Call& call) = 0;
+  virtual WorkPtr do_send(const Call& call, at::Tensor tensor, int dst, int tag) = 0;
+  virtual WorkPtr do_recv(const Call& call, at::Tensor tensor, int src, int tag) = 0;
+
+  const GroupOptions& options() const { return options_; }
+
+ private:
+  Call next_call(const char* op, Timeout timeout, bool collective);
+  void check_member(const char* op) const;
+  void fingerprint(const Call& call, const at::Tensor& tensor, int64_t root, int64_t reduce_op);
+
+  int rank_;
+  int size_;
+  GroupOptions options_;
+  std::vector<int> global_ranks_;
+  bool check_collectives_;
+  std::mutex issue_mutex_;  // numbering + handing over happen as one step
+  uint64_t next_seq_ = 0;
+  uint64_t next_p2p_ = 0;
+};
+
+}  // namespace dtrain

@@ -1,0 +1,73 @@
+#pragma once
+
+// Work: the handle of one asynchronous operation.
+//
+// Contract (the same for every backend):
+//  - is_completed() is true once the operation has finished, successfully or
+//    not; it never blocks.
+//  - wait(timeout) blocks until the operation finishes. It rethrows the
+//    operation's failure (the same dtrain::Error subtype every time it is
+//    called), or throws dtrain::TimeoutError if the operation is still
+//    running when `timeout` passes. With no argument it waits without a
+//    limit of its own; the operation itself always ends, because every
+//    backend runs it under the group's timeout.
+//  - exception() is null until the operation fails, then holds the failure.
+//  - After wait() returns normally, output tensors hold their results.
+//  - Operations of one group run in the order they were issued, on every
+//    rank; Work handles may be waited on in any order and from any thread.
+// Completion is implemented once, here; backends call finish().
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace dtrain {
+
+class Work {
+ public:
+  static constexpr std::chrono::milliseconds kNoTimeout{-1};
+
+  explicit Work(std::string description = "") : description_(std::move(description)) {}
+  virtual ~Work() = default;
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  bool is_completed() const;
+  bool is_success() const;
+  std::exception_ptr exception() const;
+  void wait(std::chrono::milliseconds timeout = kNoTimeout);
+
+  // What the operation is, e.g. "all_reduce #12 on group 'default'".
+  const std::string& description() const { return description_; }
+
+  // For backends: marks the work finished (with a failure when `error` is
+  // set) and wakes every waiter. Must be called exactly once.
+  void finish(std::exception_ptr error = nullptr);
+
+  // Runs `fn` when the work succeeds, before any waiter is woken, on the
+  // thread that finishes the work (at once if it has already succeeded). An
+  // exception from `fn` becomes the work's failure. Used to copy results
+  // out of staging buffers.
+  void on_success(std::function<void()> fn);
+
+  // A Work that is already completed successfully.
+  static std::shared_ptr<Work> completed(std::string description = "");
+
+ private:
+  const std::string description_;
+  mutable std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool finishing_ = false;
+  bool done_ = false;
+  std::exception_ptr error_;
+  std::vector<std::function<void()>> then_;
+};
+
+using WorkPtr = std::shared_ptr<Work>;
+
+}  // namespace dtrain

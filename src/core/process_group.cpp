@@ -1,0 +1,265 @@
+// The backend-independent half of every collective: argument checks, staging
+// of non-contiguous tensors, numbering, and (DTRAIN_DEBUG=DETAIL) the
+// cross-rank fingerprint. Backends only ever see validated calls.
+
+#include "dtrain/process_group.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "common/enforce.h"
+#include "common/logging.h"
+#include "core/fingerprint.h"
+#include "core/tensor_checks.h"
+
+namespace dtrain {
+
+const char* to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::SUM: return "SUM";
+    case ReduceOp::AVG: return "AVG";
+    case ReduceOp::PRODUCT: return "PRODUCT";
+    case ReduceOp::MIN: return "MIN";
+    case ReduceOp::MAX: return "MAX";
+  }
+  return "?";
+}
+
+ProcessGroup::ProcessGroup(int rank, int size, GroupOptions options)
+    : rank_(rank), size_(size), options_(std::move(options)) {
+  DTRAIN_CHECK_ARG(size > 0, "group '", options_.name(), "': size must be positive, got ", size);
+  DTRAIN_CHECK_ARG(rank >= -1 && rank < size, "group '", options_.name(), "': rank ", rank,
+                   " is out of range for size ", size);
+  global_ranks_ = options_.global_ranks();
+  if (global_ranks_.empty()) {
+    global_ranks_.resize(size);
+    std::iota(global_ranks_.begin(), global_ranks_.end(), 0);
+  }
+  DTRAIN_CHECK_ARG(static_cast<int>(global_ranks_.size()) == size, "group '", options_.name(),
+                   "': ", global_ranks_.size(), " global ranks given for size ", size);
+  check_collectives_ = options_.check_collectives().value_or(debug_level() == DebugLevel::Detail);
+}
+
+int ProcessGroup::group_rank_of(int global_rank) const {
+  auto it = std::find(global_ranks_.begin(), global_ranks_.end(), global_rank);
+  return it == global_ranks_.end() ? -1 : static_cast<int>(it - global_ranks_.begin());
+}
+
+void ProcessGroup::check_member(const char* op) const {
+  if (rank_ >= 0) return;
+  throw InvalidArgument(detail::cat(op, ": this rank is not a member of group '", name(),
+                                    "' (global ranks ", detail::join(global_ranks_), ")"));
+}
+
+ProcessGroup::Call ProcessGroup::next_call(const char* op, Timeout timeout, bool collective) {
+  auto t = timeout.value_or(options_.timeout());
+  DTRAIN_CHECK_ARG(t.count() > 0, op, ": timeout must be positive, got ", t.count(), " ms");
+  uint64_t seq = collective ? next_seq_++ : next_p2p_++;
+  return Call{op, seq, t,
+              detail::cat(op, " #", seq, " on group '", name(), "' (rank ", rank_, "/", size_,
+                          ", backend ", backend_name(), ")")};
+}
+
+void ProcessGroup::fingerprint(const Call& call, const at::Tensor& tensor, int64_t root,
+                               int64_t reduce_op) {
+  if (!check_collectives_ || size_ == 1) return;
+  auto mine = make_fingerprint(call.op, call.seq, tensor, root, reduce_op);
+  std::vector<at::Tensor> rows;
+  for (int i = 0; i < size_; ++i) rows.push_back(at::empty_like(mine));
+  Call check{"fingerprint", call.seq, call.timeout, "fingerprint of " + call.description};
+  do_all_gather(check, rows, mine)->wait();
+  compare_fingerprints(name(), call.seq, rows);
+}
+
+namespace {
+
+// The staging copy of a non-contiguous output is written back once the
+// operation has succeeded.
+at::Tensor stage_output(const at::Tensor& t, std::vector<std::pair<at::Tensor, at::Tensor>>& back) {
+  if (t.is_contiguous()) return t;
+  auto staged = t.contiguous();
+  back.emplace_back(t, staged);
+  return staged;
+}
+
+std::vector<at::Tensor> stage_outputs(const std::vector<at::Tensor>& ts,
+                                      std::vector<std::pair<at::Tensor, at::Tensor>>& back) {
+  std::vector<at::Tensor> out;
+  out.reserve(ts.size());
+  for (const auto& t : ts) out.push_back(stage_output(t, back));
+  return out;
+}
+
+std::vector<at::Tensor> contiguous(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> out;
+  out.reserve(ts.size());
+  for (const auto& t : ts) out.push_back(t.contiguous());
+  return out;
+}
+
+WorkPtr write_back(WorkPtr work, std::vector<std::pair<at::Tensor, at::Tensor>> back) {
+  if (!back.empty()) {
+    work->on_success([back = std::move(back)] {
+      for (const auto& [orig, staged] : back) orig.copy_(staged);
+    });
+  }
+  return work;
+}
+
+}  // namespace
+
+WorkPtr ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op, Timeout timeout) {
+  check_member("all_reduce");
+  TensorChecks c("all_reduce", *this);
+  c.tensor("tensor", tensor);
+  std::lock_guard<std::mutex> lock(issue_mutex_);
+  auto call = next_call("all_reduce", timeout, true);
+  fingerprint(call, tensor, -1, static_cast<int64_t>(op));
+  std::vector<std::pair<at::Tensor, at::Tensor>> back;
+  auto staged = stage_output(tensor, back);
+  return write_back(do_all_reduce(call, staged, op), std::move(back));
+}
+
+WorkPtr ProcessGroup::broadcast(at::Tensor tensor, int root, Timeout timeout) {
+  check_member("broadcast");
+  TensorChecks c("broadcast", *this);
+  c.tensor("tensor", tensor);
+  c.root(root);
+  std::lock_guard<std::mutex> lock(issue_mutex_);
+  auto call = next_call("broadcast", timeout, true);
+  fingerprint(call, tensor, root, -1);
+  std::vector<std::pair<at::Tensor, at::Tensor>> back;
+  auto staged = stage_output(tensor, back);
+  return write_back(do_broadcast(call, staged, root), std::move(back));
+}
+
+WorkPtr ProcessGroup::reduce(at::Tensor tensor, int root, ReduceOp op, Timeout timeout) {
+  check_member("reduce");
+  TensorChecks c("reduce", *this);
+  c.tensor("tensor", tensor);
+  c.root(root);
+  std::lock_guard<std::mutex> lock(issue_mutex_);
+  auto call = next_call("reduce", timeout, true);
+  fingerprint(call, tensor, root, static_cast<int64_t>(op));
+  std::vector<std::pair<at::Tensor, at::Tensor>> back;
+  auto staged = stage_output(tensor, back);
+  return write_back(do_reduce(call, staged, root, op), std::move(back));
+}
+
+WorkPtr ProcessGroup::all_gather(const std::vector<at::Tensor>& outputs, at::Tensor input,
+                                 Timeout timeout) {
+  check_member("all_gather");
+  TensorChecks c("all_gather", *this);
+  c.tensor("input", input);
+  c.list_like("outputs", outputs, input, size_);
+  std::lock_guard<std::mutex> lock(issue_mutex_);
+  auto call = next_call("all_gather", timeout, true);
+  fingerprint(call, input, -1, -1);
+  std::vector<std::pair<at::Tensor, at::Tensor>> back;
+  auto staged = stage_outputs(outputs, back);
+  return write_back(do_all_gather(call, staged, input.contiguous()), std::move(back));
+}
+
+WorkPtr ProcessGroup::gather(const std::vector<at::Tensor>& outputs, at::Tensor input, int root,
+                             Timeout timeout) {
+  check_member("gather");
+  TensorChecks c("gather", *this);
+  c.tensor("input", input);
+  c.root(root);
+  if (rank_ == root) {
+    c.list_like("outputs", outputs, input, size_);
+  } else {
+    c.empty_list("outputs", outputs, root);
+  }
+  std::lock_guard<std::mutex> lock(issue_mutex_);
+  auto call = next_call("gather", timeout, true);
+  fingerprint(call, input, root, -1);
+  std::vector<std::pair<at::Tensor, at::Tensor>> back;
+  auto staged = stage_outputs(outputs, back);
+  return write_back(do_gather(call, staged, input.contiguous(), root), std::move(back));
+}
+
+WorkPtr ProcessGroup::scatter(at::Tensor output, const std::vector<at::Tensor>& inputs, int root,
+                              Timeout timeout) {
+  check_member("scatter");
+  TensorChecks c("scatter", *this);
+  c.tensor("output", output);
+  c.root(root);
+  if (rank_ == root) {
+    c.list_like("inputs", inputs, output, size_);
+  } else {
+    c.empty_list("inputs", inputs, root);
+  }
+  std::lock_guard<std::mutex> lock(issue_mutex_);
+  auto call = next_call("scatter", timeout, true);
+  fingerprint(call, output, root, -1);
+  std::vector<std::pair<at::Tensor, at::Tensor>> back;
+  auto staged = stage_output(output, back);
+  return write_back(do_scatter(call, staged, contiguous(inputs), root), std::move(back));
+}
+
+WorkPtr ProcessGroup::reduce_scatter(at::Tensor output, const std::vector<at::Tensor>& inputs,
+                                     ReduceOp op, Timeout timeout) {
+  check_member("reduce_scatter");
+  TensorChecks c("reduce_scatter", *this);
+  c.tensor("output", output);
+  c.list_like("inputs", inputs, output, size_);
+  std::lock_guard<std::mutex> lock(issue_mutex_);
+  auto call = next_call("reduce_scatter", timeout, true);
+  fingerprint(call, output, -1, static_cast<int64_t>(op));
+  std::vector<std::pair<at::Tensor, at::Tensor>> back;
+  auto staged = stage_output(output, back);
+  return write_back(do_reduce_scatter(call, staged, contiguous(inputs), op), std::move(back));
+}
+
+WorkPtr ProcessGroup::all_to_all(const std::vector<at::Tensor>& outputs,
+                                 const std::vector<at::Tensor>& inputs, Timeout timeout) {
+  check_member("all_to_all");
+  TensorChecks c("all_to_all", *this);
+  c.list_same_dtype("inputs", inputs, size_);
+  c.list_same_dtype("outputs", outputs, size_);
+  c.same_dtype("outputs", outputs[0], "inputs", inputs[0]);
+  std::lock_guard<std::mutex> lock(issue_mutex_);
+  auto call = next_call("all_to_all", timeout, true);
+  // Peers may send different sizes; the fingerprint covers dtype only.
+  fingerprint(call, inputs[0].flatten().narrow(0, 0, 0), -1, -1);
+  std::vector<std::pair<at::Tensor, at::Tensor>> back;
+  auto staged = stage_outputs(outputs, back);
+  return write_back(do_all_to_all(call, staged, contiguous(inputs)), std::move(back));
+}
+
+WorkPtr ProcessGroup::barrier(Timeout timeout) {
+  check_member("barrier");
+  std::lock_guard<std::mutex> lock(issue_mutex_);
+  auto call = next_call("barrier", timeout, true);
+  fingerprint(call, at::Tensor(), -1, -1);
+  return do_barrier(call);
+}
+
+WorkPtr ProcessGroup::send(at::Tensor tensor, int dst, int tag, Timeout timeout) {
+  check_member("send");
+  TensorChecks c("send", *this);
+  c.tensor("tensor", tensor);
+  c.peer("dst", dst);
+  DTRAIN_CHECK_ARG(tag >= 0, "send: tag must be >= 0, got ", tag);
+  std::lock_guard<std::mutex> lock(issue_mutex_);
+  auto call = next_call("send", timeout, false);
+  return do_send(call, tensor.contiguous(), dst, tag);
+}
+
+WorkPtr ProcessGroup::recv(at::Tensor tensor, int src, int tag, Timeout timeout) {
+  check_member("recv");
+  TensorChecks c("recv", *this);
+  c.tensor("tensor", tensor);
+  c.peer("src", src);
+  DTRAIN_CHECK_ARG(tag >= 0, "recv: tag must be >= 0, got ", tag);
+  std::lock_guard<std::mutex> lock(issue_mutex_);
+  auto call = next_call("recv", timeout, false);
+  std::vector<std::pair<at::Tensor, at::Tensor>> back;
+  auto staged = stage_output(tensor, back);
+  return write_back(do_recv(call, staged, src, tag), std::move(back));
+}
+
+}  // namespace dtrain

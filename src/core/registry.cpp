@@ -1,0 +1,81 @@
+// The backend registry: name -> factory. Backends a build lacks are
+// registered as explanations, so asking for them says why, not "unknown".
+
+#include <map>
+#include <mutex>
+
+#include "backends/gloo/backend.h"
+#include "common/enforce.h"
+#include "dtrain/distributed.h"
+#include "dtrain/errors.h"
+
+namespace dtrain {
+namespace {
+
+struct Registry {
+  std::mutex mutex;
+  std::map<std::string, BackendFactory> factories;
+  std::map<std::string, std::string> missing;  // name -> why it is not built
+};
+
+Registry& registry() {
+  static Registry* r = [] {
+    auto* reg = new Registry;
+    reg->factories["gloo"] = [](std::shared_ptr<Store> store, int rank, int size,
+                                const GroupOptions& options) {
+      return std::make_shared<gloo_backend::GlooProcessGroup>(std::move(store), rank, size,
+                                                              options);
+    };
+    reg->missing["nccl"] = "dtrain was built without CUDA (NCCL needs a CUDA-enabled libtorch)";
+    reg->missing["mpi"] = "dtrain was built without MPI";
+    return reg;
+  }();
+  return *r;
+}
+
+}  // namespace
+
+void register_backend(const std::string& name, BackendFactory factory) {
+  DTRAIN_CHECK_ARG(!name.empty() && factory, "register_backend: need a name and a factory");
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.factories[name] = std::move(factory);
+  r.missing.erase(name);
+}
+
+std::vector<std::string> available_backends() {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  std::vector<std::string> names;
+  for (const auto& [name, _] : r.factories) names.push_back(name);
+  return names;
+}
+
+std::shared_ptr<ProcessGroup> create_process_group(const std::string& backend,
+                                                   std::shared_ptr<Store> store, int rank,
+                                                   int size, const GroupOptions& options) {
+  BackendFactory factory;
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    auto it = r.factories.find(backend);
+    if (it == r.factories.end()) {
+      std::vector<std::string> names;
+      for (const auto& [name, _] : r.factories) names.push_back(name);
+      auto why = r.missing.find(backend);
+      if (why != r.missing.end())
+        throw BackendUnavailable(detail::cat(backend, ": ", why->second,
+                                             "; available backends: ", detail::join(names)));
+      throw BackendUnavailable(detail::cat("unknown backend '", backend,
+                                           "'; available backends: ", detail::join(names)));
+    }
+    factory = it->second;
+  }
+  DTRAIN_CHECK_ARG(store, "create_process_group: store is null");
+  DTRAIN_CHECK_ARG(size > 0, "create_process_group: size must be positive, got ", size);
+  DTRAIN_CHECK_ARG(rank >= 0 && rank < size, "create_process_group: rank ", rank,
+                   " is out of range for size ", size, " (expected 0..", size - 1, ")");
+  return factory(std::move(store), rank, size, options);
+}
+
+}  // namespace dtrain

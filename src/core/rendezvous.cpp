@@ -1,0 +1,195 @@
+// init_process_group's rendezvous. Sources of rank and world size, in order:
+// InitOptions, RANK/WORLD_SIZE (torchrun, dtrain-run), OMPI_COMM_WORLD_*
+// (mpirun), SLURM_PROCID/SLURM_NTASKS (srun). The store comes from
+// InitOptions::store, or the init_method: env:// and tcp:// put a TCP store
+// server on rank 0 (or, under torchrun's agent, join the agent's store),
+// file:// uses a FileStore.
+
+#include "core/rendezvous.h"
+
+#include <netdb.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+
+#include "common/enforce.h"
+#include "common/env.h"
+#include "common/logging.h"
+#include "common/socket.h"
+#include "dtrain/store/file_store.h"
+#include "dtrain/store/prefix_store.h"
+#include "dtrain/store/tcp_store.h"
+#include "store/agent_store.h"
+
+namespace dtrain {
+namespace {
+
+struct HostPort {
+  std::string host;
+  uint16_t port;
+};
+
+// "host:port" or "[v6]:port" from a tcp:// init_method.
+HostPort parse_tcp_url(const std::string& url) {
+  const std::string rest = url.substr(6);
+  std::string host, port;
+  if (!rest.empty() && rest[0] == '[') {
+    auto close = rest.find(']');
+    DTRAIN_CHECK_ARG(close != std::string::npos && close + 1 < rest.size() && rest[close + 1] == ':',
+                     "init_method '", url, "' is malformed (expected tcp://[v6addr]:port)");
+    host = rest.substr(1, close - 1);
+    port = rest.substr(close + 2);
+  } else {
+    auto colon = rest.rfind(':');
+    DTRAIN_CHECK_ARG(colon != std::string::npos && colon > 0, "init_method '", url,
+                     "' is malformed (expected tcp://host:port)");
+    host = rest.substr(0, colon);
+    port = rest.substr(colon + 1);
+  }
+  return {host, net::parse_port(port, "init_method '" + url + "' port")};
+}
+
+int resolve_int(int given, const char* option, std::initializer_list<const env::Var*> vars,
+                long long lo, long long hi) {
+  if (given != -1) {
+    DTRAIN_CHECK_ARG(given >= lo && given <= hi, "InitOptions::", option, "(", given,
+                     ") is out of range (expected ", lo, "..", hi, ")");
+    return given;
+  }
+  for (const auto* var : vars)
+    if (auto v = env::get_int(*var, lo, hi)) return static_cast<int>(*v);
+  std::vector<std::string> names;
+  for (const auto* var : vars) names.push_back(var->name);
+  throw InvalidArgument(detail::cat("cannot determine the ", option,
+                                    ": pass InitOptions().", option, "(...) or set one of ",
+                                    detail::join(names)));
+}
+
+bool truthy(const std::string& v) {
+  std::string s = v;
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s == "1" || s == "true" || s == "yes";
+}
+
+// The address peers should use for our gloo sockets.
+std::string own_host_address();
+
+// The address peers should use for our gloo sockets: the interface the user
+// named, else the one that routes towards the master, else (file:// and
+// user stores) this host's name.
+std::string choose_local_address(const std::string& master_host, bool use_hostname) {
+  auto ifname = env::get(env::kSocketIfname);
+  if (!ifname) ifname = env::get(env::kGlooSocketIfname);
+  if (ifname) return net::interface_address(*ifname);
+  if (use_hostname) return own_host_address();
+  if (master_host.empty() || net::is_loopback(master_host)) return "127.0.0.1";
+  return net::local_address_towards(master_host);
+}
+
+std::string own_host_address() {
+  char name[HOST_NAME_MAX + 1] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "127.0.0.1";
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(name, nullptr, &hints, &res) != 0 || !res) return "127.0.0.1";
+  char buf[NI_MAXHOST] = {};
+  getnameinfo(res->ai_addr, res->ai_addrlen, buf, sizeof(buf), nullptr, 0, NI_NUMERICHOST);
+  freeaddrinfo(res);
+  return buf[0] ? std::string(buf) : "127.0.0.1";
+}
+
+// Every rank announces itself and waits for all others; on timeout the
+// message says who is missing.
+void join_barrier(Store& store, int rank, int world, std::chrono::milliseconds timeout) {
+  store.set("joined/" + std::to_string(rank), "1");
+  std::vector<std::string> keys;
+  for (int r = 0; r < world; ++r) keys.push_back("joined/" + std::to_string(r));
+  try {
+    store.wait(keys, timeout);
+  } catch (const TimeoutError&) {
+    std::vector<int> missing;
+    for (int r = 0; r < world; ++r)
+      if (!store.check({keys[r]})) missing.push_back(r);
+    throw TimeoutError(detail::cat("init_process_group: timed out after ", timeout.count(),
+                                   " ms waiting for ranks to join: ", world - missing.size(), "/",
+                                   world, " joined (missing ranks: ", detail::join(missing), ")"));
+  }
+}
+
+}  // namespace
+
+Rendezvous resolve_rendezvous_inputs(const InitOptions& options) {
+  Rendezvous r;
+  r.world_size = resolve_int(options.world_size(), "world_size",
+                             {&env::kWorldSize, &env::kOmpiSize, &env::kSlurmNTasks}, 1, INT_MAX);
+  r.rank = resolve_int(options.rank(), "rank", {&env::kRank, &env::kOmpiRank, &env::kSlurmProcId},
+                       0, INT_MAX);
+  DTRAIN_CHECK_ARG(r.rank < r.world_size, "rank ", r.rank, " is out of range for world size ",
+                   r.world_size, " (expected 0..", r.world_size - 1,
+                   "); check RANK and WORLD_SIZE");
+  if (options.timeout()) {
+    r.timeout = *options.timeout();
+    DTRAIN_CHECK_ARG(r.timeout.count() > 0, "InitOptions::timeout must be positive, got ",
+                     r.timeout.count(), " ms");
+  } else {
+    r.timeout = std::chrono::seconds(*env::get_int(env::kTimeout, 1, 365LL * 24 * 3600));
+  }
+  return r;
+}
+
+Rendezvous rendezvous(const InitOptions& options) {
+  Rendezvous r = resolve_rendezvous_inputs(options);
+  const std::string& method = options.init_method();
+  std::shared_ptr<Store> base;
+  std::string master_host;
+  if (options.store()) {
+    base = options.store();
+  } else if (method == "env://" || method.rfind("tcp://", 0) == 0) {
+    HostPort hp;
+    if (method == "env://") {
+      auto addr = env::get(env::kMasterAddr);
+      auto port = env::get(env::kMasterPort);
+      DTRAIN_CHECK_ARG(addr && !addr->empty(),
+                       "init_method env:// needs MASTER_ADDR (the host of rank 0), which is unset");
+      DTRAIN_CHECK_ARG(port, "init_method env:// needs MASTER_PORT, which is unset");
+      hp = {*addr, net::parse_port(*port, env::kMasterPort.name)};
+      net::check_resolves(hp.host, env::kMasterAddr.name);
+    } else {
+      hp = parse_tcp_url(method);
+      net::check_resolves(hp.host, "init_method '" + method + "' host");
+    }
+    master_host = hp.host;
+    const bool agent = method == "env://" && truthy(env::get(env::kUseAgentStore).value_or(""));
+    if (agent) {
+      base = connect_agent_store(hp.host, hp.port, r.timeout);
+    } else {
+      base = std::make_shared<TcpStore>(TcpStoreOptions()
+                                            .host(hp.host)
+                                            .port(hp.port)
+                                            .is_server(r.rank == 0)
+                                            .timeout(r.timeout));
+    }
+  } else if (method.rfind("file://", 0) == 0) {
+    const std::string path = method.substr(7);
+    DTRAIN_CHECK_ARG(!path.empty() && path[0] == '/', "init_method '", method,
+                     "' is malformed (expected file:///absolute/path)");
+    base = std::make_shared<FileStore>(path, r.timeout);
+  } else {
+    throw InvalidArgument(detail::cat("init_method '", method,
+                                      "' is not supported (expected env://, tcp://host:port or "
+                                      "file:///path)"));
+  }
+  base->set_timeout(r.timeout);
+  r.local_address = choose_local_address(master_host, master_host.empty() && !options.store());
+  // Scope keys by restart attempt: torchrun's agent store outlives attempts.
+  const auto attempt = env::get_int(env::kRestartCount, 0, INT_MAX).value_or(0);
+  r.store = std::make_shared<PrefixStore>("dtrain/" + std::to_string(attempt), base);
+  join_barrier(*r.store, r.rank, r.world_size, r.timeout);
+  DTRAIN_LOG_INFO("init_process_group: rank ", r.rank, "/", r.world_size, " joined via ",
+                  options.store() ? "user store" : method, ", local address ", r.local_address);
+  return r;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,77 @@
+#include "dtrain/work.h"
+
+#include "common/enforce.h"
+
+namespace dtrain {
+
+bool Work::is_completed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return done_;
+}
+
+bool Work::is_success() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return done_ && !error_;
+}
+
+std::exception_ptr Work::exception() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return error_;
+}
+
+void Work::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (timeout < std::chrono::milliseconds::zero()) {
+    done_cv_.wait(lock, [&] { return done_; });
+  } else if (!done_cv_.wait_for(lock, timeout, [&] { return done_; })) {
+    throw TimeoutError(detail::cat(description_.empty() ? "operation" : description_,
+                                   " did not complete within ", timeout.count(),
+                                   " ms (Work::wait timeout)"));
+  }
+  if (error_) std::rethrow_exception(error_);
+}
+
+void Work::finish(std::exception_ptr error) {
+  std::vector<std::function<void()>> then;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    DTRAIN_ENFORCE(!finishing_);
+    finishing_ = true;
+    then.swap(then_);
+  }
+  for (auto& fn : then) {
+    if (error) break;
+    try {
+      fn();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    done_ = true;
+    error_ = std::move(error);
+  }
+  done_cv_.notify_all();
+}
+
+void Work::on_success(std::function<void()> fn) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!finishing_) {
+    then_.push_back(std::move(fn));
+    return;
+  }
+  // Finishing on another thread right now: let it publish, then run here.
+  done_cv_.wait(lock, [&] { return done_; });
+  if (error_) return;
+  lock.unlock();
+  fn();
+}
+
+std::shared_ptr<Work> Work::completed(std::string description) {
+  auto work = std::make_shared<Work>(std::move(description));
+  work->finish();
+  return work;
+}
+
+}  // namespace dtrain

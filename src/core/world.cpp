@@ -1,0 +1,163 @@
+// The process-wide default group (torch.distributed's "world") and
+// new_group. Groups themselves hold no global state; only this file does, so
+// tests can run many groups side by side in one process.
+
+#include <algorithm>
+#include <mutex>
+#include <set>
+
+#include "common/enforce.h"
+#include "core/rendezvous.h"
+#include "dtrain/distributed.h"
+#include "dtrain/store/prefix_store.h"
+
+namespace dtrain {
+namespace {
+
+// Stand-in handed to ranks outside a new_group: its checks reject every
+// call before a backend hook could run.
+class NonMemberGroup final : public ProcessGroup {
+ public:
+  NonMemberGroup(int size, GroupOptions options) : ProcessGroup(-1, size, std::move(options)) {}
+  std::string backend_name() const override { return "none (not a member)"; }
+  bool supports(c10::DeviceType) const override { return true; }
+
+ protected:
+  [[noreturn]] static WorkPtr unreachable() {
+    throw InternalError("NonMemberGroup: a collective reached the backend");
+  }
+  WorkPtr do_all_reduce(const Call&, at::Tensor, ReduceOp) override { unreachable(); }
+  WorkPtr do_broadcast(const Call&, at::Tensor, int) override { unreachable(); }
+  WorkPtr do_reduce(const Call&, at::Tensor, int, ReduceOp) override { unreachable(); }
+  WorkPtr do_all_gather(const Call&, std::vector<at::Tensor>, at::Tensor) override {
+    unreachable();
+  }
+  WorkPtr do_gather(const Call&, std::vector<at::Tensor>, at::Tensor, int) override {
+    unreachable();
+  }
+  WorkPtr do_scatter(const Call&, at::Tensor, std::vector<at::Tensor>, int) override {
+    unreachable();
+  }
+  WorkPtr do_reduce_scatter(const Call&, at::Tensor, std::vector<at::Tensor>, ReduceOp) override {
+    unreachable();
+  }
+  WorkPtr do_all_to_all(const Call&, std::vector<at::Tensor>, std::vector<at::Tensor>) override {
+    unreachable();
+  }
+  WorkPtr do_barrier(const Call&) override { unreachable(); }
+  WorkPtr do_send(const Call&, at::Tensor, int, int) override { unreachable(); }
+  WorkPtr do_recv(const Call&, at::Tensor, int, int) override { unreachable(); }
+};
+
+struct World {
+  std::mutex mutex;
+  std::shared_ptr<ProcessGroup> group;
+  std::shared_ptr<Store> store;
+  std::string backend;
+  std::string local_address;
+  int next_group_id = 1;
+};
+
+World& world() {
+  static World w;
+  return w;
+}
+
+std::shared_ptr<ProcessGroup> require_default(World& w) {
+  if (!w.group)
+    throw InvalidArgument(
+        "the default process group is not initialized; call dtrain::init_process_group() first");
+  return w.group;
+}
+
+}  // namespace
+
+void init_process_group(const InitOptions& options) {
+  auto& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  DTRAIN_CHECK_ARG(!w.group,
+                   "init_process_group: the default process group is already initialized; call "
+                   "destroy_process_group() first");
+  auto r = rendezvous(options);
+  auto group = create_process_group(
+      options.backend(), std::make_shared<PrefixStore>("default", r.store), r.rank, r.world_size,
+      GroupOptions().name("default").timeout(r.timeout).local_address(r.local_address));
+  w.group = std::move(group);
+  w.store = r.store;
+  w.backend = options.backend();
+  w.local_address = r.local_address;
+  w.next_group_id = 1;
+}
+
+bool is_initialized() {
+  auto& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  return static_cast<bool>(w.group);
+}
+
+void destroy_process_group() {
+  auto& w = world();
+  std::shared_ptr<ProcessGroup> group;
+  {
+    std::lock_guard<std::mutex> lock(w.mutex);
+    group = std::move(w.group);
+    w.store.reset();
+  }
+  // The group's destructor drains its queue outside the lock.
+}
+
+int get_rank() {
+  auto& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  return require_default(w)->rank();
+}
+
+int get_world_size() {
+  auto& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  return require_default(w)->size();
+}
+
+std::shared_ptr<ProcessGroup> default_group() {
+  auto& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  return require_default(w);
+}
+
+std::shared_ptr<Store> default_store() {
+  auto& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  require_default(w);
+  return w.store;
+}
+
+std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks,
+                                        const NewGroupOptions& options) {
+  auto& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  auto world_group = require_default(w);
+  const int world_size = world_group->size();
+  DTRAIN_CHECK_ARG(!ranks.empty(), "new_group: ranks is empty");
+  std::set<int> unique(ranks.begin(), ranks.end());
+  DTRAIN_CHECK_ARG(unique.size() == ranks.size(), "new_group: ranks [", detail::join(ranks),
+                   "] contain duplicates");
+  DTRAIN_CHECK_ARG(*unique.begin() >= 0 && *unique.rbegin() < world_size, "new_group: ranks [",
+                   detail::join(ranks), "] must lie in 0..", world_size - 1);
+  std::vector<int> sorted(unique.begin(), unique.end());
+  const auto name = "group_" + std::to_string(w.next_group_id++);
+  auto opts = GroupOptions()
+                  .name(name)
+                  .timeout(options.timeout().value_or(world_group->timeout()))
+                  .local_address(w.local_address)
+                  .global_ranks(sorted);
+  const int me = world_group->rank();
+  auto it = std::find(sorted.begin(), sorted.end(), me);
+  if (it == sorted.end())
+    return std::make_shared<NonMemberGroup>(static_cast<int>(sorted.size()), opts);
+  const auto backend = options.backend().empty() ? w.backend : options.backend();
+  return create_process_group(backend, std::make_shared<PrefixStore>(name, w.store),
+                              static_cast<int>(it - sorted.begin()),
+                              static_cast<int>(sorted.size()), opts);
+}
+
+}  // namespace dtrain

@@ -1,0 +1,50 @@
+#pragma once
+
+// Runs one function per rank, each rank a thread of this process, over an
+// in-memory store (gloo's base_test.h pattern): fast, the default harness.
+// Any exception on any rank fails the test with the rank's number; a rank
+// that cannot build its group fails too — never a skip.
+
+#include <gtest/gtest.h>
+
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dtrain/dtrain.h"
+
+namespace dtrain::testing {
+
+inline std::vector<std::string> run_ranks(
+    int world, const std::function<void(ProcessGroup&)>& body,
+    std::chrono::milliseconds timeout = std::chrono::seconds(30),
+    GroupOptions options = GroupOptions()) {
+  auto store = std::make_shared<HashStore>(timeout);
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        auto group = create_process_group("gloo", store, rank, world,
+                                          GroupOptions(options).timeout(timeout));
+        body(*group);
+      } catch (const std::exception& e) {
+        errors[rank] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+// Fails the current test when any rank threw.
+inline void expect_no_errors(const std::vector<std::string>& errors) {
+  for (size_t r = 0; r < errors.size(); ++r)
+    EXPECT_TRUE(errors[r].empty()) << "rank " << r << " threw: " << errors[r];
+}
+
+}  // namespace dtrain::testing

@@ -1,0 +1,234 @@
+// Every collective, for every dtype and world sizes 1-4, checked exactly
+// against values computed independently in double precision.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <tuple>
+
+#include "harness/thread_ranks.h"
+
+namespace dtrain {
+namespace {
+
+using testing::expect_no_errors;
+using testing::run_ranks;
+
+const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16,
+                                             at::kInt,   at::kLong,   at::kByte, at::kChar};
+const std::vector<int64_t> kSizes = {0, 1, 5, 1031, 300000};
+const std::vector<ReduceOp> kOps = {ReduceOp::SUM, ReduceOp::AVG, ReduceOp::PRODUCT, ReduceOp::MIN,
+                                    ReduceOp::MAX};
+
+// Rank r's element i: small integers, exact in every dtype.
+at::Tensor input(int rank, int64_t n, at::ScalarType dtype) {
+  auto i = at::arange(n, at::kDouble);
+  return (at::fmod(i + rank, 3) + 1).to(dtype);
+}
+
+at::Tensor expected_reduction(int world, int64_t n, at::ScalarType dtype, ReduceOp op) {
+  auto acc = input(0, n, at::kDouble);
+  for (int r = 1; r < world; ++r) {
+    auto x = input(r, n, at::kDouble);
+    switch (op) {
+      case ReduceOp::SUM: case ReduceOp::AVG: acc = acc + x; break;
+      case ReduceOp::PRODUCT: acc = acc * x; break;
+      case ReduceOp::MIN: acc = at::minimum(acc, x); break;
+      case ReduceOp::MAX: acc = at::maximum(acc, x); break;
+    }
+  }
+  if (op != ReduceOp::AVG) return acc.to(dtype);
+  if (at::isFloatingType(dtype)) return acc.to(dtype).div(world);
+  return acc.div(world, "trunc").to(dtype);
+}
+
+void expect_equal(const at::Tensor& actual, const at::Tensor& expected, const std::string& what) {
+  ASSERT_EQ(actual.scalar_type(), expected.scalar_type()) << what;
+  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+  EXPECT_TRUE(at::equal(actual, expected))
+      << what << "\nactual:   " << actual.flatten().slice(0, 0, 8)
+      << "\nexpected: " << expected.flatten().slice(0, 0, 8);
+}
+
+class Collectives : public ::testing::TestWithParam<std::tuple<int, at::ScalarType>> {
+ protected:
+  int world() const { return std::get<0>(GetParam()); }
+  at::ScalarType dtype() const { return std::get<1>(GetParam()); }
+};
+
+TEST_P(Collectives, AllReduceEveryOpAndSize) {
+  const int W = world();
+  const auto dt = dtype();
+  expect_no_errors(run_ranks(W, [&](ProcessGroup& g) {
+    for (auto op : kOps) {
+      for (auto n : kSizes) {
+        auto t = input(g.rank(), n, dt);
+        g.all_reduce(t, op)->wait();
+        expect_equal(t, expected_reduction(W, n, dt, op),
+                     detail::cat("all_reduce ", to_string(op), " n=", n, " rank ", g.rank()));
+      }
+    }
+  }));
+}
+
+TEST_P(Collectives, AsyncAllReducesCompleteInIssueOrder) {
+  const int W = world();
+  const auto dt = dtype();
+  expect_no_errors(run_ranks(W, [&](ProcessGroup& g) {
+    std::vector<at::Tensor> ts;
+    std::vector<WorkPtr> works;
+    for (int k = 0; k < 8; ++k) {
+      ts.push_back(input(g.rank(), 100 + k, dt));
+      works.push_back(g.all_reduce(ts.back(), ReduceOp::SUM));
+    }
+    for (int k = 7; k >= 0; --k) works[k]->wait();  // any wait order
+    for (int k = 0; k < 8; ++k) {
+      EXPECT_TRUE(works[k]->is_completed());
+      EXPECT_TRUE(works[k]->is_success());
+      expect_equal(ts[k], expected_reduction(W, 100 + k, dt, ReduceOp::SUM), "async");
+    }
+  }));
+}
+
+TEST_P(Collectives, BroadcastFromEveryRoot) {
+  const int W = world();
+  const auto dt = dtype();
+  expect_no_errors(run_ranks(W, [&](ProcessGroup& g) {
+    for (int root = 0; root < W; ++root) {
+      for (auto n : kSizes) {
+        auto t = input(g.rank(), n, dt);
+        g.broadcast(t, root)->wait();
+        expect_equal(t, input(root, n, dt), detail::cat("broadcast root ", root, " n=", n));
+      }
+    }
+  }));
+}
+
+TEST_P(Collectives, ReduceToEveryRootLeavesOthersUnchanged) {
+  const int W = world();
+  const auto dt = dtype();
+  expect_no_errors(run_ranks(W, [&](ProcessGroup& g) {
+    for (int root = 0; root < W; ++root) {
+      for (auto op : kOps) {
+        const int64_t n = 1031;
+        auto t = input(g.rank(), n, dt);
+        g.reduce(t, root, op)->wait();
+        auto want = g.rank() == root ? expected_reduction(W, n, dt, op) : input(g.rank(), n, dt);
+        expect_equal(t, want, detail::cat("reduce ", to_string(op), " root ", root));
+      }
+    }
+  }));
+}
+
+TEST_P(Collectives, AllGatherGatherScatter) {
+  const int W = world();
+  const auto dt = dtype();
+  expect_no_errors(run_ranks(W, [&](ProcessGroup& g) {
+    for (auto n : kSizes) {
+      std::vector<at::Tensor> outs;
+      for (int r = 0; r < W; ++r) outs.push_back(at::zeros({n}, dt));
+      g.all_gather(outs, input(g.rank(), n, dt))->wait();
+      for (int r = 0; r < W; ++r)
+        expect_equal(outs[r], input(r, n, dt), detail::cat("all_gather n=", n, " from ", r));
+
+      for (int root = 0; root < W; ++root) {
+        std::vector<at::Tensor> gathered;
+        if (g.rank() == root)
+          for (int r = 0; r < W; ++r) gathered.push_back(at::zeros({n}, dt));
+        g.gather(gathered, input(g.rank(), n, dt), root)->wait();
+        for (int r = 0; r < static_cast<int>(gathered.size()); ++r)
+          expect_equal(gathered[r], input(r, n, dt), detail::cat("gather root ", root));
+
+        std::vector<at::Tensor> pieces;
+        if (g.rank() == root)
+          for (int r = 0; r < W; ++r) pieces.push_back(input(r + 10, n, dt));
+        auto out = at::zeros({n}, dt);
+        g.scatter(out, pieces, root)->wait();
+        expect_equal(out, input(g.rank() + 10, n, dt), detail::cat("scatter root ", root));
+      }
+    }
+  }));
+}
+
+TEST_P(Collectives, ReduceScatterEveryOp) {
+  const int W = world();
+  const auto dt = dtype();
+  expect_no_errors(run_ranks(W, [&](ProcessGroup& g) {
+    const int64_t n = 257;
+    for (auto op : kOps) {
+      // inputs[j] on rank r is chunk j of rank r's full input.
+      auto full = input(g.rank(), n * W, dt);
+      auto chunks = full.chunk(W);
+      std::vector<at::Tensor> inputs(chunks.begin(), chunks.end());
+      auto out = at::zeros({n}, dt);
+      g.reduce_scatter(out, inputs, op)->wait();
+      auto want = expected_reduction(W, n * W, dt, op).narrow(0, g.rank() * n, n);
+      expect_equal(out, want, detail::cat("reduce_scatter ", to_string(op)));
+    }
+  }));
+}
+
+TEST_P(Collectives, AllToAllWithUnevenSizes) {
+  const int W = world();
+  const auto dt = dtype();
+  expect_no_errors(run_ranks(W, [&](ProcessGroup& g) {
+    // Rank r sends (r + j) elements to rank j, filled with 10r + j (mod 100).
+    std::vector<at::Tensor> inputs, outputs;
+    for (int j = 0; j < W; ++j) {
+      inputs.push_back(at::full({g.rank() + j}, (10 * g.rank() + j) % 100, dt));
+      outputs.push_back(at::zeros({j + g.rank()}, dt));
+    }
+    g.all_to_all(outputs, inputs)->wait();
+    for (int j = 0; j < W; ++j)
+      expect_equal(outputs[j], at::full({j + g.rank()}, (10 * j + g.rank()) % 100, dt),
+                   detail::cat("all_to_all from ", j));
+  }));
+}
+
+TEST_P(Collectives, BarrierAndSendRecvRing) {
+  const int W = world();
+  const auto dt = dtype();
+  expect_no_errors(run_ranks(W, [&](ProcessGroup& g) {
+    g.barrier()->wait();
+    if (W == 1) return;
+    const int next = (g.rank() + 1) % W, prev = (g.rank() + W - 1) % W;
+    // Both directions posted before any wait: must not deadlock.
+    auto incoming = at::zeros({1031}, dt);
+    auto recv = g.recv(incoming, prev, /*tag=*/7);
+    auto send = g.send(input(g.rank(), 1031, dt), next, /*tag=*/7);
+    send->wait();
+    recv->wait();
+    expect_equal(incoming, input(prev, 1031, dt), "ring recv");
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    WorldByDtype, Collectives,
+    ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::ValuesIn(kDtypes)),
+    [](const auto& info) {
+      return detail::cat("world", std::get<0>(info.param), "_",
+                         c10::toString(std::get<1>(info.param)));
+    });
+
+TEST(CollectivesLayout, NonContiguousTensorsAreStagedAndWrittenBack) {
+  expect_no_errors(run_ranks(2, [](ProcessGroup& g) {
+    auto base = at::arange(12, at::kFloat).reshape({3, 4}) * (g.rank() + 1);
+    auto view = base.t();  // non-contiguous
+    ASSERT_FALSE(view.is_contiguous());
+    g.all_reduce(view)->wait();
+    expect_equal(base, at::arange(12, at::kFloat).reshape({3, 4}) * 3, "transposed all_reduce");
+  }));
+}
+
+TEST(CollectivesLayout, MultiDimensionalAllGather) {
+  expect_no_errors(run_ranks(3, [](ProcessGroup& g) {
+    auto in = at::full({2, 3}, g.rank(), at::kLong);
+    std::vector<at::Tensor> outs(3);
+    for (auto& o : outs) o = at::empty({2, 3}, at::kLong);
+    g.all_gather(outs, in)->wait();
+    for (int r = 0; r < 3; ++r) expect_equal(outs[r], at::full({2, 3}, r, at::kLong), "2-D");
+  }));
+}
+
+}  // namespace
+}  // namespace dtrain

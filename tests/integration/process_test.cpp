@@ -1,0 +1,204 @@
+// Ranks as real processes: env:// over the TCP store, bad environments,
+// ranks that never join, peers killed or stopped mid-collective, and
+// PyTorch's own torchrun as the launcher.
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "harness/process_ranks.h"
+
+namespace dtrain::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+const std::string kWorker = DTRAIN_TEST_WORKER;
+
+std::string describe(const RankProcess& p) {
+  return "exit " + std::to_string(p.exit_code) + " signal " + std::to_string(p.signal) +
+         "\n--- output ---\n" + p.output();
+}
+
+class EnvInit : public ::testing::TestWithParam<int> {};
+
+TEST_P(EnvInit, CollectivesAndSubgroupOverTcpStore) {
+  const int world = GetParam();
+  const int port = free_port();
+  ProcessRanks procs;
+  for (int r = 0; r < world; ++r) procs.spawn({kWorker, "collectives"}, rank_env(r, world, port));
+  ASSERT_TRUE(procs.wait_all(90s)) << "ranks did not finish";
+  for (int r = 0; r < world; ++r) {
+    auto& p = procs.ranks()[r];
+    EXPECT_EQ(p.exit_code, 0) << "rank " << r << ": " << describe(p);
+    EXPECT_NE(p.output().find("rank " + std::to_string(r) + " ok"), std::string::npos)
+        << describe(p);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(World, EnvInit, ::testing::Values(1, 2, 3, 4));
+
+struct BadEnvCase {
+  const char* name;
+  std::map<std::string, std::string> env;
+  const char* message;
+};
+
+class BadEnvironment : public ::testing::TestWithParam<BadEnvCase> {};
+
+TEST_P(BadEnvironment, FailsAtOnceNamingTheVariable) {
+  auto env = rank_env(0, 1, free_port());
+  for (const auto& [k, v] : GetParam().env) {
+    if (v == "<unset>") {
+      env.erase(k);
+      unsetenv(k.c_str());  // not inherited either
+    } else {
+      env[k] = v;
+    }
+  }
+  ProcessRanks procs;
+  auto& p = procs.spawn({kWorker, "init"}, env);
+  ASSERT_TRUE(procs.wait(p, Clock::now() + 15s)) << "init hung with a bad environment";
+  EXPECT_EQ(p.exit_code, 2) << describe(p);
+  EXPECT_NE(p.output().find(GetParam().message), std::string::npos) << describe(p);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, BadEnvironment,
+    ::testing::Values(
+        BadEnvCase{"RankNotBelowWorld", {{"RANK", "4"}, {"WORLD_SIZE", "4"}},
+                   "caught InvalidArgument: rank 4 is out of range for world size 4 (expected 0..3)"},
+        BadEnvCase{"WorldZero", {{"WORLD_SIZE", "0"}},
+                   "caught InvalidArgument: environment variable WORLD_SIZE=0 is out of range"},
+        BadEnvCase{"RankNotANumber", {{"RANK", "one"}},
+                   "caught InvalidArgument: environment variable RANK='one' is not an integer"},
+        BadEnvCase{"PortTooLarge", {{"MASTER_PORT", "70000"}},
+                   "caught InvalidArgument: MASTER_PORT=70000 is not a valid port"},
+        BadEnvCase{"HostDoesNotResolve", {{"MASTER_ADDR", "no-such-host.invalid"}},
+                   "caught InvalidArgument: MASTER_ADDR=no-such-host.invalid does not resolve"},
+        BadEnvCase{"MasterAddrUnset", {{"MASTER_ADDR", "<unset>"}},
+                   "caught InvalidArgument: init_method env:// needs MASTER_ADDR"},
+        BadEnvCase{"TimeoutNotANumber", {{"DTRAIN_TIMEOUT", "soon"}},
+                   "environment variable DTRAIN_TIMEOUT='soon' is not an integer"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(ProcessFailures, MissingRankIsNamedWhenJoinTimesOut) {
+  const int port = free_port();
+  ProcessRanks procs;
+  for (int r = 0; r < 2; ++r) procs.spawn({kWorker, "init"}, rank_env(r, 3, port, "2"));
+  ASSERT_TRUE(procs.wait_all(30s));
+  for (auto& p : procs.ranks()) {
+    EXPECT_EQ(p.exit_code, 2) << describe(p);
+    EXPECT_NE(p.output().find("caught TimeoutError"), std::string::npos) << describe(p);
+    EXPECT_NE(p.output().find("2/3 joined (missing ranks: 2)"), std::string::npos) << describe(p);
+  }
+}
+
+TEST(ProcessFailures, PortInUseFailsFastNamingHostAndPort) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int port = ntohs(addr.sin_port);
+  ProcessRanks procs;
+  auto& p = procs.spawn({kWorker, "init"}, rank_env(0, 2, port));
+  ASSERT_TRUE(procs.wait(p, Clock::now() + 15s)) << "init hung on a port in use";
+  close(fd);
+  EXPECT_EQ(p.exit_code, 2) << describe(p);
+  EXPECT_NE(p.output().find("caught NetworkError"), std::string::npos) << describe(p);
+  EXPECT_NE(p.output().find("127.0.0.1:" + std::to_string(port)), std::string::npos)
+      << describe(p);
+}
+
+TEST(ProcessFailures, UnreachableStoreTimesOutNamingHostAndPort) {
+  const int port = free_port();  // nothing listens there
+  ProcessRanks procs;
+  auto start = Clock::now();
+  auto& p = procs.spawn({kWorker, "init"}, rank_env(1, 2, port, "2"));
+  ASSERT_TRUE(procs.wait(p, Clock::now() + 20s));
+  EXPECT_EQ(p.exit_code, 2) << describe(p);
+  EXPECT_NE(p.output().find("caught TimeoutError"), std::string::npos) << describe(p);
+  EXPECT_NE(p.output().find("127.0.0.1:" + std::to_string(port)), std::string::npos)
+      << describe(p);
+  EXPECT_LT(p.end - start, 10s);
+}
+
+// Starts `world` looping ranks and waits until each has initialized.
+void start_loop(ProcessRanks& procs, int world, const std::string& timeout_s) {
+  const int port = free_port();
+  for (int r = 0; r < world; ++r) procs.spawn({kWorker, "loop"}, rank_env(r, world, port, timeout_s));
+  for (int r = 0; r < world; ++r)
+    ASSERT_TRUE(procs.wait_for_output(procs.ranks()[r], "ready", 60s))
+        << "rank " << r << " never became ready: " << describe(procs.ranks()[r]);
+}
+
+TEST(ProcessFailures, KilledPeerBecomesAnErrorOnEverySurvivor) {
+  const auto timeout = 4s;
+  ProcessRanks procs;
+  start_loop(procs, 3, "4");
+  auto killed_at = Clock::now();
+  kill(procs.ranks()[1].pid, SIGKILL);
+  ASSERT_TRUE(procs.wait_all(2 * timeout + 10s)) << "a survivor hung after its peer was killed";
+  for (int r : {0, 2}) {
+    auto& p = procs.ranks()[r];
+    EXPECT_EQ(p.exit_code, 3) << describe(p);
+    EXPECT_NE(p.output().find("caught "), std::string::npos) << describe(p);
+    EXPECT_LE(p.end - killed_at, 2 * timeout) << describe(p);
+  }
+}
+
+TEST(ProcessFailures, StoppedPeerBecomesTimeoutErrorWithinTheTimeout) {
+  const auto timeout = 4s;
+  ProcessRanks procs;
+  start_loop(procs, 2, "4");
+  auto stopped_at = Clock::now();
+  kill(procs.ranks()[1].pid, SIGSTOP);
+  auto& survivor = procs.ranks()[0];
+  ASSERT_TRUE(procs.wait(survivor, Clock::now() + 2 * timeout + 10s))
+      << "the survivor hung after its peer was stopped";
+  EXPECT_EQ(survivor.exit_code, 3) << describe(survivor);
+  EXPECT_NE(survivor.output().find("caught TimeoutError"), std::string::npos) << describe(survivor);
+  EXPECT_GE(survivor.end - stopped_at, timeout / 2) << describe(survivor);
+  EXPECT_LE(survivor.end - stopped_at, 2 * timeout) << describe(survivor);
+}
+
+// PyTorch's torchrun (Debian python3-torch) as the launcher: with its
+// default static rendezvous the agent hosts the store
+// (TORCHELASTIC_USE_AGENT_STORE=True); with --standalone rank 0 hosts it.
+class Torchrun : public ::testing::TestWithParam<bool> {};
+
+TEST_P(Torchrun, FourRanksRunUnchanged) {
+  // Debian's torchrun 1.13 on Python 3.11 cannot parse its default
+  // --redirects/--tee of 0 (enum.Flag no longer iterates NONE); any value
+  // of 1 or 2 works, so tee stderr.
+  std::vector<std::string> argv = {TORCHRUN_EXECUTABLE, "--redirects", "2", "--tee", "2",
+                                   "--nproc_per_node", "4"};
+  if (GetParam()) {
+    argv.push_back("--standalone");
+  } else {
+    argv.push_back("--master_port");
+    argv.push_back(std::to_string(free_port()));
+  }
+  for (const char* a : {"--no_python", kWorker.c_str(), "collectives"}) argv.push_back(a);
+  ProcessRanks procs;
+  auto& p = procs.spawn(argv, {{"DTRAIN_TIMEOUT", "60"}, {"OMP_NUM_THREADS", "1"}});
+  ASSERT_TRUE(procs.wait(p, Clock::now() + 120s)) << "torchrun did not finish: " << p.output();
+  EXPECT_EQ(p.exit_code, 0) << describe(p);
+  for (int r = 0; r < 4; ++r)
+    EXPECT_NE(p.output().find("rank " + std::to_string(r) + " ok"), std::string::npos)
+        << describe(p);
+}
+
+INSTANTIATE_TEST_SUITE_P(Rendezvous, Torchrun, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Standalone" : "AgentStore"; });
+
+}  // namespace
+}  // namespace dtrain::testing

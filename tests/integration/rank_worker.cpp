@@ -1,0 +1,102 @@
+// One rank of a multi-process test. The tests (process_test.cpp, the
+// torchrun and network-namespace scripts) start several of these with the
+// worker environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...).
+//
+//   rank_worker collectives   init from the environment, check collectives
+//                             on the default group and a subgroup, exit 0
+//   rank_worker loop          init, then all_reduce forever; on a failure
+//                             print "caught <Type>: <message>" and exit 3
+//   rank_worker init          init only; on failure print "caught ..." and
+//                             exit 2 (used for bad-environment tests)
+
+#include <ATen/ATen.h>
+
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+
+#include "dtrain/dtrain.h"
+
+namespace {
+
+int fail(const std::string& what) {
+  std::cout << "FAILED rank " << dtrain::get_rank() << ": " << what << std::endl;
+  return 1;
+}
+
+int check_collectives() {
+  dtrain::init_process_group();
+  const int rank = dtrain::get_rank();
+  const int world = dtrain::get_world_size();
+
+  auto t = at::full({1000}, rank + 1, at::kFloat);
+  dtrain::all_reduce(t);
+  if (!at::equal(t, at::full({1000}, world * (world + 1) / 2, at::kFloat)))
+    return fail("all_reduce SUM");
+  std::cout << "rank " << rank << " all_reduce sum " << t[0].item<float>() << std::endl;
+
+  auto b = at::full({17}, rank == 0 ? 42 : -1, at::kLong);
+  dtrain::broadcast(b, 0);
+  if (!at::equal(b, at::full({17}, 42, at::kLong))) return fail("broadcast");
+  std::cout << "rank " << rank << " broadcast received " << b[0].item<int64_t>() << std::endl;
+
+  std::vector<at::Tensor> outs;
+  for (int r = 0; r < world; ++r) outs.push_back(at::empty({3}, at::kInt));
+  dtrain::all_gather(outs, at::full({3}, rank, at::kInt));
+  for (int r = 0; r < world; ++r)
+    if (!at::equal(outs[r], at::full({3}, r, at::kInt))) return fail("all_gather");
+
+  // A subgroup of the even ranks runs while the default group is busy too.
+  std::vector<int> evens;
+  for (int r = 0; r < world; r += 2) evens.push_back(r);
+  auto sub = dtrain::new_group(evens);
+  auto big = at::ones({1 << 18});
+  auto w1 = dtrain::all_reduce(big, dtrain::AllReduceOptions().async_op(true));
+  if (rank % 2 == 0) {
+    auto s = at::full({5}, rank, at::kDouble);
+    dtrain::all_reduce(s, dtrain::AllReduceOptions().group(sub).op(dtrain::ReduceOp::MAX));
+    if (!at::equal(s, at::full({5}, evens.back(), at::kDouble))) return fail("subgroup MAX");
+  } else if (sub->rank() != -1) {
+    return fail("odd rank is a member of the even subgroup");
+  }
+  w1->wait();
+  if (!at::equal(big, at::full({1 << 18}, world, at::kFloat))) return fail("async all_reduce");
+  dtrain::barrier();
+  std::cout << "rank " << rank << " ok" << std::endl;
+  dtrain::destroy_process_group();
+  return 0;
+}
+
+const char* type_name(const dtrain::Error& e) {
+  if (dynamic_cast<const dtrain::TimeoutError*>(&e)) return "TimeoutError";
+  if (dynamic_cast<const dtrain::NetworkError*>(&e)) return "NetworkError";
+  if (dynamic_cast<const dtrain::InvalidArgument*>(&e)) return "InvalidArgument";
+  return "Error";
+}
+
+int loop() {
+  dtrain::init_process_group();
+  std::cout << "rank " << dtrain::get_rank() << " ready" << std::endl;
+  auto t = at::ones({4096});
+  for (;;) dtrain::all_reduce(t);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  try {
+    if (mode == "collectives") return check_collectives();
+    if (mode == "loop") return loop();
+    if (mode == "init") {
+      dtrain::init_process_group();
+      std::cout << "initialized" << std::endl;
+      return 0;
+    }
+  } catch (const dtrain::Error& e) {
+    std::cout << "caught " << type_name(e) << ": " << e.what() << std::endl;
+    return mode == "init" ? 2 : 3;
+  }
+  std::cerr << "usage: rank_worker collectives|loop|init" << std::endl;
+  return 64;
+}
