@@ -101,13 +101,15 @@ std::string own_host_address() {
 }
 
 // Every rank announces itself and waits for all others; on timeout the
-// message says who is missing.
-void join_barrier(Store& store, int rank, int world, std::chrono::milliseconds timeout) {
+// message says who is missing. The rank that hosts the store waits a moment
+// longer, so the others can still ask it who is missing before it exits.
+void join_barrier(Store& store, int rank, int world, std::chrono::milliseconds timeout,
+                  bool hosts_store) {
   store.set("joined/" + std::to_string(rank), "1");
   std::vector<std::string> keys;
   for (int r = 0; r < world; ++r) keys.push_back("joined/" + std::to_string(r));
   try {
-    store.wait(keys, timeout);
+    store.wait(keys, hosts_store ? timeout + std::chrono::seconds(1) : timeout);
   } catch (const TimeoutError&) {
     std::vector<int> missing;
     for (int r = 0; r < world; ++r)
@@ -144,6 +146,7 @@ Rendezvous rendezvous(const InitOptions& options) {
   const std::string& method = options.init_method();
   std::shared_ptr<Store> base;
   std::string master_host;
+  bool hosts_store = false;
   if (options.store()) {
     base = options.store();
   } else if (method == "env://" || method.rfind("tcp://", 0) == 0) {
@@ -162,6 +165,7 @@ Rendezvous rendezvous(const InitOptions& options) {
     }
     master_host = hp.host;
     const bool agent = method == "env://" && truthy(env::get(env::kUseAgentStore).value_or(""));
+    hosts_store = !agent && r.rank == 0;
     if (agent) {
       base = connect_agent_store(hp.host, hp.port, r.timeout);
     } else {
@@ -186,7 +190,7 @@ Rendezvous rendezvous(const InitOptions& options) {
   // Scope keys by restart attempt: torchrun's agent store outlives attempts.
   const auto attempt = env::get_int(env::kRestartCount, 0, INT_MAX).value_or(0);
   r.store = std::make_shared<PrefixStore>("dtrain/" + std::to_string(attempt), base);
-  join_barrier(*r.store, r.rank, r.world_size, r.timeout);
+  join_barrier(*r.store, r.rank, r.world_size, r.timeout, hosts_store);
   DTRAIN_LOG_INFO("init_process_group: rank ", r.rank, "/", r.world_size, " joined via ",
                   options.store() ? "user store" : method, ", local address ", r.local_address);
   return r;

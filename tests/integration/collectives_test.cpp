@@ -6,6 +6,7 @@
 
 #include <tuple>
 
+#include "common/enforce.h"
 #include "harness/thread_ranks.h"
 
 namespace dtrain {
