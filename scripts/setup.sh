@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs the Debian packages dtrain needs, only those that are missing.
+# Used by the README's commands and by CI. Needs root (or sudo) the first time.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ccache pkg-config
+  libtorch-dev      # libtorch 1.13 (ATen, c10d headers)
+  libgloo-dev       # Gloo: TCP collectives
+  zlib1g-dev        # gzip datasets
+  libcli11-dev      # launcher flags
+  googletest libgtest-dev libgmock-dev libbenchmark-dev
+  python3-torch     # PyTorch's torchrun and the Python baselines
+  iproute2          # network namespaces for the multi-host test
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

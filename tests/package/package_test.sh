@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Packaging hygiene: a consumer project builds and runs against dtrain
+#  1. find_package from an installed prefix that was then moved (relocatable),
+#  2. find_package straight from the build tree,
+#  3. add_subdirectory of the source tree (dtrain's tests must not build).
+# Usage: package_test.sh SOURCE_DIR BUILD_DIR
+set -euo pipefail
+src=$1 build=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+consumer=$src/tests/package/consumer
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+
+check() {  # name, build dir
+  "$2/consumer" | tee "$work/$1.out"
+  grep -q "consumer ok: world 1 value 2" "$work/$1.out"
+  echo "package: $1 ok"
+}
+
+cmake --install "$build" --prefix "$work/prefix" >/dev/null
+mv "$work/prefix" "$work/moved-prefix"
+test -f "$work/moved-prefix/include/dtrain/dtrain.h"
+if find "$work/moved-prefix/include" -path '*src*' | grep -q .; then
+  echo "private headers were installed"; exit 1
+fi
+cmake -S "$consumer" -B "$work/installed" "${launcher[@]}" \
+  -DCMAKE_PREFIX_PATH="$work/moved-prefix" >/dev/null
+cmake --build "$work/installed" -j2 >/dev/null
+LD_LIBRARY_PATH="$work/moved-prefix/lib" check installed "$work/installed"
+
+cmake -S "$consumer" -B "$work/buildtree" "${launcher[@]}" -Ddtrain_DIR="$build" >/dev/null
+cmake --build "$work/buildtree" -j2 >/dev/null
+check buildtree "$work/buildtree"
+
+cmake -S "$consumer" -B "$work/subdir" "${launcher[@]}" -DDTRAIN_SOURCE_DIR="$src" >/dev/null
+cmake --build "$work/subdir" -j2 >/dev/null
+check subdirectory "$work/subdir"
