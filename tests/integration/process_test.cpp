@@ -170,6 +170,23 @@ TEST(ProcessFailures, StoppedPeerBecomesTimeoutErrorWithinTheTimeout) {
   EXPECT_LE(survivor.end - stopped_at, 2 * timeout) << describe(survivor);
 }
 
+TEST(ProcessFailures, DebugDetailFromTheEnvironmentNamesMismatchedRanks) {
+  const int port = free_port();
+  ProcessRanks procs;
+  for (int r = 0; r < 2; ++r) {
+    auto env = rank_env(r, 2, port, "20");
+    env["DTRAIN_DEBUG"] = "DETAIL";
+    procs.spawn({kWorker, "mismatch"}, env);
+  }
+  ASSERT_TRUE(procs.wait_all(60s));
+  for (auto& p : procs.ranks()) {
+    EXPECT_EQ(p.exit_code, 3) << describe(p);
+    EXPECT_NE(p.output().find("caught CollectiveMismatch"), std::string::npos) << describe(p);
+    EXPECT_NE(p.output().find("rank 1: broadcast #0 (dtype Float, shape [8], root 0)"),
+              std::string::npos) << describe(p);
+  }
+}
+
 // PyTorch's torchrun (Debian python3-torch) as the launcher: with its
 // default static rendezvous the agent hosts the store
 // (TORCHELASTIC_USE_AGENT_STORE=True); with --standalone rank 0 hosts it.

@@ -8,6 +8,9 @@
 //                             print "caught <Type>: <message>" and exit 3
 //   rank_worker init          init only; on failure print "caught ..." and
 //                             exit 2 (used for bad-environment tests)
+//   rank_worker mismatch      even ranks all_reduce, odd ranks broadcast:
+//                             under DTRAIN_DEBUG=DETAIL every rank exits 3
+//                             with "caught CollectiveMismatch: ..."
 
 #include <ATen/ATen.h>
 
@@ -71,6 +74,7 @@ const char* type_name(const dtrain::Error& e) {
   if (dynamic_cast<const dtrain::TimeoutError*>(&e)) return "TimeoutError";
   if (dynamic_cast<const dtrain::NetworkError*>(&e)) return "NetworkError";
   if (dynamic_cast<const dtrain::InvalidArgument*>(&e)) return "InvalidArgument";
+  if (dynamic_cast<const dtrain::CollectiveMismatch*>(&e)) return "CollectiveMismatch";
   return "Error";
 }
 
@@ -81,6 +85,18 @@ int loop() {
   for (;;) dtrain::all_reduce(t);
 }
 
+int mismatch() {
+  dtrain::init_process_group();
+  auto t = at::ones({8});
+  if (dtrain::get_rank() % 2 == 0) {
+    dtrain::all_reduce(t);
+  } else {
+    dtrain::broadcast(t, 0);
+  }
+  std::cout << "rank " << dtrain::get_rank() << " ran a mismatched collective unnoticed" << std::endl;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -88,6 +104,7 @@ int main(int argc, char** argv) {
   try {
     if (mode == "collectives") return check_collectives();
     if (mode == "loop") return loop();
+    if (mode == "mismatch") return mismatch();
     if (mode == "init") {
       dtrain::init_process_group();
       std::cout << "initialized" << std::endl;
@@ -97,6 +114,6 @@ int main(int argc, char** argv) {
     std::cout << "caught " << type_name(e) << ": " << e.what() << std::endl;
     return mode == "init" ? 2 : 3;
   }
-  std::cerr << "usage: rank_worker collectives|loop|init" << std::endl;
+  std::cerr << "usage: rank_worker collectives|loop|init|mismatch" << std::endl;
   return 64;
 }

@@ -12,6 +12,10 @@
 //  - compare_set() follows torch.distributed's Store.compare_set: when the
 //    current value equals `expected` (or the key is missing and `expected` is
 //    empty) the key becomes `desired`; it returns the value now stored.
+//    A missing key with a non-empty `expected` stays missing and `expected`
+//    is returned, as torch's stores do.
+//  - Keys starting with "__dtrain_" are reserved for the stores' own
+//    bookkeeping (user and worker counters); num_keys() does not count them.
 //  - Failures are dtrain::TimeoutError / NetworkError / InvalidArgument.
 // No header here includes torch: the store is usable without libtorch.
 

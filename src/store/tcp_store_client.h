@@ -1,0 +1,69 @@
+#pragma once
+
+// The TCP store's client: one connection to the server, one request in
+// flight at a time (a mutex makes it safe to share between threads).
+//
+// Contract:
+//  - Every call takes the timeout it runs under. For GET and WAIT that is
+//    how long the server waits for the keys; the client then waits for the
+//    reply that long plus kReplyGrace, so a server that died or stopped
+//    answering becomes a TimeoutError instead of a hang.
+//  - After any failure (timeout, closed connection, protocol error) the
+//    socket is closed; the next call reconnects. A late reply to an
+//    abandoned request can therefore never be read as the answer to a
+//    later one.
+//  - Errors name the server's host:port and the key(s):
+//    TimeoutError, NetworkError, or InvalidArgument for requests the store
+//    refuses (key over 64 KiB, frame over TcpStore::kMaxFrameBytes, add()
+//    on a non-integer value).
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/socket.h"
+#include "store/wire.h"
+
+namespace dtrain {
+
+class TcpStoreClient {
+ public:
+  static constexpr std::chrono::milliseconds kReplyGrace{2000};
+
+  // Connects (retrying while the server is not up yet) within `timeout`.
+  TcpStoreClient(std::string host, uint16_t port, std::chrono::milliseconds timeout);
+
+  using ms = std::chrono::milliseconds;
+  void set(const std::string& key, const std::vector<uint8_t>& value, ms timeout);
+  std::vector<uint8_t> get(const std::string& key, ms timeout);
+  int64_t add(const std::string& key, int64_t delta, ms timeout);
+  std::vector<uint8_t> compare_set(const std::string& key, const std::vector<uint8_t>& expected,
+                                   const std::vector<uint8_t>& desired, ms timeout);
+  bool check(const std::vector<std::string>& keys, ms timeout);
+  bool delete_key(const std::string& key, ms timeout);
+  int64_t num_keys(ms timeout);
+  void wait(const std::vector<std::string>& keys, ms timeout);
+
+ private:
+  // Sends one request frame (filling in its request id) and reads the
+  // reply; an OK reply's payload is handed to `parse` while the connection
+  // is still held. `blocking` requests (GET, WAIT) get `timeout` +
+  // kReplyGrace for the reply; `what` describes the request for error
+  // messages ("GET of key 'foo'"). Returns the reply's status (OK or
+  // TIMEOUT); an ERROR reply throws InvalidArgument.
+  uint16_t call(std::vector<uint8_t> frame, ms timeout, bool blocking, const std::string& what,
+                const std::function<void(wire::Reader&)>& parse);
+  void connect(ms timeout);
+
+  std::string host_;
+  uint16_t port_;
+  std::string where_;  // "host:port"
+  std::mutex mutex_;
+  net::Fd fd_;
+  uint32_t next_request_id_ = 1;
+};
+
+}  // namespace dtrain
