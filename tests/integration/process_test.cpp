@@ -48,6 +48,8 @@ struct BadEnvCase {
   const char* message;
 };
 
+void PrintTo(const BadEnvCase& c, std::ostream* os) { *os << c.name; }
+
 class BadEnvironment : public ::testing::TestWithParam<BadEnvCase> {};
 
 TEST_P(BadEnvironment, FailsAtOnceNamingTheVariable) {

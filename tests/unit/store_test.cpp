@@ -5,6 +5,8 @@
 // FileStore object on the same file, another TCP connection) in a thread.
 
 #include <gtest/gtest.h>
+
+#include "harness/assertions.h"
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,16 +31,8 @@ using Clock = std::chrono::steady_clock;
 
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string str(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-// gtest only (the test target does not link gmock).
-::testing::AssertionResult Contains(const std::string& text, const std::string& part) {
-  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "\"" << text << "\"\n  does not contain \"" << part
-                                       << "\"";
-}
+using testing::Contains;
+using testing::seconds_since;
 
 // A fresh directory under the temp dir, removed with everything in it.
 class TempDir {

@@ -5,6 +5,8 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+
+#include "harness/assertions.h"
 #include <ifaddrs.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -30,16 +32,8 @@ using namespace std::chrono_literals;
 using ms = std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-// gtest only (the test target does not link gmock).
-::testing::AssertionResult Contains(const std::string& text, const std::string& part) {
-  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "\"" << text << "\"\n  does not contain \"" << part
-                                       << "\"";
-}
+using testing::Contains;
+using testing::seconds_since;
 
 TcpStoreOptions server_options(ms timeout = 5s) {
   return TcpStoreOptions().host("127.0.0.1").port(0).is_server(true).timeout(timeout);

@@ -1,0 +1,23 @@
+#pragma once
+
+// Small helpers shared by the tests.
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+
+namespace dtrain::testing {
+
+inline double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// EXPECT_TRUE(Contains(e.what(), "2/3 joined")) prints both strings on failure.
+inline ::testing::AssertionResult Contains(const std::string& text, const std::string& part) {
+  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "\"" << text << "\"\n  does not contain \"" << part
+                                       << "\"";
+}
+
+}  // namespace dtrain::testing
