@@ -9,6 +9,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <functional>
+
 #include "harness/process_ranks.h"
 
 namespace dtrain::testing {
@@ -24,13 +26,16 @@ std::string describe(const RankProcess& p) {
          "\n--- output ---\n" + p.output();
 }
 
-class EnvInit : public ::testing::TestWithParam<int> {};
 
-TEST_P(EnvInit, CollectivesAndSubgroupOverTcpStore) {
-  const int world = GetParam();
-  const int port = free_port();
+// Runs `world` collectives ranks with per-rank environments and extra args.
+void expect_collectives_pass(int world, const std::function<std::map<std::string, std::string>(int)>& env,
+                             const std::vector<std::string>& extra_args = {}) {
   ProcessRanks procs;
-  for (int r = 0; r < world; ++r) procs.spawn({kWorker, "collectives"}, rank_env(r, world, port));
+  for (int r = 0; r < world; ++r) {
+    std::vector<std::string> argv = {kWorker, "collectives"};
+    argv.insert(argv.end(), extra_args.begin(), extra_args.end());
+    procs.spawn(argv, env(r));
+  }
   ASSERT_TRUE(procs.wait_all(90s)) << "ranks did not finish";
   for (int r = 0; r < world; ++r) {
     auto& p = procs.ranks()[r];
@@ -40,7 +45,57 @@ TEST_P(EnvInit, CollectivesAndSubgroupOverTcpStore) {
   }
 }
 
+class EnvInit : public ::testing::TestWithParam<int> {};
+
+TEST_P(EnvInit, CollectivesAndSubgroupOverTcpStore) {
+  const int world = GetParam();
+  const int port = free_port();
+  expect_collectives_pass(world, [&](int r) { return rank_env(r, world, port); });
+}
+
 INSTANTIATE_TEST_SUITE_P(World, EnvInit, ::testing::Values(1, 2, 3, 4));
+
+TEST(InitMethods, TcpUrl) {
+  const int port = free_port();
+  expect_collectives_pass(3, [](int r) {
+    return std::map<std::string, std::string>{{"RANK", std::to_string(r)}, {"WORLD_SIZE", "3"}};
+  }, {"tcp://127.0.0.1:" + std::to_string(port)});
+}
+
+TEST(InitMethods, FileUrl) {
+  char dir[] = "/tmp/dtrain-file-init-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/store";
+  expect_collectives_pass(3, [](int r) {
+    return std::map<std::string, std::string>{{"RANK", std::to_string(r)}, {"WORLD_SIZE", "3"}};
+  }, {"file://" + path});
+  EXPECT_NE(access(path.c_str(), F_OK), 0) << "the last FileStore user should remove " << path;
+  rmdir(dir);
+}
+
+TEST(InitMethods, OpenMpiVariablesWithoutRank) {
+  const int port = free_port();
+  expect_collectives_pass(2, [port](int r) {
+    auto env = rank_env(r, 2, port);
+    env.erase("RANK");
+    env.erase("WORLD_SIZE");
+    env["OMPI_COMM_WORLD_RANK"] = std::to_string(r);
+    env["OMPI_COMM_WORLD_SIZE"] = "2";
+    return env;
+  });
+}
+
+TEST(InitMethods, SlurmVariablesWithoutRank) {
+  const int port = free_port();
+  expect_collectives_pass(2, [port](int r) {
+    auto env = rank_env(r, 2, port);
+    env.erase("RANK");
+    env.erase("WORLD_SIZE");
+    env["SLURM_PROCID"] = std::to_string(r);
+    env["SLURM_NTASKS"] = "2";
+    return env;
+  });
+}
 
 struct BadEnvCase {
   const char* name;

@@ -2,7 +2,8 @@
 // torchrun and network-namespace scripts) start several of these with the
 // worker environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...).
 //
-//   rank_worker collectives   init from the environment, check collectives
+//   rank_worker collectives [INIT_METHOD]
+//                             init (env:// unless given), check collectives
 //                             on the default group and a subgroup, exit 0
 //   rank_worker loop          init, then all_reduce forever; on a failure
 //                             print "caught <Type>: <message>" and exit 3
@@ -27,8 +28,8 @@ int fail(const std::string& what) {
   return 1;
 }
 
-int check_collectives() {
-  dtrain::init_process_group();
+int check_collectives(const std::string& init_method) {
+  dtrain::init_process_group(dtrain::InitOptions().init_method(init_method));
   const int rank = dtrain::get_rank();
   const int world = dtrain::get_world_size();
 
@@ -102,7 +103,7 @@ int mismatch() {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   try {
-    if (mode == "collectives") return check_collectives();
+    if (mode == "collectives") return check_collectives(argc > 2 ? argv[2] : "env://");
     if (mode == "loop") return loop();
     if (mode == "mismatch") return mismatch();
     if (mode == "init") {
