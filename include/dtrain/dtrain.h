@@ -2,6 +2,7 @@
 
 // Umbrella header: everything a training program needs.
 
+#include "dtrain/ddp.h"
 #include "dtrain/distributed.h"
 #include "dtrain/errors.h"
 #include "dtrain/process_group.h"

@@ -19,8 +19,17 @@
 
 namespace dtrain::testing {
 
-inline std::vector<std::string> run_ranks(
-    int world, const std::function<void(ProcessGroup&)>& body,
+// What each rank's body gets: its group over all ranks and the shared
+// store (to build subgroups with create_process_group).
+struct RankContext {
+  std::shared_ptr<ProcessGroup> group;
+  std::shared_ptr<Store> store;
+  int rank;
+  int world;
+};
+
+inline std::vector<std::string> run_rank_contexts(
+    int world, const std::function<void(RankContext&)>& body,
     std::chrono::milliseconds timeout = std::chrono::seconds(30),
     GroupOptions options = GroupOptions()) {
   auto store = std::make_shared<HashStore>(timeout);
@@ -29,9 +38,10 @@ inline std::vector<std::string> run_ranks(
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
       try {
-        auto group = create_process_group("gloo", store, rank, world,
-                                          GroupOptions(options).timeout(timeout));
-        body(*group);
+        RankContext ctx{create_process_group("gloo", store, rank, world,
+                                             GroupOptions(options).timeout(timeout)),
+                        store, rank, world};
+        body(ctx);
       } catch (const std::exception& e) {
         errors[rank] = e.what();
       }
@@ -39,6 +49,13 @@ inline std::vector<std::string> run_ranks(
   }
   for (auto& t : threads) t.join();
   return errors;
+}
+
+inline std::vector<std::string> run_ranks(
+    int world, const std::function<void(ProcessGroup&)>& body,
+    std::chrono::milliseconds timeout = std::chrono::seconds(30),
+    GroupOptions options = GroupOptions()) {
+  return run_rank_contexts(world, [&](RankContext& ctx) { body(*ctx.group); }, timeout, options);
 }
 
 // Fails the current test when any rank threw.
