@@ -80,6 +80,7 @@ void Reducer::set_comm_hook(CommHook hook) {
   DTRAIN_CHECK_ARG(!expect_backward_, "register_comm_hook: cannot change the hook between a "
                                       "forward and its backward");
   hook_ = std::move(hook);
+  custom_hook_ = true;
 }
 
 void Reducer::build_buckets(const std::vector<size_t>& order) {
@@ -187,6 +188,15 @@ void Reducer::launch_ready_buckets() {
     b->grad.divisor = divisor_;
     b->grad.is_last = next_launch_ + 1 == buckets_.size();
     b->launched = Clock::now();
+    if (!custom_hook_) {
+      // The default hook is asynchronous by nature: issue it right here and
+      // save the hand-off to the communication thread.
+      b->grad.buffer.div_(b->grad.divisor);
+      b->work = group_.all_reduce(b->grad.buffer, ReduceOp::SUM);
+      b->work->on_success([b] { b->done = Clock::now(); });
+      ++next_launch_;
+      continue;
+    }
     b->work = std::make_shared<Work>(detail::cat("DDP bucket #", next_launch_, " of iteration ",
                                                  iteration_));
     comm_.submit([this, b, work = b->work] {

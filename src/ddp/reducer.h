@@ -84,6 +84,7 @@ class Reducer {
   ProcessGroup& group_;
   ReducerOptions options_;
   CommHook hook_;
+  bool custom_hook_ = false;  // false: the default all-reduce, issued inline
   double divisor_;
 
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
