@@ -244,6 +244,29 @@ TEST(ProcessFailures, DebugDetailFromTheEnvironmentNamesMismatchedRanks) {
   }
 }
 
+TEST(ProcessDDP, ThreeRanksEndWithIdenticalParametersAndLogStats) {
+  const int port = free_port();
+  ProcessRanks procs;
+  for (int r = 0; r < 3; ++r) {
+    auto env = rank_env(r, 3, port);
+    env["DTRAIN_DEBUG"] = "INFO";
+    procs.spawn({kWorker, "ddp"}, env);
+  }
+  ASSERT_TRUE(procs.wait_all(90s));
+  std::string checksum;
+  for (int r = 0; r < 3; ++r) {
+    auto& p = procs.ranks()[r];
+    ASSERT_EQ(p.exit_code, 0) << describe(p);
+    auto out = p.output();
+    auto at = out.find("rank " + std::to_string(r) + " params ");
+    ASSERT_NE(at, std::string::npos) << describe(p);
+    auto value = out.substr(at + 14, out.find('\n', at) - at - 14);
+    if (r == 0) checksum = value;
+    EXPECT_EQ(value, checksum) << "rank " << r << " diverged";
+    EXPECT_NE(out.find("ddp: iteration 3: backward"), std::string::npos) << describe(p);
+  }
+}
+
 // PyTorch's torchrun (Debian python3-torch) as the launcher: with its
 // default static rendezvous the agent hosts the store
 // (TORCHELASTIC_USE_AGENT_STORE=True); with --standalone rank 0 hosts it.

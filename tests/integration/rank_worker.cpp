@@ -9,11 +9,14 @@
 //                             print "caught <Type>: <message>" and exit 3
 //   rank_worker init          init only; on failure print "caught ..." and
 //                             exit 2 (used for bad-environment tests)
+//   rank_worker ddp           DDP training of a small MLP for 3 steps; prints
+//                             "rank R params <checksum>" (equal on all ranks)
 //   rank_worker mismatch      even ranks all_reduce, odd ranks broadcast:
 //                             under DTRAIN_DEBUG=DETAIL every rank exits 3
 //                             with "caught CollectiveMismatch: ..."
 
 #include <ATen/ATen.h>
+#include <torch/torch.h>
 
 #include <cstdio>
 #include <cstring>
@@ -86,6 +89,28 @@ int loop() {
   for (;;) dtrain::all_reduce(t);
 }
 
+int ddp_training() {
+  dtrain::init_process_group();
+  const int rank = dtrain::get_rank();
+  torch::manual_seed(rank);  // different initial weights and data on every rank
+  auto net = torch::nn::Sequential(torch::nn::Linear(10, 32), torch::nn::ReLU(),
+                                   torch::nn::Linear(32, 4));
+  dtrain::DistributedDataParallel ddp(net.ptr());
+  torch::optim::SGD opt(ddp.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  auto x = torch::randn({8, 10}), y = torch::randn({8, 4});
+  for (int step = 0; step < 3; ++step) {
+    opt.zero_grad();
+    torch::mse_loss(ddp.forward(x), y).backward();
+    opt.step();
+  }
+  double checksum = 0;
+  for (const auto& p : ddp.parameters()) checksum += p.to(at::kDouble).abs().sum().item<double>();
+  std::printf("rank %d params %.17g\n", rank, checksum);
+  std::fflush(stdout);
+  dtrain::destroy_process_group();
+  return 0;
+}
+
 int mismatch() {
   dtrain::init_process_group();
   auto t = at::ones({8});
@@ -106,6 +131,7 @@ int main(int argc, char** argv) {
     if (mode == "collectives") return check_collectives(argc > 2 ? argv[2] : "env://");
     if (mode == "loop") return loop();
     if (mode == "mismatch") return mismatch();
+    if (mode == "ddp") return ddp_training();
     if (mode == "init") {
       dtrain::init_process_group();
       std::cout << "initialized" << std::endl;
@@ -115,6 +141,6 @@ int main(int argc, char** argv) {
     std::cout << "caught " << type_name(e) << ": " << e.what() << std::endl;
     return mode == "init" ? 2 : 3;
   }
-  std::cerr << "usage: rank_worker collectives|loop|init|mismatch" << std::endl;
+  std::cerr << "usage: rank_worker collectives|loop|init|mismatch|ddp" << std::endl;
   return 64;
 }
