@@ -8,6 +8,7 @@ packages=(
   libtorch-dev      # libtorch 1.13 (ATen, c10d headers)
   libgloo-dev       # Gloo: TCP collectives
   zlib1g-dev        # gzip datasets
+  dataset-fashion-mnist  # Fashion-MNIST IDX files (training example, data tests)
   libcli11-dev      # launcher flags
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch     # PyTorch's torchrun and the Python baselines

@@ -2,6 +2,8 @@
 
 // Umbrella header: everything a training program needs.
 
+#include "dtrain/data/distributed_sampler.h"
+#include "dtrain/data/fashion_mnist.h"
 #include "dtrain/ddp.h"
 #include "dtrain/distributed.h"
 #include "dtrain/errors.h"

@@ -33,4 +33,6 @@ void log_line(const std::string& message) {
   std::fflush(stderr);
 }
 
+void log_warning(const std::string& message) { log_line("warning: " + message); }
+
 }  // namespace dtrain

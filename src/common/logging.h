@@ -14,6 +14,9 @@ DebugLevel debug_level();
 DebugLevel parse_debug_level(const std::string& text);
 
 void log_line(const std::string& message);
+// Something the user should fix (e.g. a missing set_epoch): printed at every
+// DTRAIN_DEBUG level, OFF included, as "[dtrain] warning: <message>".
+void log_warning(const std::string& message);
 
 }  // namespace dtrain
 

@@ -1,0 +1,281 @@
+// dtrain-run on one node: the worker contract, failure summaries, restarts,
+// signal forwarding and orphans, logs, and bad input.
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "harness/assertions.h"
+#include "harness/process_ranks.h"
+
+namespace dtrain::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+const std::string kRun = DTRAIN_RUN_EXECUTABLE;
+const std::string kProbe = PROBE_EXECUTABLE;
+
+struct Result {
+  int exit_code;
+  int signal;
+  std::string output;
+  Clock::duration took;
+};
+
+Result launch(std::vector<std::string> args, std::chrono::seconds timeout = 60s) {
+  args.insert(args.begin(), kRun);
+  ProcessRanks procs;
+  auto start = Clock::now();
+  auto& p = procs.spawn(args, {{"OMP_NUM_THREADS", "1"}});
+  bool done = procs.wait(p, Clock::now() + timeout);
+  EXPECT_TRUE(done) << "dtrain-run did not finish: " << p.output();
+  return {p.exit_code, p.signal, p.output(), Clock::now() - start};
+}
+
+bool alive(pid_t pid) { return kill(pid, 0) == 0; }
+
+TEST(Launcher, GivesEveryWorkerTorchrunsEnvironment) {
+  auto r = launch({"--nproc-per-node", "3", "--standalone", kProbe, "env"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::string run_id, port;
+  for (int rank = 0; rank < 3; ++rank) {
+    const std::string p = "[" + std::to_string(rank) + "]:env ";
+    for (const auto& [k, v] : std::vector<std::pair<std::string, std::string>>{
+             {"RANK", std::to_string(rank)}, {"LOCAL_RANK", std::to_string(rank)},
+             {"GROUP_RANK", "0"}, {"ROLE_RANK", std::to_string(rank)}, {"ROLE_NAME", "default"},
+             {"LOCAL_WORLD_SIZE", "3"}, {"WORLD_SIZE", "3"}, {"GROUP_WORLD_SIZE", "1"},
+             {"ROLE_WORLD_SIZE", "3"}, {"MASTER_ADDR", "127.0.0.1"},
+             {"TORCHELASTIC_RESTART_COUNT", "0"}, {"TORCHELASTIC_MAX_RESTARTS", "0"},
+             {"OMP_NUM_THREADS", "1"}})
+      EXPECT_TRUE(Contains(r.output, p + k + "=" + v + "\n"));
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.output, m, std::regex("\\[" + std::to_string(rank) +
+                                                          "\\]:env MASTER_PORT=([0-9]+)")));
+    if (rank == 0) port = m[1];
+    EXPECT_EQ(m[1], port) << "every rank must get the same MASTER_PORT";
+    ASSERT_TRUE(std::regex_search(r.output, m, std::regex("\\[" + std::to_string(rank) +
+                                                          "\\]:env TORCHELASTIC_RUN_ID=(\\w+)")));
+    if (rank == 0) run_id = m[1];
+    EXPECT_EQ(m[1], run_id);
+  }
+}
+
+TEST(Launcher, ReplacesLocalRankInArguments) {
+  auto r = launch({"--nproc-per-node", "2", kProbe, "arg", "shard-${local_rank}.bin"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "[0]:arg shard-0.bin"));
+  EXPECT_TRUE(Contains(r.output, "[1]:arg shard-1.bin"));
+}
+
+TEST(Launcher, SummaryNamesRankExitCodeAndLastLines) {
+  auto r = launch({"--nproc-per-node", "2", "--master-port", std::to_string(free_port()), kProbe,
+                   "exit", "7"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(Contains(r.output, "dtrain-run: job failed (attempt 0, 0/0 restarts used)"));
+  EXPECT_TRUE(std::regex_search(
+      r.output, std::regex("rank 1 \\(local rank 1 on node 0, pid [0-9]+\\) exited with code 7 "
+                           "at [0-9]{4}-[0-9]{2}-[0-9]{2} [0-9:]{8}")))
+      << r.output;
+  EXPECT_TRUE(Contains(r.output, "    about to fail on purpose"));
+  EXPECT_TRUE(Contains(r.output, "    stderr line before failing"));
+}
+
+TEST(Launcher, SummaryNamesTheSignal) {
+  auto r = launch({"--nproc-per-node", "2", "--standalone", kProbe, "signal"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(Contains(r.output, "killed by SIGSEGV")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "about to crash"));
+}
+
+TEST(Launcher, RestartsUntilTheProgramSucceeds) {
+  auto r = launch({"--nproc-per-node", "2", "--standalone", "--max-restarts", "3", kProbe,
+                   "fail-until", "2"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (int a = 0; a <= 2; ++a)
+    EXPECT_TRUE(Contains(r.output, "[0]:attempt " + std::to_string(a) + "\n"));
+  EXPECT_TRUE(Contains(r.output, "restarting the workers (restart 2 of 3)"));
+  EXPECT_FALSE(Contains(r.output, "attempt 3"));
+}
+
+TEST(Launcher, ExhaustedRestartsFailWithASummary) {
+  auto r = launch({"--nproc-per-node", "2", "--standalone", "--max-restarts", "1", kProbe,
+                   "fail-until", "5"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(Contains(r.output, "dtrain-run: job failed (attempt 1, 1/1 restarts used)"));
+  EXPECT_TRUE(Contains(r.output, "exited with code 3"));
+}
+
+// Starts `dtrain-run ... probe sleep`, returns the launcher and the pids of
+// its workers and their children.
+std::vector<pid_t> start_sleepers(ProcessRanks& procs, RankProcess*& launcher) {
+  launcher = &procs.spawn({kRun, "--nproc-per-node", "2", "--standalone", "--rdzv-conf",
+                           "close_timeout=2", kProbe, "sleep"},
+                          {});
+  std::vector<pid_t> pids;
+  auto deadline = Clock::now() + 30s;
+  std::regex re("\\]:pids ([0-9]+) ([0-9]+)");
+  while (Clock::now() < deadline && pids.size() < 4) {
+    pids.clear();
+    auto out = launcher->output();
+    for (std::sregex_iterator it(out.begin(), out.end(), re), end; it != end; ++it) {
+      pids.push_back(std::stoi((*it)[1]));
+      pids.push_back(std::stoi((*it)[2]));
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_EQ(pids.size(), 4u) << launcher->output();
+  return pids;
+}
+
+TEST(Launcher, ForwardsSignalsAndLeavesNoOrphans) {
+  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGQUIT}) {
+    ProcessRanks procs;
+    RankProcess* launcher = nullptr;
+    auto pids = start_sleepers(procs, launcher);
+    for (pid_t p : pids) ASSERT_TRUE(alive(p));
+    kill(launcher->pid, sig);
+    ASSERT_TRUE(procs.wait(*launcher, Clock::now() + 20s)) << "launcher did not exit on " << sig;
+    EXPECT_EQ(launcher->exit_code, 128 + sig) << launcher->output();
+    for (pid_t p : pids) EXPECT_FALSE(alive(p)) << "process " << p << " survived signal " << sig;
+  }
+}
+
+TEST(Launcher, WorkersDieWithAKilledLauncher) {
+  ProcessRanks procs;
+  RankProcess* launcher = nullptr;
+  auto pids = start_sleepers(procs, launcher);
+  kill(launcher->pid, SIGKILL);
+  procs.wait(*launcher, Clock::now() + 10s);
+  // Workers have PR_SET_PDEATHSIG; give the kernel a moment to deliver it.
+  auto deadline = Clock::now() + 5s;
+  while (Clock::now() < deadline && (alive(pids[0]) || alive(pids[2])))
+    std::this_thread::sleep_for(20ms);
+  EXPECT_FALSE(alive(pids[0]));
+  EXPECT_FALSE(alive(pids[2]));
+  for (pid_t p : pids) kill(p, SIGKILL);  // the workers' own children are the program's business
+}
+
+TEST(Launcher, RedirectsAndTeeWriteLogFiles) {
+  char dir[] = "/tmp/dtrain-run-logs-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  auto r = launch({"--nproc-per-node", "2", "--master-port", std::to_string(free_port()),
+                   "--rdzv-id", "job1", "--log-dir", dir, "--redirects", "3", "--tee", "0:1",
+                   kProbe, "arg", "hello"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "[0]:arg hello"));   // local rank 0 tees stdout
+  EXPECT_FALSE(Contains(r.output, "[1]:arg hello"));  // local rank 1 only to its file
+  auto read = [](const std::string& p) {
+    std::ifstream in(p);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  const std::string base = std::string(dir) + "/job1/attempt_0/";
+  EXPECT_EQ(read(base + "0/stdout.log"), "arg hello\n");
+  EXPECT_EQ(read(base + "1/stdout.log"), "arg hello\n");
+  EXPECT_EQ(read(base + "1/stderr.log"), "");
+  std::system(("rm -rf " + std::string(dir)).c_str());
+}
+
+TEST(Launcher, LocalRanksFilterShowsOnlyChosenRanks) {
+  auto r = launch({"--nproc-per-node", "3", "--standalone", "--local-ranks-filter", "1", kProbe,
+                   "arg", "x"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "[1]:arg x"));
+  EXPECT_FALSE(Contains(r.output, "[0]:arg x"));
+  EXPECT_FALSE(Contains(r.output, "[2]:arg x"));
+}
+
+TEST(Launcher, RunsADtrainJob) {
+  auto r = launch({"--nproc-per-node", "3", "--standalone", kProbe, "allreduce"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (int rank = 0; rank < 3; ++rank)
+    EXPECT_TRUE(Contains(r.output, "[" + std::to_string(rank) + "]:rank " + std::to_string(rank) +
+                                       " sum 3 world 3"));
+}
+
+struct BadInput {
+  const char* name;
+  std::vector<std::string> args;
+  const char* message;
+};
+
+class LauncherBadInput : public ::testing::TestWithParam<BadInput> {};
+
+TEST_P(LauncherBadInput, FailsNamingTheProblem) {
+  auto args = GetParam().args;
+  for (auto& a : args)
+    if (a == "PROBE") a = kProbe;
+  auto r = launch(args, 20s);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, GetParam().message));
+  EXPECT_LT(r.took, 10s);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, LauncherBadInput,
+    ::testing::Values(
+        BadInput{"UnknownFlag", {"--bogus", "1", "PROBE"}, "--bogus"},
+        BadInput{"ZeroProcs", {"--nproc-per-node", "0", "PROBE"},
+                 "--nproc-per-node 0: expected a whole number in 1..4096"},
+        BadInput{"NodesMinAboveMax", {"--nnodes", "3:2", "PROBE"},
+                 "--nnodes 3:2: MIN must not exceed MAX"},
+        BadInput{"NodeRankTooLarge", {"--nnodes", "2", "--node-rank", "2", "PROBE"},
+                 "--node-rank 2 is out of range for --nnodes 2 (expected 0..1)"},
+        BadInput{"MissingProgram", {"/no/such/program"},
+                 "program '/no/such/program' does not exist or is not executable"},
+        BadInput{"ProgramNotOnPath", {"no-such-program-xyz"},
+                 "program 'no-such-program-xyz' was not found on PATH"},
+        BadInput{"UnknownRdzvConf", {"--rdzv-conf", "speed=3", "PROBE"},
+                 "--rdzv-conf: unknown key 'speed'"},
+        BadInput{"ElasticNeedsEndpoint", {"--rdzv-backend", "c10d", "PROBE"},
+                 "--rdzv-backend c10d needs --rdzv-endpoint"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(Launcher, PortInUseFailsFastNamingHostAndPort) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const auto port = std::to_string(ntohs(addr.sin_port));
+  auto r = launch({"--master-port", port, kProbe, "env"});
+  close(fd);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(Contains(r.output, "127.0.0.1:" + port));
+  EXPECT_TRUE(Contains(r.output, "in use"));
+  EXPECT_LT(r.took, 3s);
+}
+
+TEST(Launcher, UnansweredRendezvousTimesOutNamingTheEndpoint) {
+  const auto port = std::to_string(free_port());
+  auto r = launch({"--nnodes", "2", "--node-rank", "1", "--master-port", port, "--rdzv-conf",
+                   "join_timeout=2", kProbe, "env"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(Contains(r.output, "127.0.0.1:" + port)) << r.output;
+  EXPECT_LT(r.took, 10s);
+}
+
+TEST(Launcher, MissingNodeIsNamedWhenTheRoundTimesOut) {
+  const auto port = std::to_string(free_port());
+  auto r = launch({"--nnodes", "2", "--node-rank", "0", "--master-port", port, "--rdzv-conf",
+                   "join_timeout=2", kProbe, "env"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(Contains(r.output, "1/2 joined (missing node ranks: 1)")) << r.output;
+}
+
+}  // namespace
+}  // namespace dtrain::testing

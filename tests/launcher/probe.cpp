@@ -1,0 +1,97 @@
+// A worker for the launcher tests: reports what dtrain-run gave it and
+// misbehaves on request.
+//   probe env               print the worker contract as "env KEY=VALUE"
+//   probe arg X             print "arg X" (checks ${local_rank} substitution)
+//   probe exit CODE         rank 1 prints a line and exits with CODE; others wait
+//   probe signal            rank 1 raises SIGSEGV; others wait
+//   probe fail-until N      every rank fails (exit 3) while TORCHELASTIC_RESTART_COUNT < N
+//   probe sleep             fork a grandchild, print both pids, sleep until killed
+//   probe allreduce [SECS]  dtrain all_reduce of ones, prints "rank R sum S", then
+//                           keeps all-reducing for SECS seconds (default 0)
+
+#include <signal.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "dtrain/dtrain.h"
+
+namespace {
+
+int env_int(const char* name) {
+  const char* v = std::getenv(name);  // test code: reads the launcher's contract directly
+  return v ? std::atoi(v) : -1;
+}
+
+[[noreturn]] void wait_forever() {
+  for (;;) pause();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  const int rank = env_int("RANK");
+  setvbuf(stdout, nullptr, _IOLBF, 0);
+  if (mode == "env") {
+    for (const char* k : {"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME",
+                          "LOCAL_WORLD_SIZE", "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
+                          "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+                          "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "OMP_NUM_THREADS"}) {
+      const char* v = std::getenv(k);
+      std::printf("env %s=%s\n", k, v ? v : "<unset>");
+    }
+    return 0;
+  }
+  if (mode == "arg" && argc > 2) {
+    std::printf("arg %s\n", argv[2]);
+    return 0;
+  }
+  if (mode == "exit" && argc > 2) {
+    if (rank != 1) wait_forever();
+    std::printf("about to fail on purpose\n");
+    std::fprintf(stderr, "stderr line before failing\n");
+    return std::atoi(argv[2]);
+  }
+  if (mode == "signal") {
+    if (rank != 1) wait_forever();
+    std::printf("about to crash\n");
+    raise(SIGSEGV);
+    return 0;
+  }
+  if (mode == "fail-until" && argc > 2) {
+    const int attempt = env_int("TORCHELASTIC_RESTART_COUNT");
+    std::printf("attempt %d\n", attempt);
+    return attempt < std::atoi(argv[2]) ? 3 : 0;
+  }
+  if (mode == "sleep") {
+    pid_t child = fork();
+    if (child == 0) wait_forever();
+    std::printf("pids %d %d\n", static_cast<int>(getpid()), static_cast<int>(child));
+    wait_forever();
+  }
+  if (mode == "allreduce") {
+    dtrain::init_process_group();
+    auto t = at::ones({1000});
+    dtrain::all_reduce(t);
+    std::printf("rank %d sum %g world %d\n", dtrain::get_rank(), t[0].item<double>(),
+                dtrain::get_world_size());
+    const double seconds = argc > 2 ? std::atof(argv[2]) : 0;
+    auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (std::chrono::steady_clock::now() < end) {
+      dtrain::all_reduce(t);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    dtrain::destroy_process_group();
+    return 0;
+  }
+  std::fprintf(stderr, "probe: unknown mode '%s'\n", mode.c_str());
+  return 64;
+}

@@ -1,0 +1,213 @@
+#include "rendezvous.h"
+
+#include <algorithm>
+#include <sstream>
+#include <thread>
+
+#include "address.h"
+#include "dtrain/errors.h"
+#include "dtrain/store/prefix_store.h"
+#include "dtrain/store/tcp_store.h"
+
+namespace dtrain::run {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr auto kPoll = std::chrono::milliseconds(50);
+
+bool is_loopback_name(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+}  // namespace
+
+Rendezvous::Rendezvous(const Options& o) : options_(o) {
+  const bool elastic = o.elastic();
+  store_host_ = elastic ? o.rdzv_host : o.master_addr;
+  store_port_ = elastic ? o.rdzv_port : o.master_port;
+  auto base_options = TcpStoreOptions().host(store_host_).timeout(o.join_timeout);
+  std::shared_ptr<TcpStore> store;
+  if (!elastic) {
+    host_ = o.node_rank == 0;
+    store = std::make_shared<TcpStore>(
+        TcpStoreOptions(base_options).port(static_cast<uint16_t>(store_port_)).is_server(host_));
+  } else {
+    // The node that owns the endpoint address hosts the store; any other
+    // node (or a second launcher on the same machine) is a client.
+    try {
+      store = std::make_shared<TcpStore>(
+          TcpStoreOptions(base_options).port(static_cast<uint16_t>(store_port_)).is_server(true));
+      host_ = true;
+    } catch (const NetworkError& e) {
+      const std::string why = e.what();
+      if (why.find("in use") == std::string::npos && why.find("assign") == std::string::npos)
+        throw;
+      store = std::make_shared<TcpStore>(
+          TcpStoreOptions(base_options).port(static_cast<uint16_t>(store_port_)).is_server(false));
+    }
+  }
+  store_port_ = store->port();
+  store_ = std::make_shared<PrefixStore>("dtrain-run/" + o.rdzv_id, store);
+  local_address_ = !o.local_addr.empty()           ? o.local_addr
+                   : is_loopback_name(store_host_) ? "127.0.0.1"
+                                                   : address_towards(store_host_);
+}
+
+std::string Rendezvous::endpoint() const {
+  return store_host_ + ":" + std::to_string(store_port_);
+}
+
+std::string Rendezvous::key(int round, const std::string& rest) const {
+  return "round/" + std::to_string(round) + "/" + rest;
+}
+
+int Rendezvous::current_round() {
+  return static_cast<int>(store_->add("current_round", 0));
+}
+
+void Rendezvous::advance(int round) {
+  // Every node of the failed round calls this; only the first moves it.
+  const auto now = std::to_string(round), next = std::to_string(round + 1);
+  store_->compare_set("current_round", {now.begin(), now.end()}, {next.begin(), next.end()});
+}
+
+Round Rendezvous::join(int number) {
+  const auto& o = options_;
+  Round r;
+  r.number = number;
+  const auto start = Clock::now();
+  const std::string me = local_address_ + "|" + std::to_string(o.nproc_per_node);
+  int participants = 0;
+  if (!o.elastic()) {
+    r.node_rank = o.node_rank;
+    store_->set(key(number, "node/" + std::to_string(r.node_rank)), me);
+    participants = o.max_nodes;
+    std::vector<std::string> keys;
+    for (int i = 0; i < participants; ++i) keys.push_back(key(number, "node/" + std::to_string(i)));
+    try {
+      store_->wait(keys, o.join_timeout);
+    } catch (const TimeoutError&) {
+      std::vector<std::string> missing;
+      for (int i = 0; i < participants; ++i)
+        if (!store_->check({keys[i]})) missing.push_back(std::to_string(i));
+      std::ostringstream msg;
+      msg << "rendezvous at " << endpoint() << " (round " << number << "): timed out after "
+          << o.join_timeout.count() / 1000.0 << " s waiting for nodes: "
+          << participants - static_cast<int>(missing.size()) << "/" << participants
+          << " joined (missing node ranks:";
+      for (const auto& m : missing) msg << " " << m;
+      msg << ")";
+      throw TimeoutError(msg.str());
+    }
+  } else {
+    const int index = static_cast<int>(store_->add(key(number, "count"), 1)) - 1;
+    store_->set(key(number, "node/" + std::to_string(index)), me);
+    std::optional<Clock::time_point> reached_min;
+    for (;;) {
+      if (store_->check({key(number, "closed")})) {
+        participants = std::stoi(store_->get_string(key(number, "closed")));
+        break;
+      }
+      const int count = static_cast<int>(store_->add(key(number, "count"), 0));
+      std::string close_at;
+      if (count >= o.max_nodes) {
+        close_at = std::to_string(o.max_nodes);
+      } else if (count >= o.min_nodes) {
+        if (!reached_min) reached_min = Clock::now();
+        if (Clock::now() - *reached_min >= o.last_call_timeout) close_at = std::to_string(count);
+      }
+      if (!close_at.empty()) {
+        // Whoever closes first decides the size; everyone reads it back.
+        store_->compare_set(key(number, "closed"), {}, {close_at.begin(), close_at.end()});
+        continue;
+      }
+      if (Clock::now() - start > o.join_timeout) {
+        std::ostringstream msg;
+        msg << "rendezvous '" << o.rdzv_id << "' at " << endpoint() << " (round " << number
+            << "): timed out after " << o.join_timeout.count() / 1000.0
+            << " s waiting for nodes: " << count << "/" << o.min_nodes << " joined (min "
+            << o.min_nodes << ", max " << o.max_nodes << ")";
+        throw TimeoutError(msg.str());
+      }
+      std::this_thread::sleep_for(kPoll);  // the store has no "wait for count" primitive
+    }
+    if (index >= participants)
+      throw Error("rendezvous '" + o.rdzv_id + "' at " + endpoint() + ": round " +
+                  std::to_string(number) + " closed with " + std::to_string(participants) +
+                  " node(s) before this node joined; start it again to join the next round");
+    r.node_rank = index;
+  }
+  r.nnodes = participants;
+  // Node table: address and workers of every participant, in node order.
+  std::vector<int> nprocs(participants);
+  std::string first_addr;
+  for (int i = 0; i < participants; ++i) {
+    auto entry = store_->get_string(key(number, "node/" + std::to_string(i)));
+    auto bar = entry.find('|');
+    nprocs[i] = std::stoi(entry.substr(bar + 1));
+    if (i == 0) first_addr = entry.substr(0, bar);
+  }
+  r.rank_offset = 0;
+  for (int i = 0; i < r.node_rank; ++i) r.rank_offset += nprocs[i];
+  r.world_size = 0;
+  for (int n : nprocs) r.world_size += n;
+  // Node 0's workers host their own store (worker rank 0) on a fresh port.
+  if (r.node_rank == 0) {
+    const std::string master = first_addr + ":" + std::to_string(free_port_on(first_addr));
+    store_->set(key(number, "master"), master);
+  }
+  auto master = store_->get_string(key(number, "master"));
+  r.master_addr = master.substr(0, master.rfind(':'));
+  r.master_port = std::stoi(master.substr(master.rfind(':') + 1));
+  // keep-alive state for this round
+  last_seen_.assign(participants, -1);
+  stale_checks_.assign(participants, 0);
+  next_beat_ = Clock::now();
+  return r;
+}
+
+std::optional<std::string> Rendezvous::check(const Round& r) {
+  if (store_->check({key(r.number, "failed")})) return store_->get_string(key(r.number, "failed"));
+  if (Clock::now() < next_beat_) return std::nullopt;
+  next_beat_ = Clock::now() + options_.keep_alive_interval;
+  store_->set(key(r.number, "alive/" + std::to_string(r.node_rank)), std::to_string(++beats_));
+  for (int i = 0; i < r.nnodes; ++i) {
+    if (i == r.node_rank || store_->check({key(r.number, "done/" + std::to_string(i))})) continue;
+    const auto k = key(r.number, "alive/" + std::to_string(i));
+    const int64_t seen = store_->check({k}) ? std::stoll(store_->get_string(k)) : 0;
+    stale_checks_[i] = seen == last_seen_[i] ? stale_checks_[i] + 1 : 0;
+    last_seen_[i] = seen;
+    if (stale_checks_[i] > options_.keep_alive_max_attempt) {
+      std::string reason = "node " + std::to_string(i) + " stopped sending keep-alives for " +
+                           std::to_string(stale_checks_[i] * options_.keep_alive_interval.count() / 1000.0) +
+                           " s (its launcher died or lost the network)";
+      report_failure(r, reason);
+      return reason;
+    }
+  }
+  return std::nullopt;
+}
+
+void Rendezvous::report_failure(const Round& r, const std::string& reason) {
+  // The first report wins; later ones keep it.
+  store_->compare_set(key(r.number, "failed"), {}, {reason.begin(), reason.end()});
+}
+
+void Rendezvous::report_done(const Round& r) {
+  store_->set(key(r.number, "done/" + std::to_string(r.node_rank)), "1");
+}
+
+bool Rendezvous::wait_for_others(const Round& r) {
+  // As long as the others are alive (keep-alives move), they may still be
+  // training; a failure or a silent node ends the wait.
+  for (;;) {
+    bool all = true;
+    for (int i = 0; i < r.nnodes && all; ++i)
+      all = store_->check({key(r.number, "done/" + std::to_string(i))});
+    if (all) return true;
+    if (check(r)) return false;
+    std::this_thread::sleep_for(kPoll);
+  }
+}
+
+}  // namespace dtrain::run

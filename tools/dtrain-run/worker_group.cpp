@@ -1,0 +1,259 @@
+#include "worker_group.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+
+namespace dtrain::run {
+
+namespace {
+
+constexpr size_t kTailLines = 20;
+
+void make_dirs(const std::string& path) {
+  std::string partial;
+  for (size_t i = 0; i <= path.size(); ++i) {
+    if (i == path.size() || path[i] == '/') {
+      if (!partial.empty()) mkdir(partial.c_str(), 0755);
+    }
+    if (i < path.size()) partial += path[i];
+  }
+}
+
+}  // namespace
+
+std::string WorkerExit::describe() const {
+  if (signal != 0) {
+    const char* abbrev = sigabbrev_np(signal);
+    return std::string("killed by SIG") + (abbrev ? abbrev : std::to_string(signal).c_str());
+  }
+  return "exited with code " + std::to_string(code);
+}
+
+struct WorkerGroup::Worker {
+  WorkerSpec spec;
+  pid_t pid = -1;
+  bool running = false;
+  int status = 0;
+  std::chrono::system_clock::time_point ended;
+  std::thread out_pump, err_pump;
+  std::ofstream out_file, err_file;
+  std::mutex tail_mutex;
+  std::deque<std::string> tail;
+};
+
+WorkerGroup::WorkerGroup(const Options& options, int attempt) : options_(options), attempt_(attempt) {}
+
+WorkerGroup::~WorkerGroup() { stop(SIGTERM, std::chrono::seconds(5)); }
+
+void WorkerGroup::start(const std::vector<WorkerSpec>& specs) {
+  for (const auto& spec : specs) {
+    auto w = std::make_unique<Worker>();
+    w->spec = spec;
+    const Std redirect = options_.redirect_of(spec.local_rank);
+    const Std tee = options_.tee_of(spec.local_rank);
+    const int to_file = static_cast<int>(redirect) | static_cast<int>(tee);
+    if (to_file != 0) {
+      const std::string dir = options_.log_dir + "/" + options_.rdzv_id + "/attempt_" +
+                              std::to_string(attempt_) + "/" + std::to_string(spec.local_rank);
+      make_dirs(dir);
+      if (to_file & 1) w->out_file.open(dir + "/stdout.log");
+      if (to_file & 2) w->err_file.open(dir + "/stderr.log");
+    }
+
+    int out[2], err[2], exec_err[2];
+    if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC) || pipe2(exec_err, O_CLOEXEC))
+      throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+    // Everything the child needs is prepared before fork (only
+    // async-signal-safe calls are allowed after it).
+    std::vector<std::string> argv_s{options_.program};
+    for (const auto& a : options_.args) argv_s.push_back(a);
+    for (auto& a : argv_s) {
+      for (size_t p; (p = a.find("${local_rank}")) != std::string::npos;)
+        a.replace(p, 13, std::to_string(spec.local_rank));
+    }
+    std::vector<char*> argv, envp;
+    for (auto& a : argv_s) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::vector<std::string> env_copy = spec.env;
+    for (auto& e : env_copy) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    const pid_t parent = getpid();
+
+    pid_t pid = fork();
+    if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+    if (pid == 0) {
+      setpgid(0, 0);
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(127);  // the launcher died before prctl
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
+      dup2(out[1], STDOUT_FILENO);
+      dup2(err[1], STDERR_FILENO);
+      execve(argv[0], argv.data(), envp.data());
+      int e = errno;
+      (void)!write(exec_err[1], &e, sizeof(e));
+      _exit(127);
+    }
+    setpgid(pid, pid);  // also from here, so no signal can race the child's call
+    close(out[1]);
+    close(err[1]);
+    close(exec_err[1]);
+    int child_errno = 0;
+    ssize_t n = read(exec_err[0], &child_errno, sizeof(child_errno));
+    close(exec_err[0]);
+    if (n == sizeof(child_errno)) {
+      waitpid(pid, nullptr, 0);
+      close(out[0]);
+      close(err[0]);
+      throw std::runtime_error("cannot execute '" + options_.program + "': " +
+                               std::strerror(child_errno));
+    }
+    w->pid = pid;
+    w->running = true;
+    Worker* raw = w.get();
+    w->out_pump = std::thread([this, raw, fd = out[0]] { pump(*raw, fd, false); });
+    w->err_pump = std::thread([this, raw, fd = err[0]] { pump(*raw, fd, true); });
+    workers_.push_back(std::move(w));
+  }
+}
+
+void WorkerGroup::pump(Worker& w, int fd, bool is_stderr) {
+  const int bit = is_stderr ? 2 : 1;
+  const bool to_file = (static_cast<int>(options_.redirect_of(w.spec.local_rank)) |
+                        static_cast<int>(options_.tee_of(w.spec.local_rank))) & bit;
+  const bool redirected_only = (static_cast<int>(options_.redirect_of(w.spec.local_rank)) & bit) &&
+                               !(static_cast<int>(options_.tee_of(w.spec.local_rank)) & bit);
+  const bool to_console = options_.shown(w.spec.local_rank) && !redirected_only;
+  const std::string prefix = "[" + std::to_string(w.spec.rank) + "]:";
+  std::ofstream& file = is_stderr ? w.err_file : w.out_file;
+  std::string pending;
+  char buf[4096];
+  auto emit = [&](const std::string& line) {
+    {
+      std::lock_guard<std::mutex> lock(w.tail_mutex);
+      w.tail.push_back(line);
+      if (w.tail.size() > kTailLines) w.tail.pop_front();
+    }
+    if (to_file && file.is_open()) file << line << '\n' << std::flush;
+    if (to_console) {
+      std::lock_guard<std::mutex> lock(console_mutex_);
+      FILE* stream = is_stderr ? stderr : stdout;
+      std::fprintf(stream, "%s%s\n", prefix.c_str(), line.c_str());
+      std::fflush(stream);
+    }
+  };
+  for (;;) {
+    ssize_t n = read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    pending.append(buf, static_cast<size_t>(n));
+    size_t nl;
+    while ((nl = pending.find('\n')) != std::string::npos) {
+      emit(pending.substr(0, nl));
+      pending.erase(0, nl + 1);
+    }
+  }
+  if (!pending.empty()) emit(pending);
+  close(fd);
+}
+
+WorkerGroup::State WorkerGroup::poll(WorkerExit* failure) {
+  bool all_done = true, failed = false;
+  for (auto& w : workers_) {
+    if (w->running) {
+      int status = 0;
+      pid_t r = waitpid(w->pid, &status, WNOHANG);
+      if (r == w->pid) {
+        w->running = false;
+        w->status = status;
+        w->ended = std::chrono::system_clock::now();
+        // Whatever the worker's children still print belongs to it; its
+        // output pipes close when the last of them exits.
+      }
+    }
+    if (w->running) {
+      all_done = false;
+      continue;
+    }
+    const bool ok = WIFEXITED(w->status) && WEXITSTATUS(w->status) == 0;
+    if (!ok && !failed) {
+      failed = true;
+      if (failure) {
+        failure->local_rank = w->spec.local_rank;
+        failure->rank = w->spec.rank;
+        failure->pid = w->pid;
+        failure->code = WIFEXITED(w->status) ? WEXITSTATUS(w->status) : 0;
+        failure->signal = WIFSIGNALED(w->status) ? WTERMSIG(w->status) : 0;
+        failure->when = w->ended;
+      }
+    }
+  }
+  if (failed) return State::Failed;
+  return all_done ? State::Succeeded : State::Running;
+}
+
+void WorkerGroup::stop(int sig, std::chrono::milliseconds grace) {
+  for (auto& w : workers_)
+    if (w->running) kill(-w->pid, sig);
+  auto deadline = std::chrono::steady_clock::now() + grace;
+  for (;;) {
+    bool any = false;
+    for (auto& w : workers_) {
+      if (!w->running) continue;
+      int status = 0;
+      if (waitpid(w->pid, &status, WNOHANG) == w->pid) {
+        w->running = false;
+        w->status = status;
+        w->ended = std::chrono::system_clock::now();
+      } else {
+        any = true;
+      }
+    }
+    if (!any || std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // waitpid has no timeout
+  }
+  for (auto& w : workers_) {
+    kill(-w->pid, SIGKILL);  // leftovers, and any grandchildren in the group
+    if (w->running) {
+      int status = 0;
+      waitpid(w->pid, &status, 0);
+      w->running = false;
+      w->status = status;
+      w->ended = std::chrono::system_clock::now();
+    }
+  }
+  // Reap whatever of the process groups was re-parented to us (we are a
+  // child subreaper), so nothing outlives the group, not even as a zombie.
+  const auto reap_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  for (;;) {
+    pid_t r = waitpid(-1, nullptr, WNOHANG);
+    if (r > 0) continue;
+    if (r < 0 || std::chrono::steady_clock::now() > reap_deadline) break;  // ECHILD: none left
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (auto& w : workers_) {
+    if (w->out_pump.joinable()) w->out_pump.join();
+    if (w->err_pump.joinable()) w->err_pump.join();
+  }
+}
+
+std::vector<std::string> WorkerGroup::last_lines(int local_rank) {
+  for (auto& w : workers_) {
+    if (w->spec.local_rank != local_rank) continue;
+    std::lock_guard<std::mutex> lock(w->tail_mutex);
+    return {w->tail.begin(), w->tail.end()};
+  }
+  return {};
+}
+
+}  // namespace dtrain::run

@@ -1,0 +1,67 @@
+#pragma once
+
+// The workers of one node for one attempt: started in their own process
+// groups (so a signal reaches a worker's children too), watched with
+// waitpid, their output prefixed with the rank and/or written to log files,
+// and stopped with a signal, a grace period, then SIGKILL. Workers also get
+// PR_SET_PDEATHSIG, so even a launcher killed with SIGKILL leaves no orphans.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "options.h"
+
+namespace dtrain::run {
+
+struct WorkerSpec {
+  int local_rank;
+  int rank;
+  std::vector<std::string> env;  // KEY=VALUE, the whole environment
+};
+
+struct WorkerExit {
+  int local_rank = -1, rank = -1;
+  pid_t pid = -1;
+  int code = 0;    // exit code when exited normally
+  int signal = 0;  // signal number when killed
+  std::chrono::system_clock::time_point when;
+  std::vector<std::string> last_lines;
+  std::string describe() const;  // "exited with code 3" / "killed by SIGKILL"
+};
+
+class WorkerGroup {
+ public:
+  enum class State { Running, Succeeded, Failed };
+
+  WorkerGroup(const Options& options, int attempt);
+  ~WorkerGroup();
+  WorkerGroup(const WorkerGroup&) = delete;
+  WorkerGroup& operator=(const WorkerGroup&) = delete;
+
+  // Throws std::runtime_error when a worker cannot be started.
+  void start(const std::vector<WorkerSpec>& specs);
+  // Reaps finished workers; on the first failure fills `failure`.
+  State poll(WorkerExit* failure);
+  // Sends `sig` to every worker's process group, waits up to `grace`, then
+  // SIGKILLs what is left and reaps everything.
+  void stop(int sig, std::chrono::milliseconds grace);
+  // The last lines a worker printed (complete once stop() has returned).
+  std::vector<std::string> last_lines(int local_rank);
+
+ private:
+  struct Worker;
+  void pump(Worker& w, int fd, bool is_stderr);
+  const Options& options_;
+  int attempt_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::mutex console_mutex_;
+};
+
+}  // namespace dtrain::run
