@@ -294,6 +294,19 @@ TEST_P(Torchrun, FourRanksRunUnchanged) {
         << describe(p);
 }
 
+TEST(Mpirun, TwoRanksRunUnchanged) {
+  ProcessRanks procs;
+  auto& p = procs.spawn({MPIRUN_EXECUTABLE, "-np", "2", "--allow-run-as-root", "--oversubscribe",
+                         "-x", "MASTER_ADDR=127.0.0.1", "-x",
+                         "MASTER_PORT=" + std::to_string(free_port()), "-x", "DTRAIN_TIMEOUT=60",
+                         kWorker, "collectives"},
+                        {{"OMPI_MCA_plm_rsh_agent", ""}});
+  ASSERT_TRUE(procs.wait(p, Clock::now() + 120s)) << "mpirun did not finish: " << p.output();
+  EXPECT_EQ(p.exit_code, 0) << describe(p);
+  for (int r = 0; r < 2; ++r)
+    EXPECT_NE(p.output().find("rank " + std::to_string(r) + " ok"), std::string::npos) << describe(p);
+}
+
 INSTANTIATE_TEST_SUITE_P(Rendezvous, Torchrun, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "Standalone" : "AgentStore"; });
 
