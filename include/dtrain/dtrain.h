@@ -7,6 +7,7 @@
 #include "dtrain/ddp.h"
 #include "dtrain/distributed.h"
 #include "dtrain/errors.h"
+#include "dtrain/launch_env.h"
 #include "dtrain/process_group.h"
 #include "dtrain/store/file_store.h"
 #include "dtrain/store/hash_store.h"

@@ -37,11 +37,15 @@ const Var kTimeout{"DTRAIN_TIMEOUT", "1800",
                    "Default timeout in seconds of every blocking call when "
                    "InitOptions().timeout is not given."};
 
+const Var kTty{"DTRAIN_TTY", "0",
+               "Set to 1 by dtrain-run for workers whose output it shows on a terminal, so "
+               "console_is_terminal() can choose a live progress bar."};
+
 const std::vector<const Var*>& all() {
   static const std::vector<const Var*> vars{
       &kRank,      &kWorldSize, &kLocalRank,    &kMasterAddr,   &kMasterPort,
       &kUseAgentStore, &kRestartCount, &kOmpiRank, &kOmpiSize, &kSlurmProcId,
-      &kSlurmNTasks, &kDebug,   &kSocketIfname, &kGlooSocketIfname, &kTimeout};
+      &kSlurmNTasks, &kDebug,   &kSocketIfname, &kGlooSocketIfname, &kTimeout, &kTty};
   return vars;
 }
 

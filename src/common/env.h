@@ -23,7 +23,7 @@ extern const Var kUseAgentStore, kRestartCount;
 // Schedulers, read when RANK/WORLD_SIZE are absent.
 extern const Var kOmpiRank, kOmpiSize, kSlurmProcId, kSlurmNTasks;
 // dtrain's own.
-extern const Var kDebug, kSocketIfname, kGlooSocketIfname, kTimeout;
+extern const Var kDebug, kSocketIfname, kGlooSocketIfname, kTimeout, kTty;
 
 const std::vector<const Var*>& all();
 

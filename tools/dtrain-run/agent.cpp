@@ -62,6 +62,9 @@ std::vector<WorkerSpec> worker_specs(const Options& o, const Round& r) {
         {"TORCHELASTIC_USE_AGENT_STORE", "False"},  // workers host their own store
     };
     if (!user_omp && o.nproc_per_node > 1) vars.push_back({"OMP_NUM_THREADS", "1"});
+    // The worker's stdout is our pipe; tell it when its lines reach a terminal.
+    const bool shown = o.shown(lr) && !(static_cast<int>(o.redirect_of(lr)) & 1);
+    vars.push_back({"DTRAIN_TTY", shown && isatty(STDOUT_FILENO) ? "1" : "0"});
     WorkerSpec spec{lr, rank, {}};
     for (const auto& kv : base) {
       const auto name = kv.substr(0, kv.find('='));

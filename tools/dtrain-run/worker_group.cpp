@@ -157,10 +157,21 @@ void WorkerGroup::pump(Worker& w, int fd, bool is_stderr) {
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     pending.append(buf, static_cast<size_t>(n));
-    size_t nl;
-    while ((nl = pending.find('\n')) != std::string::npos) {
-      emit(pending.substr(0, nl));
-      pending.erase(0, nl + 1);
+    size_t end;
+    while ((end = pending.find_first_of("\r\n")) != std::string::npos) {
+      if (pending[end] == '\r' && end + 1 >= pending.size()) break;  // "\r\n" may be split
+      if (pending[end] == '\r' && pending[end + 1] != '\n') {
+        // A progress-bar frame: redraw it in place on the console only.
+        if (to_console) {
+          std::lock_guard<std::mutex> lock(console_mutex_);
+          std::fprintf(stdout, "%s%s\r", prefix.c_str(), pending.substr(0, end).c_str());
+          std::fflush(stdout);
+        }
+        pending.erase(0, end + 1);
+        continue;
+      }
+      emit(pending.substr(0, end));
+      pending.erase(0, end + (pending[end] == '\r' ? 2 : 1));
     }
   }
   if (!pending.empty()) emit(pending);
@@ -186,7 +197,10 @@ WorkerGroup::State WorkerGroup::poll(WorkerExit* failure) {
       continue;
     }
     const bool ok = WIFEXITED(w->status) && WEXITSTATUS(w->status) == 0;
-    if (!ok && !failed) {
+    // Report the likeliest root cause: a worker killed by a signal rather
+    // than one that exited with an error because its peer died.
+    const bool better = !failed || (WIFSIGNALED(w->status) && failure && failure->signal == 0);
+    if (!ok && better) {
       failed = true;
       if (failure) {
         failure->local_rank = w->spec.local_rank;

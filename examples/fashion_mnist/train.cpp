@@ -1,0 +1,229 @@
+// dtrain-fashion-mnist: data-parallel training of a convnet on Fashion-MNIST.
+//
+//   dtrain-run --standalone --nproc-per-node 2 dtrain-fashion-mnist --epochs 3
+//
+// Every rank trains on its shard of the 60 000 training images (DistributedSampler),
+// gradients are averaged by DistributedDataParallel, and after each epoch every
+// rank scores its shard of the 10 000 test images and the counts are summed
+// with all_reduce. Rank 0 shows progress, writes metrics and a plot, and
+// checkpoints so that a killed run resumes exactly (--resume, or automatically
+// when dtrain-run restarts the job).
+
+#include <CLI/CLI.hpp>
+#include <dtrain/dtrain.h>
+#include <sys/stat.h>
+#include <torch/torch.h>
+#include <zlib.h>
+
+#include <cmath>
+#include <ctime>
+#include <csignal>
+#include <iostream>
+
+#include "checkpoint.h"
+#include "model.h"
+#include "report.h"
+
+namespace {
+
+struct Flags {
+  int64_t epochs = 5;
+  int64_t batch_size = 64;
+  double lr = 1e-3;
+  double lr_decay = 0.7;  // learning rate of epoch e: lr * lr_decay^e
+  std::string backend = "gloo";
+  std::string checkpoint_dir = "checkpoints";
+  std::string out_dir;  // empty: runs/<date-time> (a new one per run)
+  bool resume = false;
+  int64_t seed = 0;
+  int threads = 1;
+  int64_t checkpoint_every = 200;
+  std::string data_dir = dtrain::FashionMNIST::kDefaultRoot;
+  int64_t train_limit = 0, test_limit = 0;
+  int64_t crash_at_step = -1, crash_in_checkpoint_at_step = -1;  // test hooks
+};
+
+Flags parse(int argc, char** argv) {
+  CLI::App app{"Data-parallel training of a convnet on Fashion-MNIST (run it under dtrain-run)"};
+  Flags f;
+  app.add_option("--epochs", f.epochs, "Epochs to train")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", f.batch_size, "Batch size per rank")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--lr", f.lr, "Learning rate of the first epoch (Adam)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--lr-decay", f.lr_decay, "Factor applied to the learning rate after each epoch")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--backend", f.backend, "Process-group backend")->capture_default_str();
+  app.add_option("--checkpoint-dir", f.checkpoint_dir, "Where checkpoint.pt lives")->capture_default_str();
+  app.add_option("--checkpoint-every", f.checkpoint_every, "Also checkpoint every N steps (0: epochs only)")->capture_default_str();
+  app.add_option("--out-dir", f.out_dir, "Where metrics.jsonl and training.png go (default: runs/<date-time>)");
+  app.add_flag("--resume", f.resume, "Resume from the checkpoint (automatic after a dtrain-run restart)");
+  app.add_option("--seed", f.seed, "Seed of the initial weights and the data order")->capture_default_str();
+  app.add_option("--threads", f.threads, "Intra-op threads per rank")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--data-dir", f.data_dir, "Fashion-MNIST .gz files")->capture_default_str();
+  app.add_option("--train-limit", f.train_limit, "Use only the first N training images (0: all)");
+  app.add_option("--test-limit", f.test_limit, "Use only the first N test images (0: all)");
+  app.add_option("--crash-at-step", f.crash_at_step, "Test hook: the last rank SIGKILLs itself at this step (first attempt only)");
+  app.add_option("--crash-in-checkpoint-at-step", f.crash_in_checkpoint_at_step, "Test hook: rank 0 dies while writing the checkpoint of this step (first attempt only)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e));
+  }
+  return f;
+}
+
+// CRC-32 of every parameter's bytes: equal checksums, bitwise equal models.
+uint32_t checksum(torch::nn::Module& m) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (const auto& p : m.parameters()) {
+    auto c = p.detach().contiguous();
+    crc = crc32(crc, static_cast<const Bytef*>(c.data_ptr()), static_cast<uInt>(c.nbytes()));
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+// Scores this rank's shard of the test set (indices rank, rank+world, ...);
+// returns {correct, total} summed over all ranks.
+std::pair<int64_t, int64_t> evaluate(ConvNet& model, const dtrain::FashionMNIST& test, int64_t limit) {
+  torch::NoGradGuard no_grad;
+  model->eval();
+  const int64_t n = limit > 0 ? std::min<int64_t>(limit, test.images().size(0)) : test.images().size(0);
+  auto shard = torch::arange(dtrain::get_rank(), n, dtrain::get_world_size());
+  int64_t correct = 0;
+  for (int64_t i = 0; i < shard.numel(); i += 1000) {
+    auto idx = shard.narrow(0, i, std::min<int64_t>(1000, shard.numel() - i));
+    auto pred = model->forward(test.images().index_select(0, idx)).argmax(1);
+    correct += pred.eq(test.targets().index_select(0, idx)).sum().item<int64_t>();
+  }
+  model->train();
+  auto counts = torch::tensor({correct, shard.numel()}, torch::kLong);
+  dtrain::all_reduce(counts);
+  return {counts[0].item<int64_t>(), counts[1].item<int64_t>()};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Flags f = parse(argc, argv);
+  try {
+    dtrain::init_process_group(dtrain::InitOptions().backend(f.backend));
+    torch::set_num_threads(f.threads);
+    const int rank = dtrain::get_rank(), world = dtrain::get_world_size();
+    const bool leader = rank == 0;
+
+    dtrain::FashionMNIST train(f.data_dir, dtrain::FashionMNIST::Mode::kTrain,
+                               dtrain::FashionMNISTOptions().normalize(true));
+    dtrain::FashionMNIST test(f.data_dir, dtrain::FashionMNIST::Mode::kTest,
+                              dtrain::FashionMNISTOptions().normalize(true));
+    const int64_t train_size = f.train_limit > 0 ? std::min<int64_t>(f.train_limit, *train.size())
+                                                 : static_cast<int64_t>(*train.size());
+    auto sampler = dtrain::DistributedSampler(
+        static_cast<size_t>(train_size), dtrain::DistributedSamplerOptions().seed(f.seed));
+    auto loader = torch::data::make_data_loader(
+        train.map(torch::data::transforms::Stack<>()), sampler,
+        torch::data::DataLoaderOptions().batch_size(f.batch_size).workers(0));
+    const int64_t steps_per_epoch =
+        (static_cast<int64_t>(sampler.num_samples()) + f.batch_size - 1) / f.batch_size;
+
+    torch::manual_seed(f.seed);
+    ConvNet model;
+    torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(f.lr));
+
+    // Resume: explicitly, or because dtrain-run restarted the job.
+    const std::string ckpt = f.checkpoint_dir + "/checkpoint.pt";
+    mkdir(f.checkpoint_dir.c_str(), 0755);
+    TrainingState state;
+    state.world_size = world;
+    const bool restarted = dtrain::restart_count() > 0;
+    if (f.resume || (restarted && access(ckpt.c_str(), R_OK) == 0)) {
+      state = load_checkpoint(ckpt, *model, opt);
+      if (state.world_size != world) {
+        if (leader)
+          std::cout << "checkpoint was written by " << state.world_size << " ranks, now " << world
+                    << ": restarting epoch " << state.epoch + 1 << " from its beginning" << std::endl;
+        state.step_in_epoch = 0;
+        state.world_size = world;
+      }
+      if (leader)
+        std::cout << "resumed from " << ckpt << " at epoch " << state.epoch + 1 << ", step "
+                  << state.step_in_epoch << " (restart " << dtrain::restart_count() << ")" << std::endl;
+    }
+    dtrain::DistributedDataParallel ddp(model.ptr());
+    const bool first_attempt = !f.resume && !restarted;
+
+    std::string out_dir = f.out_dir;
+    if (out_dir.empty()) {
+      char stamp[32];
+      std::time_t now = std::time(nullptr);
+      std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", std::localtime(&now));
+      mkdir("runs", 0755);
+      out_dir = std::string("runs/") + stamp;
+    }
+    if (leader) mkdir(out_dir.c_str(), 0755);
+    Metrics metrics(out_dir);
+    Progress progress(leader && dtrain::console_is_terminal(), f.epochs, steps_per_epoch,
+                      f.batch_size * world);
+    auto checkpoint = [&](const TrainingState& s) {
+      if (leader)
+        save_checkpoint(ckpt, *model, opt, s,
+                        {first_attempt && s.global_step == f.crash_in_checkpoint_at_step});
+      dtrain::barrier();  // nobody runs ahead of a checkpoint that may fail
+    };
+    if (leader)
+      std::cout << "training on " << train_size << " images, " << world << " rank(s), batch "
+                << f.batch_size << " per rank, " << f.epochs << " epoch(s)" << std::endl;
+
+    double last_accuracy = 0, last_rate = 0;
+    for (int64_t epoch = state.epoch; epoch < f.epochs; ++epoch) {
+      sampler.set_epoch(epoch);
+      // A function of the epoch alone, so a resumed run uses the same rate.
+      static_cast<torch::optim::AdamOptions&>(opt.param_groups()[0].options())
+          .lr(f.lr * std::pow(f.lr_decay, static_cast<double>(epoch)));
+      sampler.set_position(static_cast<size_t>(state.step_in_epoch * f.batch_size));
+      progress.start_epoch(epoch, state.step_in_epoch);
+      const auto start = std::chrono::steady_clock::now();
+      int64_t step = state.step_in_epoch, trained = 0;
+      double loss_sum = 0;
+      for (auto& batch : *loader) {
+        opt.zero_grad();
+        auto loss = torch::nn::functional::cross_entropy(ddp.forward(batch.data), batch.target);
+        loss.backward();
+        opt.step();
+        ++step, ++trained, ++state.global_step;
+        loss_sum += loss.item<double>();
+        if (first_attempt && state.global_step == f.crash_at_step && rank == world - 1) raise(SIGKILL);
+        if (leader) progress.update(step, loss_sum / trained);
+        if (f.checkpoint_every > 0 && state.global_step % f.checkpoint_every == 0 && step < steps_per_epoch)
+          checkpoint({epoch, step, state.global_step, world});
+      }
+      if (leader) progress.finish_epoch();
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      auto loss_stats = torch::tensor({loss_sum, static_cast<double>(trained)}, torch::kDouble);
+      dtrain::all_reduce(loss_stats);
+      auto [correct, total] = evaluate(model, test, f.test_limit);
+      last_accuracy = static_cast<double>(correct) / static_cast<double>(total);
+      last_rate = trained * f.batch_size * world / seconds;
+      state = {epoch + 1, 0, state.global_step, world};
+      checkpoint(state);
+      if (leader) {
+        const double train_loss = loss_stats[0].item<double>() / std::max(1.0, loss_stats[1].item<double>());
+        std::printf("epoch %lld/%lld: train loss %.4f, test accuracy %.2f%% (%lld/%lld), %.0f samples/s, %.1f s\n",
+                    static_cast<long long>(epoch + 1), static_cast<long long>(f.epochs), train_loss,
+                    100 * last_accuracy, static_cast<long long>(correct), static_cast<long long>(total),
+                    last_rate, seconds);
+        std::fflush(stdout);
+        metrics.add({epoch + 1, train_loss, last_accuracy, last_rate, seconds});
+      }
+    }
+    if (leader) {
+      const auto png = metrics.plot();
+      std::printf("done: test accuracy %.2f%% after %lld epoch(s), %.0f samples/s on %d rank(s); "
+                  "parameters crc32 %08x%s%s\n",
+                  100 * last_accuracy, static_cast<long long>(f.epochs), last_rate, world,
+                  checksum(*model), png.empty() ? "" : "; plot ", png.c_str());
+    }
+    dtrain::destroy_process_group();
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "dtrain-fashion-mnist: " << e.what() << std::endl;
+    return 1;
+  }
+}

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The main job: 2 ranks train a convnet on Fashion-MNIST (Debian's
+# dataset-fashion-mnist) with DistributedDataParallel, launched by dtrain-run.
+# Shows a progress bar, prints per-epoch loss/accuracy/throughput, and leaves
+# runs/<date-time>/{metrics.jsonl,training.png} and checkpoints/checkpoint.pt.
+# Extra arguments go to the program, e.g.: bash scripts/train.sh --epochs 2
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/build.sh >/dev/null
+exec ./build/tools/dtrain-run/dtrain-run --standalone --nproc-per-node 2 --max-restarts 1 \
+  ./build/examples/dtrain-fashion-mnist "$@"
