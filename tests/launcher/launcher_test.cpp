@@ -70,6 +70,15 @@ TEST(Launcher, GivesEveryWorkerTorchrunsEnvironment) {
   }
 }
 
+TEST(Launcher, ReadsFlagsFromPetVariablesAndUnderscoreSpellings) {
+  ProcessRanks procs;
+  auto& p = procs.spawn({kRun, "--standalone", "--max_restarts", "0", kProbe, "env"},
+                        {{"PET_NPROC_PER_NODE", "3"}});
+  ASSERT_TRUE(procs.wait(p, Clock::now() + 60s));
+  EXPECT_EQ(p.exit_code, 0) << p.output();
+  EXPECT_TRUE(Contains(p.output(), "[2]:env WORLD_SIZE=3\n"));
+}
+
 TEST(Launcher, ReplacesLocalRankInArguments) {
   auto r = launch({"--nproc-per-node", "2", kProbe, "arg", "shard-${local_rank}.bin"});
   ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -4,7 +4,9 @@
 #  2. c10d rendezvous, the same;
 #  3. c10d with --nnodes 1:2: node B's launcher is SIGKILLed mid-job; node A
 #     must recover on its own (restart with the nodes left) and succeed;
-#  4. static: the same kill; node A must exit cleanly (non-zero) in time.
+#  4. static: the same kill; node A must exit cleanly (non-zero) in time;
+#  5. c10d: node B's launcher is frozen (SIGSTOP) while its workers run on:
+#     only its missing keep-alives tell node A, which restarts alone.
 set -euo pipefail
 run=$1 probe=$2
 source "$(dirname "$0")/../harness/netns.sh"
@@ -67,4 +69,16 @@ took=$(( $(date +%s) - start ))
 [ "$took" -le 20 ] || fail "node A took $took s to give up"
 grep -q "job failed" "$logs/k0" || fail "node A printed no failure summary"
 echo "static job ends cleanly after a node was killed: ok ($took s)"
+
+# 5. keep-alive: B's launcher freezes, A notices and carries on alone
+on "$NS_A" f0 --nnodes 1:2 --max-restarts 1 --rdzv-backend c10d --rdzv-endpoint $A:29624 --rdzv-id j5 --rdzv-conf $conf "$probe" allreduce 6
+on "$NS_B" f1 --nnodes 1:2 --max-restarts 1 --rdzv-backend c10d --rdzv-endpoint $A:29624 --rdzv-id j5 --rdzv-conf $conf "$probe" allreduce 6
+for i in $(seq 100); do grep -q "sum 4 world 4" "$logs/f1" 2>/dev/null && break; sleep 0.1; done
+kill -STOP "$pid_f1"
+start=$(date +%s)
+wait "$pid_f0" || fail "node A did not recover after node B's launcher froze"
+grep -q "stopped sending keep-alives" "$logs/f0" || fail "node A did not name the silent node"
+grep -q "\[0\]:rank 0 sum 2 world 2" "$logs/f0" || fail "node A did not restart as a 1-node job"
+kill -9 "$pid_f1"
+echo "keep-alive: a frozen node was detected and left behind: ok ($(( $(date +%s) - start )) s)"
 rm -rf "$logs"

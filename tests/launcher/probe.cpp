@@ -83,9 +83,9 @@ int main(int argc, char** argv) {
     dtrain::all_reduce(t);
     std::printf("rank %d sum %g world %d\n", dtrain::get_rank(), t[0].item<double>(),
                 dtrain::get_world_size());
-    const double seconds = argc > 2 ? std::atof(argv[2]) : 0;
-    auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-    while (std::chrono::steady_clock::now() < end) {
+    // A fixed count (not a deadline), so every rank issues the same collectives.
+    const int rounds = static_cast<int>((argc > 2 ? std::atof(argv[2]) : 0) * 50);
+    for (int i = 0; i < rounds; ++i) {
       dtrain::all_reduce(t);
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
