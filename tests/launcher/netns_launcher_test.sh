@@ -26,7 +26,7 @@ on() {  # on NS NAME ARGS... : start dtrain-run in NS in the background, log to 
 
 check_sums() {  # every rank 0..3 of job NAME(s) saw the 4-rank sum
   for r in 0 1 2 3; do
-    cat "$@" | grep -q "\[$r\]:rank $r sum 4 world 4" || fail "rank $r missing in $*"
+    grep -q "\[$r\]:rank $r sum 4 world 4" "$@" || fail "rank $r missing in $*"
   done
 }
 

@@ -21,7 +21,7 @@ check() {  # name, build dir
 cmake --install "$build" --prefix "$work/prefix" >/dev/null
 mv "$work/prefix" "$work/moved-prefix"
 test -f "$work/moved-prefix/include/dtrain/dtrain.h"
-if find "$work/moved-prefix/include" -path '*src*' | grep -q .; then
+if [ -n "$(find "$work/moved-prefix/include" -path '*src*')" ]; then
   echo "private headers were installed"; exit 1
 fi
 cmake -S "$consumer" -B "$work/installed" "${launcher[@]}" \
