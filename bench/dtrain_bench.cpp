@@ -7,6 +7,9 @@
 //   dtrain-bench overlap  [--steps 10] [--batch 32] [--runs 3] [--layers 8] [--width 1024]
 //       Deep MLP step time: compute alone, compute then communication, and DDP
 //       (overlapped); prints the share of communication hidden behind backward.
+//   dtrain-bench dp       [--replicas 2] [--steps 20] [--batch 128] [--runs 5]
+//       One process: MNIST convnet training with DataParallel on --replicas CPU
+//       replicas vs one module with as many intra-op threads (and with one).
 //
 // Ranks are child processes of this binary (`dtrain-bench rank ...`) that
 // rendezvous over env:// on 127.0.0.1, one intra-op thread each.
@@ -22,6 +25,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dtrain/dtrain.h"
@@ -236,6 +240,88 @@ int bench_overlap(const Args& a) {
   return 0;
 }
 
+// The MNIST convnet as a torch::nn::Cloneable (DataParallel replicates with
+// clone()): the same layers as dtrain::bench::MnistNet, created in reset().
+struct CloneableMnistNetImpl : torch::nn::Cloneable<CloneableMnistNetImpl> {
+  CloneableMnistNetImpl() { reset(); }
+  void reset() override {
+    conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3)));
+    conv2 = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3)));
+    fc1 = register_module("fc1", torch::nn::Linear(9216, 128));
+    fc2 = register_module("fc2", torch::nn::Linear(128, 10));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(conv1(x));
+    x = torch::max_pool2d(torch::relu(conv2(x)), 2);
+    x = torch::relu(fc1(torch::flatten(x, 1)));
+    return torch::log_softmax(fc2(x), 1);
+  }
+  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+
+// SGD steps per second x batch, after 3 warm-up steps.
+template <typename Forward>
+double train_samples_per_s(torch::nn::Module& net, Forward&& forward, const torch::Tensor& x,
+                           const torch::Tensor& y, int steps) {
+  torch::optim::SGD opt(net.parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  auto step = [&] {
+    opt.zero_grad();
+    torch::nll_loss(forward(x), y).backward();
+    opt.step();
+  };
+  for (int i = 0; i < 3; ++i) step();
+  const auto t0 = Clock::now();
+  for (int i = 0; i < steps; ++i) step();
+  return steps * x.size(0) / std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+int bench_dp(const Args& a) {
+  const int replicas = a.num("replicas", 2), runs = a.num("runs", 5);
+  const int steps = a.num("steps", 20), batch = a.num("batch", 128);
+  torch::manual_seed(0);
+  const auto x = torch::randn({batch, 1, 28, 28});
+  const auto y = torch::randint(0, 10, {batch});
+  auto single = dtrain::bench::MnistNet();
+  auto wrapped = std::make_shared<CloneableMnistNetImpl>();
+  at::set_num_threads(replicas);  // before DataParallel: its replica threads leave this alone
+  dtrain::DataParallel dp(wrapped, dtrain::DataParallelOptions().cpu_replicas(replicas));
+  std::vector<double> threads_n, threads_1, data_parallel, ratio;
+  std::printf("%-4s %16s %16s %16s %10s\n", "run", "1proc_1thr/s", "1proc_Nthr/s", "dp_cpu/s",
+              "dp/Nthr");
+  for (int r = 0; r < runs; ++r) {
+    // Interleaved, the order alternating, so drift hits all three alike.
+    double one = 0, many = 0, par = 0;
+    auto run_dp = [&] {
+      par = train_samples_per_s(*wrapped, [&](const torch::Tensor& in) { return dp.forward(in); }, x,
+                                y, steps);
+    };
+    auto run_single = [&] {
+      at::set_num_threads(1);
+      one = train_samples_per_s(*single, [&](const torch::Tensor& in) { return single->forward(in); },
+                                x, y, steps);
+      at::set_num_threads(replicas);
+      many = train_samples_per_s(*single, [&](const torch::Tensor& in) { return single->forward(in); },
+                                 x, y, steps);
+    };
+    if (r % 2 == 0) run_single(), run_dp();
+    else run_dp(), run_single();
+    threads_1.push_back(one), threads_n.push_back(many), data_parallel.push_back(par);
+    ratio.push_back(par / many);
+    std::printf("%-4d %16.1f %16.1f %16.1f %10.3f\n", r, one, many, par, par / many);
+    std::fflush(stdout);
+  }
+  double load[1] = {0};
+  getloadavg(load, 1);  // other work on the machine skews every column
+  std::printf("median samples/s: one module 1 thread %.1f, one module %d intra-op threads %.1f, "
+              "DataParallel %d CPU replicas %.1f; median ratio DataParallel / %d threads = %.3f "
+              "(MNIST convnet, batch %d, %d steps per run, %d runs, %u cores, load average %.2f)\n",
+              median(threads_1), replicas, median(threads_n), replicas, median(data_parallel),
+              replicas, median(ratio), batch, steps, runs, std::thread::hardware_concurrency(),
+              load[0]);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -244,10 +330,11 @@ int main(int argc, char** argv) {
     if (cmd == "rank" && argc > 2) return rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "ddp") return bench_ddp(parse(argc, argv, 2));
     if (cmd == "overlap") return bench_overlap(parse(argc, argv, 2));
+    if (cmd == "dp") return bench_dp(parse(argc, argv, 2));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dtrain-bench: %s\n", e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: dtrain-bench ddp|overlap [--flag value ...] (see the source header)\n");
+  std::fprintf(stderr, "usage: dtrain-bench ddp|overlap|dp [--flag value ...] (see the source header)\n");
   return 2;
 }

@@ -4,6 +4,7 @@
 
 #include "dtrain/data/distributed_sampler.h"
 #include "dtrain/data/fashion_mnist.h"
+#include "dtrain/data_parallel.h"
 #include "dtrain/ddp.h"
 #include "dtrain/distributed.h"
 #include "dtrain/errors.h"
