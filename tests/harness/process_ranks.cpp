@@ -40,6 +40,20 @@ int free_port() {
   return ntohs(addr.sin_port);
 }
 
+HeldPort::HeldPort() {
+  fd_ = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd_, 1) != 0)
+    throw std::runtime_error("HeldPort: cannot listen on 127.0.0.1");
+  socklen_t len = sizeof(addr);
+  getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+  port_ = ntohs(addr.sin_port);
+}
+
+HeldPort::~HeldPort() { close(fd_); }
+
 std::map<std::string, std::string> rank_env(int rank, int world, int port,
                                             const std::string& timeout_s) {
   return {{"RANK", std::to_string(rank)},     {"WORLD_SIZE", std::to_string(world)},

@@ -27,6 +27,20 @@ struct RankProcess {
 // A port that was free a moment ago on 127.0.0.1.
 int free_port();
 
+// A listening socket on 127.0.0.1 that nobody answers: its port is "in use".
+class HeldPort {
+ public:
+  HeldPort();
+  ~HeldPort();
+  HeldPort(const HeldPort&) = delete;
+  HeldPort& operator=(const HeldPort&) = delete;
+  int port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
 class ProcessRanks {
  public:
   // argv[0] is the program; env adds to (and overrides) this environment.

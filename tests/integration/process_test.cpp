@@ -156,19 +156,11 @@ TEST(ProcessFailures, MissingRankIsNamedWhenJoinTimesOut) {
 }
 
 TEST(ProcessFailures, PortInUseFailsFastNamingHostAndPort) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(fd, 1), 0);
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  const int port = ntohs(addr.sin_port);
+  HeldPort held;
+  const int port = held.port();
   ProcessRanks procs;
   auto& p = procs.spawn({kWorker, "init"}, rank_env(0, 2, port));
   ASSERT_TRUE(procs.wait(p, Clock::now() + 15s)) << "init hung on a port in use";
-  close(fd);
   EXPECT_EQ(p.exit_code, 2) << describe(p);
   EXPECT_NE(p.output().find("caught NetworkError"), std::string::npos) << describe(p);
   EXPECT_NE(p.output().find("127.0.0.1:" + std::to_string(port)), std::string::npos)

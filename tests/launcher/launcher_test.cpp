@@ -252,17 +252,9 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Launcher, PortInUseFailsFastNamingHostAndPort) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(fd, 1), 0);
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  const auto port = std::to_string(ntohs(addr.sin_port));
+  HeldPort held;
+  const auto port = std::to_string(held.port());
   auto r = launch({"--master-port", port, kProbe, "env"});
-  close(fd);
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(Contains(r.output, "127.0.0.1:" + port));
   EXPECT_TRUE(Contains(r.output, "in use"));
