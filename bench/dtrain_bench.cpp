@@ -7,6 +7,10 @@
 //   dtrain-bench overlap  [--steps 10] [--batch 32] [--runs 3] [--layers 8] [--width 1024]
 //       Deep MLP step time: compute alone, compute then communication, and DDP
 //       (overlapped); prints the share of communication hidden behind backward.
+//       --link-rate RATE (e.g. 2gbit; needs root): the two ranks run on two
+//       network namespaces joined by a veth link shaped to RATE.
+//       --pin-compute 1: both ranks compute on core 0 and communicate on the
+//       other, as a GPU job computes on the device while the host communicates.
 //   dtrain-bench dp       [--replicas 2] [--steps 20] [--batch 128] [--runs 5]
 //       One process: MNIST convnet training with DataParallel on --replicas CPU
 //       replicas vs one module with as many intra-op threads (and with one).
@@ -22,6 +26,9 @@
 #include <cstdlib>
 #include <iostream>
 #include <map>
+#include <memory>
+#include <sched.h>
+#include <unistd.h>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -86,17 +93,59 @@ double field(const std::string& text, const std::string& name) {
   return std::stod(m[1]);
 }
 
-// Starts `world` ranks of this binary; returns rank 0's output.
-std::string run_ranks(int world, const std::string& mode, const Args& a) {
+// Two network namespaces joined by a veth pair whose both ends are shaped
+// to RATE (tc tbf): ranks on "two hosts" behind a real-network-like link,
+// where communication costs wire time rather than the CPU time of loopback
+// TCP. Needs root. Removed on destruction.
+class ShapedLink {
+ public:
+  explicit ShapedLink(const std::string& rate) {
+    const auto id = std::to_string(getpid());
+    ns_ = {"dtb-a-" + id, "dtb-b-" + id};
+    const std::string va = ("dtba" + id).substr(0, 15), vb = ("dtbb" + id).substr(0, 15);
+    std::ostringstream sh;
+    sh << "set -e; ip netns add " << ns_[0] << "; ip netns add " << ns_[1]
+       << "; ip link add " << va << " type veth peer name " << vb
+       << "; ip link set " << va << " netns " << ns_[0] << "; ip link set " << vb << " netns " << ns_[1]
+       << "; ip -n " << ns_[0] << " addr add 10.215.0.1/24 dev " << va
+       << "; ip -n " << ns_[1] << " addr add 10.215.0.2/24 dev " << vb;
+    for (int i = 0; i < 2; ++i) {
+      const auto& dev = i == 0 ? va : vb;
+      sh << "; ip -n " << ns_[i] << " link set lo up; ip -n " << ns_[i] << " link set " << dev
+         << " up; ip netns exec " << ns_[i] << " tc qdisc add dev " << dev << " root tbf rate "
+         << rate << " burst 2mb latency 100ms";
+    }
+    if (std::system(("sh -c '" + sh.str() + "'").c_str()) != 0) {
+      cleanup();
+      throw std::runtime_error("--link-rate needs root and iproute2 (ip netns, tc)");
+    }
+  }
+  ~ShapedLink() { cleanup(); }
+  const std::string& ns(int rank) const { return ns_[rank % 2]; }
+
+ private:
+  void cleanup() {
+    for (const auto& n : ns_) std::system(("ip netns del " + n + " 2>/dev/null").c_str());
+  }
+  std::vector<std::string> ns_;
+};
+
+// Starts `world` ranks of this binary (on `link`'s two hosts when given);
+// returns rank 0's output.
+std::string run_ranks(int world, const std::string& mode, const Args& a,
+                      const ShapedLink* link = nullptr) {
   static int port = 29810;
   port = port >= 29890 ? 29810 : port + 1;
   std::ostringstream cmd;
   const std::string exe = self_path();
   std::string rest = " rank " + mode;
   for (const auto& [k, v] : a.flags) rest += " --" + k + " " + v;
+  const std::string master = link ? "10.215.0.1" : "127.0.0.1";
   for (int r = world - 1; r >= 0; --r) {
-    cmd << "RANK=" << r << " WORLD_SIZE=" << world << " MASTER_ADDR=127.0.0.1 MASTER_PORT=" << port
-        << " OMP_NUM_THREADS=1 " << exe << rest << (r > 0 ? " >/dev/null & " : "; wait");
+    if (link) cmd << "ip netns exec " << link->ns(r) << " env ";
+    cmd << "RANK=" << r << " WORLD_SIZE=" << world << " MASTER_ADDR=" << master
+        << " MASTER_PORT=" << port << " OMP_NUM_THREADS=1 " << exe << rest
+        << (r > 0 ? " >/dev/null & " : "; wait");
   }
   return capture("sh -c '" + cmd.str() + "'");
 }
@@ -147,6 +196,15 @@ int rank_main(const std::string& mode, const Args& a) {
     auto target = torch::randn({batch, a.num("width", 1024)});
     dtrain::DistributedDataParallel ddp(
         net, dtrain::DDPOptions().bucket_cap_mb(std::stod(a.get("bucket_cap_mb", "25"))));
+    if (a.get("pin-compute", "0") == "1") {
+      // Only this (the compute) thread moves to core 0; the communication
+      // threads, already running, keep the other core — like a GPU that
+      // computes while the CPU and the network communicate.
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(0, &one);
+      sched_setaffinity(0, sizeof(one), &one);
+    }
     torch::optim::SGD opt(ddp.parameters(), torch::optim::SGDOptions(0.001));
     std::vector<double> fractions;
     seconds = time_steps(steps, [&] {
@@ -213,14 +271,18 @@ int bench_overlap(const Args& a) {
   Args rank_args;
   rank_args.flags = {{"steps", a.get("steps", "10")}, {"batch", a.get("batch", "8")},
                      {"layers", a.get("layers", "8")}, {"width", a.get("width", "1024")},
-                     {"bucket_cap_mb", a.get("bucket_cap_mb", "25")}};
+                     {"bucket_cap_mb", a.get("bucket_cap_mb", "25")},
+                     {"pin-compute", a.get("pin-compute", "0")}};
+  std::unique_ptr<ShapedLink> link;
+  const std::string rate = a.get("link-rate", "");
+  if (!rate.empty()) link = std::make_unique<ShapedLink>(rate);
   std::vector<double> compute, sequential, overlapped, stat;
   std::printf("%-4s %12s %14s %12s %12s\n", "run", "compute_ms", "sequential_ms", "ddp_ms",
               "hidden_stat");
   for (int r = 0; r < runs; ++r) {
-    compute.push_back(field(run_ranks(2, "overlap-compute", rank_args), "step_ms"));
-    sequential.push_back(field(run_ranks(2, "overlap-sequential", rank_args), "step_ms"));
-    auto out = run_ranks(2, "overlap-ddp", rank_args);
+    compute.push_back(field(run_ranks(2, "overlap-compute", rank_args, link.get()), "step_ms"));
+    sequential.push_back(field(run_ranks(2, "overlap-sequential", rank_args, link.get()), "step_ms"));
+    auto out = run_ranks(2, "overlap-ddp", rank_args, link.get());
     overlapped.push_back(field(out, "step_ms"));
     stat.push_back(field(out, "hidden_stat"));
     std::printf("%-4d %12.1f %14.1f %12.1f %12.3f\n", r, compute.back(), sequential.back(),
@@ -233,10 +295,11 @@ int bench_overlap(const Args& a) {
   const double hidden = s > c ? (s - o) / (s - c) : 0;
   std::printf("median step: compute %.1f ms, compute+communication %.1f ms, DDP %.1f ms -> %.0f%% "
               "of communication hidden (DDP's own stat: %.0f%%; 2 ranks, %s layers of %s, batch "
-              "%s, bucket_cap_mb %s)\n",
+              "%s, bucket_cap_mb %s, %s)\n",
               c, s, o, 100 * hidden, 100 * median(stat), rank_args.get("layers", "").c_str(),
               rank_args.get("width", "").c_str(), rank_args.get("batch", "").c_str(),
-              rank_args.get("bucket_cap_mb", "").c_str());
+              rank_args.get("bucket_cap_mb", "").c_str(),
+              rate.empty() ? "loopback TCP" : ("two netns hosts, link shaped to " + rate).c_str());
   return 0;
 }
 
