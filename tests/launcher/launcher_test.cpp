@@ -219,6 +219,8 @@ struct BadInput {
   const char* message;
 };
 
+void PrintTo(const BadInput& c, std::ostream* os) { *os << c.name; }
+
 class LauncherBadInput : public ::testing::TestWithParam<BadInput> {};
 
 TEST_P(LauncherBadInput, FailsNamingTheProblem) {
