@@ -14,11 +14,12 @@ packages=(
   python3-torch     # PyTorch's torchrun and the Python baselines
   openmpi-bin       # mpirun, to test that dtrain programs run under it
   iproute2          # network namespaces for the multi-host test
+  gnuplot-nox fonts-liberation  # the training example's PNG plot
 )
 
 missing=()
 for p in "${packages[@]}"; do
-  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+  if [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" != "install ok installed" ]; then
     missing+=("$p")
   fi
 done
