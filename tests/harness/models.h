@@ -1,13 +1,16 @@
 #pragma once
 
-// Small models for the DDP tests, each with a forward(Tensor).
+// Small models for the DDP and DataParallel tests, each with a
+// forward(Tensor). Those DataParallel replicates are Cloneable: everything is
+// created in reset().
 
 #include <torch/torch.h>
 
 namespace dtrain::testing {
 
-struct MLPImpl : torch::nn::Module {
-  MLPImpl() {
+struct MLPImpl : torch::nn::Cloneable<MLPImpl> {
+  MLPImpl() { reset(); }
+  void reset() override {
     fc1 = register_module("fc1", torch::nn::Linear(10, 32));
     fc2 = register_module("fc2", torch::nn::Linear(32, 4));
   }
@@ -17,8 +20,9 @@ struct MLPImpl : torch::nn::Module {
 TORCH_MODULE(MLP);
 
 // Input: [N, 1, 8, 8].
-struct ConvNetImpl : torch::nn::Module {
-  ConvNetImpl() {
+struct ConvNetImpl : torch::nn::Cloneable<ConvNetImpl> {
+  ConvNetImpl() { reset(); }
+  void reset() override {
     conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3)));
     fc = register_module("fc", torch::nn::Linear(4 * 6 * 6, 4));
   }
@@ -63,35 +67,6 @@ struct UnusedNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(UnusedNet);
 
-
-// Cloneable twins of MLP and ConvNet (same layers, so the same initial values
-// from the same seed) and a BatchNorm model, for DataParallel, which makes
-// its replicas with clone(): everything is created in reset().
-struct CloneableMLPImpl : torch::nn::Cloneable<CloneableMLPImpl> {
-  CloneableMLPImpl() { reset(); }
-  void reset() override {
-    fc1 = register_module("fc1", torch::nn::Linear(10, 32));
-    fc2 = register_module("fc2", torch::nn::Linear(32, 4));
-  }
-  torch::Tensor forward(torch::Tensor x) { return fc2(torch::relu(fc1(x))); }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
-};
-TORCH_MODULE(CloneableMLP);
-
-// Input: [N, 1, 8, 8].
-struct CloneableConvNetImpl : torch::nn::Cloneable<CloneableConvNetImpl> {
-  CloneableConvNetImpl() { reset(); }
-  void reset() override {
-    conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3)));
-    fc = register_module("fc", torch::nn::Linear(4 * 6 * 6, 4));
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    return fc(torch::relu(conv(x.view({-1, 1, 8, 8}))).flatten(1));
-  }
-  torch::nn::Conv2d conv{nullptr};
-  torch::nn::Linear fc{nullptr};
-};
-TORCH_MODULE(CloneableConvNet);
 
 // Batch-dependent in training mode; buffers: running mean/var, batch count.
 struct BatchNormNetImpl : torch::nn::Cloneable<BatchNormNetImpl> {

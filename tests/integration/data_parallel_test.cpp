@@ -19,40 +19,21 @@
 #include "dtrain/errors.h"
 #include "harness/assertions.h"
 #include "harness/models.h"
+#include "harness/training.h"
 
 namespace dtrain {
 namespace {
 
+using testing::Batch;
 using testing::Contains;
+using testing::make_model;
+using testing::make_sgd;
 
 constexpr int kSteps = 6;
 
 template <typename Impl>
-torch::Tensor inputs_for(int64_t n) {
-  if constexpr (std::is_same_v<Impl, testing::CloneableConvNetImpl>) return torch::randn({n, 1, 8, 8});
-  return torch::randn({n, 10});
-}
-
-template <typename Impl>
-std::shared_ptr<Impl> make_model(int seed = 0) {
-  torch::manual_seed(seed);
-  return std::make_shared<Impl>();
-}
-
-struct Batch {
-  torch::Tensor x, y;
-};
-
-template <typename Impl>
 std::vector<Batch> make_data(int64_t rows, int steps = kSteps) {
-  torch::manual_seed(1234);
-  std::vector<Batch> data;
-  for (int s = 0; s < steps; ++s) data.push_back({inputs_for<Impl>(rows), torch::randn({rows, 4})});
-  return data;
-}
-
-torch::optim::SGD make_sgd(const std::vector<torch::Tensor>& params) {
-  return torch::optim::SGD(params, torch::optim::SGDOptions(0.1).momentum(0.9));
+  return testing::make_data<Impl>(rows, steps);
 }
 
 std::vector<torch::Tensor> grads_of(torch::nn::Module& m) {
@@ -124,26 +105,26 @@ void check_against_single_module(int replicas, int64_t batch) {
 }
 
 TEST(DataParallelTest, MlpTwoReplicasMatchesSingleModule) {
-  check_against_single_module<testing::CloneableMLPImpl>(2, 12);
+  check_against_single_module<testing::MLPImpl>(2, 12);
 }
 TEST(DataParallelTest, MlpThreeReplicasMatchesSingleModule) {
-  check_against_single_module<testing::CloneableMLPImpl>(3, 12);
+  check_against_single_module<testing::MLPImpl>(3, 12);
 }
 TEST(DataParallelTest, ConvNetTwoReplicasMatchesSingleModule) {
-  check_against_single_module<testing::CloneableConvNetImpl>(2, 12);
+  check_against_single_module<testing::ConvNetImpl>(2, 12);
 }
 TEST(DataParallelTest, ConvNetThreeReplicasMatchesSingleModule) {
-  check_against_single_module<testing::CloneableConvNetImpl>(3, 12);
+  check_against_single_module<testing::ConvNetImpl>(3, 12);
 }
 TEST(DataParallelTest, UnevenBatchFiveOverTwoReplicas) {
-  check_against_single_module<testing::CloneableMLPImpl>(2, 5);
-  check_against_single_module<testing::CloneableConvNetImpl>(2, 5);
+  check_against_single_module<testing::MLPImpl>(2, 5);
+  check_against_single_module<testing::ConvNetImpl>(2, 5);
 }
 TEST(DataParallelTest, BatchOfOneOverThreeReplicas) {
-  check_against_single_module<testing::CloneableMLPImpl>(3, 1);
+  check_against_single_module<testing::MLPImpl>(3, 1);
 }
 TEST(DataParallelTest, BatchSmallerThanReplicasUsesFewerReplicas) {
-  check_against_single_module<testing::CloneableMLPImpl>(3, 2);
+  check_against_single_module<testing::MLPImpl>(3, 2);
 }
 
 // `tied` is fc1's weight, registered a second time: parameters() lists that
@@ -236,8 +217,8 @@ TEST(DataParallelTest, BatchNormEvalMatchesSingleModule) {
 }
 
 TEST(DataParallelTest, InputGradientMatchesSingleModule) {
-  auto reference = make_model<testing::CloneableMLPImpl>();
-  auto net = make_model<testing::CloneableMLPImpl>();
+  auto reference = make_model<testing::MLPImpl>();
+  auto net = make_model<testing::MLPImpl>();
   DataParallel dp(net, DataParallelOptions().cpu_replicas(3));
   const auto x = torch::randn({7, 10});
   auto x1 = x.clone().requires_grad_(true), x2 = x.clone().requires_grad_(true);
@@ -266,7 +247,7 @@ void check_two_forwards_one_backward() {
 
 TEST(DataParallelTest, TwoForwardsOneBackward) {
   check_two_forwards_one_backward<testing::BatchNormNetImpl>();
-  check_two_forwards_one_backward<testing::CloneableConvNetImpl>();
+  check_two_forwards_one_backward<testing::ConvNetImpl>();
 }
 
 TEST(DataParallelTest, GatherAlongAnotherDimWithModuleHolder) {
@@ -286,10 +267,10 @@ TEST(DataParallelTest, GatherAlongAnotherDimWithModuleHolder) {
 }
 
 TEST(DataParallelTest, RepeatedRunsAreBitwiseIdentical) {
-  const auto data = make_data<testing::CloneableConvNetImpl>(12);
+  const auto data = make_data<testing::ConvNetImpl>(12);
   std::vector<Trace> runs;
   for (int r = 0; r < 2; ++r) {
-    auto net = make_model<testing::CloneableConvNetImpl>();
+    auto net = make_model<testing::ConvNetImpl>();
     DataParallel dp(net, DataParallelOptions().cpu_replicas(3));
     runs.push_back(train(*net, [&](const torch::Tensor& x) { return dp.forward(x); }, data));
   }
@@ -299,8 +280,8 @@ TEST(DataParallelTest, RepeatedRunsAreBitwiseIdentical) {
 }
 
 TEST(DataParallelTest, NoGradAndFrozenParameters) {
-  auto reference = make_model<testing::CloneableMLPImpl>();
-  auto net = make_model<testing::CloneableMLPImpl>();
+  auto reference = make_model<testing::MLPImpl>();
+  auto net = make_model<testing::MLPImpl>();
   reference->fc1->weight.requires_grad_(false);
   net->fc1->weight.requires_grad_(false);
   DataParallel dp(net, DataParallelOptions().cpu_replicas(2));
@@ -324,7 +305,7 @@ TEST(DataParallelTest, NoGradAndFrozenParameters) {
 }
 
 TEST(DataParallelTest, ConstructionKeepsTheRandomStream) {
-  auto net = make_model<testing::CloneableMLPImpl>();
+  auto net = make_model<testing::MLPImpl>();
   torch::manual_seed(7);
   const auto expected = torch::randn({4});
   torch::manual_seed(7);
@@ -383,8 +364,8 @@ TEST(DataParallelTest, ReplicasRunOnTheirOwnThreadsWithOneIntraOpThread) {
 // create_graph: a gradient penalty differentiates through DataParallel's
 // backward.
 TEST(DataParallelTest, DoubleBackwardMatchesSingleModule) {
-  auto reference = make_model<testing::CloneableMLPImpl>();
-  auto net = make_model<testing::CloneableMLPImpl>();
+  auto reference = make_model<testing::MLPImpl>();
+  auto net = make_model<testing::MLPImpl>();
   DataParallel dp(net, DataParallelOptions().cpu_replicas(2));
   const auto x = torch::randn({6, 10});
   auto penalty = [&](torch::nn::Module& m, const torch::Tensor& y) {
@@ -412,7 +393,7 @@ std::string invalid_argument_text(Fn&& fn) {
 }
 
 TEST(DataParallelTest, EmptyBatchIsAnError) {
-  auto net = make_model<testing::CloneableMLPImpl>();
+  auto net = make_model<testing::MLPImpl>();
   DataParallel dp(net, DataParallelOptions().cpu_replicas(2));
   EXPECT_TRUE(Contains(invalid_argument_text([&] { dp.forward(torch::randn({0, 10})); }),
                        "DataParallel::forward: the input has size 0 along dim 0 (shape [0, 10]); "
@@ -420,13 +401,13 @@ TEST(DataParallelTest, EmptyBatchIsAnError) {
 }
 
 TEST(DataParallelTest, NonCloneableModuleIsAnError) {
-  auto net = make_model<testing::MLPImpl>();
+  auto net = make_model<testing::UnusedNetImpl>();  // a plain torch::nn::Module
   const auto text = invalid_argument_text(
       [&] { DataParallel dp(net, DataParallelOptions().cpu_replicas(2)); });
-  EXPECT_TRUE(Contains(text, "DataParallel: cannot replicate dtrain::testing::MLPImpl for 2 replicas"));
-  EXPECT_TRUE(Contains(text, "clone() has not been implemented for dtrain::testing::MLPImpl. Derive "
-                             "dtrain::testing::MLPImpl from "
-                             "torch::nn::Cloneable<dtrain::testing::MLPImpl> instead of "
+  EXPECT_TRUE(Contains(text, "DataParallel: cannot replicate dtrain::testing::UnusedNetImpl for 2 replicas"));
+  EXPECT_TRUE(Contains(text, "clone() has not been implemented for dtrain::testing::UnusedNetImpl. Derive "
+                             "dtrain::testing::UnusedNetImpl from "
+                             "torch::nn::Cloneable<dtrain::testing::UnusedNetImpl> instead of "
                              "torch::nn::Module"));
   // One replica needs no clone.
   DataParallel single(net, DataParallelOptions().cpu_replicas(1));
@@ -435,7 +416,7 @@ TEST(DataParallelTest, NonCloneableModuleIsAnError) {
 }
 
 TEST(DataParallelTest, BadDeviceIdIsAnError) {
-  auto net = make_model<testing::CloneableMLPImpl>();
+  auto net = make_model<testing::MLPImpl>();
   const auto available = static_cast<int64_t>(torch::cuda::device_count());
   const auto bad = available + 2;
   EXPECT_TRUE(Contains(
@@ -445,14 +426,14 @@ TEST(DataParallelTest, BadDeviceIdIsAnError) {
 }
 
 TEST(DataParallelTest, ZeroCpuReplicasIsAnError) {
-  auto net = make_model<testing::CloneableMLPImpl>();
+  auto net = make_model<testing::MLPImpl>();
   EXPECT_TRUE(Contains(
       invalid_argument_text([&] { DataParallel dp(net, DataParallelOptions().cpu_replicas(0)); }),
       "DataParallelOptions::cpu_replicas must be at least 1, got 0"));
 }
 
 TEST(DataParallelTest, NoCudaDeviceWithoutCpuReplicasIsAnError) {
-  auto net = make_model<testing::CloneableMLPImpl>();
+  auto net = make_model<testing::MLPImpl>();
   if (torch::cuda::device_count() > 0) {
     net->to(torch::Device(torch::kCUDA, 0));
     DataParallel dp(net);  // every CUDA device
@@ -464,7 +445,7 @@ TEST(DataParallelTest, NoCudaDeviceWithoutCpuReplicasIsAnError) {
 }
 
 TEST(DataParallelTest, ContradictoryOptionsAreErrors) {
-  auto net = make_model<testing::CloneableMLPImpl>();
+  auto net = make_model<testing::MLPImpl>();
   EXPECT_TRUE(Contains(invalid_argument_text([&] {
                          DataParallel dp(net, DataParallelOptions().cpu_replicas(2).device_ids({0}));
                        }),
@@ -481,19 +462,19 @@ TEST(DataParallelTest, CudaReplicasMatchSingleModule) {
     GTEST_SKIP() << "no GPU is present (torch::cuda::is_available() is false): the CUDA path "
                     "of DataParallel is not exercised on this machine";
   const torch::Device first(torch::kCUDA, 0);
-  const auto data = make_data<testing::CloneableConvNetImpl>(12);
+  const auto data = make_data<testing::ConvNetImpl>(12);
   std::vector<Batch> on_gpu;
   for (const auto& b : data) on_gpu.push_back({b.x.to(first), b.y.to(first)});
-  auto reference = make_model<testing::CloneableConvNetImpl>();
+  auto reference = make_model<testing::ConvNetImpl>();
   reference->to(first);
   const auto expected = train(*reference, [&](const torch::Tensor& x) { return reference->forward(x); }, on_gpu);
-  auto net = make_model<testing::CloneableConvNetImpl>();
+  auto net = make_model<testing::ConvNetImpl>();
   net->to(first);
   DataParallel dp(net);
   const auto actual = train(*net, [&](const torch::Tensor& x) { return dp.forward(x); }, on_gpu);
   expect_same_training(actual, expected, std::to_string(dp.devices().size()) + " CUDA replicas");
   // The module must be on device_ids[0].
-  auto on_cpu = make_model<testing::CloneableConvNetImpl>();
+  auto on_cpu = make_model<testing::ConvNetImpl>();
   EXPECT_TRUE(Contains(invalid_argument_text([&] { DataParallel bad(on_cpu); }),
                        "DataParallel: the module's parameters and buffers must be on cuda:0, where "
                        "replica 0 runs, but 'conv.weight' is on cpu"));

@@ -9,6 +9,7 @@
 #include "common/enforce.h"
 #include "harness/assertions.h"
 #include "harness/models.h"
+#include "harness/training.h"
 #include "harness/thread_ranks.h"
 
 namespace dtrain {
@@ -18,24 +19,15 @@ using namespace std::chrono_literals;
 using testing::Contains;
 using testing::RankContext;
 using testing::run_rank_contexts;
+using testing::Batch;
+using testing::make_data;
+using testing::make_model;
+using testing::make_sgd;
 
 constexpr int kBatch = 4;  // per rank
 constexpr int kSteps = 6;
 using Configure = std::function<DDPOptions(DDPOptions)>;
 const Configure kDefault = [](DDPOptions o) { return o; };
-
-template <typename Impl>
-torch::Tensor inputs_for(int64_t n) {
-  if constexpr (std::is_same_v<Impl, testing::ConvNetImpl>) return torch::randn({n, 1, 8, 8});
-  return torch::randn({n, 10});
-}
-
-// The global RNG is shared by threads: build models on the main thread.
-template <typename Impl>
-std::shared_ptr<Impl> make_model(int seed) {
-  torch::manual_seed(seed);
-  return std::make_shared<Impl>();
-}
 
 std::vector<torch::Tensor> snapshot(torch::nn::Module& m) {
   std::vector<torch::Tensor> out;
@@ -52,22 +44,6 @@ void expect_close(const std::vector<torch::Tensor>& a, const std::vector<torch::
     EXPECT_TRUE(torch::allclose(x, y, rtol, atol))
         << what << ": tensor " << i << " differs, max abs diff " << (x - y).abs().max().item<double>();
   }
-}
-
-struct Batch {
-  torch::Tensor x, y;
-};
-
-template <typename Impl>
-std::vector<Batch> make_data(int rows, int steps) {
-  torch::manual_seed(1234);
-  std::vector<Batch> data;
-  for (int s = 0; s < steps; ++s) data.push_back({inputs_for<Impl>(rows), torch::randn({rows, 4})});
-  return data;
-}
-
-torch::optim::SGD make_sgd(const std::vector<torch::Tensor>& params) {
-  return torch::optim::SGD(params, torch::optim::SGDOptions(0.1).momentum(0.9));
 }
 
 // Single process on the whole batch: parameters and buffers after each step,
