@@ -303,26 +303,6 @@ int bench_overlap(const Args& a) {
   return 0;
 }
 
-// The MNIST convnet as a torch::nn::Cloneable (DataParallel replicates with
-// clone()): the same layers as dtrain::bench::MnistNet, created in reset().
-struct CloneableMnistNetImpl : torch::nn::Cloneable<CloneableMnistNetImpl> {
-  CloneableMnistNetImpl() { reset(); }
-  void reset() override {
-    conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3)));
-    conv2 = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3)));
-    fc1 = register_module("fc1", torch::nn::Linear(9216, 128));
-    fc2 = register_module("fc2", torch::nn::Linear(128, 10));
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    x = torch::relu(conv1(x));
-    x = torch::max_pool2d(torch::relu(conv2(x)), 2);
-    x = torch::relu(fc1(torch::flatten(x, 1)));
-    return torch::log_softmax(fc2(x), 1);
-  }
-  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
-};
-
 // SGD steps per second x batch, after 3 warm-up steps.
 template <typename Forward>
 double train_samples_per_s(torch::nn::Module& net, Forward&& forward, const torch::Tensor& x,
@@ -346,7 +326,7 @@ int bench_dp(const Args& a) {
   const auto x = torch::randn({batch, 1, 28, 28});
   const auto y = torch::randint(0, 10, {batch});
   auto single = dtrain::bench::MnistNet();
-  auto wrapped = std::make_shared<CloneableMnistNetImpl>();
+  auto wrapped = std::make_shared<dtrain::bench::MnistNetImpl>();
   at::set_num_threads(replicas);  // before DataParallel: its replica threads leave this alone
   dtrain::DataParallel dp(wrapped, dtrain::DataParallelOptions().cpu_replicas(replicas));
   std::vector<double> threads_n, threads_1, data_parallel, ratio;
