@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "backends/gloo/backend.h"
+#include "backends/shm/backend.h"
 #include "common/enforce.h"
 #include "dtrain/distributed.h"
 #include "dtrain/errors.h"
@@ -25,6 +26,10 @@ Registry& registry() {
                                 const GroupOptions& options) {
       return std::make_shared<gloo_backend::GlooProcessGroup>(std::move(store), rank, size,
                                                               options);
+    };
+    reg->factories["shm"] = [](std::shared_ptr<Store> store, int rank, int size,
+                               const GroupOptions& options) {
+      return std::make_shared<shm::ShmProcessGroup>(std::move(store), rank, size, options);
     };
     reg->missing["nccl"] = "dtrain was built without CUDA (NCCL needs a CUDA-enabled libtorch)";
     reg->missing["mpi"] = "dtrain was built without MPI";

@@ -31,14 +31,14 @@ struct RankContext {
 inline std::vector<std::string> run_rank_contexts(
     int world, const std::function<void(RankContext&)>& body,
     std::chrono::milliseconds timeout = std::chrono::seconds(30),
-    GroupOptions options = GroupOptions()) {
+    GroupOptions options = GroupOptions(), const std::string& backend = "gloo") {
   auto store = std::make_shared<HashStore>(timeout);
   std::vector<std::string> errors(world);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
       try {
-        RankContext ctx{create_process_group("gloo", store, rank, world,
+        RankContext ctx{create_process_group(backend, store, rank, world,
                                              GroupOptions(options).timeout(timeout)),
                         store, rank, world};
         body(ctx);
@@ -54,8 +54,9 @@ inline std::vector<std::string> run_rank_contexts(
 inline std::vector<std::string> run_ranks(
     int world, const std::function<void(ProcessGroup&)>& body,
     std::chrono::milliseconds timeout = std::chrono::seconds(30),
-    GroupOptions options = GroupOptions()) {
-  return run_rank_contexts(world, [&](RankContext& ctx) { body(*ctx.group); }, timeout, options);
+    GroupOptions options = GroupOptions(), const std::string& backend = "gloo") {
+  return run_rank_contexts(world, [&](RankContext& ctx) { body(*ctx.group); }, timeout, options,
+                           backend);
 }
 
 // Fails the current test when any rank threw.

@@ -51,10 +51,15 @@ void expect_equal(const at::Tensor& actual, const at::Tensor& expected, const st
       << "\nexpected: " << expected.flatten().slice(0, 0, 8);
 }
 
-class Collectives : public ::testing::TestWithParam<std::tuple<int, at::ScalarType>> {
+class Collectives
+    : public ::testing::TestWithParam<std::tuple<std::string, int, at::ScalarType>> {
  protected:
-  int world() const { return std::get<0>(GetParam()); }
-  at::ScalarType dtype() const { return std::get<1>(GetParam()); }
+  const std::string& backend() const { return std::get<0>(GetParam()); }
+  int world() const { return std::get<1>(GetParam()); }
+  at::ScalarType dtype() const { return std::get<2>(GetParam()); }
+  std::vector<std::string> run_ranks(int w, const std::function<void(ProcessGroup&)>& body) {
+    return testing::run_ranks(w, body, std::chrono::seconds(30), GroupOptions(), backend());
+  }
 };
 
 TEST_P(Collectives, AllReduceEveryOpAndSize) {
@@ -204,11 +209,12 @@ TEST_P(Collectives, BarrierAndSendRecvRing) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    WorldByDtype, Collectives,
-    ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::ValuesIn(kDtypes)),
+    BackendWorldDtype, Collectives,
+    ::testing::Combine(::testing::Values("gloo", "shm"), ::testing::Values(1, 2, 3, 4),
+                       ::testing::ValuesIn(kDtypes)),
     [](const auto& info) {
-      return detail::cat("world", std::get<0>(info.param), "_",
-                         c10::toString(std::get<1>(info.param)));
+      return detail::cat(std::get<0>(info.param), "_world", std::get<1>(info.param), "_",
+                         c10::toString(std::get<2>(info.param)));
     });
 
 TEST(CollectivesLayout, NonContiguousTensorsAreStagedAndWrittenBack) {

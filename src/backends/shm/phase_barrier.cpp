@@ -1,0 +1,92 @@
+#include "backends/shm/phase_barrier.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <ctime>
+
+#include "backends/shm/segment.h"
+#include "common/enforce.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define DTRAIN_CPU_RELAX() _mm_pause()
+#elif defined(__aarch64__)
+#define DTRAIN_CPU_RELAX() asm volatile("yield")
+#else
+#define DTRAIN_CPU_RELAX() ((void)0)
+#endif
+
+namespace dtrain::shm {
+namespace {
+
+constexpr auto kSpin = std::chrono::microseconds(20);
+constexpr auto kLivenessCheck = std::chrono::milliseconds(100);
+
+bool reached(const std::atomic<uint32_t>& phase, uint32_t target) {
+  // Wrap-around safe: counters only move forward, by less than 2^31.
+  return static_cast<int32_t>(phase.load(std::memory_order_acquire) - target) >= 0;
+}
+
+// Shared (not FUTEX_PRIVATE) futexes: the word is mapped in several processes.
+void futex_wait(std::atomic<uint32_t>& word, uint32_t seen, std::chrono::nanoseconds timeout) {
+  timespec ts{static_cast<time_t>(timeout.count() / 1000000000),
+              static_cast<long>(timeout.count() % 1000000000)};
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT, seen, &ts, nullptr, 0);
+}
+
+void futex_wake_all(std::atomic<uint32_t>& word) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr, nullptr,
+            0);
+}
+
+}  // namespace
+
+PhaseBarrier::PhaseBarrier(PhaseCounter* counters, int rank, int size, const Segment& segment)
+    : counters_(counters),
+      rank_(rank),
+      size_(size),
+      segment_(segment),
+      phase_(counters[rank].phase.load(std::memory_order_relaxed)) {}
+
+void PhaseBarrier::arrive_and_wait(Clock::time_point deadline, const std::string& what) {
+  auto& mine = counters_[rank_];
+  ++phase_;
+  mine.phase.store(phase_, std::memory_order_seq_cst);
+  // Pairs with the sleeper's increment-then-recheck: either it sees the new
+  // phase before sleeping or we see it counted here and wake it.
+  if (mine.sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(mine.phase);
+  for (int peer = 0; peer < size_; ++peer)
+    if (peer != rank_) wait_for(peer, phase_, deadline, what);
+}
+
+void PhaseBarrier::wait_for(int peer, uint32_t target, Clock::time_point deadline,
+                            const std::string& what) {
+  auto& theirs = counters_[peer];
+  const auto spin_until = Clock::now() + kSpin;
+  for (int i = 0; !reached(theirs.phase, target); ++i) {
+    DTRAIN_CPU_RELAX();
+    if ((i & 63) == 63 && Clock::now() >= spin_until) break;
+  }
+  while (!reached(theirs.phase, target)) {
+    const auto now = Clock::now();
+    if (now >= deadline)
+      throw TimeoutError(detail::cat(
+          what, " timed out waiting for rank ", peer,
+          " (it is alive but has not reached this collective: stopped, stuck, or running "
+          "different collectives)"));
+    const auto slice = std::min<Clock::duration>(deadline - now, kLivenessCheck);
+    theirs.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    const uint32_t seen = theirs.phase.load(std::memory_order_seq_cst);
+    if (static_cast<int32_t>(seen - target) < 0) futex_wait(theirs.phase, seen, slice);
+    theirs.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    if (!reached(theirs.phase, target) && !segment_.slot_locked_by_other(peer))
+      throw NetworkError(detail::cat(what, " failed: rank ", peer,
+                                     " exited, was killed, or destroyed the group"));
+  }
+}
+
+}  // namespace dtrain::shm

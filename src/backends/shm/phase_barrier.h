@@ -1,0 +1,50 @@
+#pragma once
+
+// The only synchronization the shm backend uses: a barrier over per-rank
+// phase counters that live in the shared segment (no torch here).
+//
+// arrive_and_wait(): a rank bumps its own counter and waits until every
+// peer's counter has reached the same phase. Waiting spins for a few
+// microseconds (peers inside the same collective arrive that fast), then
+// sleeps on the peer's counter with futex(2), so a rank whose peers are
+// still computing costs no CPU. A sleeping waiter wakes every 100 ms to ask
+// the kernel whether the peer still holds its liveness lock (segment.h): a
+// killed peer becomes a NetworkError within ~0.1 s, a stopped or stuck one a
+// TimeoutError at the deadline.
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace dtrain::shm {
+
+class Segment;
+
+// One per rank, one cache line each so ranks never write a shared line.
+struct alignas(64) PhaseCounter {
+  std::atomic<uint32_t> phase;    // written by its rank only
+  std::atomic<uint32_t> sleepers;  // peers in futex_wait on `phase`
+};
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+class PhaseBarrier {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  PhaseBarrier(PhaseCounter* counters, int rank, int size, const Segment& segment);
+
+  // `what` names the operation in errors ("all_reduce #3 on group ...").
+  void arrive_and_wait(Clock::time_point deadline, const std::string& what);
+
+ private:
+  void wait_for(int peer, uint32_t target, Clock::time_point deadline, const std::string& what);
+
+  PhaseCounter* counters_;
+  int rank_;
+  int size_;
+  const Segment& segment_;
+  uint32_t phase_;
+};
+
+}  // namespace dtrain::shm

@@ -1,0 +1,133 @@
+#include "backends/shm/reduce_kernels.h"
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "common/enforce.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define DTRAIN_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define DTRAIN_VECTOR_CLONES
+#endif
+
+namespace dtrain::shm {
+namespace {
+
+struct Sum {
+  template <typename T>
+  T operator()(T a, T b) const { return static_cast<T>(a + b); }
+};
+struct Product {
+  template <typename T>
+  T operator()(T a, T b) const { return static_cast<T>(a * b); }
+};
+struct Min {
+  template <typename T>
+  T operator()(T a, T b) const { return b < a ? b : a; }
+};
+struct Max {
+  template <typename T>
+  T operator()(T a, T b) const { return a < b ? b : a; }
+};
+
+template <typename T, typename F>
+DTRAIN_VECTOR_CLONES void combine(T* __restrict out, const T* __restrict a,
+                                  const T* __restrict b, size_t n, F f) {
+  for (size_t i = 0; i < n; ++i) out[i] = f(a[i], b[i]);
+}
+
+template <typename T, typename F>
+DTRAIN_VECTOR_CLONES void accumulate(T* __restrict acc, const T* __restrict b, size_t n, F f) {
+  for (size_t i = 0; i < n; ++i) acc[i] = f(acc[i], b[i]);
+}
+
+template <typename T>
+DTRAIN_VECTOR_CLONES void divide(T* __restrict acc, size_t n, T divisor) {
+  // Integer division truncates toward zero, as torch's div(..., "trunc").
+  for (size_t i = 0; i < n; ++i) acc[i] = static_cast<T>(acc[i] / divisor);
+}
+
+// float32/64 and integers: pairwise passes over the region, vectorized.
+template <typename T, typename F>
+void reduce_native(T* dst, const void* const* srcs, int nsrcs, size_t count, F f) {
+  const T* first = static_cast<const T*>(srcs[0]);
+  if (nsrcs == 1) {
+    std::memcpy(dst, first, count * sizeof(T));
+    return;
+  }
+  combine(dst, first, static_cast<const T*>(srcs[1]), count, f);
+  for (int k = 2; k < nsrcs; ++k) accumulate(dst, static_cast<const T*>(srcs[k]), count, f);
+}
+
+// float16/bfloat16: accumulate in float32, round once.
+template <typename T, typename F>
+void reduce_widened(T* dst, const void* const* srcs, int nsrcs, size_t count, F f,
+                    int divisor) {
+  constexpr size_t kBlock = 256;
+  float acc[kBlock];
+  for (size_t base = 0; base < count; base += kBlock) {
+    const size_t n = std::min(kBlock, count - base);
+    const T* s0 = static_cast<const T*>(srcs[0]) + base;
+    for (size_t i = 0; i < n; ++i) acc[i] = static_cast<float>(s0[i]);
+    for (int k = 1; k < nsrcs; ++k) {
+      const T* s = static_cast<const T*>(srcs[k]) + base;
+      for (size_t i = 0; i < n; ++i) acc[i] = f(acc[i], static_cast<float>(s[i]));
+    }
+    if (divisor != 1)
+      for (size_t i = 0; i < n; ++i) acc[i] /= static_cast<float>(divisor);
+    for (size_t i = 0; i < n; ++i) dst[base + i] = static_cast<T>(acc[i]);
+  }
+}
+
+template <typename T, typename F>
+void reduce_typed(void* dst, const void* const* srcs, int nsrcs, size_t count, F f, bool average,
+                  int divisor) {
+  auto* out = static_cast<T*>(dst);
+  if constexpr (std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>) {
+    reduce_widened(out, srcs, nsrcs, count, f, average ? divisor : 1);
+  } else {
+    reduce_native(out, srcs, nsrcs, count, f);
+    if (average && divisor != 1) divide(out, count, static_cast<T>(divisor));
+  }
+}
+
+template <typename T>
+void reduce_op(ReduceOp op, void* dst, const void* const* srcs, int nsrcs, size_t count,
+               int divisor) {
+  switch (op) {
+    case ReduceOp::SUM: return reduce_typed<T>(dst, srcs, nsrcs, count, Sum{}, false, 1);
+    case ReduceOp::AVG: return reduce_typed<T>(dst, srcs, nsrcs, count, Sum{}, true, divisor);
+    case ReduceOp::PRODUCT: return reduce_typed<T>(dst, srcs, nsrcs, count, Product{}, false, 1);
+    case ReduceOp::MIN: return reduce_typed<T>(dst, srcs, nsrcs, count, Min{}, false, 1);
+    case ReduceOp::MAX: return reduce_typed<T>(dst, srcs, nsrcs, count, Max{}, false, 1);
+  }
+  throw InternalError(detail::cat("shm: unknown reduce op ", static_cast<int>(op)));
+}
+
+}  // namespace
+
+void reduce_into(c10::ScalarType dtype, ReduceOp op, void* dst, const void* const* srcs,
+                 int nsrcs, size_t count, int divisor) {
+  DTRAIN_ENFORCE(nsrcs >= 1);
+  if (count == 0) return;
+  switch (dtype) {
+    case c10::ScalarType::Float: return reduce_op<float>(op, dst, srcs, nsrcs, count, divisor);
+    case c10::ScalarType::Double: return reduce_op<double>(op, dst, srcs, nsrcs, count, divisor);
+    case c10::ScalarType::Half: return reduce_op<c10::Half>(op, dst, srcs, nsrcs, count, divisor);
+    case c10::ScalarType::BFloat16:
+      return reduce_op<c10::BFloat16>(op, dst, srcs, nsrcs, count, divisor);
+    case c10::ScalarType::Int: return reduce_op<int32_t>(op, dst, srcs, nsrcs, count, divisor);
+    case c10::ScalarType::Long: return reduce_op<int64_t>(op, dst, srcs, nsrcs, count, divisor);
+    case c10::ScalarType::Byte: return reduce_op<uint8_t>(op, dst, srcs, nsrcs, count, divisor);
+    case c10::ScalarType::Char: return reduce_op<int8_t>(op, dst, srcs, nsrcs, count, divisor);
+    default:
+      throw InvalidArgument(
+          detail::cat("shm: reductions of dtype ", c10::toString(dtype), " are not supported"));
+  }
+}
+
+}  // namespace dtrain::shm
