@@ -14,6 +14,8 @@
 //   dtrain-bench dp       [--replicas 2] [--steps 20] [--batch 128] [--runs 5]
 //       One process: MNIST convnet training with DataParallel on --replicas CPU
 //       replicas vs one module with as many intra-op threads (and with one).
+//   dtrain-bench collectives [--backend auto] [--op all_reduce] ... (run under dtrain-run)
+//       nccl-tests-style sweep of one collective; see collectives.cpp.
 //
 // Ranks are child processes of this binary (`dtrain-bench rank ...`) that
 // rendezvous over env:// on 127.0.0.1, one intra-op thread each.
@@ -36,62 +38,14 @@
 #include <vector>
 
 #include "dtrain/dtrain.h"
+#include "bench_util.h"
+#include "collectives.h"
 #include "models.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-struct Args {
-  std::map<std::string, std::string> flags;
-  std::string get(const std::string& k, const std::string& d) const {
-    auto it = flags.find(k);
-    return it == flags.end() ? d : it->second;
-  }
-  int num(const std::string& k, int d) const { return std::stoi(get(k, std::to_string(d))); }
-};
-
-Args parse(int argc, char** argv, int first) {
-  Args a;
-  for (int i = first; i + 1 < argc; i += 2) {
-    std::string k = argv[i];
-    if (k.rfind("--", 0) != 0) throw std::invalid_argument("unexpected argument " + k);
-    a.flags[k.substr(2)] = argv[i + 1];
-  }
-  return a;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-std::string self_path() {
-  char buf[4096];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) throw std::runtime_error("cannot find /proc/self/exe");
-  buf[n] = 0;
-  return buf;
-}
-
-// Runs a command and returns what it printed.
-std::string capture(const std::string& cmd) {
-  FILE* f = popen(cmd.c_str(), "r");
-  if (!f) throw std::runtime_error("cannot run: " + cmd);
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), f)) out.append(buf, n);
-  int rc = pclose(f);
-  if (rc != 0) throw std::runtime_error("command failed (" + std::to_string(rc) + "): " + cmd + "\n" + out);
-  return out;
-}
-
-double field(const std::string& text, const std::string& name) {
-  std::smatch m;
-  if (!std::regex_search(text, m, std::regex(name + "=([0-9.eE+-]+)")))
-    throw std::runtime_error("no " + name + "= in output:\n" + text);
-  return std::stod(m[1]);
-}
+using namespace dtrain::bench;
 
 // Two network namespaces joined by a veth pair whose both ends are shaped
 // to RATE (tc tbf): ranks on "two hosts" behind a real-network-like link,
@@ -374,10 +328,11 @@ int main(int argc, char** argv) {
     if (cmd == "ddp") return bench_ddp(parse(argc, argv, 2));
     if (cmd == "overlap") return bench_overlap(parse(argc, argv, 2));
     if (cmd == "dp") return bench_dp(parse(argc, argv, 2));
+    if (cmd == "collectives") return bench_collectives(parse(argc, argv, 2));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dtrain-bench: %s\n", e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: dtrain-bench ddp|overlap|dp [--flag value ...] (see the source header)\n");
+  std::fprintf(stderr, "usage: dtrain-bench ddp|overlap|dp|collectives [--flag value ...] (see the source header)\n");
   return 2;
 }

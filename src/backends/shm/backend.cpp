@@ -273,8 +273,7 @@ void ShmProcessGroup::all_reduce_now(Step& step, const at::Tensor& tensor, Reduc
     // ...reduce my part from every slot and my own tensor...
     const size_t b = rg.begin(me) * elem;
     for (int j = 0; j < n; ++j) srcs[j] = j == me ? src + b : slot(j, h) + b;
-    reduce_into(tensor.scalar_type(), op, mine + b, srcs.data(), n, rg.size(me), n);
-    std::memcpy(src + b, mine + b, rg.size(me) * elem);
+    reduce_into(tensor.scalar_type(), op, mine + b, src + b, srcs.data(), n, rg.size(me), n);
     step.sync();
     // ...all-gather: take the others' results.
     for (int j = 0; j < n; ++j)
@@ -301,7 +300,7 @@ void ShmProcessGroup::reduce_now(Step& step, const at::Tensor& tensor, int root,
     step.sync();
     const size_t b = rg.begin(me) * elem;
     for (int j = 0; j < n; ++j) srcs[j] = j == me ? src + b : slot(j, h) + b;
-    reduce_into(tensor.scalar_type(), op, mine + b, srcs.data(), n, rg.size(me), n);
+    reduce_into(tensor.scalar_type(), op, mine + b, nullptr, srcs.data(), n, rg.size(me), n);
     step.sync();
     // Only the root's tensor changes.
     if (me == root)
@@ -442,7 +441,8 @@ WorkPtr ShmProcessGroup::do_reduce_scatter(const Call& call, at::Tensor output,
       s.sync();
       for (int j = 0; j < n; ++j)
         srcs[j] = j == me ? bytes(inputs[me]) + off * elem : slot(j, h) + me * region * elem;
-      reduce_into(output.scalar_type(), op, bytes(output) + off * elem, srcs.data(), n, len, n);
+      reduce_into(output.scalar_type(), op, bytes(output) + off * elem, nullptr, srcs.data(), n,
+                  len, n);
       if (count == 0) break;
     }
   });

@@ -40,6 +40,15 @@ DTRAIN_VECTOR_CLONES void combine(T* __restrict out, const T* __restrict a,
   for (size_t i = 0; i < n; ++i) out[i] = f(a[i], b[i]);
 }
 
+// The same, storing the result twice (saves a pass over it). out2 may be
+// exactly a or b: element i is read before it is written, in every lane.
+template <typename T, typename F>
+DTRAIN_VECTOR_CLONES void combine_twice(T* __restrict out, T* __restrict out2,
+                                        const T* __restrict a, const T* __restrict b, size_t n,
+                                        F f) {
+  for (size_t i = 0; i < n; ++i) out2[i] = out[i] = f(a[i], b[i]);
+}
+
 template <typename T, typename F>
 DTRAIN_VECTOR_CLONES void accumulate(T* __restrict acc, const T* __restrict b, size_t n, F f) {
   for (size_t i = 0; i < n; ++i) acc[i] = f(acc[i], b[i]);
@@ -53,14 +62,20 @@ DTRAIN_VECTOR_CLONES void divide(T* __restrict acc, size_t n, T divisor) {
 
 // float32/64 and integers: pairwise passes over the region, vectorized.
 template <typename T, typename F>
-void reduce_native(T* dst, const void* const* srcs, int nsrcs, size_t count, F f) {
+void reduce_native(T* dst, T* dst2, const void* const* srcs, int nsrcs, size_t count, F f,
+                   bool average, int divisor) {
   const T* first = static_cast<const T*>(srcs[0]);
   if (nsrcs == 1) {
     std::memcpy(dst, first, count * sizeof(T));
+  } else if (nsrcs == 2 && dst2 && !(average && divisor != 1)) {
+    combine_twice(dst, dst2, first, static_cast<const T*>(srcs[1]), count, f);
     return;
+  } else {
+    combine(dst, first, static_cast<const T*>(srcs[1]), count, f);
+    for (int k = 2; k < nsrcs; ++k) accumulate(dst, static_cast<const T*>(srcs[k]), count, f);
   }
-  combine(dst, first, static_cast<const T*>(srcs[1]), count, f);
-  for (int k = 2; k < nsrcs; ++k) accumulate(dst, static_cast<const T*>(srcs[k]), count, f);
+  if (average && divisor != 1) divide(dst, count, static_cast<T>(divisor));
+  if (dst2) std::memcpy(dst2, dst, count * sizeof(T));
 }
 
 // float16/bfloat16: accumulate in float32, round once.
@@ -84,46 +99,48 @@ void reduce_widened(T* dst, const void* const* srcs, int nsrcs, size_t count, F 
 }
 
 template <typename T, typename F>
-void reduce_typed(void* dst, const void* const* srcs, int nsrcs, size_t count, F f, bool average,
-                  int divisor) {
+void reduce_typed(void* dst, void* dst2, const void* const* srcs, int nsrcs, size_t count, F f,
+                  bool average, int divisor) {
   auto* out = static_cast<T*>(dst);
   if constexpr (std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>) {
     reduce_widened(out, srcs, nsrcs, count, f, average ? divisor : 1);
+    if (dst2) std::memcpy(dst2, dst, count * sizeof(T));
   } else {
-    reduce_native(out, srcs, nsrcs, count, f);
-    if (average && divisor != 1) divide(out, count, static_cast<T>(divisor));
+    reduce_native(out, static_cast<T*>(dst2), srcs, nsrcs, count, f, average, divisor);
   }
 }
 
 template <typename T>
-void reduce_op(ReduceOp op, void* dst, const void* const* srcs, int nsrcs, size_t count,
-               int divisor) {
+void reduce_op(ReduceOp op, void* dst, void* dst2, const void* const* srcs, int nsrcs,
+               size_t count, int divisor) {
   switch (op) {
-    case ReduceOp::SUM: return reduce_typed<T>(dst, srcs, nsrcs, count, Sum{}, false, 1);
-    case ReduceOp::AVG: return reduce_typed<T>(dst, srcs, nsrcs, count, Sum{}, true, divisor);
-    case ReduceOp::PRODUCT: return reduce_typed<T>(dst, srcs, nsrcs, count, Product{}, false, 1);
-    case ReduceOp::MIN: return reduce_typed<T>(dst, srcs, nsrcs, count, Min{}, false, 1);
-    case ReduceOp::MAX: return reduce_typed<T>(dst, srcs, nsrcs, count, Max{}, false, 1);
+    case ReduceOp::SUM: return reduce_typed<T>(dst, dst2, srcs, nsrcs, count, Sum{}, false, 1);
+    case ReduceOp::AVG:
+      return reduce_typed<T>(dst, dst2, srcs, nsrcs, count, Sum{}, true, divisor);
+    case ReduceOp::PRODUCT:
+      return reduce_typed<T>(dst, dst2, srcs, nsrcs, count, Product{}, false, 1);
+    case ReduceOp::MIN: return reduce_typed<T>(dst, dst2, srcs, nsrcs, count, Min{}, false, 1);
+    case ReduceOp::MAX: return reduce_typed<T>(dst, dst2, srcs, nsrcs, count, Max{}, false, 1);
   }
   throw InternalError(detail::cat("shm: unknown reduce op ", static_cast<int>(op)));
 }
 
 }  // namespace
 
-void reduce_into(c10::ScalarType dtype, ReduceOp op, void* dst, const void* const* srcs,
-                 int nsrcs, size_t count, int divisor) {
+void reduce_into(c10::ScalarType dtype, ReduceOp op, void* dst, void* dst2,
+                 const void* const* srcs, int nsrcs, size_t count, int divisor) {
   DTRAIN_ENFORCE(nsrcs >= 1);
   if (count == 0) return;
   switch (dtype) {
-    case c10::ScalarType::Float: return reduce_op<float>(op, dst, srcs, nsrcs, count, divisor);
-    case c10::ScalarType::Double: return reduce_op<double>(op, dst, srcs, nsrcs, count, divisor);
-    case c10::ScalarType::Half: return reduce_op<c10::Half>(op, dst, srcs, nsrcs, count, divisor);
+    case c10::ScalarType::Float: return reduce_op<float>(op, dst, dst2, srcs, nsrcs, count, divisor);
+    case c10::ScalarType::Double: return reduce_op<double>(op, dst, dst2, srcs, nsrcs, count, divisor);
+    case c10::ScalarType::Half: return reduce_op<c10::Half>(op, dst, dst2, srcs, nsrcs, count, divisor);
     case c10::ScalarType::BFloat16:
-      return reduce_op<c10::BFloat16>(op, dst, srcs, nsrcs, count, divisor);
-    case c10::ScalarType::Int: return reduce_op<int32_t>(op, dst, srcs, nsrcs, count, divisor);
-    case c10::ScalarType::Long: return reduce_op<int64_t>(op, dst, srcs, nsrcs, count, divisor);
-    case c10::ScalarType::Byte: return reduce_op<uint8_t>(op, dst, srcs, nsrcs, count, divisor);
-    case c10::ScalarType::Char: return reduce_op<int8_t>(op, dst, srcs, nsrcs, count, divisor);
+      return reduce_op<c10::BFloat16>(op, dst, dst2, srcs, nsrcs, count, divisor);
+    case c10::ScalarType::Int: return reduce_op<int32_t>(op, dst, dst2, srcs, nsrcs, count, divisor);
+    case c10::ScalarType::Long: return reduce_op<int64_t>(op, dst, dst2, srcs, nsrcs, count, divisor);
+    case c10::ScalarType::Byte: return reduce_op<uint8_t>(op, dst, dst2, srcs, nsrcs, count, divisor);
+    case c10::ScalarType::Char: return reduce_op<int8_t>(op, dst, dst2, srcs, nsrcs, count, divisor);
     default:
       throw InvalidArgument(
           detail::cat("shm: reductions of dtype ", c10::toString(dtype), " are not supported"));

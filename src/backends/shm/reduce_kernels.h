@@ -20,8 +20,10 @@
 namespace dtrain::shm {
 
 // dst[i] = op(srcs[0][i], ..., srcs[nsrcs-1][i]) for i < count; AVG then
-// divides by `divisor`. dst must not overlap any source.
-void reduce_into(c10::ScalarType dtype, ReduceOp op, void* dst, const void* const* srcs,
-                 int nsrcs, size_t count, int divisor);
+// divides by `divisor`. When dst2 is not null it receives the same result
+// (in the same pass where it can). dst must not overlap any source; dst2 may
+// be exactly one of them (in place: each element is read before it is written).
+void reduce_into(c10::ScalarType dtype, ReduceOp op, void* dst, void* dst2,
+                 const void* const* srcs, int nsrcs, size_t count, int divisor);
 
 }  // namespace dtrain::shm

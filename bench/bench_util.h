@@ -1,0 +1,69 @@
+#pragma once
+
+// Small helpers shared by the benchmarks: flag parsing, medians, running a
+// command and reading "name=value" fields from what it printed.
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <regex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace dtrain::bench {
+
+struct Args {
+  std::map<std::string, std::string> flags;
+  std::string get(const std::string& k, const std::string& d) const {
+    auto it = flags.find(k);
+    return it == flags.end() ? d : it->second;
+  }
+  int num(const std::string& k, int d) const { return std::stoi(get(k, std::to_string(d))); }
+};
+
+inline Args parse(int argc, char** argv, int first) {
+  Args a;
+  for (int i = first; i + 1 < argc; i += 2) {
+    std::string k = argv[i];
+    if (k.rfind("--", 0) != 0) throw std::invalid_argument("unexpected argument " + k);
+    a.flags[k.substr(2)] = argv[i + 1];
+  }
+  return a;
+}
+
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+inline std::string self_path() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) throw std::runtime_error("cannot find /proc/self/exe");
+  buf[n] = 0;
+  return buf;
+}
+
+// Runs a command and returns what it printed.
+inline std::string capture(const std::string& cmd) {
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) throw std::runtime_error("cannot run: " + cmd);
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), f)) out.append(buf, n);
+  int rc = pclose(f);
+  if (rc != 0) throw std::runtime_error("command failed (" + std::to_string(rc) + "): " + cmd + "\n" + out);
+  return out;
+}
+
+inline double field(const std::string& text, const std::string& name) {
+  std::smatch m;
+  if (!std::regex_search(text, m, std::regex(name + "=([0-9.eE+-]+)")))
+    throw std::runtime_error("no " + name + "= in output:\n" + text);
+  return std::stod(m[1]);
+}
+
+}  // namespace dtrain::bench

@@ -1,0 +1,330 @@
+// dtrain-bench collectives: an nccl-tests-style sweep of one collective, run
+// inside every rank of a job, e.g.
+//
+//   dtrain-run --standalone --nproc-per-node 2 dtrain-bench collectives \
+//       [--backend auto|shm|gloo] [--op all_reduce|broadcast|reduce|all_gather|gather|
+//        scatter|reduce_scatter|all_to_all] [--dtype float32|float64|float16|bfloat16|
+//        int32|int64|uint8|int8] [--redop sum|avg|prod|min|max]
+//       [--min-bytes 4] [--max-bytes 268435456] [--iters N]
+//       [--baseline ../shared/baselines/py_allreduce.py] [--runs 3]
+//
+// One row per size (powers of two): size (bytes of the result buffer, as
+// nccl-tests), count (its elements), dtype, op (the reduction, or "none"),
+// time_us (slowest rank), algbw = size / time and busbw (GB/s, nccl-tests'
+// definitions: all_reduce busbw = algbw * 2(n-1)/n; all_gather,
+// reduce_scatter, all_to_all, gather, scatter algbw * (n-1)/n; broadcast and
+// reduce busbw = algbw) and #wrong, the elements that differ from the
+// exact expected result after one checked call (summed over ranks).
+//
+// --baseline runs PyTorch's gloo all_reduce (py_allreduce.py) side by side,
+// interleaved --runs times with dtrain on the same sizes, and prints the
+// ratios and the issue's goals, with single-thread memcpy bandwidth measured
+// in the same run.
+
+#include "collectives.h"
+
+#include <ATen/ATen.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "dtrain/dtrain.h"
+
+namespace dtrain::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+at::ScalarType parse_dtype(const std::string& s) {
+  static const std::map<std::string, at::ScalarType> names = {
+      {"float32", at::kFloat}, {"float64", at::kDouble}, {"float16", at::kHalf},
+      {"bfloat16", at::kBFloat16}, {"int32", at::kInt}, {"int64", at::kLong},
+      {"uint8", at::kByte}, {"int8", at::kChar}};
+  auto it = names.find(s);
+  if (it == names.end()) throw std::invalid_argument("--dtype " + s + " is not one of float32, float64, float16, bfloat16, int32, int64, uint8, int8");
+  return it->second;
+}
+
+ReduceOp parse_redop(const std::string& s) {
+  static const std::map<std::string, ReduceOp> names = {{"sum", ReduceOp::SUM},
+                                                        {"avg", ReduceOp::AVG},
+                                                        {"prod", ReduceOp::PRODUCT},
+                                                        {"min", ReduceOp::MIN},
+                                                        {"max", ReduceOp::MAX}};
+  auto it = names.find(s);
+  if (it == names.end()) throw std::invalid_argument("--redop " + s + " is not one of sum, avg, prod, min, max");
+  return it->second;
+}
+
+// Values 1..3: every reduction of up to 4 ranks is exact in every dtype.
+at::Tensor fill(int64_t seed, int64_t count, at::ScalarType dtype) {
+  return (at::fmod(at::arange(count, at::kDouble) + seed, 3) + 1).to(dtype);
+}
+
+at::Tensor reduced(int world, int64_t count, at::ScalarType dtype, ReduceOp op,
+                   int64_t seed_step = 0, int64_t offset = 0) {
+  auto acc = fill(offset, count, at::kDouble);
+  for (int r = 1; r < world; ++r) {
+    auto x = fill(r * seed_step + r + offset, count, at::kDouble);
+    if (op == ReduceOp::PRODUCT) acc = acc * x;
+    else if (op == ReduceOp::MIN) acc = at::minimum(acc, x);
+    else if (op == ReduceOp::MAX) acc = at::maximum(acc, x);
+    else acc = acc + x;
+  }
+  if (op != ReduceOp::AVG) return acc.to(dtype);
+  return at::isFloatingType(dtype) ? acc.to(dtype).div(world) : acc.div(world, "trunc").to(dtype);
+}
+
+int64_t wrong(const at::Tensor& actual, const at::Tensor& expected) {
+  return actual.ne(expected).sum().item<int64_t>();
+}
+
+// One collective on tensors prepared for one size: run() issues it, check()
+// counts this rank's wrong elements after a run on fresh inputs.
+struct Case {
+  std::function<void()> reset;
+  std::function<void()> run;
+  std::function<int64_t()> check;
+  double bus_factor;
+};
+
+Case make_case(const std::string& op, int64_t count, at::ScalarType dt, ReduceOp redop) {
+  const int n = get_world_size(), me = get_rank();
+  const int64_t per = count / n;  // per-rank part for the gather-like ops
+  const double ring = double(n - 1) / n;
+  auto g = default_group();
+  Case c;
+  if (op == "all_reduce" || op == "broadcast" || op == "reduce") {
+    auto t = std::make_shared<at::Tensor>();
+    c.reset = [=] { *t = fill(me, count, dt); };
+    if (op == "all_reduce") {
+      c.run = [=] { g->all_reduce(*t, redop)->wait(); };
+      c.check = [=] { return wrong(*t, reduced(n, count, dt, redop)); };
+      c.bus_factor = 2 * ring;
+    } else if (op == "broadcast") {
+      c.run = [=] { g->broadcast(*t, 0)->wait(); };
+      c.check = [=] { return wrong(*t, fill(0, count, dt)); };
+      c.bus_factor = 1;
+    } else {
+      c.run = [=] { g->reduce(*t, 0, redop)->wait(); };
+      c.check = [=] {
+        return wrong(*t, me == 0 ? reduced(n, count, dt, redop) : fill(me, count, dt));
+      };
+      c.bus_factor = 1;
+    }
+    return c;
+  }
+  auto in = std::make_shared<std::vector<at::Tensor>>();
+  auto out = std::make_shared<std::vector<at::Tensor>>();
+  c.bus_factor = ring;
+  if (op == "all_gather" || op == "gather") {
+    const bool all = op == "all_gather";
+    c.reset = [=] {
+      *in = {fill(me, per, dt)};
+      out->clear();
+      if (all || me == 0)
+        for (int j = 0; j < n; ++j) out->push_back(at::zeros({per}, dt));
+    };
+    c.run = [=] {
+      (all ? g->all_gather(*out, (*in)[0]) : g->gather(*out, (*in)[0], 0))->wait();
+    };
+    c.check = [=] {
+      int64_t bad = 0;
+      for (int j = 0; j < static_cast<int>(out->size()); ++j) bad += wrong((*out)[j], fill(j, per, dt));
+      return bad;
+    };
+  } else if (op == "scatter") {
+    c.reset = [=] {
+      in->clear();
+      if (me == 0)
+        for (int j = 0; j < n; ++j) in->push_back(fill(10 + j, per, dt));
+      *out = {at::zeros({per}, dt)};
+    };
+    c.run = [=] { g->scatter((*out)[0], *in, 0)->wait(); };
+    c.check = [=] { return wrong((*out)[0], fill(10 + me, per, dt)); };
+  } else if (op == "reduce_scatter") {
+    c.reset = [=] {
+      auto full = fill(me, per * n, dt);
+      auto chunks = full.chunk(n);
+      *in = std::vector<at::Tensor>(chunks.begin(), chunks.end());
+      *out = {at::zeros({per}, dt)};
+    };
+    c.run = [=] { g->reduce_scatter((*out)[0], *in, redop)->wait(); };
+    c.check = [=] {
+      return wrong((*out)[0], reduced(n, per * n, dt, redop).narrow(0, me * per, per));
+    };
+  } else if (op == "all_to_all") {
+    const int64_t each = per / n;
+    c.reset = [=] {
+      in->clear();
+      out->clear();
+      for (int j = 0; j < n; ++j) {
+        in->push_back(fill(me * n + j, each, dt));
+        out->push_back(at::zeros({each}, dt));
+      }
+    };
+    c.run = [=] { g->all_to_all(*out, *in)->wait(); };
+    c.check = [=] {
+      int64_t bad = 0;
+      for (int j = 0; j < n; ++j) bad += wrong((*out)[j], fill(j * n + me, each, dt));
+      return bad;
+    };
+  } else {
+    throw std::invalid_argument("--op " + op + " is not one of all_reduce, broadcast, reduce, all_gather, gather, scatter, reduce_scatter, all_to_all");
+  }
+  return c;
+}
+
+struct Row {
+  double time_us, algbw, busbw;
+  int64_t wrong;
+};
+
+// Times one size on every rank; the slowest rank's time counts.
+Row measure(const std::string& op, int64_t bytes, at::ScalarType dt, ReduceOp redop, int iters) {
+  const int64_t count = bytes / static_cast<int64_t>(c10::elementSize(dt));
+  Case c = make_case(op, count, dt, redop);
+  c.reset();
+  c.run();
+  auto bad = at::tensor({c.check()}, at::kLong);
+  all_reduce(bad);
+  if (iters <= 0) iters = static_cast<int>(std::clamp<int64_t>((1LL << 30) / bytes, 5, 1000));
+  for (int i = 0; i < 2; ++i) c.run();
+  barrier();
+  const auto t0 = Clock::now();
+  for (int i = 0; i < iters; ++i) c.run();
+  auto seconds = at::tensor({std::chrono::duration<double>(Clock::now() - t0).count() / iters},
+                            at::kDouble);
+  all_reduce(seconds, AllReduceOptions().op(ReduceOp::MAX));
+  const double s = seconds.item<double>();
+  const double algbw = bytes / s / 1e9;
+  return {s * 1e6, algbw, algbw * c.bus_factor, bad.item<int64_t>()};
+}
+
+// Single-thread memcpy bandwidth (GB/s, bytes copied per second) on rank 0,
+// while the others wait.
+double memcpy_gbps(size_t bytes) {
+  double best = 0;
+  if (get_rank() == 0) {
+    std::vector<char> a(bytes, 1), b(bytes, 2);
+    for (int run = 0; run < 5; ++run) {
+      const auto t0 = Clock::now();
+      for (int i = 0; i < 10; ++i) std::memcpy(i % 2 ? a.data() : b.data(), i % 2 ? b.data() : a.data(), bytes);
+      best = std::max(best, 10.0 * bytes / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9);
+    }
+  }
+  barrier();
+  return best;
+}
+
+struct Baseline {
+  std::map<int64_t, std::pair<double, double>> by_bytes;  // time_us, busbw
+};
+
+Baseline run_baseline(const std::string& path, int world) {
+  Baseline b;
+  if (get_rank() == 0) {
+    const auto out = capture("/usr/bin/python3 " + path + " " + std::to_string(world) + " 2>&1");
+    std::regex line("bytes=\\s*([0-9]+)\\s+time_us=\\s*([0-9.]+)\\s+busbw_GBps=\\s*([0-9.]+)");
+    for (std::sregex_iterator it(out.begin(), out.end(), line), end; it != end; ++it)
+      b.by_bytes[std::stoll((*it)[1])] = {std::stod((*it)[2]), std::stod((*it)[3])};
+    if (b.by_bytes.empty()) throw std::runtime_error("no results from " + path + ":\n" + out);
+  }
+  barrier();
+  return b;
+}
+
+void compare_with_baseline(const Args& a, at::ScalarType dt, ReduceOp redop) {
+  const std::string path = a.get("baseline", "");
+  const int runs = a.num("runs", 3), world = get_world_size(), me = get_rank();
+  const std::vector<int64_t> sizes = {4096, 65536, 1 << 20, 4 << 20, 16 << 20, 64 << 20};
+  std::map<int64_t, std::vector<double>> lat_ratio, bw_ratio, ours_bw, gloo_bw, ours_us, gloo_us;
+  std::vector<double> memcpy_runs;
+  for (int run = 0; run < runs; ++run) {
+    std::map<int64_t, Row> ours;
+    for (auto bytes : sizes) ours[bytes] = measure("all_reduce", bytes, dt, redop, a.num("iters", 0));
+    memcpy_runs.push_back(memcpy_gbps(16 << 20));
+    const auto base = run_baseline(path, world);
+    if (me != 0) continue;
+    for (auto bytes : sizes) {
+      auto it = base.by_bytes.find(bytes);
+      if (it == base.by_bytes.end()) continue;
+      ours_us[bytes].push_back(ours[bytes].time_us);
+      gloo_us[bytes].push_back(it->second.first);
+      ours_bw[bytes].push_back(ours[bytes].busbw);
+      gloo_bw[bytes].push_back(it->second.second);
+      lat_ratio[bytes].push_back(it->second.first / ours[bytes].time_us);
+      bw_ratio[bytes].push_back(ours[bytes].busbw / it->second.second);
+    }
+  }
+  if (me != 0) return;
+  std::printf("\n# all_reduce float32, %d ranks: dtrain (%s) vs PyTorch gloo (%s), medians of %d "
+              "interleaved runs\n",
+              world, default_group()->backend_name().c_str(), path.c_str(), runs);
+  std::printf("%12s %12s %12s %10s %12s %12s %10s\n", "size", "dtrain_us", "gloo_us",
+              "speedup", "dtrain_busbw", "gloo_busbw", "bw_ratio");
+  for (auto bytes : sizes) {
+    if (!ours_us.count(bytes)) continue;
+    std::printf("%12lld %12.1f %12.1f %10.2f %12.3f %12.3f %10.2f\n",
+                static_cast<long long>(bytes), median(ours_us[bytes]), median(gloo_us[bytes]),
+                median(lat_ratio[bytes]), median(ours_bw[bytes]), median(gloo_bw[bytes]),
+                median(bw_ratio[bytes]));
+  }
+  const double mc = median(memcpy_runs);
+  const int64_t big = 16 << 20, small = 4096;
+  if (ours_bw.count(big) && ours_us.count(small)) {
+    std::printf("single-thread memcpy of 16 MiB: %.2f GB/s (same run)\n", mc);
+    std::printf("goal all_reduce busbw at 16 MiB >= 4x gloo: %.2fx -> %s\n", median(bw_ratio[big]),
+                median(bw_ratio[big]) >= 4 ? "met" : "NOT met");
+    std::printf("goal all_reduce busbw at 16 MiB >= 50%% of memcpy: %.0f%% -> %s\n",
+                100 * median(ours_bw[big]) / mc, median(ours_bw[big]) >= 0.5 * mc ? "met" : "NOT met");
+    std::printf("goal 4 KiB all_reduce latency <= 1/20 of gloo: 1/%.1f -> %s\n",
+                median(lat_ratio[small]), median(lat_ratio[small]) >= 20 ? "met" : "NOT met");
+  }
+}
+
+}  // namespace
+
+int bench_collectives(const Args& a) {
+  torch::set_num_threads(1);
+  const std::string op = a.get("op", "all_reduce");
+  const auto dt = parse_dtype(a.get("dtype", "float32"));
+  const auto redop = parse_redop(a.get("redop", "sum"));
+  const bool reduces = op == "all_reduce" || op == "reduce" || op == "reduce_scatter";
+  const int64_t elem = static_cast<int64_t>(c10::elementSize(dt));
+  const int64_t min_bytes = std::max<int64_t>(elem, std::stoll(a.get("min-bytes", "4")));
+  const int64_t max_bytes = std::stoll(a.get("max-bytes", "268435456"));
+  if (!a.get("baseline", "").empty() && (op != "all_reduce" || dt != at::kFloat))
+    throw std::invalid_argument("--baseline compares all_reduce on float32 (what py_allreduce.py measures)");
+  init_process_group(InitOptions().backend(a.get("backend", "auto")));
+  const int n = get_world_size();
+  // Ops that split the buffer among ranks need at least one element each.
+  const int64_t split = op == "all_to_all" ? int64_t(n) * n
+                        : (op == "all_reduce" || op == "broadcast" || op == "reduce") ? 1 : n;
+  if (get_rank() == 0) {
+    std::printf("# dtrain-bench collectives: %s on backend %s, %d ranks, %s\n", op.c_str(),
+                default_group()->backend_name().c_str(), n, a.get("dtype", "float32").c_str());
+    std::printf("%12s %12s %9s %6s %12s %9s %9s %7s\n", "size", "count", "dtype", "op",
+                "time_us", "algbw", "busbw", "#wrong");
+  }
+  int64_t total_wrong = 0;
+  for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
+    if (bytes / elem < split) continue;
+    const int64_t usable = bytes / (elem * split) * split * elem;
+    const Row row = measure(op, usable, dt, redop, a.num("iters", 0));
+    total_wrong += row.wrong;
+    if (get_rank() == 0) {
+      std::printf("%12lld %12lld %9s %6s %12.2f %9.3f %9.3f %7lld\n",
+                  static_cast<long long>(usable), static_cast<long long>(usable / elem),
+                  a.get("dtype", "float32").c_str(), reduces ? a.get("redop", "sum").c_str() : "none",
+                  row.time_us, row.algbw, row.busbw, static_cast<long long>(row.wrong));
+      std::fflush(stdout);
+    }
+  }
+  if (!a.get("baseline", "").empty()) compare_with_baseline(a, dt, redop);
+  destroy_process_group();
+  return total_wrong == 0 ? 0 : 3;
+}
+
+}  // namespace dtrain::bench
