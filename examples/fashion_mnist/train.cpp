@@ -31,7 +31,7 @@ struct Flags {
   int64_t batch_size = 64;
   double lr = 1e-3;
   double lr_decay = 0.7;  // learning rate of epoch e: lr * lr_decay^e
-  std::string backend = "gloo";
+  std::string backend = "auto";
   std::string checkpoint_dir = "checkpoints";
   std::string out_dir;  // empty: runs/<date-time> (a new one per run)
   bool resume = false;

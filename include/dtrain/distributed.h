@@ -5,7 +5,7 @@
 // torch.distributed; ranks given to these functions (src, dst) are *global*
 // ranks, also when a subgroup is passed, exactly as in PyTorch.
 //
-//   dtrain::init_process_group();                 // env://, backend gloo
+//   dtrain::init_process_group();                 // env://, backend auto
 //   dtrain::all_reduce(t);                        // SUM, in place, blocking
 //   auto w = dtrain::all_reduce(t, dtrain::AllReduceOptions()
 //                                      .op(dtrain::ReduceOp::AVG).async_op(true));
@@ -27,8 +27,10 @@
 namespace dtrain {
 
 struct InitOptions {
-  // "gloo" (default). "nccl" and "mpi" name backends that a build may lack.
-  DTRAIN_ARG(std::string, backend) = "gloo";
+  // "auto" (default): shm when every rank is on one machine, otherwise shm
+  // within machines and gloo between them. "shm" and "gloo" force one;
+  // "nccl" and "mpi" name backends that a build may lack.
+  DTRAIN_ARG(std::string, backend) = "auto";
   // "env://" (MASTER_ADDR, MASTER_PORT), "tcp://host:port" or
   // "file:///path"; ignored when store() is given.
   DTRAIN_ARG(std::string, init_method) = "env://";

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "backends/gloo/backend.h"
+#include "backends/hierarchical/backend.h"
 #include "backends/shm/backend.h"
 #include "common/enforce.h"
 #include "dtrain/distributed.h"
@@ -31,6 +32,7 @@ Registry& registry() {
                                const GroupOptions& options) {
       return std::make_shared<shm::ShmProcessGroup>(std::move(store), rank, size, options);
     };
+    reg->factories["auto"] = hierarchical::create_auto_group;
     reg->missing["nccl"] = "dtrain was built without CUDA (NCCL needs a CUDA-enabled libtorch)";
     reg->missing["mpi"] = "dtrain was built without MPI";
     return reg;

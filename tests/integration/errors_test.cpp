@@ -70,7 +70,7 @@ TEST(BackendRegistry, MissingBackendsExplainThemselves) {
   expect_throw<BackendUnavailable>([&] { create_process_group("mpi", store, 0, 1); },
                                    "mpi: dtrain was built without MPI");
   expect_throw<BackendUnavailable>([&] { create_process_group("carrier-pigeon", store, 0, 1); },
-                                   "unknown backend 'carrier-pigeon'; available backends: gloo");
+                                   "unknown backend 'carrier-pigeon'; available backends: auto, gloo, shm");
 }
 
 TEST(Timeouts, SilentPeerBecomesTimeoutErrorWithinTheTimeout) {

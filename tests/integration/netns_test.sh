@@ -1,29 +1,51 @@
 #!/usr/bin/env bash
 # Two "machines" on one box: two network namespaces joined by a veth pair,
 # two ranks in each (world 4). Nothing is shared between them but the
-# 10.213.x link, so this proves the gloo backend and the TCP store work
-# across hosts, with each rank finding its own address towards MASTER_ADDR.
+# 10.213.x link (and /dev/shm, which dtrain must not use across them), so
+# this proves that the TCP store, the gloo backend and the hierarchical
+# "auto" backend (shm within each namespace, gloo between) work across
+# hosts, and that a forced "shm" refuses ranks on different machines.
 set -euo pipefail
 worker=$1
 source "$(dirname "$0")/../harness/netns.sh"
 netns_up 10.213.0
 logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
 
-for rank in 0 1 2 3; do
-  ns=$NS_A; [ "$rank" -ge 2 ] && ns=$NS_B
-  ip netns exec "$ns" env RANK=$rank WORLD_SIZE=4 MASTER_ADDR=10.213.0.1 MASTER_PORT=29611 \
-    DTRAIN_TIMEOUT=30 OMP_NUM_THREADS=1 timeout 90 "$worker" collectives >"$logs/$rank" 2>&1 &
-  NS_PIDS+=($!)
-done
+# run_job BACKEND PORT: starts the 4 ranks; leaves their exit codes in $logs/rc.R.
+run_job() {
+  local backend=$1 port=$2 pids=()
+  for rank in 0 1 2 3; do
+    ns=$NS_A; [ "$rank" -ge 2 ] && ns=$NS_B
+    ip netns exec "$ns" env RANK=$rank WORLD_SIZE=4 MASTER_ADDR=10.213.0.1 MASTER_PORT=$port \
+      DTRAIN_TIMEOUT=30 OMP_NUM_THREADS=1 timeout 90 "$worker" collectives env:// "$backend" \
+      >"$logs/$rank" 2>&1 &
+    pids+=($!)
+  done
+  for rank in 0 1 2 3; do
+    rc=0; wait "${pids[$rank]}" || rc=$?
+    echo $rc >"$logs/rc.$rank"
+  done
+}
 
 status=0
-for rank in 0 1 2 3; do
-  if ! wait "${NS_PIDS[$rank]}"; then
-    echo "rank $rank failed:"; cat "$logs/$rank"; status=1
-  elif ! grep -q "rank $rank ok" "$logs/$rank"; then
-    echo "rank $rank did not report ok:"; cat "$logs/$rank"; status=1
-  fi
+fail() { echo "FAIL: $1"; cat "$logs/$2"; status=1; }
+
+for spec in "auto|auto (shm within 2 machines, gloo between)" "gloo|gloo"; do
+  backend=${spec%%|*} expected=${spec#*|}
+  run_job "$backend" 29611
+  for rank in 0 1 2 3; do
+    [ "$(cat "$logs/rc.$rank")" = 0 ] || { fail "$backend: rank $rank exited $(cat "$logs/rc.$rank")" $rank; continue; }
+    grep -qF "rank $rank backend $expected" "$logs/$rank" || fail "$backend: rank $rank did not use '$expected'" $rank
+    grep -q "rank $rank ok" "$logs/$rank" || fail "$backend: rank $rank did not report ok" $rank
+  done
+  [ $status -eq 0 ] && echo "$backend: 4 ranks across 2 network namespaces: ok"
 done
-rm -rf "$logs"
-[ $status -eq 0 ] && echo "4 ranks across 2 network namespaces: ok"
+
+run_job shm 29612
+for rank in 0 1 2 3; do
+  grep -q "caught BackendUnavailable: .*the ranks are on 2 different machines (ranks 0,1 | ranks 2,3); shm needs one machine" "$logs/$rank" \
+    || fail "shm across namespaces: rank $rank did not refuse clearly" $rank
+done
+[ $status -eq 0 ] && echo "shm across 2 network namespaces: refused on every rank: ok"
 exit $status

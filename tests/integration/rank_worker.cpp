@@ -2,10 +2,12 @@
 // torchrun and network-namespace scripts) start several of these with the
 // worker environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...).
 //
-//   rank_worker collectives [INIT_METHOD]
-//                             init (env:// unless given), check collectives
-//                             on the default group and a subgroup, exit 0
-//   rank_worker loop          init, then all_reduce forever; on a failure
+//   rank_worker collectives [INIT_METHOD [BACKEND]]
+//                             init (env:// and backend auto unless given),
+//                             print "rank R backend NAME", check every
+//                             collective on the default group and a
+//                             subgroup, exit 0
+//   rank_worker loop [BACKEND] init, then all_reduce forever; on a failure
 //                             print "caught <Type>: <message>" and exit 3
 //   rank_worker init          init only; on failure print "caught ..." and
 //                             exit 2 (used for bad-environment tests)
@@ -31,10 +33,52 @@ int fail(const std::string& what) {
   return 1;
 }
 
-int check_collectives(const std::string& init_method) {
-  dtrain::init_process_group(dtrain::InitOptions().init_method(init_method));
+// The collectives a hierarchical group delegates or composes, from roots on
+// every machine, checked exactly.
+int check_every_collective(int rank, int world) {
+  auto x = at::full({300}, rank + 1, at::kInt);
+  dtrain::all_reduce(x, dtrain::AllReduceOptions().op(dtrain::ReduceOp::AVG));
+  if (!at::equal(x, at::full({300}, (world + 1) / 2, at::kInt))) return fail("all_reduce AVG");
+  auto m = at::full({7}, double(rank), at::kDouble);
+  dtrain::all_reduce(m, dtrain::AllReduceOptions().op(dtrain::ReduceOp::MAX));
+  if (!at::equal(m, at::full({7}, double(world - 1), at::kDouble))) return fail("all_reduce MAX");
+  for (int root = 0; root < world; ++root) {
+    auto b = at::full({33}, rank == root ? 100 + root : -1, at::kFloat);
+    dtrain::broadcast(b, root);
+    if (!at::equal(b, at::full({33}, 100 + root, at::kFloat))) return fail("broadcast from each root");
+    auto r = at::full({5}, rank + 1, at::kLong);
+    dtrain::reduce(r, root);
+    auto want = rank == root ? at::full({5}, world * (world + 1) / 2, at::kLong)
+                             : at::full({5}, rank + 1, at::kLong);
+    if (!at::equal(r, want)) return fail("reduce to each root");
+  }
+  std::vector<at::Tensor> parts;
+  for (int j = 0; j < world; ++j) parts.push_back(at::full({4}, 10 * rank + j, at::kLong));
+  auto mine = at::empty({4}, at::kLong);
+  dtrain::reduce_scatter(mine, parts);
+  if (!at::equal(mine, at::full({4}, 10 * world * (world - 1) / 2 + world * rank, at::kLong)))
+    return fail("reduce_scatter");
+  std::vector<at::Tensor> got;
+  for (int j = 0; j < world; ++j) got.push_back(at::empty({4}, at::kLong));
+  dtrain::all_to_all(got, parts);
+  for (int j = 0; j < world; ++j)
+    if (!at::equal(got[j], at::full({4}, 10 * j + rank, at::kLong))) return fail("all_to_all");
+  const int next = (rank + 1) % world, prev = (rank + world - 1) % world;
+  auto incoming = at::empty({9}, at::kFloat);
+  auto recv = dtrain::irecv(incoming, prev);
+  dtrain::send(at::full({9}, rank, at::kFloat), next);
+  recv->wait();
+  if (!at::equal(incoming, at::full({9}, prev, at::kFloat))) return fail("send/recv ring");
+  return 0;
+}
+
+int check_collectives(const std::string& init_method, const std::string& backend) {
+  dtrain::init_process_group(dtrain::InitOptions().init_method(init_method).backend(backend));
   const int rank = dtrain::get_rank();
   const int world = dtrain::get_world_size();
+  std::cout << "rank " << rank << " backend " << dtrain::default_group()->backend_name()
+            << std::endl;
+  if (int rc = check_every_collective(rank, world)) return rc;
 
   auto t = at::full({1000}, rank + 1, at::kFloat);
   dtrain::all_reduce(t);
@@ -79,11 +123,12 @@ const char* type_name(const dtrain::Error& e) {
   if (dynamic_cast<const dtrain::NetworkError*>(&e)) return "NetworkError";
   if (dynamic_cast<const dtrain::InvalidArgument*>(&e)) return "InvalidArgument";
   if (dynamic_cast<const dtrain::CollectiveMismatch*>(&e)) return "CollectiveMismatch";
+  if (dynamic_cast<const dtrain::BackendUnavailable*>(&e)) return "BackendUnavailable";
   return "Error";
 }
 
-int loop() {
-  dtrain::init_process_group();
+int loop(const std::string& backend) {
+  dtrain::init_process_group(dtrain::InitOptions().backend(backend));
   std::cout << "rank " << dtrain::get_rank() << " ready" << std::endl;
   auto t = at::ones({4096});
   for (;;) dtrain::all_reduce(t);
@@ -128,8 +173,9 @@ int mismatch() {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   try {
-    if (mode == "collectives") return check_collectives(argc > 2 ? argv[2] : "env://");
-    if (mode == "loop") return loop();
+    if (mode == "collectives")
+      return check_collectives(argc > 2 ? argv[2] : "env://", argc > 3 ? argv[3] : "auto");
+    if (mode == "loop") return loop(argc > 2 ? argv[2] : "auto");
     if (mode == "mismatch") return mismatch();
     if (mode == "ddp") return ddp_training();
     if (mode == "init") {

@@ -1,0 +1,63 @@
+#pragma once
+
+// Backend "auto": the fastest correct backend for where the ranks are.
+//
+// create_auto_group() asks every rank which machine it is on (shm/node.h).
+// All on one machine: an shm group. Spread over machines: a
+// HierarchicalProcessGroup, which runs all_reduce as an shm reduce to each
+// machine's leader (its lowest rank), a gloo all_reduce among the leaders and
+// an shm broadcast back; broadcast and barrier are hierarchical too. The
+// other collectives and point-to-point go to a gloo group over all ranks
+// (listed in docs/backends.md).
+
+#include <memory>
+
+#include "core/serial_executor.h"
+#include "dtrain/process_group.h"
+
+namespace dtrain::hierarchical {
+
+std::shared_ptr<ProcessGroup> create_auto_group(std::shared_ptr<Store> store, int rank, int size,
+                                                const GroupOptions& options);
+
+class HierarchicalProcessGroup final : public ProcessGroup {
+ public:
+  // nodes: the group ranks of each machine, as shm::group_by_node returns.
+  HierarchicalProcessGroup(std::shared_ptr<Store> store, int rank, int size,
+                           GroupOptions options, std::vector<std::vector<int>> nodes);
+  ~HierarchicalProcessGroup() override;
+
+  std::string backend_name() const override;
+  bool supports(c10::DeviceType type) const override { return type == c10::DeviceType::CPU; }
+
+ protected:
+  WorkPtr do_all_reduce(const Call& call, at::Tensor tensor, ReduceOp op) override;
+  WorkPtr do_broadcast(const Call& call, at::Tensor tensor, int root) override;
+  WorkPtr do_reduce(const Call& call, at::Tensor tensor, int root, ReduceOp op) override;
+  WorkPtr do_all_gather(const Call& call, std::vector<at::Tensor> outputs,
+                        at::Tensor input) override;
+  WorkPtr do_gather(const Call& call, std::vector<at::Tensor> outputs, at::Tensor input,
+                    int root) override;
+  WorkPtr do_scatter(const Call& call, at::Tensor output, std::vector<at::Tensor> inputs,
+                     int root) override;
+  WorkPtr do_reduce_scatter(const Call& call, at::Tensor output, std::vector<at::Tensor> inputs,
+                            ReduceOp op) override;
+  WorkPtr do_all_to_all(const Call& call, std::vector<at::Tensor> outputs,
+                        std::vector<at::Tensor> inputs) override;
+  WorkPtr do_barrier(const Call& call) override;
+  WorkPtr do_send(const Call& call, at::Tensor tensor, int dst, int tag) override;
+  WorkPtr do_recv(const Call& call, at::Tensor tensor, int src, int tag) override;
+
+ private:
+  // Runs `body` in issue order on the group thread; it gets the time left.
+  WorkPtr enqueue(const Call& call, std::function<void(const std::function<Timeout()>&)> body);
+
+  std::vector<std::vector<int>> nodes_;
+  int node_ = 0;                          // index of this rank's machine
+  std::shared_ptr<ProcessGroup> local_;   // shm, ranks of this machine
+  std::shared_ptr<ProcessGroup> leaders_; // gloo, one rank per machine (null elsewhere)
+  std::shared_ptr<ProcessGroup> all_;     // gloo, every rank: the delegated operations
+  SerialExecutor steps_;                  // last: drained first on destruction
+};
+
+}  // namespace dtrain::hierarchical
