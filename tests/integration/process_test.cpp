@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <functional>
 
 #include "harness/process_ranks.h"
@@ -180,19 +181,39 @@ TEST(ProcessFailures, UnreachableStoreTimesOutNamingHostAndPort) {
   EXPECT_LT(p.end - start, 10s);
 }
 
+// Names in /dev/shm that an shm group of these processes could have left.
+std::vector<std::string> shm_leftovers(ProcessRanks& procs) {
+  std::vector<std::string> found;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    const auto name = entry.path().filename().string();
+    for (const auto& p : procs.ranks())
+      if (name.rfind("dtrain-shm." + std::to_string(p.pid) + ".", 0) == 0) found.push_back(name);
+  }
+  return found;
+}
+
 // Starts `world` looping ranks and waits until each has initialized.
-void start_loop(ProcessRanks& procs, int world, const std::string& timeout_s) {
+void start_loop(ProcessRanks& procs, int world, const std::string& timeout_s,
+                const std::string& backend) {
   const int port = free_port();
-  for (int r = 0; r < world; ++r) procs.spawn({kWorker, "loop"}, rank_env(r, world, port, timeout_s));
+  for (int r = 0; r < world; ++r)
+    procs.spawn({kWorker, "loop", backend}, rank_env(r, world, port, timeout_s));
   for (int r = 0; r < world; ++r)
     ASSERT_TRUE(procs.wait_for_output(procs.ranks()[r], "ready", 60s))
         << "rank " << r << " never became ready: " << describe(procs.ranks()[r]);
 }
 
-TEST(ProcessFailures, KilledPeerBecomesAnErrorOnEverySurvivor) {
+// The same failures on the default backend (auto: shm on one machine) and
+// on gloo.
+class PeerFailure : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PeerFailure, KilledPeerBecomesAnErrorOnEverySurvivor) {
   const auto timeout = 4s;
   ProcessRanks procs;
-  start_loop(procs, 3, "4");
+  start_loop(procs, 3, "4", GetParam());
+  // shm unlinks its segment as soon as every rank has mapped it: while the
+  // job runs there is already nothing that a crash could leave behind.
+  EXPECT_EQ(shm_leftovers(procs), std::vector<std::string>{});
   auto killed_at = Clock::now();
   kill(procs.ranks()[1].pid, SIGKILL);
   ASSERT_TRUE(procs.wait_all(2 * timeout + 10s)) << "a survivor hung after its peer was killed";
@@ -201,13 +222,22 @@ TEST(ProcessFailures, KilledPeerBecomesAnErrorOnEverySurvivor) {
     EXPECT_EQ(p.exit_code, 3) << describe(p);
     EXPECT_NE(p.output().find("caught "), std::string::npos) << describe(p);
     EXPECT_LE(p.end - killed_at, 2 * timeout) << describe(p);
+    if (GetParam() == "auto") {
+      // shm sees the dead peer's liveness lock go, well before the timeout.
+      EXPECT_NE(p.output().find("caught NetworkError: all_reduce #"), std::string::npos)
+          << describe(p);
+      EXPECT_NE(p.output().find("exited, was killed, or destroyed the group"), std::string::npos)
+          << describe(p);
+      EXPECT_LT(p.end - killed_at, timeout / 2) << describe(p);
+    }
   }
+  EXPECT_EQ(shm_leftovers(procs), std::vector<std::string>{});
 }
 
-TEST(ProcessFailures, StoppedPeerBecomesTimeoutErrorWithinTheTimeout) {
+TEST_P(PeerFailure, StoppedPeerBecomesTimeoutErrorWithinTheTimeout) {
   const auto timeout = 4s;
   ProcessRanks procs;
-  start_loop(procs, 2, "4");
+  start_loop(procs, 2, "4", GetParam());
   auto stopped_at = Clock::now();
   kill(procs.ranks()[1].pid, SIGSTOP);
   auto& survivor = procs.ranks()[0];
@@ -217,6 +247,40 @@ TEST(ProcessFailures, StoppedPeerBecomesTimeoutErrorWithinTheTimeout) {
   EXPECT_NE(survivor.output().find("caught TimeoutError"), std::string::npos) << describe(survivor);
   EXPECT_GE(survivor.end - stopped_at, timeout / 2) << describe(survivor);
   EXPECT_LE(survivor.end - stopped_at, 2 * timeout) << describe(survivor);
+  kill(procs.ranks()[1].pid, SIGKILL);
+  procs.wait_all(10s);
+  EXPECT_EQ(shm_leftovers(procs), std::vector<std::string>{});
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, PeerFailure, ::testing::Values("auto", "gloo"));
+
+TEST(ShmCleanup, NothingLeftInDevShmAfterNormalExitOrError) {
+  {
+    ProcessRanks procs;
+    const int port = free_port();
+    for (int r = 0; r < 3; ++r) procs.spawn({kWorker, "collectives", "env://", "shm"}, rank_env(r, 3, port, "30"));
+    ASSERT_TRUE(procs.wait_all(60s));
+    for (auto& p : procs.ranks()) EXPECT_EQ(p.exit_code, 0) << describe(p);
+    EXPECT_EQ(shm_leftovers(procs), std::vector<std::string>{});
+  }
+  {
+    // An error: mismatched collectives (caught by shm itself, no DETAIL).
+    ProcessRanks procs;
+    const int port = free_port();
+    for (int r = 0; r < 2; ++r) procs.spawn({kWorker, "mismatch"}, rank_env(r, 2, port, "20"));
+    ASSERT_TRUE(procs.wait_all(60s));
+    for (auto& p : procs.ranks()) {
+      EXPECT_EQ(p.exit_code, 3) << describe(p);
+      EXPECT_NE(p.output().find("caught CollectiveMismatch: shm: ranks called different "
+                                "collectives at "),
+                std::string::npos) << describe(p);
+      EXPECT_NE(p.output().find("rank 0: all_reduce #0(Float, 8 elements, SUM)"),
+                std::string::npos) << describe(p);
+      EXPECT_NE(p.output().find("rank 1: broadcast #0(Float, 8 elements, root 0)"),
+                std::string::npos) << describe(p);
+    }
+    EXPECT_EQ(shm_leftovers(procs), std::vector<std::string>{});
+  }
 }
 
 TEST(ProcessFailures, DebugDetailFromTheEnvironmentNamesMismatchedRanks) {
