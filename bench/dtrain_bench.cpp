@@ -3,8 +3,10 @@
 //
 //   dtrain-bench ddp      [--world 2] [--steps 30] [--batch 64] [--runs 3] [--baseline PATH]
 //       MNIST convnet DDP throughput vs PyTorch's Python DDP (PATH defaults to
-//       ../shared/baselines/py_ddp_train.py), and 2-rank scaling vs one process.
+//       ../shared/baselines/py_ddp_train.py), 2-rank scaling vs one process,
+//       and dtrain's default backend (auto: shm here) vs gloo.
 //   dtrain-bench overlap  [--steps 10] [--batch 32] [--runs 3] [--layers 8] [--width 1024]
+//                         [--backend auto|shm|gloo]
 //       Deep MLP step time: compute alone, compute then communication, and DDP
 //       (overlapped); prints the share of communication hidden behind backward.
 //       --link-rate RATE (e.g. 2gbit; needs root): the two ranks run on two
@@ -118,7 +120,7 @@ double time_steps(int steps, Step&& step) {
 
 int rank_main(const std::string& mode, const Args& a) {
   torch::set_num_threads(1);
-  dtrain::init_process_group();
+  dtrain::init_process_group(dtrain::InitOptions().backend(a.get("backend", "auto")));
   const int rank = dtrain::get_rank(), world = dtrain::get_world_size();
   const int steps = a.num("steps", 30), batch = a.num("batch", 64);
   torch::manual_seed(0);
@@ -199,24 +201,32 @@ int bench_ddp(const Args& a) {
   const std::string baseline = a.get("baseline", "../shared/baselines/py_ddp_train.py");
   Args rank_args;
   rank_args.flags = {{"steps", std::to_string(steps)}, {"batch", std::to_string(batch)}};
-  std::vector<double> py, ours, single, ratio, scaling;
-  std::printf("%-4s %14s %14s %14s %10s %10s\n", "run", "pytorch_ddp/s", "dtrain_ddp/s",
-              "dtrain_1proc/s", "ratio", "scaling");
+  auto with_backend = [&](const std::string& backend) {
+    Args b = rank_args;
+    b.flags["backend"] = backend;
+    return b;
+  };
+  std::vector<double> ratio, scaling, vs_gloo;
+  std::printf("%-4s %14s %14s %14s %14s %10s %10s %10s\n", "run", "pytorch_ddp/s",
+              "dtrain_auto/s", "dtrain_gloo/s", "dtrain_1proc/s", "ratio", "scaling",
+              "auto/gloo");
   for (int r = 0; r < runs; ++r) {
     const double p = field(capture("/usr/bin/python3 " + baseline + " " + std::to_string(world) +
                                    " " + std::to_string(steps) + " " + std::to_string(batch) +
                                    " 2>/dev/null"),
                            "samples_per_s");
-    const double d = field(run_ranks(world, "ddp", rank_args), "samples_per_s");
+    const double d = field(run_ranks(world, "ddp", with_backend("auto")), "samples_per_s");
+    const double g = field(run_ranks(world, "ddp", with_backend("gloo")), "samples_per_s");
     const double s = field(run_ranks(1, "local", rank_args), "samples_per_s");
-    py.push_back(p), ours.push_back(d), single.push_back(s);
-    ratio.push_back(d / p), scaling.push_back(d / (world * s));
-    std::printf("%-4d %14.1f %14.1f %14.1f %10.3f %10.3f\n", r, p, d, s, d / p, d / (world * s));
+    ratio.push_back(d / p), scaling.push_back(d / (world * s)), vs_gloo.push_back(d / g);
+    std::printf("%-4d %14.1f %14.1f %14.1f %14.1f %10.3f %10.3f %10.3f\n", r, p, d, g, s, d / p,
+                d / (world * s), d / g);
     std::fflush(stdout);
   }
-  std::printf("median: dtrain/pytorch DDP samples/s = %.3f, %d-rank scaling efficiency = %.3f "
-              "(world %d, batch %d/rank, %d steps, 1 thread/rank)\n",
-              median(ratio), world, median(scaling), world, batch, steps);
+  std::printf("median: dtrain (auto: shm on one machine) / pytorch DDP samples/s = %.3f, %d-rank "
+              "scaling efficiency = %.3f, dtrain auto / dtrain gloo = %.3f (world %d, batch "
+              "%d/rank, %d steps, 1 thread/rank)\n",
+              median(ratio), world, median(scaling), median(vs_gloo), world, batch, steps);
   return 0;
 }
 
@@ -226,7 +236,8 @@ int bench_overlap(const Args& a) {
   rank_args.flags = {{"steps", a.get("steps", "10")}, {"batch", a.get("batch", "8")},
                      {"layers", a.get("layers", "8")}, {"width", a.get("width", "1024")},
                      {"bucket_cap_mb", a.get("bucket_cap_mb", "25")},
-                     {"pin-compute", a.get("pin-compute", "0")}};
+                     {"pin-compute", a.get("pin-compute", "0")},
+                     {"backend", a.get("backend", "auto")}};
   std::unique_ptr<ShapedLink> link;
   const std::string rate = a.get("link-rate", "");
   if (!rate.empty()) link = std::make_unique<ShapedLink>(rate);
@@ -253,7 +264,8 @@ int bench_overlap(const Args& a) {
               c, s, o, 100 * hidden, 100 * median(stat), rank_args.get("layers", "").c_str(),
               rank_args.get("width", "").c_str(), rank_args.get("batch", "").c_str(),
               rank_args.get("bucket_cap_mb", "").c_str(),
-              rate.empty() ? "loopback TCP" : ("two netns hosts, link shaped to " + rate).c_str());
+              (rate.empty() ? "one machine, backend " + rank_args.get("backend", "")
+                            : "two netns hosts, link shaped to " + rate).c_str());
   return 0;
 }
 

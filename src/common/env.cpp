@@ -41,7 +41,7 @@ const Var kTty{"DTRAIN_TTY", "0",
                "Set to 1 by dtrain-run for workers whose output it shows on a terminal, so "
                "console_is_terminal() can choose a live progress bar."};
 
-const Var kShmChunkBytes{"DTRAIN_SHM_CHUNK_BYTES", "262144",
+const Var kShmChunkBytes{"DTRAIN_SHM_CHUNK_BYTES", "131072",
                           "Bytes each rank of an shm group moves per step (its slot holds "
                           "two); read by group rank 0 when the group is created."};
 

@@ -43,15 +43,20 @@ struct Layout {
 };
 
 // A piece of `count` elements split into one region per rank, each a whole
-// number of cache lines where the element size allows.
+// number of cache lines where the element size allows. In a slot, region j
+// always starts at j * stride (the region length of a full piece), whatever
+// this piece's length: successive pieces then never move a region over
+// another rank's, which the pipelined all_reduce relies on.
 struct Regions {
-  size_t count, len;
-  Regions(size_t count_, int n, size_t elem) : count(count_) {
+  size_t count, len, stride;
+  Regions(size_t count_, int n, size_t elem, size_t stride_ = 0) : count(count_) {
     const size_t align = std::max<size_t>(1, kLine / elem);
     len = round_up((count + n - 1) / n, align);
+    stride = stride_ ? stride_ : len;
   }
   size_t begin(int j) const { return std::min(count, j * len); }
   size_t size(int j) const { return std::min(count, (j + 1) * len) - begin(j); }
+  size_t slot_begin(int j) const { return j * stride; }
 };
 
 uint8_t* bytes(const at::Tensor& t) { return static_cast<uint8_t*>(t.data_ptr()); }
@@ -149,7 +154,8 @@ void ShmProcessGroup::attach(Store& store) {
   if (rank() == 0) {
     remove_stale_segments();
     half_bytes_ = static_cast<size_t>(*env::get_int(env::kShmChunkBytes, 4096, 1LL << 30));
-    half_bytes_ = round_up(half_bytes_, 4096);
+    // At least a cache line per rank and element, so a piece always splits.
+    half_bytes_ = round_up(std::max<size_t>(half_bytes_, size_t(n) * kLine), 4096);
     segment_ = Segment::create(Layout(n, half_bytes_).total);
     auto* header = static_cast<Header*>(segment_.data());
     header->size = static_cast<uint32_t>(n);
@@ -258,28 +264,49 @@ void ShmProcessGroup::all_reduce_now(Step& step, const at::Tensor& tensor, Reduc
   const int n = size(), me = rank();
   const size_t elem = tensor.element_size();
   const size_t count = tensor.numel();
-  const size_t piece = half_bytes_ / elem;
+  const size_t align = std::max<size_t>(1, kLine / elem);
+  const size_t stride = half_bytes_ / elem / n / align * align;  // >= align (see attach)
+  const size_t piece = stride * n;
+  const size_t pieces = std::max<size_t>(1, (count + piece - 1) / piece);
   DTRAIN_SHM_STAMP(step, &tensor, tensor.numel(), -1, static_cast<int>(op));
   std::vector<const void*> srcs(n);
-  for (size_t off = 0; off == 0 || off < count; off += piece) {
-    const Regions rg(std::min(piece, count - std::min(off, count)), n, elem);
-    const int h = step.next_half();
-    uint8_t* mine = slot(me, h);
-    uint8_t* src = bytes(tensor) + off * elem;
-    // Reduce-scatter: hand the others the parts they reduce...
-    for (int j = 0; j < n; ++j)
-      if (j != me) std::memcpy(mine + rg.begin(j) * elem, src + rg.begin(j) * elem, rg.size(j) * elem);
-    step.sync();
-    // ...reduce my part from every slot and my own tensor...
-    const size_t b = rg.begin(me) * elem;
-    for (int j = 0; j < n; ++j) srcs[j] = j == me ? src + b : slot(j, h) + b;
-    reduce_into(tensor.scalar_type(), op, mine + b, src + b, srcs.data(), n, rg.size(me), n);
-    step.sync();
-    // ...all-gather: take the others' results.
+  // Piece k lives in slot half (first + k) % 2, alternating as in every
+  // collective. Pipelined: while piece k is reduced, piece k+1 is already
+  // copied in, so each piece costs one barrier (plus one to start).
+  const uint64_t first = pieces_;
+  pieces_ += pieces;
+  auto half_of = [&](size_t k) { return static_cast<int>((first + k) & 1); };
+  auto at = [&](size_t k) {
+    const size_t off = k * piece;
+    return std::make_pair(Regions(std::min(piece, count - std::min(off, count)), n, elem, stride),
+                          bytes(tensor) + off * elem);
+  };
+  // Reduce-scatter: hand the others the parts of piece k they reduce.
+  auto copy_in = [&](size_t k) {
+    const auto [rg, src] = at(k);
+    uint8_t* mine = slot(me, half_of(k));
     for (int j = 0; j < n; ++j)
       if (j != me)
-        std::memcpy(src + rg.begin(j) * elem, slot(j, h) + rg.begin(j) * elem, rg.size(j) * elem);
-    if (count == 0) break;
+        std::memcpy(mine + rg.slot_begin(j) * elem, src + rg.begin(j) * elem, rg.size(j) * elem);
+  };
+  copy_in(0);
+  step.sync();
+  for (size_t k = 0; k < pieces; ++k) {
+    if (k + 1 < pieces) copy_in(k + 1);
+    // Reduce my part of piece k from every slot and my own tensor, into my
+    // tensor and my slot...
+    const auto [rg, src] = at(k);
+    const int h = half_of(k);
+    const size_t b = rg.begin(me) * elem, sb = rg.slot_begin(me) * elem;
+    for (int j = 0; j < n; ++j) srcs[j] = j == me ? src + b : slot(j, h) + sb;
+    reduce_into(tensor.scalar_type(), op, slot(me, h) + sb, src + b, srcs.data(), n, rg.size(me),
+                n);
+    step.sync();
+    // ...then all-gather: take the others' results.
+    for (int j = 0; j < n; ++j)
+      if (j != me)
+        std::memcpy(src + rg.begin(j) * elem, slot(j, h) + rg.slot_begin(j) * elem,
+                    rg.size(j) * elem);
   }
 }
 
