@@ -61,6 +61,12 @@ Segment Segment::create(size_t bytes) {
   if (::ftruncate(s.fd_, static_cast<off_t>(bytes)) != 0)
     throw Error(detail::cat("shm: cannot size /dev/shm", s.name_, " to ", bytes, " bytes: ",
                             errno_text(), " (is /dev/shm large enough? see `df -h /dev/shm`)"));
+  // Reserve the pages now: on a full tmpfs a first touch would be SIGBUS.
+  if (int rc = ::posix_fallocate(s.fd_, 0, static_cast<off_t>(bytes)); rc != 0)
+    throw Error(detail::cat("shm: cannot reserve ", bytes, " bytes in /dev/shm for ", s.name_,
+                            ": ", std::strerror(rc),
+                            " (is /dev/shm large enough? see `df -h /dev/shm`, or lower "
+                            "DTRAIN_SHM_CHUNK_BYTES)"));
   s.data_ = map(s.fd_, bytes, s.name_);
   return s;
 }
