@@ -12,7 +12,7 @@ packages=(
   libcli11-dev      # launcher flags
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch     # PyTorch's torchrun and the Python baselines
-  openmpi-bin       # mpirun, to test that dtrain programs run under it
+  openmpi-bin libopenmpi-dev  # the mpi backend, and mpirun to test it
   iproute2          # network namespaces for the multi-host test
   gnuplot-nox fonts-liberation  # the training example's PNG plot
 )

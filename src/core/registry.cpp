@@ -7,6 +7,9 @@
 #include "backends/gloo/backend.h"
 #include "backends/hierarchical/backend.h"
 #include "backends/shm/backend.h"
+#ifdef DTRAIN_WITH_MPI
+#include "backends/mpi/backend.h"
+#endif
 #include "common/enforce.h"
 #include "dtrain/distributed.h"
 #include "dtrain/errors.h"
@@ -34,7 +37,16 @@ Registry& registry() {
     };
     reg->factories["auto"] = hierarchical::create_auto_group;
     reg->missing["nccl"] = "dtrain was built without CUDA (NCCL needs a CUDA-enabled libtorch)";
-    reg->missing["mpi"] = "dtrain was built without MPI";
+#ifdef DTRAIN_WITH_MPI
+    reg->factories["mpi"] = [](std::shared_ptr<Store>, int rank, int size,
+                               const GroupOptions& options) {
+      return std::make_shared<mpi_backend::MpiProcessGroup>(rank, size, options);
+    };
+#else
+    reg->missing["mpi"] =
+        "dtrain was built without MPI (install an MPI library, e.g. Debian's libopenmpi-dev, "
+        "and rebuild)";
+#endif
     return reg;
   }();
   return *r;

@@ -131,14 +131,17 @@ Rendezvous resolve_rendezvous_inputs(const InitOptions& options) {
   DTRAIN_CHECK_ARG(r.rank < r.world_size, "rank ", r.rank, " is out of range for world size ",
                    r.world_size, " (expected 0..", r.world_size - 1,
                    "); check RANK and WORLD_SIZE");
-  if (options.timeout()) {
-    r.timeout = *options.timeout();
-    DTRAIN_CHECK_ARG(r.timeout.count() > 0, "InitOptions::timeout must be positive, got ",
-                     r.timeout.count(), " ms");
-  } else {
-    r.timeout = std::chrono::seconds(*env::get_int(env::kTimeout, 1, 365LL * 24 * 3600));
-  }
+  r.timeout = resolve_timeout(options);
   return r;
+}
+
+std::chrono::milliseconds resolve_timeout(const InitOptions& options) {
+  if (options.timeout()) {
+    DTRAIN_CHECK_ARG(options.timeout()->count() > 0, "InitOptions::timeout must be positive, got ",
+                     options.timeout()->count(), " ms");
+    return *options.timeout();
+  }
+  return std::chrono::seconds(*env::get_int(env::kTimeout, 1, 365LL * 24 * 3600));
 }
 
 Rendezvous rendezvous(const InitOptions& options) {

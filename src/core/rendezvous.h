@@ -20,6 +20,8 @@ struct Rendezvous {
   std::string local_address;
 };
 
+// InitOptions().timeout, else DTRAIN_TIMEOUT.
+std::chrono::milliseconds resolve_timeout(const InitOptions& options);
 // Resolves rank/world/timeout from options and environment (no I/O).
 Rendezvous resolve_rendezvous_inputs(const InitOptions& options);
 // Connects the store and waits until every rank has joined.

@@ -5,11 +5,16 @@
 #include <algorithm>
 #include <mutex>
 #include <set>
+#include <tuple>
 
 #include "common/enforce.h"
 #include "core/rendezvous.h"
 #include "dtrain/distributed.h"
+#include "dtrain/store/hash_store.h"
 #include "dtrain/store/prefix_store.h"
+#ifdef DTRAIN_WITH_MPI
+#include "backends/mpi/backend.h"
+#endif
 
 namespace dtrain {
 namespace {
@@ -78,7 +83,25 @@ void init_process_group(const InitOptions& options) {
   DTRAIN_CHECK_ARG(!w.group,
                    "init_process_group: the default process group is already initialized; call "
                    "destroy_process_group() first");
-  auto r = rendezvous(options);
+  Rendezvous r;
+  if (options.backend() == "mpi" && !options.store()) {
+    // MPI needs no store: rank and size come from mpirun. The group's store
+    // is a process-local one (new_group and user keys still work locally).
+#ifdef DTRAIN_WITH_MPI
+    std::tie(r.rank, r.world_size) = mpi_backend::mpi_world();
+#else
+    r.rank = 0, r.world_size = 1;  // create_process_group explains the missing backend
+#endif
+    DTRAIN_CHECK_ARG(options.rank() < 0 || options.rank() == r.rank, "init_process_group: rank ",
+                     options.rank(), " was given, but MPI has this process as rank ", r.rank);
+    DTRAIN_CHECK_ARG(options.world_size() < 0 || options.world_size() == r.world_size,
+                     "init_process_group: world_size ", options.world_size(),
+                     " was given, but MPI's world has ", r.world_size, " processes");
+    r.timeout = resolve_timeout(options);
+    r.store = std::make_shared<HashStore>(r.timeout);
+  } else {
+    r = rendezvous(options);
+  }
   auto group = create_process_group(
       options.backend(), std::make_shared<PrefixStore>("default", r.store), r.rank, r.world_size,
       GroupOptions().name("default").timeout(r.timeout).local_address(r.local_address));

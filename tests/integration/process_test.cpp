@@ -363,6 +363,41 @@ TEST(Mpirun, TwoRanksRunUnchanged) {
     EXPECT_NE(p.output().find("rank " + std::to_string(r) + " ok"), std::string::npos) << describe(p);
 }
 
+// The mpi backend: rank and world from mpirun itself (no MASTER_ADDR).
+class MpiBackend : public ::testing::TestWithParam<int> {
+ protected:
+  RankProcess& mpirun(ProcessRanks& procs, const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {MPIRUN_EXECUTABLE, "-np", std::to_string(GetParam()),
+                                     "--allow-run-as-root", "--oversubscribe", "-x",
+                                     "DTRAIN_TIMEOUT=60", kWorker};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return procs.spawn(argv, {{"OMPI_MCA_plm_rsh_agent", ""}});
+  }
+};
+
+TEST_P(MpiBackend, EveryCollectiveAndDtypeIsExact) {
+  ProcessRanks procs;
+  auto& p = mpirun(procs, {"matrix", "mpi"});
+  ASSERT_TRUE(procs.wait(p, Clock::now() + 180s)) << "mpirun did not finish: " << p.output();
+  EXPECT_EQ(p.exit_code, 0) << describe(p);
+  for (int r = 0; r < GetParam(); ++r)
+    EXPECT_NE(p.output().find("rank " + std::to_string(r) + " matrix ok on mpi"),
+              std::string::npos) << describe(p);
+}
+
+TEST_P(MpiBackend, DdpMatchesSingleProcessTraining) {
+  ProcessRanks procs;
+  auto& p = mpirun(procs, {"ddp-equivalence", "mpi"});
+  ASSERT_TRUE(procs.wait(p, Clock::now() + 120s)) << "mpirun did not finish: " << p.output();
+  EXPECT_EQ(p.exit_code, 0) << describe(p);
+  for (int r = 0; r < GetParam(); ++r)
+    EXPECT_NE(p.output().find("rank " + std::to_string(r) +
+                              " ddp matches single-process training on mpi"),
+              std::string::npos) << describe(p);
+}
+
+INSTANTIATE_TEST_SUITE_P(World, MpiBackend, ::testing::Values(2, 3, 4));
+
 INSTANTIATE_TEST_SUITE_P(Rendezvous, Torchrun, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "Standalone" : "AgentStore"; });
 
