@@ -70,6 +70,7 @@ int check_every_collective(int rank, int world) {
   dtrain::all_to_all(got, parts);
   for (int j = 0; j < world; ++j)
     if (!at::equal(got[j], at::full({4}, 10 * j + rank, at::kLong))) return fail("all_to_all");
+  if (world == 1) return 0;  // no peer for point to point
   const int next = (rank + 1) % world, prev = (rank + world - 1) % world;
   auto incoming = at::empty({9}, at::kFloat);
   auto recv = dtrain::irecv(incoming, prev);

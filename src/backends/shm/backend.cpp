@@ -140,8 +140,16 @@ void ShmProcessGroup::attach(Store& store) {
   store.set(detail::cat("shm/node/", rank()), node_key());
   std::vector<std::string> keys;
   for (int r = 0; r < n; ++r) keys.push_back(store.get_string(detail::cat("shm/node/", r)));
+  store.set(detail::cat("shm/node_read/", rank()), "1");
   const auto nodes = group_by_node(keys);
   if (nodes.size() > 1) {
+    // Every rank fails the same way; rank 0, which often hosts the store,
+    // leaves last so that nobody is cut off in the middle of reading.
+    if (rank() == 0) {
+      std::vector<std::string> read;
+      for (int r = 0; r < n; ++r) read.push_back(detail::cat("shm/node_read/", r));
+      store.wait(read);
+    }
     std::vector<std::string> parts;
     for (const auto& node : nodes) parts.push_back("ranks " + detail::join(node, ","));
     throw BackendUnavailable(detail::cat(
