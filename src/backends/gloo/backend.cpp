@@ -19,6 +19,7 @@
 #include "backends/gloo/reduce_ops.h"
 #include "backends/gloo/store_adapter.h"
 #include "common/enforce.h"
+#include "core/average.h"
 #include "common/logging.h"
 
 namespace dtrain::gloo_backend {
@@ -65,13 +66,6 @@ std::exception_ptr translate(const std::string& what, std::exception_ptr error) 
   }
 }
 
-void divide_for_average(at::Tensor& t, int size) {
-  if (at::isFloatingType(t.scalar_type())) {
-    t.div_(size);
-  } else {
-    t.copy_(t.div(size, "trunc"));
-  }
-}
 
 std::shared_ptr<::gloo::transport::Device> make_device(const GroupOptions& options) {
   ::gloo::transport::tcp::attr attr;

@@ -9,6 +9,7 @@
 #include "backends/shm/backend.h"
 #include "backends/shm/node.h"
 #include "common/enforce.h"
+#include "core/average.h"
 #include "common/logging.h"
 #include "dtrain/store/prefix_store.h"
 
@@ -25,13 +26,6 @@ std::vector<std::vector<int>> locate_ranks(Store& store, int rank, int size) {
   return shm::group_by_node(keys);
 }
 
-void divide_for_average(at::Tensor& t, int size) {
-  if (at::isFloatingType(t.scalar_type())) {
-    t.div_(size);
-  } else {
-    t.copy_(t.div(size, "trunc"));
-  }
-}
 
 }  // namespace
 

@@ -12,6 +12,7 @@
 
 #include <memory>
 
+#include "core/backend_hooks.h"
 #include "core/serial_executor.h"
 #include "dtrain/process_group.h"
 
@@ -31,22 +32,7 @@ class HierarchicalProcessGroup final : public ProcessGroup {
   bool supports(c10::DeviceType type) const override { return type == c10::DeviceType::CPU; }
 
  protected:
-  WorkPtr do_all_reduce(const Call& call, at::Tensor tensor, ReduceOp op) override;
-  WorkPtr do_broadcast(const Call& call, at::Tensor tensor, int root) override;
-  WorkPtr do_reduce(const Call& call, at::Tensor tensor, int root, ReduceOp op) override;
-  WorkPtr do_all_gather(const Call& call, std::vector<at::Tensor> outputs,
-                        at::Tensor input) override;
-  WorkPtr do_gather(const Call& call, std::vector<at::Tensor> outputs, at::Tensor input,
-                    int root) override;
-  WorkPtr do_scatter(const Call& call, at::Tensor output, std::vector<at::Tensor> inputs,
-                     int root) override;
-  WorkPtr do_reduce_scatter(const Call& call, at::Tensor output, std::vector<at::Tensor> inputs,
-                            ReduceOp op) override;
-  WorkPtr do_all_to_all(const Call& call, std::vector<at::Tensor> outputs,
-                        std::vector<at::Tensor> inputs) override;
-  WorkPtr do_barrier(const Call& call) override;
-  WorkPtr do_send(const Call& call, at::Tensor tensor, int dst, int tag) override;
-  WorkPtr do_recv(const Call& call, at::Tensor tensor, int src, int tag) override;
+  DTRAIN_PROCESS_GROUP_HOOKS
 
  private:
   // Runs `body` in issue order on the group thread; it gets the time left.

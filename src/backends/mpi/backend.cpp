@@ -9,6 +9,7 @@
 
 #include "backends/mpi/runtime.h"
 #include "common/enforce.h"
+#include "core/average.h"
 #include "common/logging.h"
 
 namespace dtrain::mpi_backend {
@@ -42,13 +43,6 @@ int count_of(const at::Tensor& t, const std::string& what) {
   return static_cast<int>(t.numel());
 }
 
-void divide_for_average(const at::Tensor& t, int size) {
-  if (at::isFloatingType(t.scalar_type())) {
-    t.div_(size);
-  } else {
-    t.copy_(t.div(size, "trunc"));
-  }
-}
 
 at::Tensor concat(const std::vector<at::Tensor>& parts) {
   std::vector<at::Tensor> flat;
