@@ -100,6 +100,26 @@ TEST(Shm, EveryCollectiveAcrossManySmallPieces) {
   }
 }
 
+TEST(Shm, LargeMisalignedAllReduceIsExactAndStaysInItsView) {
+  // Larger than the caches, an odd length, at an address that is not
+  // 16-byte aligned (vector head and tail); the elements around the view
+  // stay untouched.
+  for (int W : {2, 3}) {
+    expect_no_errors(run_shm(W, [&](ProcessGroup& g) {
+      const int64_t n = 6'000'001;
+      auto base = at::full({n + 2}, -7.0f);
+      auto view = base.narrow(0, 1, n);
+      view.copy_(values(g.rank(), n, at::kFloat));
+      g.all_reduce(view, ReduceOp::SUM)->wait();
+      auto want = values(0, n, at::kDouble);
+      for (int r = 1; r < W; ++r) want = want + values(r, n, at::kDouble);
+      EXPECT_TRUE(at::equal(view, want.to(at::kFloat))) << "world " << W;
+      EXPECT_EQ(base[0].item<float>(), -7.0f);
+      EXPECT_EQ(base[n + 1].item<float>(), -7.0f);
+    }));
+  }
+}
+
 TEST(Shm, MismatchedCollectivesAreCaughtWithoutDebugAndTheGroupStaysUsable) {
   auto errors = run_shm(2, [](ProcessGroup& g) {
     auto t = at::ones({8});
