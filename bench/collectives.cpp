@@ -280,8 +280,11 @@ void compare_with_baseline(const Args& a, at::ScalarType dt, ReduceOp redop) {
                 mc, median(memcpy_big_runs));
     std::printf("goal all_reduce busbw at 16 MiB >= 4x gloo: %.2fx -> %s\n", median(bw_ratio[big]),
                 median(bw_ratio[big]) >= 4 ? "met" : "NOT met");
-    std::printf("goal all_reduce busbw at 16 MiB >= 50%% of memcpy: %.0f%% -> %s\n",
-                100 * median(ours_bw[big]) / mc, median(ours_bw[big]) >= 0.5 * mc ? "met" : "NOT met");
+    const double big_mc = median(memcpy_big_runs), bw = median(ours_bw[big]);
+    std::printf("goal all_reduce busbw at 16 MiB >= 50%% of memcpy: %.0f%% of the 16 MiB memcpy "
+                "(cache-hot) -> %s; %.0f%% of the 256 MiB memcpy (memory) -> %s\n",
+                100 * bw / mc, bw >= 0.5 * mc ? "met" : "NOT met", 100 * bw / big_mc,
+                bw >= 0.5 * big_mc ? "met" : "NOT met");
     std::printf("goal 4 KiB all_reduce latency <= 1/20 of gloo: 1/%.1f -> %s\n",
                 median(lat_ratio[small]), median(lat_ratio[small]) >= 20 ? "met" : "NOT met");
   }
