@@ -131,8 +131,17 @@ TEST(Shm, MismatchedCollectivesAreCaughtWithoutDebugAndTheGroupStaysUsable) {
       EXPECT_TRUE(Contains(e.what(), "rank 0: all_reduce #0(Float, 8 elements, SUM)"));
       EXPECT_TRUE(Contains(e.what(), "rank 1: broadcast #0(Float, 8 elements, root 0)"));
     }
-    // Sizes that differ are a mismatch too.
+    // Sizes that differ are a mismatch too, also when one spans many chunks.
     EXPECT_THROW(g.all_reduce(at::ones({g.rank() + 1}))->wait(), CollectiveMismatch);
+    EXPECT_THROW(g.all_reduce(at::ones({g.rank() == 0 ? 10 : 100000}))->wait(),
+                 CollectiveMismatch);
+    // ...and the ranks still agree on the shared buffers afterwards.
+    auto big = at::full({300001}, g.rank() + 1.0);
+    g.all_reduce(big)->wait();
+    EXPECT_TRUE(at::equal(big, at::full({300001}, 3.0)));
+    auto b = at::full({300001}, g.rank() == 1 ? 5.0 : 0.0);
+    g.broadcast(b, 1)->wait();
+    EXPECT_TRUE(at::equal(b, at::full({300001}, 5.0)));
     auto after = at::full({1000}, g.rank() + 1.0);
     g.all_reduce(after)->wait();
     EXPECT_TRUE(at::equal(after, at::full({1000}, 3.0)));

@@ -281,8 +281,11 @@ void ShmProcessGroup::all_reduce_now(Step& step, const at::Tensor& tensor, Reduc
   // Piece k lives in slot half (first + k) % 2, alternating as in every
   // collective. Pipelined: while piece k is reduced, piece k+1 is already
   // copied in, so each piece costs one barrier (plus one to start).
+  // pieces_ moves past the later pieces only once the first barrier has
+  // shown that every rank has the same count: after a mismatch all ranks
+  // must agree on the next half.
   const uint64_t first = pieces_;
-  pieces_ += pieces;
+  pieces_ = first + 1;
   auto half_of = [&](size_t k) { return static_cast<int>((first + k) & 1); };
   auto at = [&](size_t k) {
     const size_t off = k * piece;
@@ -299,6 +302,7 @@ void ShmProcessGroup::all_reduce_now(Step& step, const at::Tensor& tensor, Reduc
   };
   copy_in(0);
   step.sync();
+  pieces_ = first + pieces;
   for (size_t k = 0; k < pieces; ++k) {
     if (k + 1 < pieces) copy_in(k + 1);
     // Reduce my part of piece k from every slot and my own tensor, into my
