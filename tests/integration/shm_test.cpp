@@ -122,6 +122,19 @@ TEST(Shm, LargeMisalignedAllReduceIsExactAndStaysInItsView) {
 
 TEST(Shm, MismatchedCollectivesAreCaughtWithoutDebugAndTheGroupStaysUsable) {
   auto errors = run_shm(2, [](ProcessGroup& g) {
+    // After each mismatch the ranks must still agree on the shared buffers:
+    // a multi-chunk all_reduce and broadcast come out exact.
+    // (New values each time, so stale data in the wrong half cannot pass.)
+    double round = 0;
+    auto still_agree = [&](const char* after) {
+      round += 1;
+      auto big = at::full({300001}, (g.rank() + 1.0) * round);
+      g.all_reduce(big)->wait();
+      EXPECT_TRUE(at::equal(big, at::full({300001}, 3.0 * round))) << "all_reduce after " << after;
+      auto b = at::full({300001}, g.rank() == 1 ? 5.0 * round : 0.0);
+      g.broadcast(b, 1)->wait();
+      EXPECT_TRUE(at::equal(b, at::full({300001}, 5.0 * round))) << "broadcast after " << after;
+    };
     auto t = at::ones({8});
     try {
       if (g.rank() == 0) g.all_reduce(t)->wait();
@@ -131,20 +144,20 @@ TEST(Shm, MismatchedCollectivesAreCaughtWithoutDebugAndTheGroupStaysUsable) {
       EXPECT_TRUE(Contains(e.what(), "rank 0: all_reduce #0(Float, 8 elements, SUM)"));
       EXPECT_TRUE(Contains(e.what(), "rank 1: broadcast #0(Float, 8 elements, root 0)"));
     }
+    still_agree("all_reduce against broadcast");
     // Sizes that differ are a mismatch too, also when one spans many chunks.
     EXPECT_THROW(g.all_reduce(at::ones({g.rank() + 1}))->wait(), CollectiveMismatch);
     EXPECT_THROW(g.all_reduce(at::ones({g.rank() == 0 ? 10 : 100000}))->wait(),
                  CollectiveMismatch);
-    // ...and the ranks still agree on the shared buffers afterwards.
-    auto big = at::full({300001}, g.rank() + 1.0);
-    g.all_reduce(big)->wait();
-    EXPECT_TRUE(at::equal(big, at::full({300001}, 3.0)));
-    auto b = at::full({300001}, g.rank() == 1 ? 5.0 : 0.0);
-    g.broadcast(b, 1)->wait();
-    EXPECT_TRUE(at::equal(b, at::full({300001}, 5.0)));
-    auto after = at::full({1000}, g.rank() + 1.0);
-    g.all_reduce(after)->wait();
-    EXPECT_TRUE(at::equal(after, at::full({1000}, 3.0)));
+    still_agree("all_reduce of different sizes");
+    EXPECT_THROW((g.rank() == 0 ? g.all_reduce(at::ones({100000})) : g.barrier())->wait(),
+                 CollectiveMismatch);
+    still_agree("all_reduce against barrier");
+    std::vector<at::Tensor> two = {at::ones({3}), at::ones({3})};
+    EXPECT_THROW(
+        (g.rank() == 0 ? g.all_to_all(two, two) : g.broadcast(at::ones({100000}), 0))->wait(),
+        CollectiveMismatch);
+    still_agree("all_to_all against broadcast");
   });
   expect_no_errors(errors);
 }

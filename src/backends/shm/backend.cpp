@@ -94,6 +94,9 @@ struct ShmProcessGroup::Step {
   PhaseBarrier::Clock::time_point deadline;
   bool checked = false;
 
+  // Every collective takes exactly one half before its first barrier, so
+  // that after a mismatch (raised at that barrier) all ranks still agree on
+  // which half comes next.
   int next_half() { return static_cast<int>(group.pieces_++ & 1); }
 
   void sync() {
@@ -370,6 +373,7 @@ void ShmProcessGroup::all_to_all_now(Step& step, const std::vector<at::Tensor>& 
                                      const std::vector<at::Tensor>& inputs) {
   const int n = size(), me = rank();
   DTRAIN_SHM_STAMP(step, &inputs[0], -1, -1, -1);
+  step.next_half();  // every collective takes one half before its first barrier
   // Publish what I send to and expect from each peer, then check the whole
   // matrix, so that every rank reports the same mismatch.
   int64_t* sends = exchange_table(step.call.seq);  // [from][to]
@@ -496,6 +500,7 @@ WorkPtr ShmProcessGroup::do_all_to_all(const Call& call, std::vector<at::Tensor>
 WorkPtr ShmProcessGroup::do_barrier(const Call& call) {
   return enqueue(call, [this](Step& s) {
     DTRAIN_SHM_STAMP(s, nullptr, 0, -1, -1);
+    s.next_half();  // every collective takes one half before its first barrier
     s.sync();
   });
 }
