@@ -162,6 +162,27 @@ TEST(Shm, MismatchedCollectivesAreCaughtWithoutDebugAndTheGroupStaysUsable) {
   expect_no_errors(errors);
 }
 
+TEST(Shm, DebugDetailFingerprintsDoNotDisturbTheStamps) {
+  // DTRAIN_DEBUG=DETAIL runs a fingerprint all_gather under each call's
+  // sequence number just before it: many matching calls must pass.
+  expect_no_errors(testing::run_ranks(
+      3,
+      [](ProcessGroup& g) {
+        for (int k = 0; k < 150; ++k) {
+          auto t = at::full({1 + 97 * (k % 5)}, double(g.rank()));
+          g.all_reduce(t, ReduceOp::MAX)->wait();
+          EXPECT_TRUE(at::equal(t, at::full({1 + 97 * (k % 5)}, 2.0)));
+          if (k % 7 == 0) g.barrier()->wait();
+          if (k % 11 == 0) {
+            std::vector<at::Tensor> in(3, at::ones({2})), out(3, at::zeros({2}));
+            for (auto& o : out) o = at::zeros({2});
+            g.all_to_all(out, in)->wait();
+          }
+        }
+      },
+      30s, GroupOptions().check_collectives(true), "shm"));
+}
+
 TEST(Shm, AllToAllSizeDisagreementIsNamedOnEveryRank) {
   auto errors = run_shm(2, [](ProcessGroup& g) {
     // Rank 1 expects 5 elements from rank 0, which sends 4.

@@ -92,6 +92,10 @@ struct ShmProcessGroup::Step {
   const Call& call;
   Stamp stamp;
   PhaseBarrier::Clock::time_point deadline;
+  // Which of the two stamp and exchange-table slots this collective uses:
+  // counted here, not taken from call.seq, because DTRAIN_DEBUG=DETAIL runs
+  // a fingerprint all_gather under the same seq right before the call.
+  uint64_t index = group.collectives_run_++;
   bool checked = false;
 
   // Every collective takes exactly one half before its first barrier, so
@@ -107,7 +111,7 @@ struct ShmProcessGroup::Step {
   void check() {
     checked = true;
     const int n = group.size();
-    auto of = [&](int r) -> const Stamp& { return group.stamps_[2 * r + call.seq % 2]; };
+    auto of = [&](int r) -> const Stamp& { return group.stamps_[2 * r + index % 2]; };
     bool same = true;
     for (int r = 0; r < n; ++r) same = same && of(r).same(stamp);
     if (same) return;
@@ -207,9 +211,9 @@ uint8_t* ShmProcessGroup::slot(int r, int half) const {
   return data_ + (static_cast<size_t>(r) * 2 + half) * half_bytes_;
 }
 
-int64_t* ShmProcessGroup::exchange_table(uint64_t seq) const {
+int64_t* ShmProcessGroup::exchange_table(uint64_t index) const {
   const size_t n = size();
-  return tables_ + (seq % 2) * 2 * n * n;
+  return tables_ + (index % 2) * 2 * n * n;
 }
 
 WorkPtr ShmProcessGroup::enqueue(const Call& call, std::function<void(Step&)> body) {
@@ -268,7 +272,7 @@ void write_stamp(Stamp& dst, Stamp& kept, uint64_t seq, const char* op, const at
 }  // namespace
 
 #define DTRAIN_SHM_STAMP(step, tensor, count, root, reduce_op)                                 \
-  write_stamp(stamps_[2 * rank() + (step).call.seq % 2], (step).stamp, (step).call.seq,        \
+  write_stamp(stamps_[2 * rank() + (step).index % 2], (step).stamp, (step).call.seq,           \
               (step).call.op, tensor, count, root, reduce_op)
 
 void ShmProcessGroup::all_reduce_now(Step& step, const at::Tensor& tensor, ReduceOp op) {
@@ -376,7 +380,7 @@ void ShmProcessGroup::all_to_all_now(Step& step, const std::vector<at::Tensor>& 
   step.next_half();  // every collective takes one half before its first barrier
   // Publish what I send to and expect from each peer, then check the whole
   // matrix, so that every rank reports the same mismatch.
-  int64_t* sends = exchange_table(step.call.seq);  // [from][to]
+  int64_t* sends = exchange_table(step.index);  // [from][to]
   int64_t* expects = sends + n * n;                // [at][from]
   for (int j = 0; j < n; ++j) {
     sends[me * n + j] = static_cast<int64_t>(inputs[j].nbytes());

@@ -50,7 +50,7 @@ class ShmProcessGroup final : public ProcessGroup {
   void attach(Store& store);
   WorkPtr enqueue(const Call& call, std::function<void(Step&)> body);
   uint8_t* slot(int rank, int half) const;
-  int64_t* exchange_table(uint64_t seq) const;  // all_to_all byte counts
+  int64_t* exchange_table(uint64_t index) const;  // all_to_all byte counts
 
   void all_reduce_now(Step& step, const at::Tensor& tensor, ReduceOp op);
   void reduce_now(Step& step, const at::Tensor& tensor, int root, ReduceOp op);
@@ -67,6 +67,7 @@ class ShmProcessGroup final : public ProcessGroup {
   uint8_t* data_ = nullptr;
   std::unique_ptr<PhaseBarrier> barrier_;
   uint64_t pieces_ = 0;  // pieces moved so far: picks the slot half
+  uint64_t collectives_run_ = 0;  // picks the stamp and exchange-table slot
   std::mutex broken_mutex_;
   std::exception_ptr broken_;  // set by a timeout or a dead peer
   std::shared_ptr<ProcessGroup> p2p_;
