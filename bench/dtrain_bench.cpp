@@ -86,10 +86,11 @@ class ShapedLink {
   std::vector<std::string> ns_;
 };
 
-// Starts `world` ranks of this binary (on `link`'s two hosts when given);
-// returns rank 0's output.
+// Starts `world` ranks of this binary (on `link`'s two hosts when given),
+// with `env` ("NAME=value ...") added to their environment; returns rank
+// 0's output.
 std::string run_ranks(int world, const std::string& mode, const Args& a,
-                      const ShapedLink* link = nullptr) {
+                      const ShapedLink* link = nullptr, const std::string& env = "") {
   static int port = 29810;
   port = port >= 29890 ? 29810 : port + 1;
   std::ostringstream cmd;
@@ -100,7 +101,7 @@ std::string run_ranks(int world, const std::string& mode, const Args& a,
   for (int r = world - 1; r >= 0; --r) {
     if (link) cmd << "ip netns exec " << link->ns(r) << " env ";
     cmd << "RANK=" << r << " WORLD_SIZE=" << world << " MASTER_ADDR=" << master
-        << " MASTER_PORT=" << port << " OMP_NUM_THREADS=1 " << exe << rest
+        << " MASTER_PORT=" << port << " OMP_NUM_THREADS=1 " << env << " " << exe << rest
         << (r > 0 ? " >/dev/null & " : "; wait");
   }
   return capture("sh -c '" + cmd.str() + "'");
@@ -206,10 +207,10 @@ int bench_ddp(const Args& a) {
     b.flags["backend"] = backend;
     return b;
   };
-  std::vector<double> ratio, scaling, vs_gloo;
-  std::printf("%-4s %14s %14s %14s %14s %10s %10s %10s\n", "run", "pytorch_ddp/s",
-              "dtrain_auto/s", "dtrain_gloo/s", "dtrain_1proc/s", "ratio", "scaling",
-              "auto/gloo");
+  std::vector<double> ratio, scaling, vs_gloo, memory;
+  std::printf("%-4s %14s %14s %14s %14s %14s %8s %8s %10s %10s\n", "run", "pytorch_ddp/s",
+              "dtrain_auto/s", "dtrain_gloo/s", "dtrain_1proc/s", "auto_sysmem/s", "ratio",
+              "scaling", "auto/gloo", "cache/sys");
   for (int r = 0; r < runs; ++r) {
     const double p = field(capture("/usr/bin/python3 " + baseline + " " + std::to_string(world) +
                                    " " + std::to_string(steps) + " " + std::to_string(batch) +
@@ -218,15 +219,22 @@ int bench_ddp(const Args& a) {
     const double d = field(run_ranks(world, "ddp", with_backend("auto")), "samples_per_s");
     const double g = field(run_ranks(world, "ddp", with_backend("gloo")), "samples_per_s");
     const double s = field(run_ranks(1, "local", rank_args), "samples_per_s");
+    // dtrain with malloc left as glibc configures it: what DTRAIN_CPU_MEMORY's
+    // cache (the default) contributes to the ratio.
+    const double m = field(run_ranks(world, "ddp", with_backend("auto"), nullptr,
+                                     "DTRAIN_CPU_MEMORY=system"),
+                           "samples_per_s");
     ratio.push_back(d / p), scaling.push_back(d / (world * s)), vs_gloo.push_back(d / g);
-    std::printf("%-4d %14.1f %14.1f %14.1f %14.1f %10.3f %10.3f %10.3f\n", r, p, d, g, s, d / p,
-                d / (world * s), d / g);
+    memory.push_back(d / m);
+    std::printf("%-4d %14.1f %14.1f %14.1f %14.1f %14.1f %8.3f %8.3f %10.3f %10.3f\n", r, p, d, g,
+                s, m, d / p, d / (world * s), d / g, d / m);
     std::fflush(stdout);
   }
   std::printf("median: dtrain (auto: shm on one machine) / pytorch DDP samples/s = %.3f, %d-rank "
-              "scaling efficiency = %.3f, dtrain auto / dtrain gloo = %.3f (world %d, batch "
-              "%d/rank, %d steps, 1 thread/rank)\n",
-              median(ratio), world, median(scaling), median(vs_gloo), world, batch, steps);
+              "scaling efficiency = %.3f, dtrain auto / dtrain gloo = %.3f, DTRAIN_CPU_MEMORY "
+              "cache / system = %.3f (world %d, batch %d/rank, %d steps, 1 thread/rank)\n",
+              median(ratio), world, median(scaling), median(vs_gloo), median(memory), world, batch,
+              steps);
   return 0;
 }
 

@@ -45,12 +45,17 @@ const Var kShmChunkBytes{"DTRAIN_SHM_CHUNK_BYTES", "131072",
                           "Bytes each rank of an shm group moves per step (its slot holds "
                           "two); read by group rank 0 when the group is created."};
 
+const Var kCpuMemory{"DTRAIN_CPU_MEMORY", "cache",
+                     "cache: freed CPU tensor memory stays in the process for the next step "
+                     "(malloc keeps blocks below 1 GiB and never trims); system: malloc as "
+                     "configured."};
+
 const std::vector<const Var*>& all() {
   static const std::vector<const Var*> vars{
       &kRank,      &kWorldSize, &kLocalRank,    &kMasterAddr,   &kMasterPort,
       &kUseAgentStore, &kRestartCount, &kOmpiRank, &kOmpiSize, &kSlurmProcId,
       &kSlurmNTasks, &kDebug,   &kSocketIfname, &kGlooSocketIfname, &kTimeout, &kTty,
-      &kShmChunkBytes};
+      &kShmChunkBytes, &kCpuMemory};
   return vars;
 }
 

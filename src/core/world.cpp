@@ -7,6 +7,7 @@
 #include <set>
 #include <tuple>
 
+#include "common/cpu_memory.h"
 #include "common/enforce.h"
 #include "core/rendezvous.h"
 #include "dtrain/distributed.h"
@@ -83,6 +84,7 @@ void init_process_group(const InitOptions& options) {
   DTRAIN_CHECK_ARG(!w.group,
                    "init_process_group: the default process group is already initialized; call "
                    "destroy_process_group() first");
+  detail::apply_cpu_memory_policy();
   Rendezvous r;
   if (options.backend() == "mpi" && !options.store()) {
     // MPI needs no store: rank and size come from mpirun. The group's store

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include "common/cpu_memory.h"
 #include "common/enforce.h"
 #include "common/logging.h"
 #include "ddp/model_sync.h"
@@ -56,6 +57,7 @@ struct DDPCore::Impl {
 
 DDPCore::DDPCore(torch::nn::Module& wrapper, const DDPOptions& options)
     : impl_(std::make_unique<Impl>()) {
+  apply_cpu_memory_policy();
   auto& s = *impl_;
   s.options = options;
   s.group = options.process_group() ? options.process_group() : default_group();

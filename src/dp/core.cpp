@@ -2,6 +2,7 @@
 
 #include <c10/core/DeviceGuard.h>
 
+#include "common/cpu_memory.h"
 #include "common/enforce.h"
 #include "common/logging.h"
 #include "dp/cpu_parallel.h"
@@ -24,6 +25,7 @@ struct DataParallelCore::Impl {
 DataParallelCore::DataParallelCore(std::shared_ptr<torch::nn::Module> module,
                                    const DataParallelOptions& options, ModuleOps ops)
     : impl_(std::make_unique<Impl>()) {
+  apply_cpu_memory_policy();
   auto& s = *impl_;
   s.options = options;
   s.placement = dp::resolve_placement(options);

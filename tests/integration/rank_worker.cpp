@@ -20,12 +20,17 @@
 //                             5 DDP steps on per-rank batches against one
 //                             model trained on the combined batch on every
 //                             rank; prints "rank R ddp matches ..."
+//   rank_worker page-faults   init, then 20 SGD steps on 16 MiB tensors;
+//                             prints "faults N": the minor page faults of
+//                             the last 10 (DTRAIN_CPU_MEMORY)
 //   rank_worker mismatch      even ranks all_reduce, odd ranks broadcast:
 //                             under DTRAIN_DEBUG=DETAIL every rank exits 3
 //                             with "caught CollectiveMismatch: ..."
 
 #include <ATen/ATen.h>
 #include <torch/torch.h>
+
+#include <sys/resource.h>
 
 #include <cstdio>
 #include <cstring>
@@ -265,6 +270,32 @@ int ddp_training() {
   return 0;
 }
 
+long minor_faults() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt;
+}
+
+int page_faults() {
+  dtrain::init_process_group();
+  torch::manual_seed(0);
+  // Training steps of cheap element-wise work on 16 MiB tensors: the
+  // activations and gradients are freed and allocated again every step.
+  auto w = torch::randn({4 << 20}, torch::requires_grad());
+  auto x = torch::randn({4 << 20});
+  torch::optim::SGD opt({w}, torch::optim::SGDOptions(0.01).momentum(0.9));
+  long before = 0;
+  for (int step = 0; step < 80; ++step) {
+    if (step == 60) before = minor_faults();  // the heap settles in the first steps
+    opt.zero_grad();
+    ((x * w).relu() * (x + 1)).sum().backward();
+    opt.step();
+  }
+  std::printf("faults %ld\n", minor_faults() - before);
+  dtrain::destroy_process_group();
+  return 0;
+}
+
 int mismatch() {
   dtrain::init_process_group();
   auto t = at::ones({8});
@@ -288,6 +319,7 @@ int main(int argc, char** argv) {
     if (mode == "matrix") return check_matrix(argc > 2 ? argv[2] : "auto");
     if (mode == "ddp-equivalence") return ddp_equivalence(argc > 2 ? argv[2] : "auto");
     if (mode == "mismatch") return mismatch();
+    if (mode == "page-faults") return page_faults();
     if (mode == "ddp") return ddp_training();
     if (mode == "init") {
       dtrain::init_process_group();
