@@ -1,5 +1,6 @@
 #include "ddp/reducer.h"
 
+#include <ATen/ScalarOps.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -164,14 +165,29 @@ void Reducer::mark_ready(size_t index, bool has_grad) {
   auto& bucket = *buckets_[slot_of_[index].bucket];
   auto& view = bucket.grad.gradients[slot_of_[index].position];
   auto& grad = params_[index].mutable_grad();
+  // The default hook averages: the division rides on the copy into the
+  // bucket (one pass over the gradient instead of two). A custom hook gets
+  // the sums and the divisor.
+  const bool divide = !custom_hook_ && divisor_ != 1.0;
+  auto fill_from = [&](const at::Tensor& g) {
+    if (divide) {
+      auto d = c10::scalar_to_tensor(divisor_);
+      d.unsafeGetTensorImpl()->set_wrapped_number(true);  // keeps the gradient's dtype
+      at::div_out(view, g, d);
+    } else {
+      view.copy_(g);
+    }
+  };
   if (!has_grad || !grad.defined()) {
     view.zero_();
   } else if (!options_.gradient_as_bucket_view) {
-    view.copy_(grad);
+    fill_from(grad);
   } else if (!grad.is_alias_of(view)) {
     // zero_grad(set_to_none) or a user assignment replaced the view.
-    view.copy_(grad);
+    fill_from(grad);
     grad = view;
+  } else if (divide) {
+    view.div_(divisor_);
   }
   DTRAIN_ENFORCE(bucket.pending > 0);
   if (--bucket.pending == 0) {
@@ -190,8 +206,8 @@ void Reducer::launch_ready_buckets() {
     b->launched = Clock::now();
     if (!custom_hook_) {
       // The default hook is asynchronous by nature: issue it right here and
-      // save the hand-off to the communication thread.
-      b->grad.buffer.div_(b->grad.divisor);
+      // save the hand-off to the communication thread. The gradients were
+      // divided on their way into the bucket (mark_ready).
       b->work = group_.all_reduce(b->grad.buffer, ReduceOp::SUM);
       b->work->on_success([b] { b->done = Clock::now(); });
       ++next_launch_;
