@@ -24,6 +24,10 @@ struct Args {
   int num(const std::string& k, int d) const { return std::stoi(get(k, std::to_string(d))); }
 };
 
+// The interpreter of the Python baselines: --python, else python3 from PATH
+// (so that a virtual environment's PyTorch is the one measured).
+inline std::string python_of(const Args& a) { return a.get("python", "python3"); }
+
 inline Args parse(int argc, char** argv, int first) {
   Args a;
   for (int i = first; i + 1 < argc; i += 2) {

@@ -222,10 +222,10 @@ struct Baseline {
   std::map<int64_t, std::pair<double, double>> by_bytes;  // time_us, busbw
 };
 
-Baseline run_baseline(const std::string& path, int world) {
+Baseline run_baseline(const std::string& python, const std::string& path, int world) {
   Baseline b;
   if (get_rank() == 0) {
-    const auto out = capture("/usr/bin/python3 " + path + " " + std::to_string(world) + " 2>&1");
+    const auto out = capture(python + " " + path + " " + std::to_string(world) + " 2>&1");
     std::regex line("bytes=\\s*([0-9]+)\\s+time_us=\\s*([0-9.]+)\\s+busbw_GBps=\\s*([0-9.]+)");
     for (std::sregex_iterator it(out.begin(), out.end(), line), end; it != end; ++it)
       b.by_bytes[std::stoll((*it)[1])] = {std::stod((*it)[2]), std::stod((*it)[3])};
@@ -246,7 +246,7 @@ void compare_with_baseline(const Args& a, at::ScalarType dt, ReduceOp redop) {
     for (auto bytes : sizes) ours[bytes] = measure("all_reduce", bytes, dt, redop, a.num("iters", 0));
     memcpy_runs.push_back(memcpy_gbps(16 << 20));
     memcpy_big_runs.push_back(memcpy_gbps(256 << 20));
-    const auto base = run_baseline(path, world);
+    const auto base = run_baseline(python_of(a), path, world);
     if (me != 0) continue;
     for (auto bytes : sizes) {
       auto it = base.by_bytes.find(bytes);

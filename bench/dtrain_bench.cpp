@@ -21,6 +21,9 @@
 //   dtrain-bench collectives [--backend auto] [--op all_reduce] ... (run under dtrain-run)
 //       nccl-tests-style sweep of one collective; see collectives.cpp.
 //
+// Every Python baseline runs with --python PATH (default: python3 from PATH,
+// so a virtual environment's PyTorch is the one measured).
+//
 // Ranks are child processes of this binary (`dtrain-bench rank ...`) that
 // rendezvous over env:// on 127.0.0.1, one intra-op thread each.
 
@@ -214,7 +217,7 @@ int bench_ddp(const Args& a) {
               "dtrain_auto/s", "dtrain_gloo/s", "auto_sysmem/s", "dtrain_1proc/s", "Nx_indep/s",
               "ratio", "scaling", "ceiling", "auto/gloo", "cache/sys");
   for (int r = 0; r < runs; ++r) {
-    const double p = field(capture("/usr/bin/python3 " + baseline + " " + std::to_string(world) +
+    const double p = field(capture(python_of(a) + " " + baseline + " " + std::to_string(world) +
                                    " " + std::to_string(steps) + " " + std::to_string(batch) +
                                    " 2>/dev/null"),
                            "samples_per_s");

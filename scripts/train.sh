@@ -6,6 +6,7 @@
 # Extra arguments go to the program, e.g.: bash scripts/train.sh --epochs 2
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/build.sh >/dev/null
+# Only what the main job needs: the library, the launcher and the example.
+bash scripts/build.sh dtrain-run dtrain-fashion-mnist
 exec ./build/tools/dtrain-run/dtrain-run --standalone --nproc-per-node 2 --max-restarts 1 \
   ./build/examples/dtrain-fashion-mnist "$@"

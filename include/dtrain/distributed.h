@@ -28,8 +28,9 @@ namespace dtrain {
 
 struct InitOptions {
   // "auto" (default): shm when every rank is on one machine, otherwise shm
-  // within machines and gloo between them. "shm" and "gloo" force one;
-  // "nccl" and "mpi" name backends that a build may lack.
+  // within machines and tcp between them. "shm" and "tcp" force one
+  // ("gloo", PyTorch's name, is an alias of "tcp"); "nccl" and "mpi" name
+  // backends that a build may lack.
   DTRAIN_ARG(std::string, backend) = "auto";
   // "env://" (MASTER_ADDR, MASTER_PORT), "tcp://host:port" or
   // "file:///path"; ignored when store() is given.

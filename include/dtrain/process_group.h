@@ -93,7 +93,7 @@ class ProcessGroup {
   // Group rank of a global rank, or -1 when it is not a member.
   int group_rank_of(int global_rank) const;
   virtual std::string backend_name() const = 0;
-  // Device types the backend's collectives accept (kCPU for gloo).
+  // Device types the backend's collectives accept (kCPU for tcp).
   virtual bool supports(c10::DeviceType type) const = 0;
 
  protected:

@@ -30,7 +30,7 @@ const Var kDebug{"DTRAIN_DEBUG", "OFF",
                  "OFF, INFO (log group creation and timings) or DETAIL (also "
                  "fingerprint every collective across ranks before it runs)."};
 const Var kSocketIfname{"DTRAIN_SOCKET_IFNAME", nullptr,
-                        "Network interface for gloo's TCP connections (e.g. eth0)."};
+                        "Network interface for the tcp backend's connections (e.g. eth0)."};
 const Var kGlooSocketIfname{"GLOO_SOCKET_IFNAME", nullptr,
                             "PyTorch's name for DTRAIN_SOCKET_IFNAME, honoured when that is unset."};
 const Var kTimeout{"DTRAIN_TIMEOUT", "1800",
@@ -50,12 +50,16 @@ const Var kCpuMemory{"DTRAIN_CPU_MEMORY", "cache",
                      "(malloc keeps blocks below 1 GiB and never trims); system: malloc as "
                      "configured."};
 
+const Var kTcpStreams{"DTRAIN_TCP_STREAMS", "2",
+                      "TCP connections between each pair of ranks of a tcp group (1..16); "
+                      "messages of 256 KiB and more are split over all of them."};
+
 const std::vector<const Var*>& all() {
   static const std::vector<const Var*> vars{
       &kRank,      &kWorldSize, &kLocalRank,    &kMasterAddr,   &kMasterPort,
       &kUseAgentStore, &kRestartCount, &kOmpiRank, &kOmpiSize, &kSlurmProcId,
       &kSlurmNTasks, &kDebug,   &kSocketIfname, &kGlooSocketIfname, &kTimeout, &kTty,
-      &kShmChunkBytes, &kCpuMemory};
+      &kShmChunkBytes, &kCpuMemory, &kTcpStreams};
   return vars;
 }
 

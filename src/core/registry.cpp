@@ -4,7 +4,7 @@
 #include <map>
 #include <mutex>
 
-#include "backends/gloo/backend.h"
+#include "backends/tcp/backend.h"
 #include "backends/hierarchical/backend.h"
 #include "backends/shm/backend.h"
 #ifdef DTRAIN_WITH_MPI
@@ -26,11 +26,13 @@ struct Registry {
 Registry& registry() {
   static Registry* r = [] {
     auto* reg = new Registry;
-    reg->factories["gloo"] = [](std::shared_ptr<Store> store, int rank, int size,
-                                const GroupOptions& options) {
-      return std::make_shared<gloo_backend::GlooProcessGroup>(std::move(store), rank, size,
-                                                              options);
-    };
+    // "gloo" is PyTorch's name for its CPU backend: code written for
+    // torch.distributed gets dtrain's tcp backend under it.
+    reg->factories["tcp"] = reg->factories["gloo"] =
+        [](std::shared_ptr<Store> store, int rank, int size, const GroupOptions& options) {
+          return std::make_shared<tcp_backend::TcpProcessGroup>(std::move(store), rank, size,
+                                                                options);
+        };
     reg->factories["shm"] = [](std::shared_ptr<Store> store, int rank, int size,
                                const GroupOptions& options) {
       return std::make_shared<shm::ShmProcessGroup>(std::move(store), rank, size, options);

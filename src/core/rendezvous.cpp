@@ -72,10 +72,10 @@ bool truthy(const std::string& v) {
   return s == "1" || s == "true" || s == "yes";
 }
 
-// The address peers should use for our gloo sockets.
+// The address peers should use for our tcp sockets.
 std::string own_host_address();
 
-// The address peers should use for our gloo sockets: the interface the user
+// The address peers should use for our tcp sockets: the interface the user
 // named, else the one that routes towards the master, else (file:// and
 // user stores) this host's name.
 std::string choose_local_address(const std::string& master_host, bool use_hostname) {

@@ -31,7 +31,7 @@ struct RankContext {
 inline std::vector<std::string> run_rank_contexts(
     int world, const std::function<void(RankContext&)>& body,
     std::chrono::milliseconds timeout = std::chrono::seconds(30),
-    GroupOptions options = GroupOptions(), const std::string& backend = "gloo") {
+    GroupOptions options = GroupOptions(), const std::string& backend = "tcp") {
   auto store = std::make_shared<HashStore>(timeout);
   std::vector<std::string> errors(world);
   std::vector<std::thread> threads;
@@ -54,7 +54,7 @@ inline std::vector<std::string> run_rank_contexts(
 inline std::vector<std::string> run_ranks(
     int world, const std::function<void(ProcessGroup&)>& body,
     std::chrono::milliseconds timeout = std::chrono::seconds(30),
-    GroupOptions options = GroupOptions(), const std::string& backend = "gloo") {
+    GroupOptions options = GroupOptions(), const std::string& backend = "tcp") {
   return run_rank_contexts(world, [&](RankContext& ctx) { body(*ctx.group); }, timeout, options,
                            backend);
 }

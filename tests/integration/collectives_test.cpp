@@ -210,7 +210,7 @@ TEST_P(Collectives, BarrierAndSendRecvRing) {
 
 INSTANTIATE_TEST_SUITE_P(
     BackendWorldDtype, Collectives,
-    ::testing::Combine(::testing::Values("gloo", "shm"), ::testing::Values(1, 2, 3, 4),
+    ::testing::Combine(::testing::Values("tcp", "shm"), ::testing::Values(1, 2, 3, 4, 5),
                        ::testing::ValuesIn(kDtypes)),
     [](const auto& info) {
       return detail::cat(std::get<0>(info.param), "_world", std::get<1>(info.param), "_",

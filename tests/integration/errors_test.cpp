@@ -68,10 +68,10 @@ TEST(BackendRegistry, MissingBackendsExplainThemselves) {
   expect_throw<BackendUnavailable>([&] { create_process_group("nccl", store, 0, 1); },
                                    "nccl: dtrain was built without CUDA");
   // CI builds with MPI (scripts/setup.sh installs libopenmpi-dev).
-  EXPECT_EQ(available_backends(), (std::vector<std::string>{"auto", "gloo", "mpi", "shm"}));
+  EXPECT_EQ(available_backends(), (std::vector<std::string>{"auto", "gloo", "mpi", "shm", "tcp"}));
   expect_throw<BackendUnavailable>(
       [&] { create_process_group("carrier-pigeon", store, 0, 1); },
-      "unknown backend 'carrier-pigeon'; available backends: auto, gloo, mpi, shm");
+      "unknown backend 'carrier-pigeon'; available backends: auto, gloo, mpi, shm, tcp");
 }
 
 TEST(Timeouts, SilentPeerBecomesTimeoutErrorWithinTheTimeout) {

@@ -27,7 +27,23 @@ fi
 cmake -S "$consumer" -B "$work/installed" "${launcher[@]}" \
   -DCMAKE_PREFIX_PATH="$work/moved-prefix" >/dev/null
 cmake --build "$work/installed" -j2 >/dev/null
-LD_LIBRARY_PATH="$work/moved-prefix/lib" check installed "$work/installed"
+check installed "$work/installed"
+
+# The installed tools run from the moved prefix as they are: no
+# LD_LIBRARY_PATH, their RUNPATH finds libdtrain relative to themselves.
+(
+  unset LD_LIBRARY_PATH
+  cd "$work"
+  for tool in dtrain-run dtrain-bench dtrain-fashion-mnist collectives_demo; do
+    test -x "moved-prefix/bin/$tool" || { echo "package: $tool was not installed"; exit 1; }
+  done
+  moved-prefix/bin/dtrain-run --standalone --nproc-per-node 2 moved-prefix/bin/collectives_demo \
+    >"$work/demo.out" 2>&1 || { cat "$work/demo.out"; echo "package: installed dtrain-run failed"; exit 1; }
+  cat "$work/demo.out"
+  grep -q "rank 1/2: sent \[10, 11, 12, 13\] | all_reduce(SUM) -> \[10, 12, 14, 16\]" "$work/demo.out"
+  moved-prefix/bin/dtrain-fashion-mnist --help >/dev/null
+)
+echo "package: installed dtrain-run with an installed example ok"
 
 cmake -S "$consumer" -B "$work/buildtree" "${launcher[@]}" -Ddtrain_DIR="$build" >/dev/null
 cmake --build "$work/buildtree" -j2 >/dev/null

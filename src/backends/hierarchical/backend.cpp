@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "backends/gloo/backend.h"
+#include "backends/tcp/backend.h"
 #include "backends/shm/backend.h"
 #include "backends/shm/node.h"
 #include "common/enforce.h"
@@ -38,7 +38,7 @@ std::shared_ptr<ProcessGroup> create_auto_group(std::shared_ptr<Store> store, in
                                                   rank, size, options);
   }
   DTRAIN_LOG_INFO("auto: group '", options.name(), "' spans ", nodes.size(),
-                  " machines: shm within, gloo between");
+                  " machines: shm within, tcp between");
   return std::make_shared<HierarchicalProcessGroup>(std::move(store), rank, size, options,
                                                     std::move(nodes));
 }
@@ -72,12 +72,12 @@ HierarchicalProcessGroup::HierarchicalProcessGroup(std::shared_ptr<Store> store,
       std::make_shared<PrefixStore>(detail::cat("auto/local", node_), store), local_rank,
       static_cast<int>(mine.size()), sub(detail::cat("local", node_), mine));
   if (local_rank == 0)
-    leaders_ = std::make_shared<gloo_backend::GlooProcessGroup>(
+    leaders_ = std::make_shared<tcp_backend::TcpProcessGroup>(
         std::make_shared<PrefixStore>("auto/leaders", store), node_,
         static_cast<int>(nodes_.size()), sub("leaders", leaders));
   std::vector<int> everyone(size);
   for (int r = 0; r < size; ++r) everyone[r] = r;
-  all_ = std::make_shared<gloo_backend::GlooProcessGroup>(
+  all_ = std::make_shared<tcp_backend::TcpProcessGroup>(
       std::make_shared<PrefixStore>("auto/all", std::move(store)), rank, size,
       sub("all", everyone));
 }
@@ -85,7 +85,7 @@ HierarchicalProcessGroup::HierarchicalProcessGroup(std::shared_ptr<Store> store,
 HierarchicalProcessGroup::~HierarchicalProcessGroup() = default;
 
 std::string HierarchicalProcessGroup::backend_name() const {
-  return detail::cat("auto (shm within ", nodes_.size(), " machines, gloo between)");
+  return detail::cat("auto (shm within ", nodes_.size(), " machines, tcp between)");
 }
 
 WorkPtr HierarchicalProcessGroup::enqueue(
@@ -145,7 +145,7 @@ WorkPtr HierarchicalProcessGroup::do_barrier(const Call& call) {
   });
 }
 
-// Delegated to the gloo group over all ranks, still in this group's order.
+// Delegated to the tcp group over all ranks, still in this group's order.
 WorkPtr HierarchicalProcessGroup::do_reduce(const Call& call, at::Tensor tensor, int root,
                                             ReduceOp op) {
   return enqueue(call, [this, tensor, root, op](const auto& left) {

@@ -5,9 +5,9 @@
 // create_auto_group() asks every rank which machine it is on (shm/node.h).
 // All on one machine: an shm group. Spread over machines: a
 // HierarchicalProcessGroup, which runs all_reduce as an shm reduce to each
-// machine's leader (its lowest rank), a gloo all_reduce among the leaders and
+// machine's leader (its lowest rank), a tcp all_reduce among the leaders and
 // an shm broadcast back; broadcast and barrier are hierarchical too. The
-// other collectives and point-to-point go to a gloo group over all ranks
+// other collectives and point-to-point go to a tcp group over all ranks
 // (listed in docs/backends.md).
 
 #include <memory>
@@ -41,8 +41,8 @@ class HierarchicalProcessGroup final : public ProcessGroup {
   std::vector<std::vector<int>> nodes_;
   int node_ = 0;                          // index of this rank's machine
   std::shared_ptr<ProcessGroup> local_;   // shm, ranks of this machine
-  std::shared_ptr<ProcessGroup> leaders_; // gloo, one rank per machine (null elsewhere)
-  std::shared_ptr<ProcessGroup> all_;     // gloo, every rank: the delegated operations
+  std::shared_ptr<ProcessGroup> leaders_; // tcp, one rank per machine (null elsewhere)
+  std::shared_ptr<ProcessGroup> all_;     // tcp, every rank: the delegated operations
   SerialExecutor steps_;                  // last: drained first on destruction
 };
 

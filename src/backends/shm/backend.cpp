@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "backends/gloo/backend.h"
+#include "backends/tcp/backend.h"
 #include "backends/shm/node.h"
-#include "backends/shm/reduce_kernels.h"
+#include "algorithms/reduce_kernels.h"
 #include "common/enforce.h"
 #include "common/env.h"
 #include "common/logging.h"
@@ -129,9 +129,9 @@ ShmProcessGroup::ShmProcessGroup(std::shared_ptr<Store> store, int rank, int siz
     : ProcessGroup(rank, size, std::move(options)) {
   attach(*store);
   barrier_ = std::make_unique<PhaseBarrier>(counters_, rank, size, segment_);
-  // Point to point is not native (see docs/backends.md): a gloo group over
+  // Point to point is not native (see docs/backends.md): a tcp group over
   // the same ranks carries it.
-  p2p_ = std::make_shared<gloo_backend::GlooProcessGroup>(
+  p2p_ = std::make_shared<tcp_backend::TcpProcessGroup>(
       std::make_shared<PrefixStore>("shm/p2p", std::move(store)), rank, size,
       GroupOptions(this->options()).name(name() + "/p2p").check_collectives(false));
   DTRAIN_LOG_INFO("shm: group '", name(), "' attached to /dev/shm", segment_.name(), " (",
@@ -162,8 +162,8 @@ void ShmProcessGroup::attach(Store& store) {
     throw BackendUnavailable(detail::cat(
         what, ": the ranks are on ", nodes.size(), " different machines (",
         detail::join(parts, " | "),
-        "); shm needs one machine. Use backend \"auto\" (shm within machines, gloo between "
-        "them) or \"gloo\"."));
+        "); shm needs one machine. Use backend \"auto\" (shm within machines, tcp between "
+        "them) or \"tcp\"."));
   }
   // 2. Rank 0 creates the segment, everyone maps it and takes its lock.
   if (rank() == 0) {
@@ -318,7 +318,7 @@ void ShmProcessGroup::all_reduce_now(Step& step, const at::Tensor& tensor, Reduc
     const int h = half_of(k);
     const size_t b = rg.begin(me) * elem, sb = rg.slot_begin(me) * elem;
     for (int j = 0; j < n; ++j) srcs[j] = j == me ? src + b : slot(j, h) + sb;
-    reduce_into(tensor.scalar_type(), op, slot(me, h) + sb, src + b, srcs.data(), n, rg.size(me),
+    kernels::reduce_into(tensor.scalar_type(), op, slot(me, h) + sb, src + b, srcs.data(), n, rg.size(me),
                 n);
     step.sync();
     // ...then all-gather: take the others' results.
@@ -346,7 +346,7 @@ void ShmProcessGroup::reduce_now(Step& step, const at::Tensor& tensor, int root,
     step.sync();
     const size_t b = rg.begin(me) * elem;
     for (int j = 0; j < n; ++j) srcs[j] = j == me ? src + b : slot(j, h) + b;
-    reduce_into(tensor.scalar_type(), op, mine + b, nullptr, srcs.data(), n, rg.size(me), n);
+    kernels::reduce_into(tensor.scalar_type(), op, mine + b, nullptr, srcs.data(), n, rg.size(me), n);
     step.sync();
     // Only the root's tensor changes.
     if (me == root)
@@ -488,7 +488,7 @@ WorkPtr ShmProcessGroup::do_reduce_scatter(const Call& call, at::Tensor output,
       s.sync();
       for (int j = 0; j < n; ++j)
         srcs[j] = j == me ? bytes(inputs[me]) + off * elem : slot(j, h) + me * region * elem;
-      reduce_into(output.scalar_type(), op, bytes(output) + off * elem, nullptr, srcs.data(), n,
+      kernels::reduce_into(output.scalar_type(), op, bytes(output) + off * elem, nullptr, srcs.data(), n,
                   len, n);
       if (count == 0) break;
     }

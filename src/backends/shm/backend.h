@@ -17,7 +17,7 @@
 // a CollectiveMismatch on every rank and leaves the group usable. A timeout
 // or a dead peer breaks the group: later calls fail at once with that error.
 //
-// send/recv are delegated to a gloo group built alongside (documented);
+// send/recv go through a tcp group on loopback built alongside (documented);
 // everything else is native.
 
 #include <exception>

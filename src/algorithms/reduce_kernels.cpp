@@ -1,4 +1,4 @@
-#include "backends/shm/reduce_kernels.h"
+#include "algorithms/reduce_kernels.h"
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -14,7 +14,7 @@
 #define DTRAIN_VECTOR_CLONES
 #endif
 
-namespace dtrain::shm {
+namespace dtrain::kernels {
 namespace {
 
 struct Sum {
@@ -122,29 +122,79 @@ void reduce_op(ReduceOp op, void* dst, void* dst2, const void* const* srcs, int 
     case ReduceOp::MIN: return reduce_typed<T>(dst, dst2, srcs, nsrcs, count, Min{}, false, 1);
     case ReduceOp::MAX: return reduce_typed<T>(dst, dst2, srcs, nsrcs, count, Max{}, false, 1);
   }
-  throw InternalError(detail::cat("shm: unknown reduce op ", static_cast<int>(op)));
+  throw InternalError(detail::cat("unknown reduce op ", static_cast<int>(op)));
 }
 
+template <typename T, typename F>
+void accumulate_typed(void* acc, const void* src, size_t count, F f) {
+  auto* a = static_cast<T*>(acc);
+  const auto* b = static_cast<const T*>(src);
+  if constexpr (std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>) {
+    for (size_t i = 0; i < count; ++i)
+      a[i] = static_cast<T>(f(static_cast<float>(a[i]), static_cast<float>(b[i])));
+  } else {
+    accumulate(a, b, count, f);
+  }
+}
+
+template <typename T>
+void accumulate_op(ReduceOp op, void* acc, const void* src, size_t count) {
+  switch (op) {
+    case ReduceOp::SUM:
+    case ReduceOp::AVG: return accumulate_typed<T>(acc, src, count, Sum{});
+    case ReduceOp::PRODUCT: return accumulate_typed<T>(acc, src, count, Product{});
+    case ReduceOp::MIN: return accumulate_typed<T>(acc, src, count, Min{});
+    case ReduceOp::MAX: return accumulate_typed<T>(acc, src, count, Max{});
+  }
+  throw InternalError(detail::cat("unknown reduce op ", static_cast<int>(op)));
+}
+
+// Calls F<T>::run(args...) for the storage type T of dtype.
+template <template <typename> class F, typename... Args>
+void dispatch(c10::ScalarType dtype, Args&&... args) {
+  switch (dtype) {
+    case c10::ScalarType::Float: return F<float>::run(args...);
+    case c10::ScalarType::Double: return F<double>::run(args...);
+    case c10::ScalarType::Half: return F<c10::Half>::run(args...);
+    case c10::ScalarType::BFloat16: return F<c10::BFloat16>::run(args...);
+    case c10::ScalarType::Int: return F<int32_t>::run(args...);
+    case c10::ScalarType::Long: return F<int64_t>::run(args...);
+    case c10::ScalarType::Byte: return F<uint8_t>::run(args...);
+    case c10::ScalarType::Char: return F<int8_t>::run(args...);
+    default:
+      throw InvalidArgument(
+          detail::cat("reductions of dtype ", c10::toString(dtype), " are not supported"));
+  }
+}
+
+template <typename T>
+struct ReduceInto {
+  static void run(ReduceOp op, void* dst, void* dst2, const void* const* srcs, int nsrcs,
+                  size_t count, int divisor) {
+    reduce_op<T>(op, dst, dst2, srcs, nsrcs, count, divisor);
+  }
+};
+
+template <typename T>
+struct AccumulateInto {
+  static void run(ReduceOp op, void* acc, const void* src, size_t count) {
+    accumulate_op<T>(op, acc, src, count);
+  }
+};
+
 }  // namespace
+
+void accumulate_into(c10::ScalarType dtype, ReduceOp op, void* acc, const void* src,
+                     size_t count) {
+  if (count == 0) return;
+  dispatch<AccumulateInto>(dtype, op, acc, src, count);
+}
 
 void reduce_into(c10::ScalarType dtype, ReduceOp op, void* dst, void* dst2,
                  const void* const* srcs, int nsrcs, size_t count, int divisor) {
   DTRAIN_ENFORCE(nsrcs >= 1);
   if (count == 0) return;
-  switch (dtype) {
-    case c10::ScalarType::Float: return reduce_op<float>(op, dst, dst2, srcs, nsrcs, count, divisor);
-    case c10::ScalarType::Double: return reduce_op<double>(op, dst, dst2, srcs, nsrcs, count, divisor);
-    case c10::ScalarType::Half: return reduce_op<c10::Half>(op, dst, dst2, srcs, nsrcs, count, divisor);
-    case c10::ScalarType::BFloat16:
-      return reduce_op<c10::BFloat16>(op, dst, dst2, srcs, nsrcs, count, divisor);
-    case c10::ScalarType::Int: return reduce_op<int32_t>(op, dst, dst2, srcs, nsrcs, count, divisor);
-    case c10::ScalarType::Long: return reduce_op<int64_t>(op, dst, dst2, srcs, nsrcs, count, divisor);
-    case c10::ScalarType::Byte: return reduce_op<uint8_t>(op, dst, dst2, srcs, nsrcs, count, divisor);
-    case c10::ScalarType::Char: return reduce_op<int8_t>(op, dst, dst2, srcs, nsrcs, count, divisor);
-    default:
-      throw InvalidArgument(
-          detail::cat("shm: reductions of dtype ", c10::toString(dtype), " are not supported"));
-  }
+  dispatch<ReduceInto>(dtype, op, dst, dst2, srcs, nsrcs, count, divisor);
 }
 
-}  // namespace dtrain::shm
+}  // namespace dtrain::kernels

@@ -1,6 +1,7 @@
 #pragma once
 
-// Element-wise reductions of several source buffers into one, for every
+// Element-wise reductions (shared by the shm backend and the algorithms
+// over transports) of several source buffers into one, for every
 // dtype and ReduceOp of the communication core. Compiled at -O3 with an AVX2
 // clone on x86-64 (picked at load time), so the loops run vectorized where
 // the CPU allows and everywhere else still work.
@@ -17,7 +18,7 @@
 
 #include "dtrain/process_group.h"
 
-namespace dtrain::shm {
+namespace dtrain::kernels {
 
 // dst[i] = op(srcs[0][i], ..., srcs[nsrcs-1][i]) for i < count; AVG then
 // divides by `divisor`. When dst2 is not null it receives the same result
@@ -26,4 +27,10 @@ namespace dtrain::shm {
 void reduce_into(c10::ScalarType dtype, ReduceOp op, void* dst, void* dst2,
                  const void* const* srcs, int nsrcs, size_t count, int divisor);
 
-}  // namespace dtrain::shm
+// acc[i] = op(acc[i], src[i]) for i < count (AVG sums; the caller divides).
+// acc and src must not overlap. float16/bfloat16 are combined in float32 and
+// rounded at each call.
+void accumulate_into(c10::ScalarType dtype, ReduceOp op, void* acc, const void* src,
+                     size_t count);
+
+}  // namespace dtrain::kernels

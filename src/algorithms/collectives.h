@@ -1,0 +1,79 @@
+#pragma once
+
+// Collective algorithms, written once over the transport seam
+// (transport/transport.h): what to compute, apart from how bytes move.
+// Buffers are raw contiguous memory; element counts and dtypes matter only
+// where data is reduced. Every function runs one collective to completion on
+// the calling thread, under ctx.deadline; all ranks of the transport call the
+// same function with the same sizes, in the same order.
+//
+// Results are bitwise identical on every rank and from run to run: each
+// element is reduced by exactly one rank in a fixed order (ring), or by both
+// partners of a pair with the lower rank's operand first (recursive
+// doubling and trees), then copied.
+//
+// Failures propagate from the transport (see its contract): a failed
+// request breaks the transport before the exception leaves here.
+
+#include <c10/core/ScalarType.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dtrain/process_group.h"
+#include "transport/transport.h"
+
+namespace dtrain::algorithms {
+
+struct Context {
+  transport::Transport& transport;
+  uint64_t tag;                         // transport::collective_tag(call.seq)
+  transport::Clock::time_point deadline;
+  const std::string& what;              // names the call in timeouts
+  int rank() const { return transport.rank(); }
+  int size() const { return transport.size(); }
+};
+
+// Below this many bytes the latency algorithms run (recursive doubling,
+// binomial trees); above it the bandwidth ones (pipelined ring and chain).
+constexpr size_t kLatencyBytes = 64 * 1024;
+// Large messages move in pieces of this size so that the next hop starts
+// (and reductions overlap the transfer) before the whole block has arrived.
+constexpr size_t kPieceBytes = 512 * 1024;
+
+// data (count elements) becomes op over ranks, in place. AVG sums; the
+// caller divides.
+void all_reduce(const Context& ctx, void* data, size_t count, c10::ScalarType dtype, ReduceOp op);
+
+// Root's `bytes` reach every rank.
+void broadcast(const Context& ctx, void* data, size_t bytes, int root);
+
+// On root, data becomes op over ranks; other ranks' data is left as given.
+void reduce(const Context& ctx, void* data, size_t count, c10::ScalarType dtype, ReduceOp op,
+            int root);
+
+// output holds size() blocks of `bytes`; block i receives rank i's input.
+void all_gather(const Context& ctx, const void* input, void* output, size_t bytes);
+
+// Root's output receives size() blocks (others pass null).
+void gather(const Context& ctx, const void* input, void* output, size_t bytes, int root);
+
+// Root's input holds size() blocks (others pass null); block i reaches rank i.
+void scatter(const Context& ctx, const void* input, void* output, size_t bytes, int root);
+
+// input: size() blocks of `count` elements, modified (it is the ring's
+// scratch); output receives op over ranks of block rank(). Each rank sends
+// and receives (n-1)/n of the input's bytes.
+void reduce_scatter(const Context& ctx, void* input, void* output, size_t count,
+                    c10::ScalarType dtype, ReduceOp op);
+
+// input: concatenated blocks for ranks 0..n-1 (in_bytes[i] each); output:
+// concatenated blocks from ranks 0..n-1 (out_bytes[i] each).
+void all_to_all(const Context& ctx, const void* input, const std::vector<size_t>& in_bytes,
+                void* output, const std::vector<size_t>& out_bytes);
+
+void barrier(const Context& ctx);
+
+}  // namespace dtrain::algorithms

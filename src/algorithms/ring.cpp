@@ -1,0 +1,119 @@
+// The bandwidth algorithms: a ring of ranks, each sending to its right
+// neighbour and receiving from its left one.
+//
+// Reduce-scatter. The buffer is cut into n blocks. At step s (0..n-2) rank r
+// sends block r-s-1 and receives block r-s-2, which it reduces into its own
+// copy; the block it just reduced is the one it sends next. After n-1 steps
+// block r has passed every rank once and holds the full reduction, on rank r
+// only. Each block also moves in pieces: as soon as piece p of a block is
+// reduced it leaves for the next rank, so the ring runs as a pipeline and
+// reductions overlap the transfers. Received pieces land in one of two
+// scratch blocks, alternating by step.
+//
+// All-gather. Rank r starts with its block r; at step s it forwards block
+// r-s, received at the previous step, and receives block r-s-1 straight into
+// place. Every receive is posted before the first send.
+//
+// Each rank sends and receives (n-1)/n of the buffer in each half, the
+// minimum; all_reduce is the two halves (2(n-1)/n).
+
+#include <c10/core/ScalarType.h>
+
+#include <cstring>
+#include <memory>
+
+#include "algorithms/reduce_kernels.h"
+#include "algorithms/util.h"
+
+namespace dtrain::algorithms {
+
+void ring_reduce_scatter(const Context& ctx, void* base, const Blocks& blocks,
+                         c10::ScalarType dtype, ReduceOp op) {
+  const int n = ctx.size(), r = ctx.rank();
+  if (n == 1) return;
+  const int right = mod(r + 1, n), left = mod(r - 1, n);
+  const size_t elem = c10::elementSize(dtype);
+  auto& t = ctx.transport;
+  std::unique_ptr<uint8_t[]> scratch(new uint8_t[2 * std::max<size_t>(blocks.stride, 1)]);
+  auto scratch_of = [&](int s) { return scratch.get() + (s % 2) * blocks.stride; };
+  auto recv_block = [&](int s) { return mod(r - s - 2, n); };
+
+  std::vector<transport::RequestPtr> recvs[2], sends;
+  auto post_recvs = [&](int s) {
+    const size_t bytes = blocks.bytes(recv_block(s));
+    for (size_t p = 0; p < piece_count(bytes); ++p)
+      recvs[s % 2].push_back(t.irecv(left, ctx.tag, scratch_of(s) + p * kPieceBytes,
+                                     piece_bytes(bytes, p)));
+  };
+  post_recvs(0);
+  {
+    const int b = mod(r - 1, n);
+    const size_t bytes = blocks.bytes(b);
+    for (size_t p = 0; p < piece_count(bytes); ++p)
+      sends.push_back(t.isend(right, ctx.tag, at(base, blocks.begin(b) + p * kPieceBytes),
+                              piece_bytes(bytes, p)));
+  }
+  for (int s = 0; s <= n - 2; ++s) {
+    const bool last = s == n - 2;
+    if (!last) post_recvs(s + 1);
+    const int b = recv_block(s);
+    const size_t bytes = blocks.bytes(b);
+    for (size_t p = 0; p < piece_count(bytes); ++p) {
+      recvs[s % 2][p]->wait(ctx.deadline, ctx.what);
+      const size_t len = piece_bytes(bytes, p);
+      uint8_t* mine = at(base, blocks.begin(b) + p * kPieceBytes);
+      kernels::accumulate_into(dtype, op, mine, scratch_of(s) + p * kPieceBytes, len / elem);
+      if (!last) sends.push_back(t.isend(right, ctx.tag, mine, len));
+    }
+    recvs[s % 2].clear();
+  }
+  // The scratch blocks and the sent blocks must outlive the transfers.
+  wait_all(ctx, sends);
+}
+
+void ring_all_gather(const Context& ctx, void* base, const Blocks& blocks) {
+  const int n = ctx.size(), r = ctx.rank();
+  if (n == 1) return;
+  const int right = mod(r + 1, n), left = mod(r - 1, n);
+  auto& t = ctx.transport;
+  std::vector<std::vector<transport::RequestPtr>> recvs(n - 1);
+  for (int s = 0; s <= n - 2; ++s) {
+    const int b = mod(r - s - 1, n);
+    const size_t bytes = blocks.bytes(b);
+    for (size_t p = 0; p < piece_count(bytes); ++p)
+      recvs[s].push_back(t.irecv(left, ctx.tag, at(base, blocks.begin(b) + p * kPieceBytes),
+                                 piece_bytes(bytes, p)));
+  }
+  std::vector<transport::RequestPtr> sends;
+  const size_t own = blocks.bytes(r);
+  for (size_t p = 0; p < piece_count(own); ++p)
+    sends.push_back(t.isend(right, ctx.tag, at(base, blocks.begin(r) + p * kPieceBytes),
+                            piece_bytes(own, p)));
+  for (int s = 0; s <= n - 2; ++s) {
+    const int b = mod(r - s - 1, n);
+    const size_t bytes = blocks.bytes(b);
+    for (size_t p = 0; p < piece_count(bytes); ++p) {
+      recvs[s][p]->wait(ctx.deadline, ctx.what);
+      if (s < n - 2)
+        sends.push_back(t.isend(right, ctx.tag, at(base, blocks.begin(b) + p * kPieceBytes),
+                                piece_bytes(bytes, p)));
+    }
+  }
+  wait_all(ctx, sends);
+}
+
+void all_gather(const Context& ctx, const void* input, void* output, size_t bytes) {
+  const Blocks blocks{bytes, bytes * ctx.size()};
+  if (bytes) std::memcpy(at(output, blocks.begin(ctx.rank())), input, bytes);
+  ring_all_gather(ctx, output, blocks);
+}
+
+void reduce_scatter(const Context& ctx, void* input, void* output, size_t count,
+                    c10::ScalarType dtype, ReduceOp op) {
+  const size_t bytes = count * c10::elementSize(dtype);
+  const Blocks blocks{bytes, bytes * ctx.size()};
+  ring_reduce_scatter(ctx, input, blocks, dtype, op);
+  if (bytes) std::memcpy(output, at(input, blocks.begin(ctx.rank())), bytes);
+}
+
+}  // namespace dtrain::algorithms

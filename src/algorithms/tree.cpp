@@ -1,0 +1,188 @@
+// all_reduce, broadcast, reduce and barrier: the latency algorithm below
+// kLatencyBytes, the bandwidth one above it.
+//
+// Small all_reduce: recursive doubling. With m the largest power of two not
+// above n, ranks m..n-1 first hand their data to rank r-m and get the result
+// back at the end. Among the first m, at round k each rank exchanges its
+// partial result with rank r^2^k and combines the two with the lower rank's
+// operand first, so both partners hold bitwise the same value: log2(m)
+// rounds instead of the ring's 2(n-1).
+//
+// Broadcast: a binomial tree for small messages (log2(n) rounds); a
+// pipelined chain root, root+1, ... for large ones, each rank forwarding a
+// piece as soon as it has it (every link carries the message once).
+//
+// Reduce: a binomial tree for small messages; for large ones a ring
+// reduce-scatter on a copy, then every rank sends its reduced block to root.
+//
+// Barrier: dissemination, log2(n) rounds of one-byte messages to r+2^k.
+
+#include <c10/core/ScalarType.h>
+
+#include <cstring>
+#include <memory>
+
+#include "algorithms/reduce_kernels.h"
+#include "algorithms/util.h"
+
+namespace dtrain::algorithms {
+namespace {
+
+void recursive_doubling(const Context& ctx, void* data, size_t count, c10::ScalarType dtype,
+                        ReduceOp op) {
+  const int n = ctx.size(), r = ctx.rank();
+  const size_t bytes = count * c10::elementSize(dtype);
+  auto& t = ctx.transport;
+  int m = 1;
+  while (m * 2 <= n) m *= 2;
+  if (r >= m) {  // folded in: hand over, get the result back
+    t.isend(r - m, ctx.tag, data, bytes)->wait(ctx.deadline, ctx.what);
+    t.irecv(r - m, ctx.tag, data, bytes)->wait(ctx.deadline, ctx.what);
+    return;
+  }
+  std::unique_ptr<uint8_t[]> tmp(new uint8_t[std::max<size_t>(bytes, 1)]);
+  if (r + m < n) {
+    t.irecv(r + m, ctx.tag, tmp.get(), bytes)->wait(ctx.deadline, ctx.what);
+    kernels::accumulate_into(dtype, op, data, tmp.get(), count);
+  }
+  for (int mask = 1; mask < m; mask <<= 1) {
+    const int partner = r ^ mask;
+    auto recv = t.irecv(partner, ctx.tag, tmp.get(), bytes);
+    auto send = t.isend(partner, ctx.tag, data, bytes);
+    send->wait(ctx.deadline, ctx.what);
+    recv->wait(ctx.deadline, ctx.what);
+    if (r < partner) {
+      kernels::accumulate_into(dtype, op, data, tmp.get(), count);
+    } else {  // the partner's (lower) operand first
+      kernels::accumulate_into(dtype, op, tmp.get(), data, count);
+      std::memcpy(data, tmp.get(), bytes);
+    }
+  }
+  if (r + m < n) t.isend(r + m, ctx.tag, data, bytes)->wait(ctx.deadline, ctx.what);
+}
+
+void binomial_broadcast(const Context& ctx, void* data, size_t bytes, int root) {
+  const int n = ctx.size(), q = mod(ctx.rank() - root, n);
+  auto& t = ctx.transport;
+  int mask = 1;
+  for (; mask < n; mask <<= 1) {
+    if (q & mask) {
+      t.irecv(mod(q - mask + root, n), ctx.tag, data, bytes)->wait(ctx.deadline, ctx.what);
+      break;
+    }
+  }
+  std::vector<transport::RequestPtr> sends;
+  for (mask >>= 1; mask > 0; mask >>= 1)
+    if (q + mask < n) sends.push_back(t.isend(mod(q + mask + root, n), ctx.tag, data, bytes));
+  wait_all(ctx, sends);
+}
+
+void chain_broadcast(const Context& ctx, void* data, size_t bytes, int root) {
+  const int n = ctx.size(), r = ctx.rank(), q = mod(r - root, n);
+  auto& t = ctx.transport;
+  std::vector<transport::RequestPtr> recvs, sends;
+  if (q > 0)
+    for (size_t p = 0; p < piece_count(bytes); ++p)
+      recvs.push_back(t.irecv(mod(r - 1, n), ctx.tag, at(data, p * kPieceBytes),
+                              piece_bytes(bytes, p)));
+  for (size_t p = 0; p < piece_count(bytes); ++p) {
+    if (q > 0) recvs[p]->wait(ctx.deadline, ctx.what);
+    if (q < n - 1)
+      sends.push_back(t.isend(mod(r + 1, n), ctx.tag, at(data, p * kPieceBytes),
+                              piece_bytes(bytes, p)));
+  }
+  wait_all(ctx, sends);
+}
+
+// Reduces into `acc` (a copy on non-root ranks) up a binomial tree rooted
+// at root: rank q combines q+1, q+2, q+4, ... below it, in that order.
+void binomial_reduce(const Context& ctx, void* acc, size_t count, c10::ScalarType dtype,
+                     ReduceOp op, int root) {
+  const int n = ctx.size(), q = mod(ctx.rank() - root, n);
+  const size_t bytes = count * c10::elementSize(dtype);
+  auto& t = ctx.transport;
+  std::unique_ptr<uint8_t[]> tmp(new uint8_t[std::max<size_t>(bytes, 1)]);
+  for (int mask = 1; mask < n; mask <<= 1) {
+    if (q & mask) {
+      t.isend(mod(q - mask + root, n), ctx.tag, acc, bytes)->wait(ctx.deadline, ctx.what);
+      return;
+    }
+    if (q + mask < n) {
+      t.irecv(mod(q + mask + root, n), ctx.tag, tmp.get(), bytes)->wait(ctx.deadline, ctx.what);
+      kernels::accumulate_into(dtype, op, acc, tmp.get(), count);
+    }
+  }
+}
+
+}  // namespace
+
+void all_reduce(const Context& ctx, void* data, size_t count, c10::ScalarType dtype,
+                ReduceOp op) {
+  const int n = ctx.size();
+  const size_t elem = c10::elementSize(dtype), bytes = count * elem;
+  if (n == 1 || count == 0) return;
+  if (bytes <= kLatencyBytes || count < static_cast<size_t>(n)) {
+    recursive_doubling(ctx, data, count, dtype, op);
+    return;
+  }
+  const Blocks blocks{(count + n - 1) / n * elem, bytes};
+  ring_reduce_scatter(ctx, data, blocks, dtype, op);
+  ring_all_gather(ctx, data, blocks);
+}
+
+void broadcast(const Context& ctx, void* data, size_t bytes, int root) {
+  if (ctx.size() == 1 || bytes == 0) return;
+  if (bytes <= kLatencyBytes || ctx.size() == 2)
+    binomial_broadcast(ctx, data, bytes, root);  // with two ranks both are one hop
+  else
+    chain_broadcast(ctx, data, bytes, root);
+}
+
+void reduce(const Context& ctx, void* data, size_t count, c10::ScalarType dtype, ReduceOp op,
+            int root) {
+  const int n = ctx.size(), r = ctx.rank();
+  const size_t elem = c10::elementSize(dtype), bytes = count * elem;
+  if (n == 1 || count == 0) return;
+  std::unique_ptr<uint8_t[]> copy;
+  void* acc = data;
+  if (r != root) {  // other ranks' data stays as given
+    copy.reset(new uint8_t[bytes]);
+    std::memcpy(copy.get(), data, bytes);
+    acc = copy.get();
+  }
+  if (bytes <= kLatencyBytes || count < static_cast<size_t>(n)) {
+    binomial_reduce(ctx, acc, count, dtype, op, root);
+    return;
+  }
+  if (r == root) {  // root reduces on a copy too: its blocks arrive into data
+    copy.reset(new uint8_t[bytes]);
+    std::memcpy(copy.get(), data, bytes);
+    acc = copy.get();
+  }
+  const Blocks blocks{(count + n - 1) / n * elem, bytes};
+  ring_reduce_scatter(ctx, acc, blocks, dtype, op);
+  auto& t = ctx.transport;
+  if (r != root) {
+    t.isend(root, ctx.tag, at(acc, blocks.begin(r)), blocks.bytes(r))
+        ->wait(ctx.deadline, ctx.what);
+    return;
+  }
+  std::vector<transport::RequestPtr> recvs;
+  for (int j = 0; j < n; ++j)
+    if (j != r) recvs.push_back(t.irecv(j, ctx.tag, at(data, blocks.begin(j)), blocks.bytes(j)));
+  std::memcpy(at(data, blocks.begin(r)), at(acc, blocks.begin(r)), blocks.bytes(r));
+  wait_all(ctx, recvs);
+}
+
+void barrier(const Context& ctx) {
+  const int n = ctx.size(), r = ctx.rank();
+  auto& t = ctx.transport;
+  uint8_t out = 1, in = 0;
+  for (int k = 1; k < n; k <<= 1) {
+    auto recv = t.irecv(mod(r - k, n), ctx.tag, &in, 1);
+    t.isend(mod(r + k, n), ctx.tag, &out, 1)->wait(ctx.deadline, ctx.what);
+    recv->wait(ctx.deadline, ctx.what);
+  }
+}
+
+}  // namespace dtrain::algorithms

@@ -1,0 +1,49 @@
+#pragma once
+
+// Small helpers shared by the algorithm files. Private to src/algorithms/.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "algorithms/collectives.h"
+
+namespace dtrain::algorithms {
+
+inline int mod(int a, int n) { return ((a % n) + n) % n; }
+
+inline uint8_t* at(void* base, size_t offset) { return static_cast<uint8_t*>(base) + offset; }
+inline const uint8_t* at(const void* base, size_t offset) {
+  return static_cast<const uint8_t*>(base) + offset;
+}
+
+inline void wait_all(const Context& ctx, std::vector<transport::RequestPtr>& requests) {
+  for (auto& r : requests) r->wait(ctx.deadline, ctx.what);
+  requests.clear();
+}
+
+// A buffer of n blocks: block b covers [begin(b), begin(b) + bytes(b)).
+// The last blocks may be shorter, or empty, when the total does not divide.
+struct Blocks {
+  size_t stride;
+  size_t total;
+  size_t begin(int b) const { return std::min(total, static_cast<size_t>(b) * stride); }
+  size_t bytes(int b) const { return std::min(total, (static_cast<size_t>(b) + 1) * stride) - begin(b); }
+};
+
+// Pieces of a block, each at most kPieceBytes (a multiple of every element
+// size).
+inline size_t piece_count(size_t bytes) { return (bytes + kPieceBytes - 1) / kPieceBytes; }
+inline size_t piece_bytes(size_t bytes, size_t p) {
+  return std::min(kPieceBytes, bytes - p * kPieceBytes);
+}
+
+// The ring halves (ring.cpp), used by all_reduce, reduce and the list forms.
+// reduce-scatter leaves block r of `base` reduced over ranks on rank r;
+// all-gather spreads block r of every rank to all.
+void ring_reduce_scatter(const Context& ctx, void* base, const Blocks& blocks,
+                         c10::ScalarType dtype, ReduceOp op);
+void ring_all_gather(const Context& ctx, void* base, const Blocks& blocks);
+
+}  // namespace dtrain::algorithms

@@ -1,0 +1,50 @@
+#pragma once
+
+// Backend "tcp" (also registered as "gloo", PyTorch's name for its CPU
+// backend, so code written for torch.distributed keeps working): every
+// collective on CPU tensors, between machines, through dtrain's own TCP
+// transport (transport/tcp/) and the algorithms written over it
+// (algorithms/). No gloo inside.
+//
+// Collectives run in issue order on the group's executor thread, each under
+// its own deadline. Point-to-point operations are posted at once on the
+// caller's thread and awaited on a second thread, so isend / irecv in any
+// order never deadlock. The first failure (a timeout, a peer that closed or
+// sent garbage, mismatched sizes) breaks the group: every later call fails
+// at once with that first error; destroy the group and create a new one.
+
+#include <memory>
+
+#include "core/backend_hooks.h"
+#include "core/serial_executor.h"
+#include "dtrain/process_group.h"
+#include "transport/transport.h"
+
+namespace dtrain::tcp_backend {
+
+class TcpProcessGroup final : public ProcessGroup {
+ public:
+  TcpProcessGroup(std::shared_ptr<Store> store, int rank, int size, GroupOptions options);
+  ~TcpProcessGroup() override;
+
+  std::string backend_name() const override { return "tcp"; }
+  bool supports(c10::DeviceType type) const override { return type == c10::DeviceType::CPU; }
+
+ protected:
+  DTRAIN_PROCESS_GROUP_HOOKS
+
+ private:
+  struct Op;
+  // Queues `body` on the collective thread; a broken group fails the Work
+  // at once, naming the first error.
+  WorkPtr enqueue(const Call& call, std::function<void(const Op&)> body);
+  WorkPtr post_p2p(const Call& call, at::Tensor tensor, int peer, int tag, bool is_send);
+
+  std::unique_ptr<transport::Transport> transport_;
+  // Declared last: destroyed first, so queued work finishes while the
+  // transport is still alive.
+  SerialExecutor p2p_waits_;
+  SerialExecutor collectives_;
+};
+
+}  // namespace dtrain::tcp_backend

@@ -1,0 +1,110 @@
+#pragma once
+
+// One TCP connection of the transport (one stream to one peer) and the
+// frames it carries. Private to src/transport/tcp/.
+//
+// Locking: a Connection's mutex guards its queues and its socket; it is
+// taken before a Request's own mutex, never the other way round. Whoever
+// holds it may read into or write from the buffers of queued parts, which is
+// why aborting a connection (under the mutex) is enough to release them.
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/socket.h"
+#include "transport/transport.h"
+
+namespace dtrain::transport::tcp {
+
+class TcpTransport;
+
+// Every frame starts with this header; `total` is the whole message's size
+// (the part on this stream follows from it, see part_range()).
+struct FrameHeader {
+  uint32_t magic;
+  uint32_t reserved;
+  uint64_t tag;
+  uint64_t total;
+};
+static_assert(sizeof(FrameHeader) == 24, "the frame header is 24 bytes on the wire");
+constexpr uint32_t kFrameMagic = 0x6d465464;  // "dTFm"
+
+// The byte range of a `total`-byte message that stream `s` of `streams`
+// carries; {0, 0, false} when it carries no frame of that message.
+struct PartRange {
+  size_t offset, bytes;
+  bool present;
+};
+PartRange part_range(size_t total, int streams, int s);
+
+class TcpRequest final : public Request {
+ public:
+  TcpRequest(TcpTransport& transport, int peer, int parts)
+      : transport_(transport), peer_(peer), remaining_(parts) {}
+  void wait(Clock::time_point deadline, const std::string& what) override;
+  void part_done();
+  void fail(std::exception_ptr error);
+
+ private:
+  TcpTransport& transport_;
+  const int peer_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  int remaining_;
+  std::exception_ptr error_;
+};
+
+// One stream's share of a request.
+struct Part {
+  uint8_t* data = nullptr;
+  size_t bytes = 0;  // this part
+  size_t done = 0;
+  uint64_t tag = 0;
+  uint64_t total = 0;  // the whole message
+  std::shared_ptr<TcpRequest> request;
+};
+
+// A message that arrived before its receive was posted.
+struct Held {
+  uint64_t tag = 0;
+  uint64_t total = 0;
+  std::vector<uint8_t> data;  // this stream's part
+  size_t done = 0;
+  bool complete = false;
+  std::optional<Part> waiter;  // a receive posted while it was arriving
+};
+
+struct Connection {
+  std::mutex mutex;
+  net::Fd fd;
+  int peer = 0;
+  int stream = 0;
+  int epoll_fd = -1;   // the stream thread's
+  std::string name;    // "rank 3 (10.0.0.2:41234)"
+  std::exception_ptr dead;  // set once: EOF, error, or the transport failed
+
+  // Sending: parts in order; the front one's header may be partly written.
+  std::deque<Part> sendq;
+  FrameHeader send_header{};
+  size_t send_header_done = 0;
+  bool watching_out = false;  // EPOLLOUT requested
+
+  // Receiving.
+  std::deque<Part> recvq;  // posted, not yet matched, in order
+  std::list<Held> held;    // unmatched arrivals, in order
+  FrameHeader recv_header{};
+  size_t recv_header_done = 0;
+  bool in_message = false;
+  Part current;               // when the message goes straight to a receive
+  Held* current_held = nullptr;  // when it is held
+};
+
+}  // namespace dtrain::transport::tcp

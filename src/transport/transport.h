@@ -1,0 +1,63 @@
+#pragma once
+
+// The transport seam: how bytes move between the ranks of one group.
+// Collective algorithms (src/algorithms/) are written once against this
+// interface; a transport (TCP sockets today; RDMA, UCX or NCCL's net later)
+// only moves tagged byte ranges. It knows nothing of tensors, dtypes or
+// collectives, and includes no torch header.
+//
+// Contract:
+//  - isend/irecv post an operation and return at once; they never block on
+//    the peer. The buffer must stay valid and (for a receive) untouched until
+//    the request's wait() has returned or thrown.
+//  - Sends and receives are matched per (peer, tag) in posting order; a
+//    receive must name the same byte count as the matching send (otherwise
+//    both groups fail with CollectiveMismatch naming the peer and sizes).
+//    Messages of different tags never block each other.
+//  - wait(deadline) returns when the operation is done. If it fails, or the
+//    deadline passes, the whole transport is broken first (every pending
+//    request is aborted and its buffer released, so an algorithm may unwind
+//    and free its scratch memory), then the error is thrown: TimeoutError,
+//    NetworkError naming the peer (it closed the connection, sent garbage),
+//    or CollectiveMismatch. Every later post fails with that first error.
+//  - A transport's own threads never call back into the caller.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <string>
+
+namespace dtrain::transport {
+
+using Clock = std::chrono::steady_clock;
+
+class Request {
+ public:
+  virtual ~Request() = default;
+  // `what` names the operation in a timeout message ("all_reduce #3 ...").
+  virtual void wait(Clock::time_point deadline, const std::string& what) = 0;
+};
+using RequestPtr = std::shared_ptr<Request>;
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes) = 0;
+  virtual RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes) = 0;
+  // Breaks the transport with `error` (the first one wins); pending requests
+  // fail with it, their buffers released before this returns.
+  virtual void fail(std::exception_ptr error) = 0;
+  // The first error, or null while the transport works.
+  virtual std::exception_ptr error() const = 0;
+};
+
+// Tags: collectives use the sequence number with the top bit set, point to
+// point the user's tag, so the two never match each other.
+constexpr uint64_t collective_tag(uint64_t seq) { return (uint64_t{1} << 63) | seq; }
+constexpr uint64_t p2p_tag(int tag) { return static_cast<uint32_t>(tag); }
+
+}  // namespace dtrain::transport

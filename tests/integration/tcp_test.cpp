@@ -1,0 +1,192 @@
+// The tcp backend and its transport: the "gloo" alias, messages that arrive
+// before their receive, mismatched sizes, fail-fast after a failure, and a
+// hostile or dying peer speaking the wire protocol by hand.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <thread>
+
+#include "common/socket.h"
+#include "harness/thread_ranks.h"
+#include "transport/tcp/transport.h"
+
+namespace dtrain {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::expect_no_errors;
+using testing::run_ranks;
+
+template <typename E, typename F>
+std::string expect_throw(F&& fn) {
+  try {
+    fn();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "wrong exception type: " << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "no exception";
+  return "";
+}
+
+TEST(TcpBackend, GlooIsAnAliasOfTcp) {
+  expect_no_errors(run_ranks(2, [](ProcessGroup& g) {
+    EXPECT_EQ(g.backend_name(), "tcp");
+    auto t = at::full({3}, g.rank() + 1, at::kInt);
+    g.all_reduce(t)->wait();
+    EXPECT_TRUE(at::equal(t, at::full({3}, 3, at::kInt)));
+  }, 30s, GroupOptions(), "gloo"));
+}
+
+TEST(TcpBackend, SendBeforeReceiveIsPostedIsHeldAndDelivered) {
+  // 3 MiB: split over the streams, and it arrives long before the receive.
+  expect_no_errors(run_ranks(2, [](ProcessGroup& g) {
+    const int64_t n = 3 << 18;
+    if (g.rank() == 0) {
+      g.send(at::arange(n, at::kFloat), 1, 5)->wait();
+      g.send(at::full({7}, 9.0f), 1, 6)->wait();
+    } else {
+      std::this_thread::sleep_for(300ms);
+      auto small = at::zeros({7});
+      auto big = at::zeros({n});
+      g.recv(small, 0, 6)->wait();  // other tag first: messages never block each other
+      g.recv(big, 0, 5)->wait();
+      EXPECT_TRUE(at::equal(big, at::arange(n, at::kFloat)));
+      EXPECT_TRUE(at::equal(small, at::full({7}, 9.0f)));
+    }
+  }));
+}
+
+TEST(TcpBackend, MismatchedSizesFailNamingThePeerAndBothSizes) {
+  auto errors = run_ranks(2, [](ProcessGroup& g) {
+    auto t = at::zeros({g.rank() == 0 ? 10 : 20});
+    if (g.rank() == 0) g.recv(t, 1)->wait(); else g.send(t, 0)->wait();
+  }, 10s);
+  EXPECT_NE(errors[0].find("rank 1"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("sent 80 bytes where this rank expected 40"), std::string::npos)
+      << errors[0];
+}
+
+TEST(TcpBackend, AfterATimeoutTheNextCallFailsAtOnceNamingTheFirstError) {
+  std::atomic<bool> rank0_done{false};
+  auto errors = run_ranks(2, [&](ProcessGroup& g) {
+    if (g.rank() == 1) {  // silent until rank 0 has given up
+      while (!rank0_done) std::this_thread::sleep_for(10ms);
+      return;
+    }
+    auto t = at::ones({4});
+    auto first = expect_throw<TimeoutError>([&] { g.all_reduce(t, ReduceOp::SUM, 300ms)->wait(); });
+    EXPECT_NE(first.find("timed out waiting for rank 1"), std::string::npos) << first;
+    const auto start = std::chrono::steady_clock::now();
+    auto second = expect_throw<NetworkError>([&] { g.all_reduce(t, ReduceOp::SUM, 20s)->wait(); });
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+    EXPECT_NE(second.find("broken by an earlier error"), std::string::npos) << second;
+    EXPECT_NE(second.find("timed out"), std::string::npos) << second;
+    rank0_done = true;
+  }, 30s);
+  EXPECT_EQ(errors[0], "");
+}
+
+// Rank 1 of a two-rank transport, played by hand over raw sockets.
+class FakePeer {
+ public:
+  FakePeer(Store& store, int streams) {
+    const auto id = std::stoull(store.get_string("tcp/id"));
+    const auto addr = store.get_string("tcp/addr/0");
+    const auto nl = addr.find('\n');
+    const auto port = static_cast<uint16_t>(std::stoi(addr.substr(nl + 1)));
+    for (int s = 0; s < streams; ++s) {
+      auto fd = net::connect_to(addr.substr(0, nl), port, net::Clock::now() + 10s);
+      const uint32_t hello[6] = {0x69485464, 1, static_cast<uint32_t>(id),
+                                 static_cast<uint32_t>(id >> 32), 1, static_cast<uint32_t>(s)};
+      net::send_all(fd.get(), hello, sizeof(hello), net::Clock::now() + 10s, "rank 0");
+      uint32_t reply[6];
+      net::recv_all(fd.get(), reply, sizeof(reply), net::Clock::now() + 10s, "rank 0");
+      fds.push_back(std::move(fd));
+    }
+  }
+  void send(const void* data, size_t n) {
+    net::send_all(fds[0].get(), data, n, net::Clock::now() + 10s, "rank 0");
+  }
+  std::vector<net::Fd> fds;
+};
+
+// Rank 0's real transport against the fake rank 1; returns what rank 0's
+// receive of 100 bytes throws.
+std::string receive_from_fake(const std::function<void(FakePeer&)>& act) {
+  HashStore store(10s);
+  transport::TcpOptions options;
+  options.streams = 2;
+  options.timeout = 10s;
+  options.name = "hostile";
+  std::unique_ptr<transport::Transport> t;
+  std::thread real([&] { t = transport::connect_tcp(store, 0, 2, options); });
+  FakePeer fake(store, options.streams);
+  real.join();
+  std::vector<uint8_t> buf(100);
+  auto request = t->irecv(1, 42, buf.data(), buf.size());
+  act(fake);
+  std::string what;
+  try {
+    request->wait(transport::Clock::now() + 10s, "recv");
+  } catch (const NetworkError& e) {
+    what = e.what();
+  }
+  // The group is broken for good; the transport still shuts down cleanly.
+  EXPECT_THROW(t->isend(1, 43, buf.data(), 1), NetworkError);
+  return what;
+}
+
+TEST(TcpTransport, GarbageFromAPeerFailsTheGroupNamingThePeer) {
+  auto what = receive_from_fake([](FakePeer& p) {
+    const char garbage[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    p.send(garbage, sizeof(garbage));
+  });
+  EXPECT_NE(what.find("rank 1"), std::string::npos) << what;
+  EXPECT_NE(what.find("not a dtrain frame"), std::string::npos) << what;
+}
+
+TEST(TcpTransport, APeerThatClosesMidMessageFailsTheGroupNamingThePeer) {
+  auto what = receive_from_fake([](FakePeer& p) {
+    const uint64_t header[3] = {0x6d465464, 42, 100};  // magic + reserved, tag, total
+    p.send(header, sizeof(header));
+    const uint8_t half[50] = {};
+    p.send(half, sizeof(half));
+    p.fds.clear();  // closes every stream
+  });
+  EXPECT_NE(what.find("rank 1"), std::string::npos) << what;
+  EXPECT_NE(what.find("closed the connection"), std::string::npos) << what;
+}
+
+TEST(TcpTransport, AStrangerWithABadHelloIsTurnedAwayAndTheGroupStillForms) {
+  HashStore store(10s);
+  transport::TcpOptions options;
+  options.streams = 1;
+  options.timeout = 10s;
+  std::unique_ptr<transport::Transport> t0, t1;
+  std::thread real([&] { t0 = transport::connect_tcp(store, 0, 2, options); });
+  {
+    const auto addr = store.get_string("tcp/addr/0");
+    const auto nl = addr.find('\n');
+    auto fd = net::connect_to(addr.substr(0, nl),
+                              static_cast<uint16_t>(std::stoi(addr.substr(nl + 1))),
+                              net::Clock::now() + 10s);
+    const char junk[24] = "definitely not a hello";
+    net::send_all(fd.get(), junk, sizeof(junk), net::Clock::now() + 10s, "rank 0");
+    t1 = transport::connect_tcp(store, 1, 2, options);
+  }
+  real.join();
+  int32_t out = 7, in = 0;
+  auto r = t0->irecv(1, 1, &in, sizeof(in));
+  t1->isend(0, 1, &out, sizeof(out))->wait(transport::Clock::now() + 10s, "send");
+  r->wait(transport::Clock::now() + 10s, "recv");
+  EXPECT_EQ(in, 7);
+}
+
+}  // namespace
+}  // namespace dtrain
