@@ -6,7 +6,6 @@ set -euo pipefail
 packages=(
   build-essential cmake ccache pkg-config
   libtorch-dev      # libtorch 1.13 (ATen, c10d headers)
-  libgloo-dev       # Gloo: TCP collectives
   zlib1g-dev        # gzip datasets
   dataset-fashion-mnist  # Fashion-MNIST IDX files (training example, data tests)
   libcli11-dev      # launcher flags

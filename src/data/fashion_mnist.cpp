@@ -1,23 +1,21 @@
 #include "dtrain/data/fashion_mnist.h"
 
-#include <filesystem>
-
 #include "common/enforce.h"
+#include "common/paths.h"
 #include "data/idx_file.h"
 
 namespace dtrain {
 namespace {
 
 std::string join_path(const std::string& root, const char* name) {
-  return (std::filesystem::path(root) / name).string();
+  return paths::join(root, name);
 }
 
 void check_root(const std::string& root) {
-  std::error_code ec;
-  DTRAIN_CHECK_ARG(std::filesystem::exists(root, ec), "FashionMNIST: dataset directory '", root,
+  DTRAIN_CHECK_ARG(paths::exists(root), "FashionMNIST: dataset directory '", root,
                    "' does not exist; install Debian's dataset-fashion-mnist package "
                    "(scripts/setup.sh) or pass the directory holding the *-idx?-ubyte.gz files");
-  DTRAIN_CHECK_ARG(std::filesystem::is_directory(root, ec), "FashionMNIST: dataset root '", root,
+  DTRAIN_CHECK_ARG(paths::is_directory(root), "FashionMNIST: dataset root '", root,
                    "' is not a directory");
 }
 

@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 
 #include "common/enforce.h"
+#include "common/paths.h"
 
 namespace dtrain::data {
 namespace {
@@ -15,9 +15,8 @@ namespace {
 class GzReader {
  public:
   explicit GzReader(const std::string& path) : path_(path) {
-    std::error_code ec;
-    DTRAIN_CHECK_ARG(std::filesystem::exists(path, ec), path, ": no such file");
-    DTRAIN_CHECK_ARG(!std::filesystem::is_directory(path, ec), path,
+    DTRAIN_CHECK_ARG(paths::exists(path), path, ": no such file");
+    DTRAIN_CHECK_ARG(!paths::is_directory(path), path,
                      ": is a directory, expected a gzip IDX file");
     errno = 0;
     file_ = gzopen(path.c_str(), "rb");

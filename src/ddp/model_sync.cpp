@@ -1,5 +1,7 @@
 #include "ddp/model_sync.h"
 
+#include <ATen/core/grad_mode.h>  // at::NoGradGuard (its own header on libtorch 2.x)
+
 #include <algorithm>
 #include <cstring>
 #include <functional>

@@ -12,19 +12,18 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <numeric>
 #include <sstream>
 
+#include "common/paths.h"
 #include "dtrain/dtrain.h"
 #include "harness/thread_ranks.h"
 
 namespace dtrain {
 namespace {
 
-namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
 // --- DistributedSampler ------------------------------------------------------
@@ -445,26 +444,22 @@ std::string be32(uint32_t v) {
 class DamagedFashionMNIST : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("dtrain_fmnist_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = paths::make_temp_dir("dtrain_fmnist_");
     for (const char* f : {"t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"})
-      fs::copy_file(fs::path(kRoot) / f, dir_ / f);
+      paths::copy_file(paths::join(kRoot, f), paths::join(dir_, f));
   }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string labels() const { return (dir_ / "t10k-labels-idx1-ubyte.gz").string(); }
-  std::string images() const { return (dir_ / "t10k-images-idx3-ubyte.gz").string(); }
+  void TearDown() override { paths::remove_all(dir_); }
+  std::string labels() const { return paths::join(dir_, "t10k-labels-idx1-ubyte.gz"); }
+  std::string images() const { return paths::join(dir_, "t10k-images-idx3-ubyte.gz"); }
   std::string error() const {
     try {
-      FashionMNIST(dir_.string(), FashionMNIST::Mode::kTest);
+      FashionMNIST(dir_, FashionMNIST::Mode::kTest);
     } catch (const InvalidArgument& e) {
       return e.what();
     }
     return "no InvalidArgument";
   }
-  fs::path dir_;
+  std::string dir_;
 };
 
 TEST_F(DamagedFashionMNIST, IntactCopyLoads) { EXPECT_EQ(error(), "no InvalidArgument"); }
@@ -508,9 +503,9 @@ TEST_F(DamagedFashionMNIST, CorruptChecksum) {
 }
 
 TEST_F(DamagedFashionMNIST, MissingFileOrDirectory) {
-  fs::remove(labels());
+  paths::remove_all(labels());
   EXPECT_EQ(error(), labels() + ": no such file");
-  const std::string missing = (dir_ / "nowhere").string();
+  const std::string missing = paths::join(dir_, "nowhere");
   try {
     FashionMNIST(missing, FashionMNIST::Mode::kTrain);
     ADD_FAILURE() << "no error for a missing directory";

@@ -85,7 +85,7 @@ void check_equivalence(int world, const Configure& configure, std::vector<int> m
     const int me = static_cast<int>(it - members.begin());
     auto group = ctx.group;
     if (n != world)
-      group = create_process_group("gloo", std::make_shared<PrefixStore>("sub", ctx.store), me, n,
+      group = create_process_group("tcp", std::make_shared<PrefixStore>("sub", ctx.store), me, n,
                                    GroupOptions().name("sub").global_ranks(members).timeout(30s));
     DistributedDataParallel ddp(models[ctx.rank], configure(DDPOptions().process_group(group)));
     auto opt = make_sgd(ddp.parameters());

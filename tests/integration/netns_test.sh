@@ -2,8 +2,8 @@
 # Two "machines" on one box: two network namespaces joined by a veth pair,
 # two ranks in each (world 4). Nothing is shared between them but the
 # 10.213.x link (and /dev/shm, which dtrain must not use across them), so
-# this proves that the TCP store, the gloo backend and the hierarchical
-# "auto" backend (shm within each namespace, gloo between) work across
+# this proves that the TCP store, the tcp backend (and its "gloo" alias) and
+# the hierarchical "auto" backend (shm within each namespace, tcp between) work across
 # hosts, and that a forced "shm" refuses ranks on different machines.
 set -euo pipefail
 worker=$1
@@ -31,7 +31,7 @@ run_job() {
 status=0
 fail() { echo "FAIL: $1"; cat "$logs/$2"; status=1; }
 
-for spec in "auto|auto (shm within 2 machines, gloo between)" "gloo|gloo"; do
+for spec in "auto|auto (shm within 2 machines, tcp between)" "tcp|tcp" "gloo|tcp"; do
   backend=${spec%%|*} expected=${spec#*|}
   run_job "$backend" 29611
   for rank in 0 1 2 3; do

@@ -9,9 +9,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <filesystem>
 #include <functional>
 
+#include "common/paths.h"
 #include "harness/process_ranks.h"
 
 namespace dtrain::testing {
@@ -217,8 +217,7 @@ TEST(ProcessFailures, UnreachableStoreTimesOutNamingHostAndPort) {
 // Names in /dev/shm that an shm group of these processes could have left.
 std::vector<std::string> shm_leftovers(ProcessRanks& procs) {
   std::vector<std::string> found;
-  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
-    const auto name = entry.path().filename().string();
+  for (const auto& name : dtrain::paths::list("/dev/shm")) {
     for (const auto& p : procs.ranks())
       if (name.rfind("dtrain-shm." + std::to_string(p.pid) + ".", 0) == 0) found.push_back(name);
   }
@@ -285,7 +284,7 @@ TEST_P(PeerFailure, StoppedPeerBecomesTimeoutErrorWithinTheTimeout) {
   EXPECT_EQ(shm_leftovers(procs), std::vector<std::string>{});
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, PeerFailure, ::testing::Values("auto", "gloo"));
+INSTANTIATE_TEST_SUITE_P(Backends, PeerFailure, ::testing::Values("auto", "tcp"));
 
 TEST(ShmCleanup, NothingLeftInDevShmAfterNormalExitOrError) {
   {

@@ -11,9 +11,9 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <filesystem>
 #include <thread>
 
+#include "common/paths.h"
 #include "backends/shm/segment.h"
 #include "common/enforce.h"
 #include "harness/assertions.h"
@@ -277,7 +277,7 @@ TEST(Shm, PeerThatDestroyedItsGroupIsReportedAtOnce) {
 }
 
 bool in_dev_shm(const std::string& name) {
-  return std::filesystem::exists("/dev/shm/" + name);
+  return paths::exists("/dev/shm/" + name);
 }
 
 TEST(Shm, SegmentsLeftByACrashedCreatorAreRemovedOnTheNextStart) {
@@ -319,8 +319,8 @@ TEST(Shm, SegmentsLeftByACrashedCreatorAreRemovedOnTheNextStart) {
 std::vector<std::string> own_names() {
   std::vector<std::string> found;
   const auto prefix = detail::cat(shm::kSegmentPrefix, ::getpid(), ".");
-  for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
-    if (e.path().filename().string().rfind(prefix, 0) == 0) found.push_back(e.path().filename());
+  for (const auto& name : paths::list("/dev/shm"))
+    if (name.rfind(prefix, 0) == 0) found.push_back(name);
   return found;
 }
 

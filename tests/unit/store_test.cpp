@@ -6,11 +6,11 @@
 
 #include <gtest/gtest.h>
 
+#include "common/paths.h"
 #include "harness/assertions.h"
 #include <unistd.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <fstream>
 #include <future>
 #include <numeric>
@@ -38,10 +38,9 @@ using testing::seconds_since;
 class TempDir {
  public:
   TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "dtrain_store_XXXXXX").string();
-    path_ = mkdtemp(tmpl.data());
+    path_ = paths::make_temp_dir("dtrain_store_");
   }
-  ~TempDir() { std::filesystem::remove_all(path_); }
+  ~TempDir() { paths::remove_all(path_); }
   std::string file(const std::string& name) const { return path_ + "/" + name; }
 
  private:
@@ -368,10 +367,10 @@ TEST(FileStore, TheLastUserRemovesTheFile) {
   a->set("k", "v");
   EXPECT_EQ(a->num_keys(), 1);  // the user counter is not a user key
   a.reset();
-  EXPECT_TRUE(std::filesystem::exists(path));
+  EXPECT_TRUE(paths::exists(path));
   EXPECT_EQ(b->get_string("k"), "v");
   b.reset();
-  EXPECT_FALSE(std::filesystem::exists(path));
+  EXPECT_FALSE(paths::exists(path));
   // A new store on the same path starts empty.
   FileStore c(path, ms(50));
   EXPECT_EQ(c.num_keys(), 0);

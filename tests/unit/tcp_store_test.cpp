@@ -50,6 +50,27 @@ uint16_t unused_port() {
   return port;
 }
 
+// A port bound (without SO_REUSEADDR) but not listening, for as long as it
+// lives: connections to it are refused, and no other socket, of this test
+// or of a test running beside it, can take the port meanwhile.
+class RefusingPort {
+ public:
+  RefusingPort() : fd_(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    socklen_t len = sizeof(addr);
+    getsockname(fd_.get(), reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+  }
+  uint16_t port() const { return port_; }
+
+ private:
+  net::Fd fd_;
+  uint16_t port_ = 0;
+};
+
 net::Fd raw_connect(uint16_t port) {
   return net::connect_to("127.0.0.1", port, Clock::now() + 2s);
 }
@@ -121,7 +142,8 @@ TEST(TcpStore, PortZeroPicksAFreePort) {
 }
 
 TEST(TcpStore, ClientWithNoServerTimesOutNamingHostPort) {
-  const uint16_t port = unused_port();
+  RefusingPort refusing;
+  const uint16_t port = refusing.port();
   const auto start = Clock::now();
   try {
     client_of(port, 500ms);
