@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <map>
 #include <regex>
@@ -23,10 +24,6 @@ struct Args {
   }
   int num(const std::string& k, int d) const { return std::stoi(get(k, std::to_string(d))); }
 };
-
-// The interpreter of the Python baselines: --python, else python3 from PATH
-// (so that a virtual environment's PyTorch is the one measured).
-inline std::string python_of(const Args& a) { return a.get("python", "python3"); }
 
 inline Args parse(int argc, char** argv, int first) {
   Args a;
@@ -61,6 +58,21 @@ inline std::string capture(const std::string& cmd) {
   int rc = pclose(f);
   if (rc != 0) throw std::runtime_error("command failed (" + std::to_string(rc) + "): " + cmd + "\n" + out);
   return out;
+}
+
+// The interpreter of the Python baselines: --python if given, else the
+// first of python3 on PATH (a virtual environment's PyTorch) and
+// /usr/bin/python3 (Debian's python3-torch) that can import torch.
+inline std::string python_of(const Args& a) {
+  const std::string given = a.get("python", "");
+  if (!given.empty()) return given;
+  for (const char* candidate : {"python3", "/usr/bin/python3"}) {
+    const std::string probe = std::string(candidate) + " -c 'import torch' >/dev/null 2>&1";
+    if (std::system(probe.c_str()) == 0) return candidate;
+  }
+  throw std::runtime_error(
+      "no Python with PyTorch for the baseline: neither python3 on PATH nor /usr/bin/python3 "
+      "imports torch; pass --python PATH");
 }
 
 inline double field(const std::string& text, const std::string& name) {

@@ -21,8 +21,8 @@
 //   dtrain-bench collectives [--backend auto] [--op all_reduce] ... (run under dtrain-run)
 //       nccl-tests-style sweep of one collective; see collectives.cpp.
 //
-// Every Python baseline runs with --python PATH (default: python3 from PATH,
-// so a virtual environment's PyTorch is the one measured).
+// Every Python baseline runs with --python PATH (default: the first of
+// python3 on PATH and /usr/bin/python3 that imports torch).
 //
 // Ranks are child processes of this binary (`dtrain-bench rank ...`) that
 // rendezvous over env:// on 127.0.0.1, one intra-op thread each.

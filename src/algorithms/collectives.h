@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,14 +28,38 @@
 
 namespace dtrain::algorithms {
 
+// Scratch memory owned by the group and reused from call to call: a fresh
+// allocation of tens of MiB is mapped and page-faulted in anew every time
+// (glibc serves blocks over 32 MiB with mmap), which costs more than the
+// transfer on a loaded machine. Grows, never shrinks; one thread at a time.
+class Scratch {
+ public:
+  uint8_t* get(size_t bytes) {
+    if (bytes > size_) {
+      data_.reset(new uint8_t[bytes]);
+      size_ = bytes;
+    }
+    return data_.get();
+  }
+
+ private:
+  std::unique_ptr<uint8_t[]> data_;
+  size_t size_ = 0;
+};
+
 struct Context {
   transport::Transport& transport;
   uint64_t tag;                         // transport::collective_tag(call.seq)
   transport::Clock::time_point deadline;
   const std::string& what;              // names the call in timeouts
+  Scratch& scratch;                     // the ring's receive buffers, trees' temporaries
+  Scratch& copy;                        // reduce's working copy
   int rank() const { return transport.rank(); }
   int size() const { return transport.size(); }
 };
+
+// Marks the tag of a collective's second phase (see all_reduce).
+constexpr uint64_t kSecondHalf = uint64_t{1} << 62;
 
 // Below this many bytes the latency algorithms run (recursive doubling,
 // binomial trees); above it the bandwidth ones (pipelined ring and chain).

@@ -34,8 +34,8 @@ void ring_reduce_scatter(const Context& ctx, void* base, const Blocks& blocks,
   const int right = mod(r + 1, n), left = mod(r - 1, n);
   const size_t elem = c10::elementSize(dtype);
   auto& t = ctx.transport;
-  std::unique_ptr<uint8_t[]> scratch(new uint8_t[2 * std::max<size_t>(blocks.stride, 1)]);
-  auto scratch_of = [&](int s) { return scratch.get() + (s % 2) * blocks.stride; };
+  uint8_t* scratch = ctx.scratch.get(2 * std::max<size_t>(blocks.stride, 1));
+  auto scratch_of = [&](int s) { return scratch + (s % 2) * blocks.stride; };
   auto recv_block = [&](int s) { return mod(r - s - 2, n); };
 
   std::vector<transport::RequestPtr> recvs[2], sends;
@@ -71,23 +71,30 @@ void ring_reduce_scatter(const Context& ctx, void* base, const Blocks& blocks,
   wait_all(ctx, sends);
 }
 
-void ring_all_gather(const Context& ctx, void* base, const Blocks& blocks) {
-  const int n = ctx.size(), r = ctx.rank();
-  if (n == 1) return;
-  const int right = mod(r + 1, n), left = mod(r - 1, n);
-  auto& t = ctx.transport;
-  std::vector<std::vector<transport::RequestPtr>> recvs(n - 1);
+Posted post_all_gather_recvs(const Context& ctx, void* base, const Blocks& blocks,
+                             uint64_t tag) {
+  const int n = ctx.size(), r = ctx.rank(), left = mod(r - 1, n);
+  Posted recvs(n - 1);
   for (int s = 0; s <= n - 2; ++s) {
     const int b = mod(r - s - 1, n);
     const size_t bytes = blocks.bytes(b);
     for (size_t p = 0; p < piece_count(bytes); ++p)
-      recvs[s].push_back(t.irecv(left, ctx.tag, at(base, blocks.begin(b) + p * kPieceBytes),
-                                 piece_bytes(bytes, p)));
+      recvs[s].push_back(ctx.transport.irecv(
+          left, tag, at(base, blocks.begin(b) + p * kPieceBytes), piece_bytes(bytes, p)));
   }
+  return recvs;
+}
+
+void ring_all_gather(const Context& ctx, void* base, const Blocks& blocks, uint64_t tag,
+                     Posted recvs) {
+  const int n = ctx.size(), r = ctx.rank();
+  if (n == 1) return;
+  const int right = mod(r + 1, n);
+  auto& t = ctx.transport;
   std::vector<transport::RequestPtr> sends;
   const size_t own = blocks.bytes(r);
   for (size_t p = 0; p < piece_count(own); ++p)
-    sends.push_back(t.isend(right, ctx.tag, at(base, blocks.begin(r) + p * kPieceBytes),
+    sends.push_back(t.isend(right, tag, at(base, blocks.begin(r) + p * kPieceBytes),
                             piece_bytes(own, p)));
   for (int s = 0; s <= n - 2; ++s) {
     const int b = mod(r - s - 1, n);
@@ -95,7 +102,7 @@ void ring_all_gather(const Context& ctx, void* base, const Blocks& blocks) {
     for (size_t p = 0; p < piece_count(bytes); ++p) {
       recvs[s][p]->wait(ctx.deadline, ctx.what);
       if (s < n - 2)
-        sends.push_back(t.isend(right, ctx.tag, at(base, blocks.begin(b) + p * kPieceBytes),
+        sends.push_back(t.isend(right, tag, at(base, blocks.begin(b) + p * kPieceBytes),
                                 piece_bytes(bytes, p)));
     }
   }
@@ -105,7 +112,8 @@ void ring_all_gather(const Context& ctx, void* base, const Blocks& blocks) {
 void all_gather(const Context& ctx, const void* input, void* output, size_t bytes) {
   const Blocks blocks{bytes, bytes * ctx.size()};
   if (bytes) std::memcpy(at(output, blocks.begin(ctx.rank())), input, bytes);
-  ring_all_gather(ctx, output, blocks);
+  if (ctx.size() == 1) return;
+  ring_all_gather(ctx, output, blocks, ctx.tag, post_all_gather_recvs(ctx, output, blocks, ctx.tag));
 }
 
 void reduce_scatter(const Context& ctx, void* input, void* output, size_t count,

@@ -40,22 +40,22 @@ void recursive_doubling(const Context& ctx, void* data, size_t count, c10::Scala
     t.irecv(r - m, ctx.tag, data, bytes)->wait(ctx.deadline, ctx.what);
     return;
   }
-  std::unique_ptr<uint8_t[]> tmp(new uint8_t[std::max<size_t>(bytes, 1)]);
+  uint8_t* tmp = ctx.scratch.get(std::max<size_t>(bytes, 1));
   if (r + m < n) {
-    t.irecv(r + m, ctx.tag, tmp.get(), bytes)->wait(ctx.deadline, ctx.what);
-    kernels::accumulate_into(dtype, op, data, tmp.get(), count);
+    t.irecv(r + m, ctx.tag, tmp, bytes)->wait(ctx.deadline, ctx.what);
+    kernels::accumulate_into(dtype, op, data, tmp, count);
   }
   for (int mask = 1; mask < m; mask <<= 1) {
     const int partner = r ^ mask;
-    auto recv = t.irecv(partner, ctx.tag, tmp.get(), bytes);
+    auto recv = t.irecv(partner, ctx.tag, tmp, bytes);
     auto send = t.isend(partner, ctx.tag, data, bytes);
     send->wait(ctx.deadline, ctx.what);
     recv->wait(ctx.deadline, ctx.what);
     if (r < partner) {
-      kernels::accumulate_into(dtype, op, data, tmp.get(), count);
+      kernels::accumulate_into(dtype, op, data, tmp, count);
     } else {  // the partner's (lower) operand first
-      kernels::accumulate_into(dtype, op, tmp.get(), data, count);
-      std::memcpy(data, tmp.get(), bytes);
+      kernels::accumulate_into(dtype, op, tmp, data, count);
+      std::memcpy(data, tmp, bytes);
     }
   }
   if (r + m < n) t.isend(r + m, ctx.tag, data, bytes)->wait(ctx.deadline, ctx.what);
@@ -101,15 +101,15 @@ void binomial_reduce(const Context& ctx, void* acc, size_t count, c10::ScalarTyp
   const int n = ctx.size(), q = mod(ctx.rank() - root, n);
   const size_t bytes = count * c10::elementSize(dtype);
   auto& t = ctx.transport;
-  std::unique_ptr<uint8_t[]> tmp(new uint8_t[std::max<size_t>(bytes, 1)]);
+  uint8_t* tmp = ctx.scratch.get(std::max<size_t>(bytes, 1));
   for (int mask = 1; mask < n; mask <<= 1) {
     if (q & mask) {
       t.isend(mod(q - mask + root, n), ctx.tag, acc, bytes)->wait(ctx.deadline, ctx.what);
       return;
     }
     if (q + mask < n) {
-      t.irecv(mod(q + mask + root, n), ctx.tag, tmp.get(), bytes)->wait(ctx.deadline, ctx.what);
-      kernels::accumulate_into(dtype, op, acc, tmp.get(), count);
+      t.irecv(mod(q + mask + root, n), ctx.tag, tmp, bytes)->wait(ctx.deadline, ctx.what);
+      kernels::accumulate_into(dtype, op, acc, tmp, count);
     }
   }
 }
@@ -126,8 +126,13 @@ void all_reduce(const Context& ctx, void* data, size_t count, c10::ScalarType dt
     return;
   }
   const Blocks blocks{(count + n - 1) / n * elem, bytes};
+  // A piece of the second half can only arrive once this rank has sent its
+  // share of that block in the first: receiving straight into place early
+  // is safe, and spares holding and copying pieces that come early.
+  const uint64_t gather_tag = ctx.tag | kSecondHalf;
+  auto gather_recvs = post_all_gather_recvs(ctx, data, blocks, gather_tag);
   ring_reduce_scatter(ctx, data, blocks, dtype, op);
-  ring_all_gather(ctx, data, blocks);
+  ring_all_gather(ctx, data, blocks, gather_tag, std::move(gather_recvs));
 }
 
 void broadcast(const Context& ctx, void* data, size_t bytes, int root) {
@@ -143,21 +148,18 @@ void reduce(const Context& ctx, void* data, size_t count, c10::ScalarType dtype,
   const int n = ctx.size(), r = ctx.rank();
   const size_t elem = c10::elementSize(dtype), bytes = count * elem;
   if (n == 1 || count == 0) return;
-  std::unique_ptr<uint8_t[]> copy;
   void* acc = data;
   if (r != root) {  // other ranks' data stays as given
-    copy.reset(new uint8_t[bytes]);
-    std::memcpy(copy.get(), data, bytes);
-    acc = copy.get();
+    acc = ctx.copy.get(bytes);
+    std::memcpy(acc, data, bytes);
   }
   if (bytes <= kLatencyBytes || count < static_cast<size_t>(n)) {
     binomial_reduce(ctx, acc, count, dtype, op, root);
     return;
   }
   if (r == root) {  // root reduces on a copy too: its blocks arrive into data
-    copy.reset(new uint8_t[bytes]);
-    std::memcpy(copy.get(), data, bytes);
-    acc = copy.get();
+    acc = ctx.copy.get(bytes);
+    std::memcpy(acc, data, bytes);
   }
   const Blocks blocks{(count + n - 1) / n * elem, bytes};
   ring_reduce_scatter(ctx, acc, blocks, dtype, op);

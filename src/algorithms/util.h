@@ -44,6 +44,12 @@ inline size_t piece_bytes(size_t bytes, size_t p) {
 // all-gather spreads block r of every rank to all.
 void ring_reduce_scatter(const Context& ctx, void* base, const Blocks& blocks,
                          c10::ScalarType dtype, ReduceOp op);
-void ring_all_gather(const Context& ctx, void* base, const Blocks& blocks);
+// The all-gather's receives may be posted ahead (all_reduce posts them
+// before its reduce-scatter, under a tag of their own, so that no piece of
+// the second half arrives before its receive and has to be held and copied).
+using Posted = std::vector<std::vector<transport::RequestPtr>>;
+Posted post_all_gather_recvs(const Context& ctx, void* base, const Blocks& blocks, uint64_t tag);
+void ring_all_gather(const Context& ctx, void* base, const Blocks& blocks, uint64_t tag,
+                     Posted recvs);
 
 }  // namespace dtrain::algorithms

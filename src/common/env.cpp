@@ -50,9 +50,10 @@ const Var kCpuMemory{"DTRAIN_CPU_MEMORY", "cache",
                      "(malloc keeps blocks below 1 GiB and never trims); system: malloc as "
                      "configured."};
 
-const Var kTcpStreams{"DTRAIN_TCP_STREAMS", "2",
-                      "TCP connections between each pair of ranks of a tcp group (1..16); "
-                      "messages of 256 KiB and more are split over all of them."};
+const Var kTcpStreams{"DTRAIN_TCP_STREAMS", "auto",
+                      "TCP connections between each pair of ranks of a tcp group (1..16, or "
+                      "auto: 2 on machines with more than 4 cores, else 1); messages of "
+                      "256 KiB and more are split over all of them."};
 
 const std::vector<const Var*>& all() {
   static const std::vector<const Var*> vars{

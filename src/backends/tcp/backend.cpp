@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <numeric>
+#include <thread>
 
 #include "algorithms/collectives.h"
 #include "common/enforce.h"
@@ -31,6 +32,14 @@ void check_reducible(const std::string& what, const at::Tensor& t) {
 
 size_t count_of(const at::Tensor& t) { return static_cast<size_t>(t.numel()); }
 
+// DTRAIN_TCP_STREAMS; "auto": a second stream (and I/O thread) pays off only
+// where cores are left for it (measured: on 2 cores one stream is faster).
+int streams_from_env() {
+  if (env::get(env::kTcpStreams).value_or("auto") == "auto")
+    return std::thread::hardware_concurrency() > 4 ? 2 : 1;
+  return static_cast<int>(*env::get_int(env::kTcpStreams, 1, 16));
+}
+
 }  // namespace
 
 struct TcpProcessGroup::Op {
@@ -43,11 +52,13 @@ TcpProcessGroup::TcpProcessGroup(std::shared_ptr<Store> store, int rank, int siz
   if (size > 1) {
     transport::TcpOptions t;
     t.local_address = this->options().local_address();
-    t.streams = static_cast<int>(*env::get_int(env::kTcpStreams, 1, 16));
+    t.streams = streams_from_env();
     t.timeout = timeout();
     t.name = name();
     transport_ = transport::connect_tcp(*store, rank, size, t);
   }
+  scratch_ = std::make_unique<algorithms::Scratch>();
+  copy_ = std::make_unique<algorithms::Scratch>();
   DTRAIN_LOG_INFO("tcp: group '", name(), "' connected, rank ", rank, "/", size, " via ",
                   this->options().local_address().empty() ? "127.0.0.1"
                                                           : this->options().local_address());
@@ -72,7 +83,8 @@ WorkPtr TcpProcessGroup::enqueue(const Call& call, std::function<void(const Op&)
     }
     try {
       Op op{algorithms::Context{*transport_, transport::collective_tag(call.seq),
-                                transport::Clock::now() + call.timeout, call.description}};
+                                transport::Clock::now() + call.timeout, call.description,
+                                *scratch_, *copy_}};
       body(op);
     } catch (...) {
       error = std::current_exception();

@@ -20,6 +20,10 @@
 #include "dtrain/process_group.h"
 #include "transport/transport.h"
 
+namespace dtrain::algorithms {
+class Scratch;
+}
+
 namespace dtrain::tcp_backend {
 
 class TcpProcessGroup final : public ProcessGroup {
@@ -41,6 +45,8 @@ class TcpProcessGroup final : public ProcessGroup {
   WorkPtr post_p2p(const Call& call, at::Tensor tensor, int peer, int tag, bool is_send);
 
   std::unique_ptr<transport::Transport> transport_;
+  // Used only on the collectives thread (see algorithms::Scratch).
+  std::unique_ptr<algorithms::Scratch> scratch_, copy_;
   // Declared last: destroyed first, so queued work finishes while the
   // transport is still alive.
   SerialExecutor p2p_waits_;

@@ -76,7 +76,8 @@ struct Part {
 struct Held {
   uint64_t tag = 0;
   uint64_t total = 0;
-  std::vector<uint8_t> data;  // this stream's part
+  std::unique_ptr<uint8_t[]> data;  // this stream's part (not zeroed)
+  size_t bytes = 0;
   size_t done = 0;
   bool complete = false;
   std::optional<Part> waiter;  // a receive posted while it was arriving

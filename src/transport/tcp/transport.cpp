@@ -274,7 +274,7 @@ void TcpTransport::post_recv(Connection& c, Part part) {
       it->waiter = std::move(part);
       return;
     }
-    if (part.bytes) std::memcpy(part.data, it->data.data(), part.bytes);
+    if (part.bytes) std::memcpy(part.data, it->data.get(), part.bytes);
     c.held.erase(it);
     part.request->part_done();
     return;
@@ -374,8 +374,8 @@ bool TcpTransport::receive(Connection& c) {
       dst = reinterpret_cast<uint8_t*>(&c.recv_header) + c.recv_header_done;
       want = sizeof(FrameHeader) - c.recv_header_done;
     } else if (c.current_held) {
-      dst = c.current_held->data.data() + c.current_held->done;
-      want = c.current_held->data.size() - c.current_held->done;
+      dst = c.current_held->data.get() + c.current_held->done;
+      want = c.current_held->bytes - c.current_held->done;
     } else {
       dst = c.current.data + c.current.done;
       want = c.current.bytes - c.current.done;
@@ -398,7 +398,7 @@ bool TcpTransport::receive(Connection& c) {
       (c.current_held ? c.current_held->done : c.current.done) += static_cast<size_t>(got);
     }
     if (c.in_message) {
-      const bool full = c.current_held ? c.current_held->done == c.current_held->data.size()
+      const bool full = c.current_held ? c.current_held->done == c.current_held->bytes
                                        : c.current.done == c.current.bytes;
       if (full) finish_message(c);
     }
@@ -434,7 +434,8 @@ void TcpTransport::start_message(Connection& c) {
   Held held;
   held.tag = h.tag;
   held.total = h.total;
-  held.data.resize(range.bytes);
+  held.data.reset(new uint8_t[std::max<size_t>(range.bytes, 1)]);
+  held.bytes = range.bytes;
   c.held.push_back(std::move(held));
   c.current_held = &c.held.back();
 }
@@ -451,7 +452,7 @@ void TcpTransport::finish_message(Connection& c) {
   c.current_held = nullptr;
   h.complete = true;
   if (!h.waiter) return;
-  if (h.waiter->bytes) std::memcpy(h.waiter->data, h.data.data(), h.waiter->bytes);
+  if (h.waiter->bytes) std::memcpy(h.waiter->data, h.data.get(), h.waiter->bytes);
   auto request = std::move(h.waiter->request);
   for (auto it = c.held.begin(); it != c.held.end(); ++it)
     if (&*it == &h) {
