@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cstring>
 #include <numeric>
 #include <thread>
 
@@ -31,6 +32,17 @@ void check_reducible(const std::string& what, const at::Tensor& t) {
 }
 
 size_t count_of(const at::Tensor& t) { return static_cast<size_t>(t.numel()); }
+
+// Contiguous tensors (the base class stages the others) to and from raw
+// staging memory; each returns the bytes copied.
+size_t copy_bytes(uint8_t* dst, const at::Tensor& src) {
+  if (src.nbytes()) std::memcpy(dst, src.data_ptr(), src.nbytes());
+  return src.nbytes();
+}
+size_t copy_bytes(const at::Tensor& dst, const uint8_t* src) {
+  if (dst.nbytes()) std::memcpy(dst.data_ptr(), src, dst.nbytes());
+  return dst.nbytes();
+}
 
 // DTRAIN_TCP_STREAMS; "auto": a second stream (and I/O thread) pays off only
 // where cores are left for it (measured: on 2 cores one stream is faster).
@@ -126,17 +138,20 @@ WorkPtr TcpProcessGroup::do_reduce(const Call& call, at::Tensor tensor, int root
   });
 }
 
+// Staging buffers come from the group's scratch (see algorithms::Scratch):
+// a fresh tensor of that size would be page-faulted in on every call.
+
 WorkPtr TcpProcessGroup::do_all_gather(const Call& call, std::vector<at::Tensor> outputs,
                                        at::Tensor input) {
   if (size() == 1) {
     outputs[0].view({-1}).copy_(input.reshape({-1}));
     return Work::completed(call.description);
   }
-  return enqueue(call, [this, outputs, input](const Op& o) {
-    const auto n = input.numel();
-    auto flat = at::empty({size() * n}, input.options());
-    algorithms::all_gather(o.ctx, input.data_ptr(), flat.data_ptr(), input.nbytes());
-    for (int i = 0; i < size(); ++i) outputs[i].view({-1}).copy_(flat.narrow(0, i * n, n));
+  return enqueue(call, [outputs, input](const Op& o) {
+    const size_t bytes = input.nbytes();
+    uint8_t* flat = o.ctx.copy.get(bytes * outputs.size());
+    algorithms::all_gather(o.ctx, input.data_ptr(), flat, bytes);
+    for (size_t i = 0; i < outputs.size(); ++i) copy_bytes(outputs[i], flat + i * bytes);
   });
 }
 
@@ -147,13 +162,11 @@ WorkPtr TcpProcessGroup::do_gather(const Call& call, std::vector<at::Tensor> out
     return Work::completed(call.description);
   }
   return enqueue(call, [this, outputs, input, root](const Op& o) {
-    const auto n = input.numel();
-    at::Tensor flat;
-    if (rank() == root) flat = at::empty({size() * n}, input.options());
-    algorithms::gather(o.ctx, input.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr,
-                       input.nbytes(), root);
+    const size_t bytes = input.nbytes();
+    uint8_t* flat = rank() == root ? o.ctx.copy.get(bytes * size()) : nullptr;
+    algorithms::gather(o.ctx, input.data_ptr(), flat, bytes, root);
     if (rank() == root)
-      for (int i = 0; i < size(); ++i) outputs[i].view({-1}).copy_(flat.narrow(0, i * n, n));
+      for (int i = 0; i < size(); ++i) copy_bytes(outputs[i], flat + i * bytes);
   });
 }
 
@@ -164,14 +177,13 @@ WorkPtr TcpProcessGroup::do_scatter(const Call& call, at::Tensor output,
     return Work::completed(call.description);
   }
   return enqueue(call, [this, output, inputs, root](const Op& o) {
-    at::Tensor flat;
+    const size_t bytes = output.nbytes();
+    uint8_t* flat = nullptr;
     if (rank() == root) {
-      std::vector<at::Tensor> flat_inputs;
-      for (const auto& in : inputs) flat_inputs.push_back(in.reshape({-1}));
-      flat = at::cat(flat_inputs);
+      flat = o.ctx.copy.get(bytes * size());
+      for (int i = 0; i < size(); ++i) copy_bytes(flat + i * bytes, inputs[i]);
     }
-    algorithms::scatter(o.ctx, flat.defined() ? flat.data_ptr() : nullptr, output.data_ptr(),
-                        output.nbytes(), root);
+    algorithms::scatter(o.ctx, flat, output.data_ptr(), bytes, root);
   });
 }
 
@@ -183,10 +195,10 @@ WorkPtr TcpProcessGroup::do_reduce_scatter(const Call& call, at::Tensor output,
     return Work::completed(call.description);
   }
   return enqueue(call, [this, output, inputs, op](const Op& o) {
-    std::vector<at::Tensor> flat_inputs;
-    for (const auto& in : inputs) flat_inputs.push_back(in.reshape({-1}));
-    auto flat = at::cat(flat_inputs);  // the ring's scratch
-    algorithms::reduce_scatter(o.ctx, flat.data_ptr(), output.data_ptr(), count_of(output),
+    const size_t bytes = output.nbytes();
+    uint8_t* work = o.ctx.copy.get(bytes * size());  // the ring reduces in place
+    for (int i = 0; i < size(); ++i) copy_bytes(work + i * bytes, inputs[i]);
+    algorithms::reduce_scatter(o.ctx, work, output.data_ptr(), count_of(output),
                                output.scalar_type(), op);
     if (op == ReduceOp::AVG) divide_for_average(output, size());
   });
@@ -200,24 +212,16 @@ WorkPtr TcpProcessGroup::do_all_to_all(const Call& call, std::vector<at::Tensor>
   }
   return enqueue(call, [outputs, inputs](const Op& o) {
     std::vector<size_t> in_bytes, out_bytes;
-    std::vector<at::Tensor> flat_inputs;
-    for (const auto& in : inputs) {
-      in_bytes.push_back(in.nbytes());
-      flat_inputs.push_back(in.reshape({-1}));
-    }
-    int64_t out_count = 0;
-    for (const auto& out : outputs) {
-      out_bytes.push_back(out.nbytes());
-      out_count += out.numel();
-    }
-    auto flat_in = at::cat(flat_inputs);
-    auto flat_out = at::empty({out_count}, flat_in.options());
-    algorithms::all_to_all(o.ctx, flat_in.data_ptr(), in_bytes, flat_out.data_ptr(), out_bytes);
-    int64_t offset = 0;
-    for (const auto& out : outputs) {
-      out.view({-1}).copy_(flat_out.narrow(0, offset, out.numel()));
-      offset += out.numel();
-    }
+    size_t in_total = 0, out_total = 0;
+    for (const auto& in : inputs) in_total += in_bytes.emplace_back(in.nbytes());
+    for (const auto& out : outputs) out_total += out_bytes.emplace_back(out.nbytes());
+    uint8_t* flat_in = o.ctx.scratch.get(in_total);  // all_to_all uses no scratch itself
+    uint8_t* flat_out = o.ctx.copy.get(out_total);
+    size_t offset = 0;
+    for (const auto& in : inputs) offset += copy_bytes(flat_in + offset, in);
+    algorithms::all_to_all(o.ctx, flat_in, in_bytes, flat_out, out_bytes);
+    offset = 0;
+    for (const auto& out : outputs) offset += copy_bytes(out, flat_out + offset);
   });
 }
 
