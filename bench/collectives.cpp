@@ -2,7 +2,7 @@
 // inside every rank of a job, e.g.
 //
 //   dtrain-run --standalone --nproc-per-node 2 dtrain-bench collectives \
-//       [--backend auto|shm|gloo] [--op all_reduce|broadcast|reduce|all_gather|gather|
+//       [--backend auto|shm|tcp] [--op all_reduce|broadcast|reduce|all_gather|gather|
 //        scatter|reduce_scatter|all_to_all] [--dtype float32|float64|float16|bfloat16|
 //        int32|int64|uint8|int8] [--redop sum|avg|prod|min|max]
 //       [--min-bytes 4] [--max-bytes 268435456] [--iters N]
@@ -278,15 +278,21 @@ void compare_with_baseline(const Args& a, at::ScalarType dt, ReduceOp redop) {
     std::printf("single-thread memcpy of 16 MiB: %.2f GB/s; of 256 MiB (beyond the caches): %.2f "
                 "GB/s (same run, bytes copied per second)\n",
                 mc, median(memcpy_big_runs));
-    std::printf("goal all_reduce busbw at 16 MiB >= 4x gloo: %.2fx -> %s\n", median(bw_ratio[big]),
-                median(bw_ratio[big]) >= 4 ? "met" : "NOT met");
-    const double big_mc = median(memcpy_big_runs), bw = median(ours_bw[big]);
-    std::printf("goal all_reduce busbw at 16 MiB >= 50%% of memcpy: %.0f%% of the 16 MiB memcpy "
-                "(cache-hot) -> %s; %.0f%% of the 256 MiB memcpy (memory) -> %s\n",
-                100 * bw / mc, bw >= 0.5 * mc ? "met" : "NOT met", 100 * bw / big_mc,
-                bw >= 0.5 * big_mc ? "met" : "NOT met");
-    std::printf("goal 4 KiB all_reduce latency <= 1/20 of gloo: 1/%.1f -> %s\n",
-                median(lat_ratio[small]), median(lat_ratio[small]) >= 20 ? "met" : "NOT met");
+    // The goals differ by transport: shared memory against PyTorch's TCP
+    // gloo, and dtrain's own TCP against it (the libtorch 2.x issue).
+    const bool network = default_group()->backend_name() == "tcp";
+    const double bw_goal = network ? 1.5 : 4, lat_goal = network ? 1 : 20;
+    std::printf("goal all_reduce busbw at 16 MiB >= %.1fx gloo: %.2fx -> %s\n", bw_goal,
+                median(bw_ratio[big]), median(bw_ratio[big]) >= bw_goal ? "met" : "NOT met");
+    if (!network) {
+      const double big_mc = median(memcpy_big_runs), bw = median(ours_bw[big]);
+      std::printf("goal all_reduce busbw at 16 MiB >= 50%% of memcpy: %.0f%% of the 16 MiB memcpy "
+                  "(cache-hot) -> %s; %.0f%% of the 256 MiB memcpy (memory) -> %s\n",
+                  100 * bw / mc, bw >= 0.5 * mc ? "met" : "NOT met", 100 * bw / big_mc,
+                  bw >= 0.5 * big_mc ? "met" : "NOT met");
+    }
+    std::printf("goal 4 KiB all_reduce latency <= 1/%.0f of gloo: 1/%.1f -> %s\n", lat_goal,
+                median(lat_ratio[small]), median(lat_ratio[small]) >= lat_goal ? "met" : "NOT met");
   }
 }
 

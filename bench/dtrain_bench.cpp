@@ -5,10 +5,10 @@
 //       MNIST convnet DDP throughput vs PyTorch's Python DDP (PATH defaults to
 //       ../shared/baselines/py_ddp_train.py), 2-rank scaling vs one process
 //       (and, as its ceiling, 2 independent processes vs one), dtrain's
-//       default backend (auto: shm here) vs gloo, and DTRAIN_CPU_MEMORY=cache
+//       default backend (auto: shm here) vs tcp, and DTRAIN_CPU_MEMORY=cache
 //       (the default) vs system.
 //   dtrain-bench overlap  [--steps 10] [--batch 32] [--runs 3] [--layers 8] [--width 1024]
-//                         [--backend auto|shm|gloo]
+//                         [--backend auto|shm|tcp]
 //       Deep MLP step time: compute alone, compute then communication, and DDP
 //       (overlapped); prints the share of communication hidden behind backward.
 //       --link-rate RATE (e.g. 2gbit; needs root): the two ranks run on two
@@ -204,7 +204,7 @@ int rank_main(const std::string& mode, const Args& a) {
 int bench_ddp(const Args& a) {
   const int world = a.num("world", 2), runs = a.num("runs", 3);
   const int steps = a.num("steps", 30), batch = a.num("batch", 64);
-  const std::string baseline = a.get("baseline", "../shared/baselines/py_ddp_train.py");
+  const std::string baseline = a.get("baseline", "../shared/baselines/py_ddp_train.py");  // from the repository root
   Args rank_args;
   rank_args.flags = {{"steps", std::to_string(steps)}, {"batch", std::to_string(batch)}};
   auto with_backend = [&](const std::string& backend) {
@@ -212,17 +212,17 @@ int bench_ddp(const Args& a) {
     b.flags["backend"] = backend;
     return b;
   };
-  std::vector<double> ratio, scaling, ceiling, vs_gloo, memory;
+  std::vector<double> ratio, scaling, ceiling, vs_tcp, memory;
   std::printf("%-4s %13s %13s %13s %13s %13s %13s %7s %7s %7s %9s %9s\n", "run", "pytorch_ddp/s",
-              "dtrain_auto/s", "dtrain_gloo/s", "auto_sysmem/s", "dtrain_1proc/s", "Nx_indep/s",
-              "ratio", "scaling", "ceiling", "auto/gloo", "cache/sys");
+              "dtrain_auto/s", "dtrain_tcp/s", "auto_sysmem/s", "dtrain_1proc/s", "Nx_indep/s",
+              "ratio", "scaling", "ceiling", "auto/tcp", "cache/sys");
   for (int r = 0; r < runs; ++r) {
     const double p = field(capture(python_of(a) + " " + baseline + " " + std::to_string(world) +
                                    " " + std::to_string(steps) + " " + std::to_string(batch) +
                                    " 2>/dev/null"),
                            "samples_per_s");
     const double d = field(run_ranks(world, "ddp", with_backend("auto")), "samples_per_s");
-    const double g = field(run_ranks(world, "ddp", with_backend("gloo")), "samples_per_s");
+    const double g = field(run_ranks(world, "ddp", with_backend("tcp")), "samples_per_s");
     // dtrain with malloc left as glibc configures it: what DTRAIN_CPU_MEMORY's
     // cache (the default) contributes to the ratio.
     const double m = field(run_ranks(world, "ddp", with_backend("auto"), nullptr,
@@ -234,16 +234,16 @@ int bench_ddp(const Args& a) {
     // tenants), the ceiling of any scaling efficiency here.
     const double n = field(run_ranks(world, "local", rank_args), "samples_per_s");
     ratio.push_back(d / p), scaling.push_back(d / (world * s)), ceiling.push_back(n / (world * s));
-    vs_gloo.push_back(d / g), memory.push_back(d / m);
+    vs_tcp.push_back(d / g), memory.push_back(d / m);
     std::printf("%-4d %13.1f %13.1f %13.1f %13.1f %13.1f %13.1f %7.3f %7.3f %7.3f %9.3f %9.3f\n", r,
                 p, d, g, m, s, n, d / p, d / (world * s), n / (world * s), d / g, d / m);
     std::fflush(stdout);
   }
   std::printf("median: dtrain (auto: shm on one machine) / pytorch DDP samples/s = %.3f, %d-rank "
               "scaling efficiency = %.3f (%d independent processes without DDP reach %.3f), "
-              "dtrain auto / dtrain gloo = %.3f, DTRAIN_CPU_MEMORY cache / system = %.3f (world "
+              "dtrain auto / dtrain tcp = %.3f, DTRAIN_CPU_MEMORY cache / system = %.3f (world "
               "%d, batch %d/rank, %d steps, 1 thread/rank)\n",
-              median(ratio), world, median(scaling), world, median(ceiling), median(vs_gloo),
+              median(ratio), world, median(scaling), world, median(ceiling), median(vs_tcp),
               median(memory), world, batch, steps);
   return 0;
 }

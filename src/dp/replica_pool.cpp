@@ -81,7 +81,9 @@ void ReplicaPool::work(size_t index, bool single_intra_op_thread) {
     wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
     if (stop_) return;
     seen = generation_;
-    if (index >= tasks_->size()) continue;
+    // A worker without a task this round may wake only after run() has
+    // returned and cleared the list (loaded machine, small batch).
+    if (tasks_ == nullptr || index >= tasks_->size()) continue;
     const auto& task = (*tasks_)[index];
     lock.unlock();
     std::exception_ptr error;

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "dp/replica_pool.h"
 #include "dtrain/data_parallel.h"
 #include "dtrain/errors.h"
 #include "harness/assertions.h"
@@ -390,6 +391,16 @@ std::string invalid_argument_text(Fn&& fn) {
   }
   ADD_FAILURE() << "no InvalidArgument";
   return "";
+}
+
+// More replicas than cores and a task for only one of them, many times:
+// the idle workers wake at any point, also after run() has returned.
+TEST(DataParallelTest, IdleReplicaWorkersWakingLateAreHarmless) {
+  dp::ReplicaPool pool(8, /*single_intra_op_thread=*/false);
+  std::atomic<int> ran{0};
+  const std::vector<std::function<void()>> one = {[&] { ++ran; }};
+  for (int i = 0; i < 20000; ++i) pool.run(one);
+  EXPECT_EQ(ran.load(), 20000);
 }
 
 TEST(DataParallelTest, EmptyBatchIsAnError) {
