@@ -128,6 +128,7 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
 
 void Reducer::prepare_for_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (backward_started_) abandon_unfinished_backward();
   expect_backward_ = true;
   if (options_.static_graph && iteration_ > 0) {
     // Known to stay unused: they must not hold back their buckets.
@@ -300,6 +301,37 @@ void Reducer::reset_iteration() {
   next_launch_ = 0;
   expect_backward_ = false;
   backward_started_ = false;
+}
+
+// The previous backward ended in an exception (a NaN check, an out-of-memory
+// that the loop caught and skipped): the autograd engine does not run
+// finalize() then, so its buckets are still pending. Let the ones launched
+// finish — every rank that hit the same exception launched the same ones, in
+// the same order — and start afresh; the gradients of that step are dropped.
+// A rank whose peers did not launch the same buckets waits here until the
+// group's timeout and reports it; the peers fail the same way in theirs.
+void Reducer::abandon_unfinished_backward() {
+  const size_t launched = next_launch_;
+  std::exception_ptr error;
+  try {
+    wait_for_buckets();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  if (!rebuilt_ && iteration_ == 0) observed_order_.clear();
+  reset_iteration();
+  if (!error) return;
+  std::string why = "unknown error";
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  throw NetworkError(detail::cat(
+      "DistributedDataParallel: the previous backward ended in an exception after launching ",
+      launched, " of ", buckets_.size(), " gradient buckets, and they did not complete (", why,
+      "). The ranks disagree: an exception in forward or backward must happen on every rank "
+      "alike for training to go on."));
 }
 
 void Reducer::fail_missing_gradients(const std::vector<size_t>& missing) {

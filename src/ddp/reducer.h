@@ -77,6 +77,7 @@ class Reducer {
   void write_back(const std::vector<bool>& used);
   void rebuild_from_observed_order();
   void reset_iteration();
+  void abandon_unfinished_backward();
   [[noreturn]] void fail_missing_gradients(const std::vector<size_t>& missing);
 
   std::vector<at::Tensor> params_;

@@ -20,4 +20,20 @@ inline ::testing::AssertionResult Contains(const std::string& text, const std::s
                                        << "\"";
 }
 
+// The message of the E that `fn` throws; a failure when it throws nothing
+// or something else.
+template <typename E, typename F>
+std::string what_thrown(F&& fn) {
+  try {
+    fn();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "wrong exception type: " << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "no exception";
+  return "";
+}
+
 }  // namespace dtrain::testing

@@ -282,6 +282,94 @@ TEST(DDP, JoinCanThrowOnEarlyTermination) {
     EXPECT_TRUE(Contains(errors[r], "1 rank(s) ran out of data while others still train")) << r;
 }
 
+// An exception in the middle of backward on every rank (a NaN check, an
+// out-of-memory that the loop catches and skips): buckets of the later layers
+// are already launched when fc1's gradient throws. The step is dropped on
+// every rank and training goes on exactly like one process that skipped it.
+TEST(DDP, BackwardThatThrowsOnEveryRankIsSkippedAndTrainingGoesOn) {
+  const int n = 2, bad = 2;
+  auto data = make_data<testing::MLPImpl>(n * kBatch, kSteps);
+  auto reference = make_model<testing::MLPImpl>(0);
+  auto reference_opt = make_sgd(reference->parameters());
+  std::vector<std::vector<torch::Tensor>> expected;
+  for (int s = 0; s < kSteps; ++s) {
+    if (s != bad) {
+      reference_opt.zero_grad();
+      torch::mse_loss(reference->forward(data[s].x), data[s].y).backward();
+      reference_opt.step();
+    }
+    expected.push_back(snapshot(*reference));
+  }
+  std::vector<std::shared_ptr<testing::MLPImpl>> models;
+  for (int r = 0; r < n; ++r) models.push_back(make_model<testing::MLPImpl>(r == 0 ? 0 : 100 + r));
+  expect_no_errors(run_rank_contexts(n, [&](RankContext& ctx) {
+    DistributedDataParallel ddp(models[ctx.rank],
+                               DDPOptions().process_group(ctx.group).bucket_cap_mb(0.0001));
+    auto opt = make_sgd(ddp.parameters());
+    for (int s = 0; s < kSteps; ++s) {
+      opt.zero_grad();
+      auto x = data[s].x.narrow(0, ctx.rank * kBatch, kBatch);
+      auto y = data[s].y.narrow(0, ctx.rank * kBatch, kBatch);
+      auto loss = torch::mse_loss(ddp.forward(x), y);
+      if (s == bad) {
+        auto& w = models[ctx.rank]->fc1->weight;
+        const auto hook = w.register_hook([](torch::Tensor g) -> torch::Tensor {
+          throw std::runtime_error("gradient check failed");
+        });
+        EXPECT_THROW(loss.backward(), std::exception);
+        w.remove_hook(hook);
+        EXPECT_GT(ddp.stats().bucket_bytes.size(), 1u);
+        continue;  // the loop skips the step
+      }
+      loss.backward();
+      opt.step();
+      expect_close(snapshot(*models[ctx.rank]), expected[s],
+                   detail::cat("rank ", ctx.rank, " after step ", s));
+    }
+  }, 60s));
+}
+
+// Only rank 0's backward throws: the others wait for buckets rank 0 never
+// launches. Every rank must end with an error within the timeout, not hang.
+TEST(DDP, BackwardThatThrowsOnOneRankFailsEveryRankWithinTheTimeout) {
+  const int n = 2;
+  auto data = make_data<testing::MLPImpl>(n * kBatch, 3);
+  std::vector<std::shared_ptr<testing::MLPImpl>> models;
+  for (int r = 0; r < n; ++r) models.push_back(make_model<testing::MLPImpl>(0));
+  const auto start = std::chrono::steady_clock::now();
+  auto errors = run_rank_contexts(n, [&](RankContext& ctx) {
+    DistributedDataParallel ddp(models[ctx.rank],
+                               DDPOptions().process_group(ctx.group).bucket_cap_mb(0.0001));
+    auto opt = make_sgd(ddp.parameters());
+    for (int s = 0; s < 3; ++s) {
+      opt.zero_grad();
+      auto loss = torch::mse_loss(ddp.forward(data[s].x.narrow(0, ctx.rank * kBatch, kBatch)),
+                                  data[s].y.narrow(0, ctx.rank * kBatch, kBatch));
+      if (s == 1 && ctx.rank == 0) {
+        auto& w = models[0]->fc1->weight;
+        const auto hook = w.register_hook([](torch::Tensor g) -> torch::Tensor {
+          throw std::runtime_error("gradient check failed");
+        });
+        try {
+          loss.backward();
+        } catch (const std::exception&) {
+        }
+        w.remove_hook(hook);
+        continue;
+      }
+      loss.backward();
+      opt.step();
+    }
+  }, 3s);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);
+  // Rank 1 waits in vain for rank 0's remaining buckets; rank 0's next step
+  // meets rank 1's pending ones (other sizes) or finds the group broken.
+  for (int r = 0; r < n; ++r) {
+    EXPECT_NE(errors[r], "") << "rank " << r << " saw no error";
+    EXPECT_EQ(errors[r].find("not initialized"), std::string::npos) << errors[r];
+  }
+}
+
 TEST(DDP, SameRunTwiceIsBitwiseIdentical) {
   auto a = train_with_hook(2, nullptr, 4);
   auto b = train_with_hook(2, nullptr, 4);

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "common/socket.h"
+#include "harness/assertions.h"
 #include "harness/thread_ranks.h"
 #include "transport/tcp/transport.h"
 
@@ -19,20 +20,7 @@ namespace {
 using namespace std::chrono_literals;
 using testing::expect_no_errors;
 using testing::run_ranks;
-
-template <typename E, typename F>
-std::string expect_throw(F&& fn) {
-  try {
-    fn();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "wrong exception type: " << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "no exception";
-  return "";
-}
+using testing::what_thrown;
 
 TEST(TcpBackend, GlooIsAnAliasOfTcp) {
   expect_no_errors(run_ranks(2, [](ProcessGroup& g) {
@@ -80,10 +68,10 @@ TEST(TcpBackend, AfterATimeoutTheNextCallFailsAtOnceNamingTheFirstError) {
       return;
     }
     auto t = at::ones({4});
-    auto first = expect_throw<TimeoutError>([&] { g.all_reduce(t, ReduceOp::SUM, 300ms)->wait(); });
+    auto first = what_thrown<TimeoutError>([&] { g.all_reduce(t, ReduceOp::SUM, 300ms)->wait(); });
     EXPECT_NE(first.find("timed out waiting for rank 1"), std::string::npos) << first;
     const auto start = std::chrono::steady_clock::now();
-    auto second = expect_throw<NetworkError>([&] { g.all_reduce(t, ReduceOp::SUM, 20s)->wait(); });
+    auto second = what_thrown<NetworkError>([&] { g.all_reduce(t, ReduceOp::SUM, 20s)->wait(); });
     EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
     EXPECT_NE(second.find("broken by an earlier error"), std::string::npos) << second;
     EXPECT_NE(second.find("timed out"), std::string::npos) << second;

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "backends/mpi/runtime.h"
+#include "core/broken_group.h"
 #include "common/enforce.h"
 #include "core/average.h"
 #include "common/logging.h"
@@ -105,8 +106,7 @@ WorkPtr MpiProcessGroup::launch(const Call& call, SerialExecutor& executor,
   {
     std::lock_guard<std::mutex> lock(broken_mutex_);
     if (broken_) {
-      work->finish(std::make_exception_ptr(NetworkError(
-          call.description + " cannot run: the group is broken by an earlier timeout or error")));
+      work->finish(broken_group_error(call.description, broken_));
       return work;
     }
   }

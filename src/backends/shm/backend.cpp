@@ -11,6 +11,7 @@
 #include "common/enforce.h"
 #include "common/env.h"
 #include "common/logging.h"
+#include "core/broken_group.h"
 #include "dtrain/store/prefix_store.h"
 
 namespace dtrain::shm {
@@ -225,14 +226,7 @@ WorkPtr ShmProcessGroup::enqueue(const Call& call, std::function<void(Step&)> bo
       error = broken_;
     }
     if (error) {
-      try {
-        std::rethrow_exception(error);
-      } catch (const std::exception& e) {
-        error = std::make_exception_ptr(NetworkError(detail::cat(
-            call.description, " cannot run: the group is broken by an earlier error (", e.what(),
-            "); destroy it and create a new one")));
-      }
-      work->finish(error);
+      work->finish(broken_group_error(call.description, error));
       return;
     }
     try {

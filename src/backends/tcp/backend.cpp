@@ -11,6 +11,7 @@
 #include "common/env.h"
 #include "common/logging.h"
 #include "core/average.h"
+#include "core/broken_group.h"
 #include "transport/tcp/transport.h"
 
 namespace dtrain::tcp_backend {
@@ -83,14 +84,7 @@ WorkPtr TcpProcessGroup::enqueue(const Call& call, std::function<void(const Op&)
   collectives_.submit([this, work, call, body = std::move(body)] {
     std::exception_ptr error = transport_ ? transport_->error() : nullptr;
     if (error) {
-      try {
-        std::rethrow_exception(error);
-      } catch (const std::exception& e) {
-        error = std::make_exception_ptr(NetworkError(detail::cat(
-            call.description, " cannot run: the group is broken by an earlier error (", e.what(),
-            "); destroy it and create a new one")));
-      }
-      work->finish(error);
+      work->finish(broken_group_error(call.description, error));
       return;
     }
     try {
@@ -249,11 +243,9 @@ WorkPtr TcpProcessGroup::post_p2p(const Call& call, at::Tensor tensor, int peer,
                                           tensor.nbytes())
                       : transport_->irecv(peer, transport::p2p_tag(tag), tensor.data_ptr(),
                                           tensor.nbytes());
-  } catch (const std::exception& e) {
+  } catch (const std::exception&) {
     if (!transport_->error()) throw;
-    throw NetworkError(detail::cat(call.description,
-                                   " cannot run: the group is broken by an earlier error (",
-                                   e.what(), "); destroy it and create a new one"));
+    std::rethrow_exception(broken_group_error(call.description, transport_->error()));
   }
   // Posted above; only the waiting happens in order on the second thread.
   const auto deadline = transport::Clock::now() + call.timeout;
