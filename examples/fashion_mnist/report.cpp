@@ -1,5 +1,12 @@
 #include "report.h"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -71,6 +78,53 @@ void Metrics::add(const EpochMetrics& m) {
       << ", \"seconds\": " << m.seconds << "}\n";
 }
 
+namespace {
+
+// Runs gnuplot on `script` in directory `dir`, without a shell, its output
+// and errors going to gnuplot.log there. The script names only files in that
+// directory: no character of --out-dir reaches a shell or gnuplot's command
+// line (which expands `backquotes` even inside strings). True on success.
+bool run_gnuplot(const std::string& script, const std::string& dir) {
+  int pipe_fds[2];
+  if (pipe2(pipe_fds, O_CLOEXEC) != 0) return false;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, pipe_fds[0], 0);
+  posix_spawn_file_actions_addchdir_np(&actions, dir.c_str());
+  posix_spawn_file_actions_addopen(&actions, 1, "gnuplot.log", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  char* argv[] = {const_cast<char*>("gnuplot"), nullptr};
+  pid_t pid = -1;
+  const int rc = posix_spawnp(&pid, "gnuplot", &actions, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(pipe_fds[0]);
+  // A gnuplot that exits early must not take this process down with SIGPIPE:
+  // block it while writing, then drop a pending one.
+  sigset_t pipe_only, old_mask;
+  sigemptyset(&pipe_only);
+  sigaddset(&pipe_only, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_only, &old_mask);
+  bool written = rc == 0;
+  for (size_t done = 0; written && done < script.size();) {
+    const ssize_t n = write(pipe_fds[1], script.data() + done, script.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    written = n > 0;
+    if (written) done += static_cast<size_t>(n);
+  }
+  close(pipe_fds[1]);
+  const timespec zero{0, 0};
+  while (sigtimedwait(&pipe_only, nullptr, &zero) == SIGPIPE) {
+  }
+  pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+  if (rc != 0) return false;
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return written && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+}  // namespace
+
 std::string Metrics::plot() const {
   if (rows_.empty()) return "";
   const std::string data = dir_ + "/metrics.dat", png = dir_ + "/training.png";
@@ -80,20 +134,15 @@ std::string Metrics::plot() const {
   }
   std::ostringstream script;
   script << "set terminal pngcairo size 800,450\n"
-         << "set output '" << png << "'\n"
+         << "set output 'training.png'\n"
          << "set title 'Fashion-MNIST training'\nset xlabel 'epoch'\nset xtics 1\n"
          << "set ylabel 'train loss'\nset y2label 'test accuracy (%)'\nset y2tics\nset grid\n"
          << "set key center right\n"
-         << "plot '" << data << "' using 1:2 with linespoints title 'train loss' axes x1y1, "
+         << "plot 'metrics.dat' using 1:2 with linespoints title 'train loss' axes x1y1, "
          << "'' using 1:3 with linespoints title 'test accuracy' axes x1y2\n";
-  FILE* gp = popen(("gnuplot >'" + dir_ + "/gnuplot.log' 2>&1").c_str(), "w");
-  if (!gp) {
-    std::cerr << "cannot start gnuplot; no plot written" << std::endl;
-    return "";
-  }
-  std::fputs(script.str().c_str(), gp);
-  if (pclose(gp) != 0) {
-    std::cerr << "gnuplot failed (is Debian's gnuplot-nox installed?); no plot written" << std::endl;
+  if (!run_gnuplot(script.str(), dir_)) {
+    std::cerr << "gnuplot failed (is Debian's gnuplot-nox installed?); no plot written; see "
+              << dir_ << "/gnuplot.log" << std::endl;
     return "";
   }
   std::remove(data.c_str());

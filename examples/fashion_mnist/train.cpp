@@ -15,7 +15,9 @@
 #include <torch/torch.h>
 #include <zlib.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <ctime>
 #include <csignal>
 #include <iostream>
@@ -101,6 +103,17 @@ std::pair<int64_t, int64_t> evaluate(ConvNet& model, const dtrain::FashionMNIST&
 
 }  // namespace
 
+// mkdir -p: every level of `path`; false (errno set) when one cannot be made.
+static bool make_dirs(const std::string& path) {
+  for (size_t slash = path.find('/', 1);; slash = path.find('/', slash + 1)) {
+    const std::string prefix = path.substr(0, slash);
+    if (!prefix.empty() && mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) return false;
+    if (slash == std::string::npos) break;
+  }
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 int main(int argc, char** argv) {
   const Flags f = parse(argc, argv);
   try {
@@ -157,7 +170,10 @@ int main(int argc, char** argv) {
       mkdir("runs", 0755);
       out_dir = std::string("runs/") + stamp;
     }
-    if (leader) mkdir(out_dir.c_str(), 0755);
+    if (leader && !make_dirs(out_dir)) {
+      std::cerr << "cannot create --out-dir " << out_dir << ": " << std::strerror(errno) << std::endl;
+      return 2;
+    }
     Metrics metrics(out_dir);
     Progress progress(leader && dtrain::console_is_terminal(), f.epochs, steps_per_epoch,
                       f.batch_size * world);

@@ -30,6 +30,17 @@ test -s "$work/clean/runs/training.png" || fail "no plot"
 echo "uninterrupted: crc $expected"
 
 # 19 steps per epoch; checkpoints every 5 steps and at each epoch's end.
+# An --out-dir with shell and gnuplot metacharacters is only a name: the plot
+# lands in it and nothing in it runs.
+odd="$work/odd/it's \$(touch $work/INJECTED); \`touch $work/INJECTED\`"
+mkdir -p "$work/odd"
+(cd "$work/odd" && "$run" --standalone --nproc-per-node 2 "$train" --out-dir "$odd" --epochs 1 \
+  --train-limit 300 --test-limit 100 --batch-size 32 --checkpoint-every 0) >"$work/odd.log" 2>&1 \
+  || fail "run with an odd --out-dir"
+test ! -e "$work/INJECTED" || fail "--out-dir was run by a shell"
+test -s "$odd/training.png" || fail "no plot in the odd --out-dir"
+echo "odd --out-dir: plot written, nothing executed"
+
 # 1. killed at step 13 (rank 1, SIGKILL), then resumed by the user
 if job user -- --crash-at-step 13; then fail "the crashing run succeeded"; fi
 grep -q "killed by SIGKILL" "$work/user.log" || fail "no SIGKILL in the summary"
