@@ -62,6 +62,7 @@ struct World {
   std::string backend;
   std::string local_address;
   int next_group_id = 1;
+  bool initializing = false;  // an init_process_group is under way
 };
 
 World& world() {
@@ -78,12 +79,25 @@ std::shared_ptr<ProcessGroup> require_default(World& w) {
 
 }  // namespace
 
+// The rendezvous and the backend's factory run outside the world's mutex:
+// they block for as long as peers take to arrive, and a factory may itself
+// ask is_initialized() or get_rank() (which take the mutex).
 void init_process_group(const InitOptions& options) {
   auto& w = world();
-  std::lock_guard<std::mutex> lock(w.mutex);
-  DTRAIN_CHECK_ARG(!w.group,
-                   "init_process_group: the default process group is already initialized; call "
-                   "destroy_process_group() first");
+  {
+    std::lock_guard<std::mutex> lock(w.mutex);
+    DTRAIN_CHECK_ARG(!w.group && !w.initializing,
+                     "init_process_group: the default process group is already initialized; call "
+                     "destroy_process_group() first");
+    w.initializing = true;
+  }
+  struct Done {
+    World& w;
+    ~Done() {
+      std::lock_guard<std::mutex> lock(w.mutex);
+      w.initializing = false;
+    }
+  } done{w};
   detail::apply_cpu_memory_policy();
   Rendezvous r;
   if (options.backend() == "mpi" && !options.store()) {
@@ -107,6 +121,7 @@ void init_process_group(const InitOptions& options) {
   auto group = create_process_group(
       options.backend(), std::make_shared<PrefixStore>("default", r.store), r.rank, r.world_size,
       GroupOptions().name("default").timeout(r.timeout).local_address(r.local_address));
+  std::lock_guard<std::mutex> lock(w.mutex);
   w.group = std::move(group);
   w.store = r.store;
   w.backend = options.backend();
@@ -159,7 +174,7 @@ std::shared_ptr<Store> default_store() {
 std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks,
                                         const NewGroupOptions& options) {
   auto& w = world();
-  std::lock_guard<std::mutex> lock(w.mutex);
+  std::unique_lock<std::mutex> lock(w.mutex);
   auto world_group = require_default(w);
   const int world_size = world_group->size();
   DTRAIN_CHECK_ARG(!ranks.empty(), "new_group: ranks is empty");
@@ -180,7 +195,9 @@ std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks,
   if (it == sorted.end())
     return std::make_shared<NonMemberGroup>(static_cast<int>(sorted.size()), opts);
   const auto backend = options.backend().empty() ? w.backend : options.backend();
-  return create_process_group(backend, std::make_shared<PrefixStore>(name, w.store),
+  auto store = std::make_shared<PrefixStore>(name, w.store);
+  lock.unlock();  // the factory may call get_rank() and friends
+  return create_process_group(backend, std::move(store),
                               static_cast<int>(it - sorted.begin()),
                               static_cast<int>(sorted.size()), opts);
 }

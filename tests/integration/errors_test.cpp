@@ -5,7 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <atomic>
 #include <condition_variable>
+#include <cstdlib>
+#include <future>
 
 #include "harness/thread_ranks.h"
 
@@ -160,6 +163,42 @@ TEST(DebugDetail, MismatchedShapesAreNamed) {
     EXPECT_NE(errors[r].find("rank 2: all_reduce #1 (dtype Double, shape [5], op SUM)"),
               std::string::npos) << "rank " << r << ": " << errors[r];
   }
+}
+
+}  // namespace
+}  // namespace dtrain
+
+namespace dtrain {
+namespace {
+
+// A backend's factory may ask the world about itself (is_initialized,
+// get_rank): init_process_group and new_group run factories outside the
+// world's lock. Before, both calls deadlocked.
+TEST(BackendRegistry, FactoriesMayQueryTheWorld) {
+  std::atomic<int> calls{0};
+  register_backend("introspective", [&](std::shared_ptr<Store> store, int rank, int size,
+                                        const GroupOptions& options) {
+    if (is_initialized()) EXPECT_EQ(get_rank(), 0);
+    ++calls;
+    return create_process_group("tcp", std::move(store), rank, size, options);
+  });
+  auto run = std::async(std::launch::async, [] {
+    init_process_group(InitOptions()
+                           .backend("introspective")
+                           .store(std::make_shared<HashStore>())
+                           .rank(0)
+                           .world_size(1));
+    auto sub = new_group({0});
+    auto t = at::ones({2});
+    sub->all_reduce(t)->wait();
+    destroy_process_group();
+  });
+  if (run.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+    ADD_FAILURE() << "init_process_group or new_group deadlocked in a backend factory";
+    std::_Exit(1);
+  }
+  run.get();
+  EXPECT_EQ(calls.load(), 2);
 }
 
 }  // namespace
