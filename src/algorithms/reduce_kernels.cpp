@@ -184,6 +184,17 @@ struct AccumulateInto {
 
 }  // namespace
 
+bool can_reduce(c10::ScalarType dtype) {
+  switch (dtype) {
+    case c10::ScalarType::Float: case c10::ScalarType::Double: case c10::ScalarType::Half:
+    case c10::ScalarType::BFloat16: case c10::ScalarType::Int: case c10::ScalarType::Long:
+    case c10::ScalarType::Byte: case c10::ScalarType::Char:
+      return true;
+    default:
+      return false;
+  }
+}
+
 void accumulate_into(c10::ScalarType dtype, ReduceOp op, void* acc, const void* src,
                      size_t count) {
   if (count == 0) return;

@@ -27,6 +27,10 @@ namespace dtrain::kernels {
 void reduce_into(c10::ScalarType dtype, ReduceOp op, void* dst, void* dst2,
                  const void* const* srcs, int nsrcs, size_t count, int divisor);
 
+// Whether reduce_into / accumulate_into handle this dtype (they throw
+// InvalidArgument for the others).
+bool can_reduce(c10::ScalarType dtype);
+
 // acc[i] = op(acc[i], src[i]) for i < count (AVG sums; the caller divides).
 // acc and src must not overlap. float16/bfloat16 are combined in float32 and
 // rounded at each call.

@@ -3,10 +3,10 @@
 #include <ATen/ATen.h>
 
 #include <cstring>
-#include <numeric>
 #include <thread>
 
 #include "algorithms/collectives.h"
+#include "algorithms/reduce_kernels.h"
 #include "common/enforce.h"
 #include "common/env.h"
 #include "common/logging.h"
@@ -20,16 +20,11 @@ namespace {
 // The reductions the kernels implement; anything else is refused before a
 // byte is sent, so that no rank is left waiting.
 void check_reducible(const std::string& what, const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16:
-    case at::kInt: case at::kLong: case at::kByte: case at::kChar:
-      return;
-    default:
-      throw InvalidArgument(detail::cat(what, ": tcp cannot reduce tensors of dtype ",
-                                        c10::toString(t.scalar_type()),
-                                        " (supported: float, double, half, bfloat16, int8, "
-                                        "uint8, int32, int64)"));
-  }
+  if (kernels::can_reduce(t.scalar_type())) return;
+  throw InvalidArgument(detail::cat(what, ": tcp cannot reduce tensors of dtype ",
+                                    c10::toString(t.scalar_type()),
+                                    " (supported: float, double, half, bfloat16, int8, uint8, "
+                                    "int32, int64)"));
 }
 
 size_t count_of(const at::Tensor& t) { return static_cast<size_t>(t.numel()); }
@@ -55,10 +50,6 @@ int streams_from_env() {
 
 }  // namespace
 
-struct TcpProcessGroup::Op {
-  algorithms::Context ctx;
-};
-
 TcpProcessGroup::TcpProcessGroup(std::shared_ptr<Store> store, int rank, int size,
                                  GroupOptions options)
     : ProcessGroup(rank, size, std::move(options)) {
@@ -79,7 +70,8 @@ TcpProcessGroup::TcpProcessGroup(std::shared_ptr<Store> store, int rank, int siz
 
 TcpProcessGroup::~TcpProcessGroup() = default;
 
-WorkPtr TcpProcessGroup::enqueue(const Call& call, std::function<void(const Op&)> body) {
+WorkPtr TcpProcessGroup::enqueue(const Call& call,
+                                 std::function<void(const algorithms::Context&)> body) {
   auto work = std::make_shared<Work>(call.description);
   collectives_.submit([this, work, call, body = std::move(body)] {
     std::exception_ptr error = transport_ ? transport_->error() : nullptr;
@@ -88,10 +80,10 @@ WorkPtr TcpProcessGroup::enqueue(const Call& call, std::function<void(const Op&)
       return;
     }
     try {
-      Op op{algorithms::Context{*transport_, transport::collective_tag(call.seq),
-                                transport::Clock::now() + call.timeout, call.description,
-                                *scratch_, *copy_}};
-      body(op);
+      const algorithms::Context ctx{*transport_, transport::collective_tag(call.seq),
+                                    transport::Clock::now() + call.timeout, call.description,
+                                    *scratch_, *copy_};
+      body(ctx);
     } catch (...) {
       error = std::current_exception();
       // Whatever stopped this rank mid-collective stops the group: peers
@@ -109,24 +101,24 @@ WorkPtr TcpProcessGroup::do_all_reduce(const Call& call, at::Tensor tensor, Redu
     if (op == ReduceOp::AVG) divide_for_average(tensor, 1);
     return Work::completed(call.description);
   }
-  return enqueue(call, [this, tensor, op](const Op& o) {
-    algorithms::all_reduce(o.ctx, tensor.data_ptr(), count_of(tensor), tensor.scalar_type(), op);
+  return enqueue(call, [this, tensor, op](const algorithms::Context& ctx) {
+    algorithms::all_reduce(ctx, tensor.data_ptr(), count_of(tensor), tensor.scalar_type(), op);
     if (op == ReduceOp::AVG) divide_for_average(tensor, size());
   });
 }
 
 WorkPtr TcpProcessGroup::do_broadcast(const Call& call, at::Tensor tensor, int root) {
   if (size() == 1) return Work::completed(call.description);
-  return enqueue(call, [tensor, root](const Op& o) {
-    algorithms::broadcast(o.ctx, tensor.data_ptr(), tensor.nbytes(), root);
+  return enqueue(call, [tensor, root](const algorithms::Context& ctx) {
+    algorithms::broadcast(ctx, tensor.data_ptr(), tensor.nbytes(), root);
   });
 }
 
 WorkPtr TcpProcessGroup::do_reduce(const Call& call, at::Tensor tensor, int root, ReduceOp op) {
   check_reducible(call.description, tensor);
   if (size() == 1) return Work::completed(call.description);
-  return enqueue(call, [this, tensor, root, op](const Op& o) {
-    algorithms::reduce(o.ctx, tensor.data_ptr(), count_of(tensor), tensor.scalar_type(), op,
+  return enqueue(call, [this, tensor, root, op](const algorithms::Context& ctx) {
+    algorithms::reduce(ctx, tensor.data_ptr(), count_of(tensor), tensor.scalar_type(), op,
                        root);
     if (op == ReduceOp::AVG && rank() == root) divide_for_average(tensor, size());
   });
@@ -141,10 +133,10 @@ WorkPtr TcpProcessGroup::do_all_gather(const Call& call, std::vector<at::Tensor>
     outputs[0].view({-1}).copy_(input.reshape({-1}));
     return Work::completed(call.description);
   }
-  return enqueue(call, [outputs, input](const Op& o) {
+  return enqueue(call, [outputs, input](const algorithms::Context& ctx) {
     const size_t bytes = input.nbytes();
-    uint8_t* flat = o.ctx.copy.get(bytes * outputs.size());
-    algorithms::all_gather(o.ctx, input.data_ptr(), flat, bytes);
+    uint8_t* flat = ctx.copy.get(bytes * outputs.size());
+    algorithms::all_gather(ctx, input.data_ptr(), flat, bytes);
     for (size_t i = 0; i < outputs.size(); ++i) copy_bytes(outputs[i], flat + i * bytes);
   });
 }
@@ -155,10 +147,10 @@ WorkPtr TcpProcessGroup::do_gather(const Call& call, std::vector<at::Tensor> out
     outputs[0].view({-1}).copy_(input.reshape({-1}));
     return Work::completed(call.description);
   }
-  return enqueue(call, [this, outputs, input, root](const Op& o) {
+  return enqueue(call, [this, outputs, input, root](const algorithms::Context& ctx) {
     const size_t bytes = input.nbytes();
-    uint8_t* flat = rank() == root ? o.ctx.copy.get(bytes * size()) : nullptr;
-    algorithms::gather(o.ctx, input.data_ptr(), flat, bytes, root);
+    uint8_t* flat = rank() == root ? ctx.copy.get(bytes * size()) : nullptr;
+    algorithms::gather(ctx, input.data_ptr(), flat, bytes, root);
     if (rank() == root)
       for (int i = 0; i < size(); ++i) copy_bytes(outputs[i], flat + i * bytes);
   });
@@ -170,14 +162,14 @@ WorkPtr TcpProcessGroup::do_scatter(const Call& call, at::Tensor output,
     output.copy_(inputs[0].view_as(output));
     return Work::completed(call.description);
   }
-  return enqueue(call, [this, output, inputs, root](const Op& o) {
+  return enqueue(call, [this, output, inputs, root](const algorithms::Context& ctx) {
     const size_t bytes = output.nbytes();
     uint8_t* flat = nullptr;
     if (rank() == root) {
-      flat = o.ctx.copy.get(bytes * size());
+      flat = ctx.copy.get(bytes * size());
       for (int i = 0; i < size(); ++i) copy_bytes(flat + i * bytes, inputs[i]);
     }
-    algorithms::scatter(o.ctx, flat, output.data_ptr(), bytes, root);
+    algorithms::scatter(ctx, flat, output.data_ptr(), bytes, root);
   });
 }
 
@@ -188,11 +180,11 @@ WorkPtr TcpProcessGroup::do_reduce_scatter(const Call& call, at::Tensor output,
     output.view({-1}).copy_(inputs[0].reshape({-1}));
     return Work::completed(call.description);
   }
-  return enqueue(call, [this, output, inputs, op](const Op& o) {
+  return enqueue(call, [this, output, inputs, op](const algorithms::Context& ctx) {
     const size_t bytes = output.nbytes();
-    uint8_t* work = o.ctx.copy.get(bytes * size());  // the ring reduces in place
+    uint8_t* work = ctx.copy.get(bytes * size());  // the ring reduces in place
     for (int i = 0; i < size(); ++i) copy_bytes(work + i * bytes, inputs[i]);
-    algorithms::reduce_scatter(o.ctx, work, output.data_ptr(), count_of(output),
+    algorithms::reduce_scatter(ctx, work, output.data_ptr(), count_of(output),
                                output.scalar_type(), op);
     if (op == ReduceOp::AVG) divide_for_average(output, size());
   });
@@ -204,16 +196,16 @@ WorkPtr TcpProcessGroup::do_all_to_all(const Call& call, std::vector<at::Tensor>
     outputs[0].view({-1}).copy_(inputs[0].reshape({-1}));
     return Work::completed(call.description);
   }
-  return enqueue(call, [outputs, inputs](const Op& o) {
+  return enqueue(call, [outputs, inputs](const algorithms::Context& ctx) {
     std::vector<size_t> in_bytes, out_bytes;
     size_t in_total = 0, out_total = 0;
     for (const auto& in : inputs) in_total += in_bytes.emplace_back(in.nbytes());
     for (const auto& out : outputs) out_total += out_bytes.emplace_back(out.nbytes());
-    uint8_t* flat_in = o.ctx.scratch.get(in_total);  // all_to_all uses no scratch itself
-    uint8_t* flat_out = o.ctx.copy.get(out_total);
+    uint8_t* flat_in = ctx.scratch.get(in_total);  // all_to_all uses no scratch itself
+    uint8_t* flat_out = ctx.copy.get(out_total);
     size_t offset = 0;
     for (const auto& in : inputs) offset += copy_bytes(flat_in + offset, in);
-    algorithms::all_to_all(o.ctx, flat_in, in_bytes, flat_out, out_bytes);
+    algorithms::all_to_all(ctx, flat_in, in_bytes, flat_out, out_bytes);
     offset = 0;
     for (const auto& out : outputs) offset += copy_bytes(out, flat_out + offset);
   });
@@ -221,7 +213,7 @@ WorkPtr TcpProcessGroup::do_all_to_all(const Call& call, std::vector<at::Tensor>
 
 WorkPtr TcpProcessGroup::do_barrier(const Call& call) {
   if (size() == 1) return Work::completed(call.description);
-  return enqueue(call, [](const Op& o) { algorithms::barrier(o.ctx); });
+  return enqueue(call, [](const algorithms::Context& ctx) { algorithms::barrier(ctx); });
 }
 
 WorkPtr TcpProcessGroup::do_send(const Call& call, at::Tensor tensor, int dst, int tag) {

@@ -22,6 +22,7 @@
 
 namespace dtrain::algorithms {
 class Scratch;
+struct Context;
 }
 
 namespace dtrain::tcp_backend {
@@ -38,10 +39,9 @@ class TcpProcessGroup final : public ProcessGroup {
   DTRAIN_PROCESS_GROUP_HOOKS
 
  private:
-  struct Op;
   // Queues `body` on the collective thread; a broken group fails the Work
   // at once, naming the first error.
-  WorkPtr enqueue(const Call& call, std::function<void(const Op&)> body);
+  WorkPtr enqueue(const Call& call, std::function<void(const algorithms::Context&)> body);
   WorkPtr post_p2p(const Call& call, at::Tensor tensor, int peer, int tag, bool is_send);
 
   std::unique_ptr<transport::Transport> transport_;
