@@ -7,11 +7,9 @@
 
 #include "core/rendezvous.h"
 
-#include <netdb.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <climits>
+#include <optional>
 
 #include "common/enforce.h"
 #include "common/env.h"
@@ -20,6 +18,7 @@
 #include "dtrain/store/file_store.h"
 #include "dtrain/store/prefix_store.h"
 #include "dtrain/store/tcp_store.h"
+#include "core/local_address.h"
 #include "store/agent_store.h"
 
 namespace dtrain {
@@ -72,32 +71,17 @@ bool truthy(const std::string& v) {
   return s == "1" || s == "true" || s == "yes";
 }
 
-// The address peers should use for our tcp sockets.
-std::string own_host_address();
-
-// The address peers should use for our tcp sockets: the interface the user
-// named, else the one that routes towards the master, else (file:// and
-// user stores) this host's name.
-std::string choose_local_address(const std::string& master_host, bool use_hostname) {
+// The address peers should use for our tcp sockets when a master host is
+// known (env://, tcp://): the interface the user named, else the one that
+// routes towards the master. Empty: found through the store (file://, a
+// user's store; see core/local_address.h).
+std::string address_from_environment(const std::string& master_host) {
   auto ifname = env::get(env::kSocketIfname);
   if (!ifname) ifname = env::get(env::kGlooSocketIfname);
   if (ifname) return net::interface_address(*ifname);
-  if (use_hostname) return own_host_address();
-  if (master_host.empty() || net::is_loopback(master_host)) return "127.0.0.1";
+  if (master_host.empty()) return "";
+  if (net::is_loopback(master_host)) return "127.0.0.1";
   return net::local_address_towards(master_host);
-}
-
-std::string own_host_address() {
-  char name[HOST_NAME_MAX + 1] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0) return "127.0.0.1";
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  addrinfo* res = nullptr;
-  if (getaddrinfo(name, nullptr, &hints, &res) != 0 || !res) return "127.0.0.1";
-  char buf[NI_MAXHOST] = {};
-  getnameinfo(res->ai_addr, res->ai_addrlen, buf, sizeof(buf), nullptr, 0, NI_NUMERICHOST);
-  freeaddrinfo(res);
-  return buf[0] ? std::string(buf) : "127.0.0.1";
 }
 
 // Every rank announces itself and waits for all others; on timeout the
@@ -189,11 +173,14 @@ Rendezvous rendezvous(const InitOptions& options) {
                                       "file:///path)"));
   }
   base->set_timeout(r.timeout);
-  r.local_address = choose_local_address(master_host, master_host.empty() && !options.store());
+  r.local_address = address_from_environment(master_host);
   // Scope keys by restart attempt: torchrun's agent store outlives attempts.
   const auto attempt = env::get_int(env::kRestartCount, 0, INT_MAX).value_or(0);
   r.store = std::make_shared<PrefixStore>("dtrain/" + std::to_string(attempt), base);
+  std::optional<LocalAddressFinder> finder;
+  if (r.local_address.empty()) finder.emplace(*r.store, r.rank, r.timeout);
   join_barrier(*r.store, r.rank, r.world_size, r.timeout, hosts_store);
+  if (finder) r.local_address = finder->finish();
   DTRAIN_LOG_INFO("init_process_group: rank ", r.rank, "/", r.world_size, " joined via ",
                   options.store() ? "user store" : method, ", local address ", r.local_address);
   return r;

@@ -3,7 +3,10 @@
 // worker environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...).
 //
 //   rank_worker collectives [INIT_METHOD [BACKEND]]
-//                             init (env:// and backend auto unless given),
+//                             init (env:// and backend auto unless given;
+//                             INIT_METHOD "user-store" makes a TcpStore from
+//                             MASTER_ADDR/MASTER_PORT and passes it in
+//                             InitOptions().store(), as a user would),
 //                             print "rank R backend NAME", check every
 //                             collective on the default group and a
 //                             subgroup, exit 0
@@ -186,8 +189,25 @@ int ddp_equivalence(const std::string& backend) {
   return 0;
 }
 
+// The store a user would build by hand: rank 0 serves on MASTER_ADDR:MASTER_PORT.
+std::shared_ptr<dtrain::Store> user_store() {
+  const char* addr = std::getenv("MASTER_ADDR");
+  const char* port = std::getenv("MASTER_PORT");
+  const char* rank = std::getenv("RANK");
+  if (!addr || !port || !rank) throw std::runtime_error("user-store needs MASTER_ADDR, MASTER_PORT, RANK");
+  return std::make_shared<dtrain::TcpStore>(dtrain::TcpStoreOptions()
+                                                .host(addr)
+                                                .port(static_cast<uint16_t>(std::stoi(port)))
+                                                .is_server(std::stoi(rank) == 0));
+}
+
 int check_collectives(const std::string& init_method, const std::string& backend) {
-  dtrain::init_process_group(dtrain::InitOptions().init_method(init_method).backend(backend));
+  auto options = dtrain::InitOptions().backend(backend);
+  if (init_method == "user-store")
+    options.store(user_store());
+  else
+    options.init_method(init_method);
+  dtrain::init_process_group(options);
   const int rank = dtrain::get_rank();
   const int world = dtrain::get_world_size();
   std::cout << "rank " << rank << " backend " << dtrain::default_group()->backend_name()
