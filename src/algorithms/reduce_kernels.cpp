@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "common/enforce.h"
 
@@ -17,13 +18,30 @@
 namespace dtrain::kernels {
 namespace {
 
+// Integers are added and multiplied in an unsigned type of at least int's
+// width, where overflow wraps by definition, and converted back (modulo
+// 2^N: GCC's documented conversion, and the rule since C++20). Signed
+// overflow, undefined in C++, never happens; the bits are PyTorch's.
+template <typename T>
+using Wrapping = decltype(std::make_unsigned_t<T>() + 0u);
+
 struct Sum {
   template <typename T>
-  T operator()(T a, T b) const { return static_cast<T>(a + b); }
+  T operator()(T a, T b) const {
+    if constexpr (std::is_integral_v<T>)
+      return static_cast<T>(static_cast<Wrapping<T>>(a) + static_cast<Wrapping<T>>(b));
+    else
+      return static_cast<T>(a + b);
+  }
 };
 struct Product {
   template <typename T>
-  T operator()(T a, T b) const { return static_cast<T>(a * b); }
+  T operator()(T a, T b) const {
+    if constexpr (std::is_integral_v<T>)
+      return static_cast<T>(static_cast<Wrapping<T>>(a) * static_cast<Wrapping<T>>(b));
+    else
+      return static_cast<T>(a * b);
+  }
 };
 struct Min {
   template <typename T>
@@ -40,13 +58,28 @@ DTRAIN_VECTOR_CLONES void combine(T* __restrict out, const T* __restrict a,
   for (size_t i = 0; i < n; ++i) out[i] = f(a[i], b[i]);
 }
 
-// The same, storing the result twice (saves a pass over it). out2 may be
-// exactly a or b: element i is read before it is written, in every lane.
+// The same, storing the result twice (saves a pass over it). No pointer
+// may overlap another: for out2 == a or b see combine_twice_in_place.
 template <typename T, typename F>
 DTRAIN_VECTOR_CLONES void combine_twice(T* __restrict out, T* __restrict out2,
                                         const T* __restrict a, const T* __restrict b, size_t n,
                                         F f) {
   for (size_t i = 0; i < n; ++i) out2[i] = out[i] = f(a[i], b[i]);
+}
+
+// out[i] = inout[i] = f(inout[i], other[i]) (kInPlaceFirst) or
+// f(other[i], inout[i]): one source is also the second destination. It is
+// read and written through inout alone, so `restrict` holds for every
+// pointer (passing one buffer as both a restrict source and a restrict
+// destination would be undefined). The operands stay in rank order.
+template <bool kInPlaceFirst, typename T, typename F>
+DTRAIN_VECTOR_CLONES void combine_twice_in_place(T* __restrict out, T* __restrict inout,
+                                                 const T* __restrict other, size_t n, F f) {
+  for (size_t i = 0; i < n; ++i) {
+    const T r = kInPlaceFirst ? f(inout[i], other[i]) : f(other[i], inout[i]);
+    out[i] = r;
+    inout[i] = r;
+  }
 }
 
 template <typename T, typename F>
@@ -68,7 +101,13 @@ void reduce_native(T* dst, T* dst2, const void* const* srcs, int nsrcs, size_t c
   if (nsrcs == 1) {
     std::memcpy(dst, first, count * sizeof(T));
   } else if (nsrcs == 2 && dst2 && !(average && divisor != 1)) {
-    combine_twice(dst, dst2, first, static_cast<const T*>(srcs[1]), count, f);
+    const T* second = static_cast<const T*>(srcs[1]);
+    if (dst2 == first)
+      combine_twice_in_place<true>(dst, dst2, second, count, f);
+    else if (dst2 == second)
+      combine_twice_in_place<false>(dst, dst2, first, count, f);
+    else
+      combine_twice(dst, dst2, first, second, count, f);
     return;
   } else {
     combine(dst, first, static_cast<const T*>(srcs[1]), count, f);

@@ -7,8 +7,9 @@
 // the CPU allows and everywhere else still work.
 //
 // Sources are combined in the order given (rank order), so every rank that
-// reduces the same region gets bitwise the same result. Integers wrap as in
-// PyTorch; AVG truncates toward zero for integers. float16 and bfloat16 are
+// reduces the same region gets bitwise the same result. Integer SUM and
+// PRODUCT wrap (two's complement) as in PyTorch, computed without signed
+// overflow; AVG truncates toward zero for integers. float16 and bfloat16 are
 // accumulated in float32 and rounded once (more accurate than pairwise
 // rounding, and still deterministic).
 
@@ -22,8 +23,9 @@ namespace dtrain::kernels {
 
 // dst[i] = op(srcs[0][i], ..., srcs[nsrcs-1][i]) for i < count; AVG then
 // divides by `divisor`. When dst2 is not null it receives the same result
-// (in the same pass where it can). dst must not overlap any source; dst2 may
-// be exactly one of them (in place: each element is read before it is written).
+// (in the same pass where it can). dst must not overlap any source or dst2;
+// dst2 may be exactly one of the sources (in place: each element is read
+// before it is written) and must not overlap the others.
 void reduce_into(c10::ScalarType dtype, ReduceOp op, void* dst, void* dst2,
                  const void* const* srcs, int nsrcs, size_t count, int divisor);
 

@@ -10,10 +10,16 @@
 //
 // DTRAIN_CPU_MEMORY=cache (the default) keeps freed memory in the process
 // for the next step, as PyTorch's CUDA caching allocator does on the GPU:
-// blocks below 1 GiB come from malloc's heap instead of their own mapping,
-// and the heap is never trimmed. The process's resident size stays at its
-// peak. DTRAIN_CPU_MEMORY=system leaves malloc exactly as configured (by
-// glibc's defaults or the user's GLIBC_TUNABLES / MALLOC_*_ variables).
+// malloc's mmap threshold is raised to the largest value glibc accepts
+// (1 GiB on Debian 12's glibc 2.36; 32 MiB on older glibc, which refuses
+// more), so blocks below it come from malloc's heap instead of their own
+// mapping, and the heap is never trimmed. The process's resident size stays
+// at its peak. A threshold the user set (MALLOC_MMAP_THRESHOLD_,
+// MALLOC_TRIM_THRESHOLD_, or their glibc.malloc.* entries in GLIBC_TUNABLES)
+// is left as set; when the user set any malloc variable, one line on stderr
+// says what is in force (otherwise it is logged at DTRAIN_DEBUG=INFO).
+// DTRAIN_CPU_MEMORY=system leaves malloc exactly as configured (by glibc's
+// defaults or the user's GLIBC_TUNABLES / MALLOC_*_ variables).
 
 #include <string>
 

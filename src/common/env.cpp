@@ -47,8 +47,9 @@ const Var kShmChunkBytes{"DTRAIN_SHM_CHUNK_BYTES", "131072",
 
 const Var kCpuMemory{"DTRAIN_CPU_MEMORY", "cache",
                      "cache: freed CPU tensor memory stays in the process for the next step "
-                     "(malloc keeps blocks below 1 GiB and never trims); system: malloc as "
-                     "configured."};
+                     "(malloc keeps blocks below 1 GiB, 32 MiB on older glibc, and never trims; "
+                     "thresholds set with MALLOC_*_ or GLIBC_TUNABLES stay in force); system: "
+                     "malloc as configured."};
 
 const Var kTcpStreams{"DTRAIN_TCP_STREAMS", "auto",
                       "TCP connections between each pair of ranks of a tcp group (1..16, or "

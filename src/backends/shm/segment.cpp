@@ -87,12 +87,17 @@ Segment Segment::open(const std::string& name, size_t bytes) {
   return s;
 }
 
-Segment::Segment(Segment&& other) noexcept { *this = std::move(other); }
+Segment::Segment(Segment&& other) noexcept
+    : name_(std::exchange(other.name_, std::string())),
+      fd_(std::exchange(other.fd_, -1)),
+      data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      linked_(std::exchange(other.linked_, false)) {}
 
 Segment& Segment::operator=(Segment&& other) noexcept {
   if (this != &other) {
-    this->~Segment();
-    name_ = std::move(other.name_);
+    release();
+    name_ = std::exchange(other.name_, std::string());
     fd_ = std::exchange(other.fd_, -1);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
@@ -101,12 +106,16 @@ Segment& Segment::operator=(Segment&& other) noexcept {
   return *this;
 }
 
-Segment::~Segment() {
+Segment::~Segment() { release(); }
+
+void Segment::release() noexcept {
   if (linked_) unlink();
   if (data_) ::munmap(data_, size_);
   if (fd_ >= 0) ::close(fd_);
+  name_.clear();
   data_ = nullptr;
   fd_ = -1;
+  size_ = 0;
 }
 
 void Segment::unlink() {

@@ -31,6 +31,8 @@ class Segment {
   static Segment open(const std::string& name, size_t bytes);
 
   Segment() = default;
+  // Moving leaves `other` empty (no name, no mapping). Move-assignment
+  // first releases what this segment held, as the destructor does.
   Segment(Segment&& other) noexcept;
   Segment& operator=(Segment&& other) noexcept;
   Segment(const Segment&) = delete;
@@ -49,6 +51,9 @@ class Segment {
   const std::string& name() const { return name_; }
 
  private:
+  // Unlinks (if still linked), unmaps and closes; leaves this empty.
+  void release() noexcept;
+
   std::string name_;  // with the leading '/'
   int fd_ = -1;
   void* data_ = nullptr;
