@@ -12,8 +12,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "common/enforce.h"
@@ -26,19 +29,83 @@ using std::chrono::milliseconds;
 // getaddrinfo() result owned by a unique_ptr.
 using AddrList = std::unique_ptr<addrinfo, decltype(&freeaddrinfo)>;
 
+// resolve()'s answer when the deadline passed first; getaddrinfo's own
+// codes are 0 or negative.
+constexpr int kResolveTimedOut = 1;
+
+// The helpers that take no deadline (check_resolves, listen_on,
+// local_address_towards) give a name this long: as long as glibc's default
+// resolver settings take to give up on three silent DNS servers (5 s x 2
+// attempts each), so no lookup that glibc would let succeed is cut short
+// unless resolv.conf raises its timeouts.
+constexpr std::chrono::seconds kResolveTimeout{30};
+Clock::time_point resolve_deadline() { return Clock::now() + kResolveTimeout; }
+
+// One name lookup on a thread of its own, which the caller may abandon.
+struct Lookup {
+  std::mutex mutex;
+  std::condition_variable done_cv;
+  bool done = false;
+  bool abandoned = false;
+  int rc = 0;
+  addrinfo* result = nullptr;
+};
+
 // Resolves host (a name or a numeric address) for a stream or datagram
-// socket; returns the getaddrinfo error code (0 on success).
-int resolve(const std::string& host, const std::string& service, int socktype,
-            int flags, AddrList* out) {
+// socket; returns the getaddrinfo error code (0 on success), or
+// kResolveTimedOut. getaddrinfo has no timeout and, with a DNS server that
+// does not answer, waits as long as resolv.conf's timeout x attempts x
+// servers x search domains allow (minutes). So a name is looked up on a
+// helper thread and waited for until the deadline; a lookup that misses it
+// is abandoned (the thread frees its answer when it finally gets one).
+// Numeric addresses are answered here, without a thread or DNS.
+int resolve(const std::string& host, const std::string& service, int socktype, int flags,
+            Clock::time_point deadline, AddrList* out) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = socktype;
-  hints.ai_flags = flags | AI_NUMERICSERV;
+  hints.ai_flags = flags | AI_NUMERICSERV | AI_NUMERICHOST;
+  const char* serv = service.empty() ? nullptr : service.c_str();
   addrinfo* result = nullptr;
-  const int rc = getaddrinfo(host.c_str(), service.empty() ? nullptr : service.c_str(),
-                             &hints, &result);
-  out->reset(rc == 0 ? result : nullptr);
-  return rc;
+  int rc = getaddrinfo(host.c_str(), serv, &hints, &result);
+  if (rc != EAI_NONAME) {
+    out->reset(rc == 0 ? result : nullptr);
+    return rc;
+  }
+  hints.ai_flags = flags | AI_NUMERICSERV;
+  auto lookup = std::make_shared<Lookup>();
+  try {
+    std::thread([lookup, host, service, hints] {
+      addrinfo* found = nullptr;
+      const int code = getaddrinfo(host.c_str(), service.empty() ? nullptr : service.c_str(),
+                                   &hints, &found);
+      std::lock_guard<std::mutex> lock(lookup->mutex);
+      if (lookup->abandoned) {
+        if (code == 0) freeaddrinfo(found);
+        return;
+      }
+      lookup->rc = code;
+      lookup->result = code == 0 ? found : nullptr;
+      lookup->done = true;
+      lookup->done_cv.notify_all();
+    }).detach();
+  } catch (const std::system_error& e) {
+    throw NetworkError(detail::cat("cannot start a thread to resolve ", host, ": ", e.what()));
+  }
+  std::unique_lock<std::mutex> lock(lookup->mutex);
+  if (!lookup->done_cv.wait_until(lock, deadline, [&] { return lookup->done; })) {
+    lookup->abandoned = true;
+    return kResolveTimedOut;
+  }
+  out->reset(lookup->result);
+  return lookup->rc;
+}
+
+// Why a host did not resolve: getaddrinfo's words, or the deadline.
+std::string resolve_error(int rc) {
+  if (rc == kResolveTimedOut)
+    return "no answer before the deadline (is the DNS server in /etc/resolv.conf reachable?)";
+  return gai_strerror(rc);
 }
 
 std::string errno_text(int err) { return std::strerror(err); }
@@ -140,7 +207,9 @@ std::string endpoint(const std::string& host, uint16_t port) {
 
 void check_resolves(const std::string& host, const std::string& what) {
   AddrList list(nullptr, &freeaddrinfo);
-  const int rc = resolve(host, "", SOCK_STREAM, 0, &list);
+  const int rc = resolve(host, "", SOCK_STREAM, 0, resolve_deadline(), &list);
+  if (rc == kResolveTimedOut)
+    throw TimeoutError(detail::cat(what, "=", host, " did not resolve: ", resolve_error(rc)));
   DTRAIN_CHECK_ARG(rc == 0, what, "=", host, " does not resolve: ", gai_strerror(rc));
 }
 
@@ -157,7 +226,11 @@ uint16_t parse_port(const std::string& text, const std::string& what) {
 Fd listen_on(const std::string& host, uint16_t port, uint16_t* bound_port) {
   const std::string where = endpoint(host, port);
   AddrList list(nullptr, &freeaddrinfo);
-  const int rc = resolve(host, std::to_string(port), SOCK_STREAM, AI_PASSIVE, &list);
+  const int rc = resolve(host, std::to_string(port), SOCK_STREAM, AI_PASSIVE, resolve_deadline(),
+                         &list);
+  if (rc == kResolveTimedOut)
+    throw TimeoutError(detail::cat("cannot listen on ", where, ": ", host,
+                                   " did not resolve: ", resolve_error(rc)));
   if (rc != 0)
     throw InvalidArgument(detail::cat("cannot listen on ", where, ": ", host,
                                       " does not resolve: ", gai_strerror(rc)));
@@ -207,7 +280,11 @@ Fd connect_to(const std::string& host, uint16_t port, Clock::time_point deadline
   std::string last_error = "no attempt made";
   for (;;) {
     AddrList list(nullptr, &freeaddrinfo);
-    const int rc = resolve(host, std::to_string(port), SOCK_STREAM, 0, &list);
+    const int rc = resolve(host, std::to_string(port), SOCK_STREAM, 0, deadline, &list);
+    if (rc == kResolveTimedOut)
+      throw TimeoutError(detail::cat("could not connect to ", where, " within ",
+                                     std::max<long long>(budget_ms, 0), " ms: ", host,
+                                     " did not resolve: ", resolve_error(rc)));
     bool again = false;
     if (rc == EAI_AGAIN) {
       last_error = gai_strerror(rc);
@@ -278,7 +355,10 @@ std::string local_address_towards(const std::string& host) {
   // connect() on a UDP socket only asks the routing table which source
   // address it would use; no packet leaves the machine.
   AddrList list(nullptr, &freeaddrinfo);
-  const int rc = resolve(host, "9", SOCK_DGRAM, 0, &list);
+  const int rc = resolve(host, "9", SOCK_DGRAM, 0, resolve_deadline(), &list);
+  if (rc == kResolveTimedOut)
+    throw TimeoutError(detail::cat("cannot find a local address towards ", host, ": ", host,
+                                   " did not resolve: ", resolve_error(rc)));
   if (rc != 0)
     throw NetworkError(detail::cat("cannot find a local address towards ", host, ": ", host,
                                    " does not resolve: ", gai_strerror(rc)));

@@ -1,5 +1,7 @@
 #include "core/serial_executor.h"
 
+#include "core/broken_group.h"
+
 namespace dtrain {
 
 SerialExecutor::SerialExecutor() : thread_([this] { loop(); }) {}
@@ -19,6 +21,35 @@ void SerialExecutor::submit(std::function<void()> task) {
     tasks_.push_back(std::move(task));
   }
   cv_.notify_one();
+}
+
+void SerialExecutor::submit(WorkPtr work, std::function<void()> body) {
+  submit([this, work = std::move(work), body = std::move(body)] { run_op(*work, body); });
+}
+
+std::exception_ptr SerialExecutor::error() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return error_;
+}
+
+// An InvalidArgument is raised before anything is sent, so the ranks are
+// still in step and the executor goes on; anything else breaks it.
+void SerialExecutor::run_op(Work& work, const std::function<void()>& body) {
+  if (auto first = error()) {
+    work.finish(broken_group_error(work.description(), first));
+    return;
+  }
+  std::exception_ptr failure;
+  try {
+    body();
+  } catch (const InvalidArgument&) {
+    failure = std::current_exception();
+  } catch (...) {
+    failure = std::current_exception();
+    std::lock_guard<std::mutex> lock(mutex_);
+    error_ = failure;
+  }
+  work.finish(failure);
 }
 
 void SerialExecutor::loop() {

@@ -3,20 +3,32 @@
 // Runs tasks one at a time, in submission order, on a thread of its own.
 // Each group owns one, which is what makes a group's operations run in issue
 // order on every rank while the caller goes on (async_op).
+//
+// Operations submitted with their Work (submit(work, body)) share one fate:
+// the first that fails with anything but InvalidArgument (a timeout, a dead
+// peer, a mismatch that left the ranks out of step) breaks the executor.
+// From then on every operation, queued or submitted later, finishes at once
+// without running, with broken_group_error naming that first error. So
+// after a peer dies the queue empties in one timeout, not one per queued
+// operation, and destroying the group does not wait N x timeout.
 
 #include <condition_variable>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
+
+#include "dtrain/work.h"
 
 namespace dtrain {
 
 class SerialExecutor {
  public:
   SerialExecutor();
-  // Runs what is queued (every task is bounded by its own timeout), then joins.
+  // Runs what is queued, then joins. Plain tasks each run under their own
+  // timeout; operations queued behind a failed one finish at once.
   ~SerialExecutor();
   SerialExecutor(const SerialExecutor&) = delete;
   SerialExecutor& operator=(const SerialExecutor&) = delete;
@@ -24,11 +36,22 @@ class SerialExecutor {
   // Tasks must not throw; they report through their Work.
   void submit(std::function<void()> task);
 
+  // Runs `body` (which throws on failure) in order, then finishes `work`
+  // with its outcome; see the header comment for what breaks the executor.
+  // The executor is broken before the failed Work is finished, so a caller
+  // woken by that failure already sees error().
+  void submit(WorkPtr work, std::function<void()> body);
+
+  // The first error that broke the executor; null while none has.
+  std::exception_ptr error() const;
+
  private:
   void loop();
-  std::mutex mutex_;
+  void run_op(Work& work, const std::function<void()>& body);
+  mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_;
+  std::exception_ptr error_;
   bool stop_ = false;
   std::thread thread_;
 };

@@ -5,10 +5,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <thread>
 
+#include "common/logging.h"
 #include "store/store_util.h"
 
 // File layout: a sequence of records, each
@@ -34,6 +36,8 @@ using namespace store_detail;
 
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 constexpr size_t kRecordHeader = 9;
 const std::string kUsersKey = std::string(kInternalPrefix) + "file_store_users";
 
@@ -53,31 +57,16 @@ std::string where(const std::string& path) { return "FileStore '" + path + "'"; 
 // store's cache from the file on construction. The caller holds mutex_.
 class FileStore::Locked {
  public:
-  Locked(FileStore& store, bool exclusive) : s_(store) {
-    // The last user of a file generation unlinks it while holding the lock;
-    // whoever was queued on that lock then finds the path gone or pointing
-    // to a new file, and must reopen rather than write to the dead inode.
-    for (;;) {
-      fd_ = ::open(s_.path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-      if (fd_ < 0) {
-        const int err = errno;
-        throw InvalidArgument(detail::cat(
-            where(s_.path_), ": cannot open the file: ", std::strerror(err),
-            err == ENOENT ? " (does its directory exist?)" : ""));
-      }
-      while (::flock(fd_, exclusive ? LOCK_EX : LOCK_SH) != 0) {
-        if (errno != EINTR) fail("flock");
-      }
-      struct stat opened {}, named {};
-      if (::fstat(fd_, &opened) != 0) fail("fstat");
-      if (::stat(s_.path_.c_str(), &named) == 0 && named.st_dev == opened.st_dev &&
-          named.st_ino == opened.st_ino) {
-        refresh(opened);
-        return;
-      }
-      ::close(fd_);
-    }
+  // Waits for the flock until the deadline (TimeoutError naming the file:
+  // flock(2) itself would wait for ever on a stopped or hung process);
+  // wait_ms is how long that is, for the message.
+  Locked(FileStore& store, bool exclusive, Clock::time_point deadline, int64_t wait_ms)
+      : s_(store) {
+    open_and_lock(exclusive, deadline, wait_ms);
   }
+  // Within the store's timeout.
+  Locked(FileStore& store, bool exclusive)
+      : Locked(store, exclusive, Clock::now() + store.timeout(), store.timeout().count()) {}
   ~Locked() { ::close(fd_); }  // closing releases the flock
   Locked(const Locked&) = delete;
   Locked& operator=(const Locked&) = delete;
@@ -114,6 +103,53 @@ class FileStore::Locked {
     // The file system is this store's transport; its failures are
     // reported like a network failure.
     throw NetworkError(detail::cat(where(s_.path_), ": ", what, " failed: ", std::strerror(errno)));
+  }
+
+  void open_and_lock(bool exclusive, Clock::time_point deadline, int64_t wait_ms) {
+    // The last user of a file generation unlinks it while holding the lock;
+    // whoever was queued on that lock then finds the path gone or pointing
+    // to a new file, and must reopen rather than write to the dead inode.
+    for (;;) {
+      fd_ = ::open(s_.path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+      if (fd_ < 0) {
+        const int err = errno;
+        throw InvalidArgument(detail::cat(
+            where(s_.path_), ": cannot open the file: ", std::strerror(err),
+            err == ENOENT ? " (does its directory exist?)" : ""));
+      }
+      try {
+        lock(exclusive, deadline, wait_ms);
+        struct stat opened {}, named {};
+        if (::fstat(fd_, &opened) != 0) fail("fstat");
+        if (::stat(s_.path_.c_str(), &named) == 0 && named.st_dev == opened.st_dev &&
+            named.st_ino == opened.st_ino) {
+          refresh(opened);
+          return;
+        }
+      } catch (...) {
+        ::close(fd_);  // no destructor runs for a constructor that throws
+        throw;
+      }
+      ::close(fd_);
+    }
+  }
+
+  // flock(2) has no timeout: try without blocking, back off from 100 us to
+  // 10 ms between tries (the lock is normally held for microseconds).
+  void lock(bool exclusive, Clock::time_point deadline, int64_t wait_ms) {
+    std::chrono::microseconds backoff(100);
+    for (;;) {
+      if (::flock(fd_, (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB) == 0) return;
+      if (errno == EINTR) continue;
+      if (errno != EWOULDBLOCK) fail("flock");
+      const auto left = deadline - Clock::now();
+      if (left <= Clock::duration::zero())
+        throw TimeoutError(detail::cat(where(s_.path_), ": timed out after ", wait_ms,
+                                       " ms waiting to lock the file: another process holds "
+                                       "its lock (is a rank stopped or stuck?)"));
+      std::this_thread::sleep_for(std::min<Clock::duration>(backoff, left));
+      backoff = std::min(backoff * 2, std::chrono::microseconds(10000));
+    }
   }
 
   // Replays the records appended since the last look.
@@ -174,14 +210,20 @@ FileStore::FileStore(std::string path, std::chrono::milliseconds timeout)
 }
 
 FileStore::~FileStore() {
+  // A stopped process holding the lock must not hang our exit: wait as long
+  // as an operation would, but at most kCloseLockWait, then leave the file
+  // (with this user still counted) and say so.
+  const auto wait = std::min(timeout(), kCloseLockWait);
   try {
     std::lock_guard<std::mutex> guard(mutex_);
-    Locked file(*this, true);
+    Locked file(*this, true, Clock::now() + wait, wait.count());
     if (apply_add(cache_, kUsersKey, -1) <= 0) {
       file.remove_file();
     } else {
       file.persist(kUsersKey);
     }
+  } catch (const TimeoutError& e) {
+    log_warning(detail::cat(e.what(), "; closing without updating the file, which stays behind"));
   } catch (const std::exception&) {
     // The file may already be gone (a removed directory); nothing to do.
   }
@@ -248,14 +290,13 @@ void FileStore::wait(const std::vector<std::string>& keys, std::chrono::millisec
 // rendezvous latency low without hammering a shared file system.
 void FileStore::poll_for(const std::vector<std::string>& keys,
                          std::chrono::milliseconds timeout, std::vector<uint8_t>* value) {
-  using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + timeout;
   std::chrono::milliseconds backoff(1);
   for (;;) {
     std::vector<std::string> missing;
     {
       std::lock_guard<std::mutex> guard(mutex_);
-      Locked file(*this, false);
+      Locked file(*this, false, deadline, timeout.count());
       missing = missing_keys(cache_, keys);
       if (missing.empty()) {
         if (value != nullptr) *value = cache_.at(keys.front());

@@ -5,6 +5,13 @@
 // records guarded by flock(2); a torn record at the end (a writer killed
 // mid-write) is ignored. num_users counts the FileStore objects open on the
 // path; the last one to close removes the file, as torch's FileStore does.
+//
+// Every operation waits for the file's lock at most the store's timeout (a
+// wait() at most its own): a process that holds the lock and does not let
+// go (stopped with SIGSTOP, hung on a dead NFS server) makes it throw
+// TimeoutError "FileStore '<path>': timed out after N ms waiting to lock the
+// file: another process holds its lock ...". The destructor waits at most
+// kCloseLockWait; then it warns and leaves the file behind.
 
 #include <mutex>
 #include <map>
@@ -15,6 +22,9 @@ namespace dtrain {
 
 class FileStore : public Store {
  public:
+  // The longest the destructor waits for the lock (less when timeout() is).
+  static constexpr std::chrono::milliseconds kCloseLockWait{10 * 1000};
+
   explicit FileStore(std::string path,
                      std::chrono::milliseconds timeout = kDefaultTimeout);
   ~FileStore() override;

@@ -10,6 +10,7 @@
 #include "backends/shm/node.h"
 #include "common/enforce.h"
 #include "core/average.h"
+#include "core/broken_group.h"
 #include "common/logging.h"
 #include "dtrain/store/prefix_store.h"
 
@@ -88,24 +89,34 @@ std::string HierarchicalProcessGroup::backend_name() const {
   return detail::cat("auto (shm within ", nodes_.size(), " machines, tcp between)");
 }
 
+// The executor keeps the group's fate (see serial_executor.h): a timeout or
+// transport error in any sub-group breaks this group, and every later call
+// fails at once naming it. The sub-groups break only themselves; without
+// this, a call that touches a sub-group still intact (the local shm group
+// of a rank whose leader failed, or the tcp group over all ranks after the
+// leaders' group failed) would wait out its whole timeout for ranks that
+// have dropped out of step.
 WorkPtr HierarchicalProcessGroup::enqueue(
     const Call& call, std::function<void(const std::function<Timeout()>&)> body) {
   auto work = std::make_shared<Work>(call.description);
-  steps_.submit([work, call, body = std::move(body)] {
+  steps_.submit(work, [call, body = std::move(body)] {
     const auto deadline = Clock::now() + call.timeout;
     auto left = [deadline, call]() -> Timeout {
       const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       if (ms.count() <= 0) throw TimeoutError(call.description + " timed out");
       return ms;
     };
-    std::exception_ptr error;
-    try {
-      body(left);
-    } catch (...) {
-      error = std::current_exception();
-    }
-    work->finish(error);
+    body(left);
   });
+  return work;
+}
+
+// A Work already failed with broken_group_error when the group is broken.
+WorkPtr HierarchicalProcessGroup::refuse_if_broken(const Call& call) const {
+  auto first = steps_.error();
+  if (!first) return nullptr;
+  auto work = std::make_shared<Work>(call.description);
+  work->finish(broken_group_error(call.description, first));
   return work;
 }
 
@@ -190,10 +201,12 @@ WorkPtr HierarchicalProcessGroup::do_all_to_all(const Call& call, std::vector<at
 
 // Point to point is posted at once (never queued behind a collective).
 WorkPtr HierarchicalProcessGroup::do_send(const Call& call, at::Tensor tensor, int dst, int tag) {
+  if (auto refused = refuse_if_broken(call)) return refused;
   return all_->send(std::move(tensor), dst, tag, call.timeout);
 }
 
 WorkPtr HierarchicalProcessGroup::do_recv(const Call& call, at::Tensor tensor, int src, int tag) {
+  if (auto refused = refuse_if_broken(call)) return refused;
   return all_->recv(std::move(tensor), src, tag, call.timeout);
 }
 

@@ -9,6 +9,10 @@
 // an shm broadcast back; broadcast and barrier are hierarchical too. The
 // other collectives and point-to-point go to a tcp group over all ranks
 // (listed in docs/backends.md).
+//
+// The first timeout or transport error in any sub-group breaks the whole
+// group, as on tcp and shm: every later call, point-to-point included,
+// fails at once naming that first error.
 
 #include <memory>
 
@@ -37,6 +41,8 @@ class HierarchicalProcessGroup final : public ProcessGroup {
  private:
   // Runs `body` in issue order on the group thread; it gets the time left.
   WorkPtr enqueue(const Call& call, std::function<void(const std::function<Timeout()>&)> body);
+  // Null while the group works; else a Work failed with the first error.
+  WorkPtr refuse_if_broken(const Call& call) const;
 
   std::vector<std::vector<int>> nodes_;
   int node_ = 0;                          // index of this rank's machine

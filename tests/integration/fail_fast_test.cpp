@@ -1,0 +1,197 @@
+// After a timeout a group is broken on every backend: the next call fails at
+// once naming the first error, and destroying a group with operations still
+// queued behind the failed one takes one timeout, not one per operation.
+// "auto-split" is the hierarchical auto backend with each thread rank on a
+// machine of its own (shm per machine, tcp between), which thread ranks
+// otherwise never reach (on one machine auto is plain shm).
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "backends/hierarchical/backend.h"
+#include "core/serial_executor.h"
+#include "harness/assertions.h"
+#include "harness/thread_ranks.h"
+
+namespace dtrain {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using testing::Contains;
+using testing::expect_no_errors;
+using testing::what_thrown;
+
+std::shared_ptr<ProcessGroup> make_group(const std::string& backend, std::shared_ptr<Store> store,
+                                         int rank, int world, GroupOptions options) {
+  if (backend != "auto-split") return create_process_group(backend, store, rank, world, options);
+  std::vector<std::vector<int>> machines;
+  for (int r = 0; r < world; ++r) machines.push_back({r});
+  return std::make_shared<hierarchical::HierarchicalProcessGroup>(std::move(store), rank, world,
+                                                                  options, machines);
+}
+
+// Rank 1 joins and then stays silent (a stopped peer) until rank 0's body
+// has returned; `rank0` owns the group and may destroy it.
+void with_silent_peer(const std::string& backend, std::chrono::milliseconds timeout,
+                      const std::function<void(std::shared_ptr<ProcessGroup>&)>& rank0) {
+  auto store = std::make_shared<HashStore>(30s);
+  std::atomic<bool> rank0_done{false};
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        auto group = make_group(backend, store, rank, 2, GroupOptions().timeout(timeout));
+        if (rank == 0) {
+          rank0(group);
+          rank0_done = true;
+        } else {
+          while (!rank0_done) std::this_thread::sleep_for(10ms);
+        }
+      } catch (const std::exception& e) {
+        errors[rank] = e.what();
+        rank0_done = true;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  expect_no_errors(errors);
+}
+
+class FailFast : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(FailFast, AfterATimeoutEveryLaterCallFailsAtOnceNamingTheFirstError) {
+  with_silent_peer(GetParam(), 20s, [](std::shared_ptr<ProcessGroup>& group) {
+    ProcessGroup& g = *group;
+    auto t = at::ones({4});
+    const auto first = what_thrown<TimeoutError>([&] { g.all_reduce(t, ReduceOp::SUM, 300ms)->wait(); });
+    EXPECT_TRUE(Contains(first, "timed out"));
+    // Calls that the failed one did not touch: for auto, all_gather goes to
+    // the tcp group over all ranks, not to the leaders' group that timed out.
+    const std::vector<std::pair<std::string, std::function<void()>>> later = {
+        {"all_gather #1", [&] { g.all_gather({at::zeros({4}), at::zeros({4})}, t)->wait(); }},
+        {"barrier #2", [&] { g.barrier()->wait(); }},
+        {"all_reduce #3", [&] { g.all_reduce(t)->wait(); }},
+    };
+    for (const auto& [op, call] : later) {
+      const auto start = Clock::now();
+      const auto what = what_thrown<NetworkError>(call);
+      EXPECT_LT(testing::seconds_since(start), 2.0) << op;
+      EXPECT_EQ(what.rfind(op + " on group 'default' (rank 0/2", 0), 0u) << what;
+      EXPECT_TRUE(Contains(what, ") cannot run: the group is broken by an earlier error (" +
+                                     first + "); destroy it and create a new one"));
+    }
+    if (GetParam() == "auto-split") {  // point-to-point too (shm's goes to its own tcp group)
+      const auto start = Clock::now();
+      const auto what = what_thrown<NetworkError>([&] { g.recv(t, 1)->wait(); });
+      EXPECT_LT(testing::seconds_since(start), 2.0);
+      EXPECT_TRUE(Contains(what, "cannot run: the group is broken by an earlier error (" + first));
+    }
+  });
+}
+
+TEST_P(FailFast, DestroyingAGroupWithQueuedOperationsTakesOneTimeout) {
+  // Each queued operation has the whole timeout of its own. For auto the
+  // first times out in the leaders' tcp group and the second would wait out
+  // another in the tcp group over all ranks, were it run.
+  const auto timeout = 2s;
+  with_silent_peer(GetParam(), timeout, [&](std::shared_ptr<ProcessGroup>& group) {
+    ProcessGroup& g = *group;
+    auto t = at::ones({4});
+    std::vector<WorkPtr> works = {
+        g.all_reduce(t), g.all_gather({at::zeros({4}), at::zeros({4})}, t), g.barrier(),
+        g.all_to_all({at::zeros({2}), at::zeros({2})}, {at::ones({2}), at::ones({2})}),
+        g.broadcast(t, 1)};
+    const auto start = Clock::now();
+    group.reset();  // drains the queue
+    const double took = testing::seconds_since(start);
+    EXPECT_LT(took, 3.0) << works.size() << " operations queued behind a timeout of 2 s took "
+                         << took << " s to drain";
+    const auto first = what_thrown<TimeoutError>([&] { works[0]->wait(); });
+    for (size_t i = 1; i < works.size(); ++i) {
+      const auto what = what_thrown<NetworkError>([&] { works[i]->wait(); });
+      EXPECT_TRUE(Contains(what, "the group is broken by an earlier error (" + first + ")"));
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, FailFast, ::testing::Values("tcp", "shm", "auto-split"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           for (auto& c : name) c = c == '-' ? '_' : c;
+                           return name;
+                         });
+
+// The fate-sharing executor leaves the working path alone: auto-split
+// computes what one flat group would.
+TEST(AutoSplit, CollectivesAndPointToPointStillWork) {
+  auto store = std::make_shared<HashStore>(30s);
+  std::vector<std::string> errors(3);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 3; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        auto g = make_group("auto-split", store, rank, 3, GroupOptions().timeout(30s));
+        auto t = at::full({5}, rank + 1.0);
+        g->all_reduce(t)->wait();
+        EXPECT_TRUE(at::equal(t, at::full({5}, 6.0))) << "rank " << rank;
+        auto b = at::full({3}, rank == 2 ? 7.0 : 0.0);
+        g->broadcast(b, 2)->wait();
+        EXPECT_TRUE(at::equal(b, at::full({3}, 7.0))) << "rank " << rank;
+        if (rank == 0) g->send(at::full({2}, 9.0), 1)->wait();
+        if (rank == 1) {
+          auto r = at::zeros({2});
+          g->recv(r, 0)->wait();
+          EXPECT_TRUE(at::equal(r, at::full({2}, 9.0)));
+        }
+        g->barrier()->wait();
+      } catch (const std::exception& e) {
+        errors[rank] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  expect_no_errors(errors);
+}
+
+// The executor's contract itself: the first failure (other than
+// InvalidArgument) finishes everything behind it at once without running it.
+TEST(SerialExecutor, OperationsBehindAFailureFinishAtOnceWithoutRunning) {
+  std::vector<WorkPtr> works;
+  std::atomic<int> ran{0};
+  auto executor = std::make_unique<SerialExecutor>();
+  auto op = [&](const std::string& name, std::function<void()> body) {
+    works.push_back(std::make_shared<Work>(name));
+    executor->submit(works.back(), std::move(body));
+  };
+  op("bad argument", [] { throw InvalidArgument("tensor has dtype Bool"); });
+  op("first", [] {
+    std::this_thread::sleep_for(200ms);
+    throw TimeoutError("first timed out waiting for rank 1");
+  });
+  for (int i = 0; i < 4; ++i)
+    op("queued " + std::to_string(i), [&] {
+      ++ran;
+      std::this_thread::sleep_for(1s);
+    });
+  while (!works[1]->is_completed()) std::this_thread::sleep_for(1ms);
+  EXPECT_NE(executor->error(), nullptr);  // broken before the failed Work finished
+  const auto start = Clock::now();
+  executor.reset();  // drains what is queued
+  const double took = testing::seconds_since(start);
+  EXPECT_LT(took, 1.0);
+  EXPECT_EQ(ran.load(), 0);
+  EXPECT_EQ(what_thrown<InvalidArgument>([&] { works[0]->wait(); }), "tensor has dtype Bool");
+  EXPECT_EQ(what_thrown<TimeoutError>([&] { works[1]->wait(); }),
+            "first timed out waiting for rank 1");
+  EXPECT_EQ(what_thrown<NetworkError>([&] { works[3]->wait(); }),
+            "queued 1 cannot run: the group is broken by an earlier error (first timed out "
+            "waiting for rank 1); destroy it and create a new one");
+}
+
+}  // namespace
+}  // namespace dtrain
