@@ -218,6 +218,18 @@ bool TcpStoreServer::read_from(uint64_t id, Connection& c) {
 }
 
 bool TcpStoreServer::process_input(uint64_t id, Connection& c) {
+  if (c.dialect == c10d_wire::Dialect::kUnknown) {
+    bool refused = false;
+    c.dialect = c10d_wire::detect(c.in.data(), c.in.size(), &refused);
+    if (refused) {
+      DTRAIN_LOG_INFO("TCP store ", where_, ": dropping client ", c.peer,
+                      ": it speaks neither dtrain's nor c10d's store protocol (first byte ",
+                      int(c.in[0]), ")");
+      return false;
+    }
+    if (c.dialect == c10d_wire::Dialect::kUnknown) return true;  // wait for more bytes
+  }
+  if (c.dialect != c10d_wire::Dialect::kDtrain) return process_c10d(id, c);
   size_t pos = 0;
   bool ok = true;
   while (ok && !c.parked && c.in.size() - pos >= wire::kHeaderBytes) {
@@ -283,7 +295,7 @@ bool TcpStoreServer::handle(uint64_t id, Connection& c, const wire::Header& h,
           if (is_get) ok.bytes(data_.at(keys[0]));
           break;
         }
-        waiters_.push_back({id, h.request_id, is_get, std::move(keys),
+        waiters_.push_back({id, h.request_id, is_get ? Waiter::kGet : Waiter::kWait, std::move(keys),
                             Clock::now() + std::chrono::milliseconds(timeout_ms)});
         parked_count_ = waiters_.size();
         c.parked = true;
@@ -407,11 +419,16 @@ void TcpStoreServer::finish_waiter(const Waiter& w, bool timed_out) {
   auto it = conns_.find(w.conn);
   if (it == conns_.end()) return;
   Connection& c = it->second;
+  if (w.kind == Waiter::kC10dWait) {
+    reply(c, c10d_wire::Writer().u8(c10d_wire::kStopWaiting).take());
+    if (!flush(c)) close_connection(w.conn);
+    return;
+  }
   if (timed_out) {
     reply(c, wire::Writer(wire::kTimeout, w.request_id).finish());
   } else {
     wire::Writer ok(wire::kOk, w.request_id);
-    if (w.is_get) ok.bytes(data_.at(w.keys[0]));
+    if (w.kind == Waiter::kGet) ok.bytes(data_.at(w.keys[0]));
     reply(c, ok.finish());
   }
   c.parked = false;

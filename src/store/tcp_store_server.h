@@ -6,6 +6,10 @@
 // Contract:
 //  - The constructor binds host:port (port 0 = a free port, see port()) and
 //    starts the thread; a port in use throws NetworkError at once.
+//  - Each connection speaks dtrain's protocol or PyTorch's c10d TCPStore
+//    protocol (v1: PyTorch 1.13/2.0, v2: 2.2 and newer), told apart by its
+//    first bytes, so PyTorch programs can use this store as torchrun's
+//    agent store (store/c10d_wire.h). Both see the same keys.
 //  - A client that sends a frame the protocol does not allow (bad magic,
 //    version or opcode, a declared length over TcpStore::kMaxFrameBytes, or
 //    a payload whose fields overrun it) is disconnected; nothing is
@@ -26,6 +30,7 @@
 #include <vector>
 
 #include "common/socket.h"
+#include "store/c10d_wire.h"
 #include "store/wire.h"
 
 namespace dtrain {
@@ -56,12 +61,14 @@ class TcpStoreServer {
     std::vector<uint8_t> out;       // reply bytes not yet sent
     size_t out_sent = 0;            // prefix of `out` already sent
     bool parked = false;            // a GET/WAIT is waiting; hold later requests
+    c10d_wire::Dialect dialect = c10d_wire::Dialect::kUnknown;
   };
 
   struct Waiter {
+    enum Kind : uint8_t { kGet, kWait, kC10dWait };
     uint64_t conn;
     uint32_t request_id;
-    bool is_get;                    // GET replies with the value, WAIT with OK
+    Kind kind;                      // GET replies with the value, WAIT with OK
     std::vector<std::string> keys;
     Clock::time_point deadline;
   };
@@ -73,6 +80,8 @@ class TcpStoreServer {
   bool read_from(uint64_t id, Connection& c);
   bool process_input(uint64_t id, Connection& c);
   bool handle(uint64_t id, Connection& c, const wire::Header& h, wire::Reader& r);
+  bool process_c10d(uint64_t id, Connection& c);
+  bool handle_c10d(uint64_t id, Connection& c, c10d_wire::Op op, c10d_wire::Reader& r);
   bool flush(Connection& c);
   void reply(Connection& c, std::vector<uint8_t> frame);
   template <typename Step>

@@ -44,6 +44,16 @@ Result launch(std::vector<std::string> args, std::chrono::seconds timeout = 60s)
 
 bool alive(pid_t pid) { return kill(pid, 0) == 0; }
 
+// Runs a bash command line (for launcher runs that need a pipe as stdin).
+Result launch_shell(const std::string& cmd, std::chrono::seconds timeout = 60s) {
+  ProcessRanks procs;
+  auto start = Clock::now();
+  auto& p = procs.spawn({"/bin/bash", "-c", cmd}, {{"OMP_NUM_THREADS", "1"}});
+  bool done = procs.wait(p, Clock::now() + timeout);
+  EXPECT_TRUE(done) << "did not finish: " << p.output();
+  return {p.exit_code, p.signal, p.output(), Clock::now() - start};
+}
+
 TEST(Launcher, GivesEveryWorkerTorchrunsEnvironment) {
   auto r = launch({"--nproc-per-node", "3", "--standalone", kProbe, "env"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -177,6 +187,71 @@ TEST(Launcher, WorkersDieWithAKilledLauncher) {
   for (pid_t p : pids) kill(p, SIGKILL);  // the workers' own children are the program's business
 }
 
+// A signal stops the launcher in every phase, not only while workers run.
+TEST(Launcher, SignalDuringTheRendezvousStopsItPromptly) {
+  const std::string port = std::to_string(free_port());
+  // node 0 waits for a node 1 that never comes; node 1 for a store not up.
+  for (const auto& [node, phase] : std::vector<std::pair<std::string, std::string>>{
+           {"0", "during the rendezvous"}, {"1", "while connecting to the rendezvous store"}}) {
+    ProcessRanks procs;
+    auto& p = procs.spawn({kRun, "--nnodes", "2", "--node-rank", node, "--master-port", port,
+                           kProbe, "env"},
+                          {});
+    std::this_thread::sleep_for(1500ms);
+    const auto sent = Clock::now();
+    kill(p.pid, SIGTERM);
+    ASSERT_TRUE(procs.wait(p, Clock::now() + 20s)) << "node " << node << " ignored SIGTERM";
+    EXPECT_LT(Clock::now() - sent, 5s);
+    EXPECT_EQ(p.exit_code, 128 + SIGTERM) << p.output();
+    EXPECT_TRUE(Contains(p.output(), "dtrain-run: received SIGTERM " + phase)) << p.output();
+    EXPECT_TRUE(Contains(p.output(), "dtrain-run: job stopped by SIGTERM; exit code 143"));
+  }
+}
+
+TEST(Launcher, SignalWhileWaitingForTheOtherNodesStopsPromptly) {
+  const std::string port = std::to_string(free_port());
+  ProcessRanks procs;
+  auto& node0 = procs.spawn({kRun, "--nnodes", "2", "--node-rank", "0", "--master-port", port,
+                             kProbe, "env"},
+                            {});
+  auto& node1 = procs.spawn({kRun, "--nnodes", "2", "--node-rank", "1", "--master-port", port,
+                             kProbe, "sleep"},
+                            {});
+  const auto deadline = Clock::now() + 30s;  // node 0's workers are done; node 1's sleep
+  while (Clock::now() < deadline && !Contains(node0.output(), "[0]:env RANK=0"))
+    std::this_thread::sleep_for(50ms);
+  std::this_thread::sleep_for(500ms);
+  const auto sent = Clock::now();
+  kill(node0.pid, SIGTERM);
+  ASSERT_TRUE(procs.wait(node0, Clock::now() + 20s)) << node0.output();
+  EXPECT_LT(Clock::now() - sent, 5s);
+  EXPECT_EQ(node0.exit_code, 128 + SIGTERM) << node0.output();
+  EXPECT_TRUE(Contains(node0.output(),
+                       "received SIGTERM while waiting for the other nodes to finish"));
+  kill(node1.pid, SIGTERM);
+  procs.wait(node1, Clock::now() + 20s);
+}
+
+// Workers are in their own process groups: one reading a terminal would be
+// stopped by SIGTTIN. They read /dev/null unless --keep-stdin.
+TEST(Launcher, WorkersReadDevNullUnlessAsked) {
+  // stdin: a pipe that stays open (with no data) for 20 s.
+  auto r = launch_shell(kRun + " --nproc-per-node 1 " + kProbe + " stdin < <(sleep 20)");
+  EXPECT_TRUE(Contains(r.output, "[0]:stdin eof")) << r.output;
+  r = launch_shell("echo hi | " + kRun + " --keep-stdin --nproc-per-node 1 " + kProbe + " stdin");
+  EXPECT_TRUE(Contains(r.output, "[0]:stdin data")) << r.output;
+}
+
+// A worker's child that leaves its process group and keeps the output pipe
+// open must not keep the launcher from finishing.
+TEST(Launcher, AnEscapedGrandchildHoldingTheOutputDoesNotHangTheLauncher) {
+  auto r = launch({"--nproc-per-node", "1", kProbe, "daemon"}, 50s);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LT(r.took, 20s) << "dtrain-run waited for the escaped child's pipe";
+  std::smatch m;
+  if (std::regex_search(r.output, m, std::regex("daemon ([0-9]+)"))) kill(std::stoi(m[1]), SIGKILL);
+}
+
 TEST(Launcher, RedirectsAndTeeWriteLogFiles) {
   char dir[] = "/tmp/dtrain-run-logs-XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
@@ -214,6 +289,37 @@ TEST(Launcher, RunsADtrainJob) {
   for (int rank = 0; rank < 3; ++rank)
     EXPECT_TRUE(Contains(r.output, "[" + std::to_string(rank) + "]:rank " + std::to_string(rank) +
                                        " sum 3 world 3"));
+}
+
+// torchrun's static contract: one port, the one the user named, where the
+// launcher's own store serves the workers (TORCHELASTIC_USE_AGENT_STORE).
+TEST(Launcher, WorkersUseTheLaunchersStoreOnTheNamedPort) {
+  const std::string port = std::to_string(free_port());
+  auto r = launch({"--nproc-per-node", "2", "--master-port", port, kProbe, "env"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* rank : {"0", "1"}) {
+    EXPECT_TRUE(Contains(r.output, std::string("[") + rank + "]:env MASTER_PORT=" + port + "\n"))
+        << r.output;
+    EXPECT_TRUE(Contains(r.output, std::string("[") + rank +
+                                       "]:env TORCHELASTIC_USE_AGENT_STORE=True\n"));
+  }
+  r = launch({"--nproc-per-node", "2", "--master-port", port, kProbe, "allreduce"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "[1]:rank 1 sum 2 world 2")) << r.output;
+}
+
+// A PyTorch program (Debian's python3-torch) launched by dtrain-run finds
+// the agent store and trains, as under torchrun.
+TEST(Launcher, RunsAPyTorchProgram) {
+  const std::string port = std::to_string(free_port());
+  auto r = launch({"--nproc-per-node", "2", "--master-port", port, PYTHON_WITH_TORCH,
+                   PYTORCH_WORKER},
+                  120s);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* rank : {"0", "1"})
+    EXPECT_TRUE(Contains(r.output, std::string("]:rank ") + rank + " sum 3 world 2 port " + port +
+                                       " agent True"))
+        << r.output;
 }
 
 struct BadInput {

@@ -6,9 +6,13 @@
 //   probe signal            rank 1 raises SIGSEGV; others wait
 //   probe fail-until N      every rank fails (exit 3) while TORCHELASTIC_RESTART_COUNT < N
 //   probe sleep             fork a grandchild, print both pids, sleep until killed
+//   probe stdin             print "stdin eof", "stdin data" or (nothing within 3 s) "stdin open"
+//   probe daemon            fork a grandchild that leaves the process group (setsid),
+//                           keeps stdout open and sleeps 60 s; print its pid, exit 0
 //   probe allreduce [SECS]  dtrain all_reduce of ones, prints "rank R sum S", then
 //                           keeps all-reducing for SECS seconds (default 0)
 
+#include <poll.h>
 #include <signal.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -44,7 +48,8 @@ int main(int argc, char** argv) {
     for (const char* k : {"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME",
                           "LOCAL_WORLD_SIZE", "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
                           "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
-                          "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "OMP_NUM_THREADS"}) {
+                          "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+                          "TORCHELASTIC_USE_AGENT_STORE", "OMP_NUM_THREADS"}) {
       const char* v = std::getenv(k);
       std::printf("env %s=%s\n", k, v ? v : "<unset>");
     }
@@ -76,6 +81,23 @@ int main(int argc, char** argv) {
     if (child == 0) wait_forever();
     std::printf("pids %d %d\n", static_cast<int>(getpid()), static_cast<int>(child));
     wait_forever();
+  }
+  if (mode == "stdin") {
+    pollfd p{STDIN_FILENO, POLLIN, 0};
+    char c;
+    if (::poll(&p, 1, 3000) == 0) std::printf("stdin open\n");
+    else std::printf(read(STDIN_FILENO, &c, 1) == 0 ? "stdin eof\n" : "stdin data\n");
+    return 0;
+  }
+  if (mode == "daemon") {
+    pid_t child = fork();
+    if (child == 0) {
+      setsid();
+      sleep(60);
+      _exit(0);
+    }
+    std::printf("daemon %d\n", static_cast<int>(child));
+    return 0;
   }
   if (mode == "allreduce") {
     dtrain::init_process_group();

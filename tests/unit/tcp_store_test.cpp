@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "harness/assertions.h"
+#include "harness/raw_socket.h"
 #include <ifaddrs.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -34,6 +35,8 @@ using Clock = std::chrono::steady_clock;
 
 using testing::Contains;
 using testing::seconds_since;
+using testing::closed_by_server;
+using testing::raw_connect;
 
 TcpStoreOptions server_options(ms timeout = 5s) {
   return TcpStoreOptions().host("127.0.0.1").port(0).is_server(true).timeout(timeout);
@@ -71,10 +74,6 @@ class RefusingPort {
   uint16_t port_ = 0;
 };
 
-net::Fd raw_connect(uint16_t port) {
-  return net::connect_to("127.0.0.1", port, Clock::now() + 2s);
-}
-
 std::vector<uint8_t> header(uint32_t magic, uint16_t version, uint16_t opcode, uint32_t length) {
   std::vector<uint8_t> h(16, 0);
   for (int i = 0; i < 4; ++i) h[i] = uint8_t(magic >> (8 * i));
@@ -92,21 +91,6 @@ std::vector<uint8_t> valid_set(uint32_t magic, uint16_t version, uint16_t opcode
   const auto h = header(magic, version, opcode, uint32_t(frame.size() - 16));
   std::copy(h.begin(), h.begin() + 12, frame.begin());
   return frame;
-}
-
-// True when the server closes the connection within 2 s (EOF, or a reset
-// because it closed with our bytes unread).
-bool closed_by_server(int fd) {
-  const auto deadline = Clock::now() + 2s;
-  char buf[256];
-  while (Clock::now() < deadline) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 100) <= 0) continue;
-    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-    if (n == 0 || (n < 0 && errno == ECONNRESET)) return true;
-    if (n > 0) return false;  // the server answered garbage instead of dropping it
-  }
-  return false;
 }
 
 long resident_kib() {

@@ -47,23 +47,4 @@ std::string address_towards(const std::string& host) {
   return out;
 }
 
-int free_port_on(const std::string& address) {
-  addrinfo* res = resolve(address, "0", SOCK_STREAM);
-  int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  int port = -1;
-  if (fd >= 0 && bind(fd, res->ai_addr, res->ai_addrlen) == 0) {
-    sockaddr_storage local{};
-    socklen_t len = sizeof(local);
-    getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len);
-    port = local.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&local)->sin6_port)
-                                       : ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port);
-  }
-  const int err = errno;
-  if (fd >= 0) close(fd);
-  freeaddrinfo(res);
-  if (port < 0)
-    throw std::runtime_error("cannot find a free port on " + address + ": " + std::strerror(err));
-  return port;
-}
-
 }  // namespace dtrain::run

@@ -8,7 +8,5 @@ namespace dtrain::run {
 
 // The local address used to reach `host` (127.0.0.1 for loopback hosts).
 std::string address_towards(const std::string& host);
-// A TCP port that is free on `address` right now (for the workers' store).
-int free_port_on(const std::string& address);
 
 }  // namespace dtrain::run

@@ -16,14 +16,13 @@
 
 #include "dtrain/errors.h"
 #include "rendezvous.h"
+#include "signals.h"
 #include "worker_group.h"
 
 extern char** environ;
 
 namespace dtrain::run {
 namespace {
-
-const int kForwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
 
 std::string timestamp(std::chrono::system_clock::time_point t) {
   std::time_t tt = std::chrono::system_clock::to_time_t(t);
@@ -59,7 +58,7 @@ std::vector<WorkerSpec> worker_specs(const Options& o, const Round& r) {
         {"TORCHELASTIC_RESTART_COUNT", std::to_string(r.number)},
         {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)},
         {"TORCHELASTIC_RUN_ID", o.rdzv_id},
-        {"TORCHELASTIC_USE_AGENT_STORE", "False"},  // workers host their own store
+        {"TORCHELASTIC_USE_AGENT_STORE", "True"},  // MASTER_PORT is this launcher's store
     };
     if (!user_omp && o.nproc_per_node > 1) vars.push_back({"OMP_NUM_THREADS", "1"});
     // The worker's stdout is our pipe; tell it when its lines reach a terminal.
@@ -92,45 +91,117 @@ void print_summary(const Options& o, const Round& r, const WorkerExit& f,
   std::cerr << out.str() << std::flush;
 }
 
-// Waits up to `timeout` for a forwarded signal; returns it or 0.
-int wait_signal(std::chrono::milliseconds timeout) {
-  sigset_t set;
-  sigemptyset(&set);
-  for (int s : kForwarded) sigaddset(&set, s);
-  timespec ts{static_cast<time_t>(timeout.count() / 1000),
-              static_cast<long>((timeout.count() % 1000) * 1000000)};
-  int sig = sigtimedwait(&set, nullptr, &ts);
-  return sig > 0 ? sig : 0;
+// A signal stopped the launcher in `phase`: the workers (if any) get the
+// signal, then SIGKILL after close_timeout; the other nodes learn why.
+int stop_for_signal(const Options& o, const Round* round, Rendezvous* rdzv, WorkerGroup* group,
+                    int sig, const char* phase) {
+  std::cerr << "dtrain-run: received " << signal_name(sig) << " " << phase
+            << (group ? "; stopping the workers" : "; exiting") << std::endl;
+  if (group) group->stop(sig, o.close_timeout);
+  if (round && rdzv) {
+    try {
+      rdzv->report_failure(*round, "node " + std::to_string(round->node_rank) +
+                                       "'s launcher received " + signal_name(sig));
+    } catch (...) {
+    }
+  }
+  std::cerr << "dtrain-run: job stopped by " << signal_name(sig)
+            << (round ? " (attempt " + std::to_string(round->number) + ")" : std::string())
+            << "; exit code " << 128 + sig << std::endl;
+  return 128 + sig;
+}
+
+// This node's workers succeeded: the store's host waits for the others.
+int finish_succeeded(const Options& o, Rendezvous& rdzv, const Round& round) {
+  rdzv.report_done(round);
+  if (!rdzv.hosts_store()) return 0;
+  try {
+    if (!rdzv.wait_for_others(round)) {
+      std::cerr << "dtrain-run: this node's workers finished, but another node failed"
+                << std::endl;
+      return 1;
+    }
+  } catch (const Interrupted& e) {
+    return stop_for_signal(o, &round, &rdzv, nullptr, e.signal,
+                           "while waiting for the other nodes to finish");
+  }
+  return 0;
+}
+
+// Runs one round's workers until they succeed (0), the job must end
+// (its exit code), or the round failed and may restart (-1).
+int run_round(const Options& o, Rendezvous& rdzv, const Round& round) {
+  WorkerGroup group(o, round.number);
+  WorkerExit failure;
+  std::string remote;
+  try {
+    group.start(worker_specs(o, round));
+    for (;;) {
+      if (int sig = wait_signal(o.monitor_interval))
+        return stop_for_signal(o, &round, &rdzv, &group, sig, "while the workers ran");
+      auto state = group.poll(&failure);
+      if (state == WorkerGroup::State::Succeeded) return finish_succeeded(o, rdzv, round);
+      if (state == WorkerGroup::State::Failed) {
+        std::ostringstream why;
+        why << "rank " << failure.rank << " on node " << round.node_rank << " "
+            << failure.describe() << " at " << timestamp(failure.when);
+        rdzv.report_failure(round, why.str());
+        break;
+      }
+      if (auto reason = rdzv.check(round)) {
+        remote = *reason;
+        break;
+      }
+    }
+  } catch (const std::exception& e) {
+    // Spawn failures, or the store vanished (its host node is gone).
+    group.stop(SIGTERM, o.close_timeout);
+    std::cerr << "dtrain-run: " << e.what() << std::endl;
+    try {
+      rdzv.report_failure(round, "node " + std::to_string(round.node_rank) + ": " + e.what());
+    } catch (...) {
+    }
+    return 1;
+  }
+  group.stop(SIGTERM, o.close_timeout);
+  if (int sig = pending_signal())  // arrived while the workers were being stopped
+    return stop_for_signal(o, &round, &rdzv, &group, sig, "while stopping the workers");
+  if (!remote.empty())
+    std::cerr << "dtrain-run: stopping this node's workers: " << remote << std::endl;
+  if (round.number >= o.max_restarts) {
+    if (remote.empty()) print_summary(o, round, failure, group.last_lines(failure.local_rank));
+    else std::cerr << "dtrain-run: job failed, no restarts left (" << remote << ")" << std::endl;
+    return 1;
+  }
+  std::cerr << "dtrain-run: restarting the workers (restart " << round.number + 1 << " of "
+            << o.max_restarts << ")" << std::endl;
+  return -1;
 }
 
 }  // namespace
 
 int run_agent(const Options& o) {
-  // Signals are taken synchronously in the monitor loop (sigtimedwait);
-  // block them before any thread exists so every thread inherits the mask.
-  sigset_t set;
-  sigemptyset(&set);
-  for (int s : kForwarded) sigaddset(&set, s);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  // Signals are taken by one watcher thread (signals.h); start it before
+  // any other thread exists so every thread inherits the blocked mask.
+  start_signal_watch();
   // Orphans of our workers (their own children) are re-parented to us, so
   // stopping a worker group can kill and reap them too.
   prctl(PR_SET_CHILD_SUBREAPER, 1);
 
   std::unique_ptr<Rendezvous> rdzv;
-  try {
-    rdzv = std::make_unique<Rendezvous>(o);
-  } catch (const std::exception& e) {
-    std::cerr << "dtrain-run: " << e.what() << std::endl;
-    return 1;
-  }
   int attempt = 0;
   try {
+    rdzv = std::make_unique<Rendezvous>(o);
     attempt = rdzv->current_round();
+  } catch (const Interrupted& e) {
+    return stop_for_signal(o, nullptr, nullptr, nullptr, e.signal,
+                           "while connecting to the rendezvous store");
   } catch (const std::exception& e) {
-    std::cerr << "dtrain-run: rendezvous store " << rdzv->endpoint() << ": " << e.what() << std::endl;
+    std::cerr << "dtrain-run: " << (rdzv ? "rendezvous store " + rdzv->endpoint() + ": " : "")
+              << e.what() << std::endl;
     return 1;
   }
-  for (;;) {
+  for (;; ++attempt) {
     if (attempt > o.max_restarts) {
       std::cerr << "dtrain-run: the job has used all of its " << o.max_restarts
                 << " restart(s); not starting again" << std::endl;
@@ -139,80 +210,21 @@ int run_agent(const Options& o) {
     Round round;
     try {
       round = rdzv->join(attempt);
+    } catch (const Interrupted& e) {
+      return stop_for_signal(o, nullptr, nullptr, nullptr, e.signal, "during the rendezvous");
     } catch (const std::exception& e) {
       std::cerr << "dtrain-run: " << e.what() << std::endl;
       return 1;
     }
-    WorkerGroup group(o, attempt);
-    WorkerExit failure;
-    std::string remote;
-    int signal = 0;
-    try {
-      group.start(worker_specs(o, round));
-      for (;;) {
-        signal = wait_signal(o.monitor_interval);
-        if (signal) break;
-        auto state = group.poll(&failure);
-        if (state == WorkerGroup::State::Succeeded) {
-          rdzv->report_done(round);
-          if (rdzv->hosts_store() && !rdzv->wait_for_others(round)) {
-            std::cerr << "dtrain-run: this node's workers finished, but another node failed"
-                      << std::endl;
-            return 1;
-          }
-          return 0;
-        }
-        if (state == WorkerGroup::State::Failed) {
-          std::ostringstream why;
-          why << "rank " << failure.rank << " on node " << round.node_rank << " "
-              << failure.describe() << " at " << timestamp(failure.when);
-          rdzv->report_failure(round, why.str());
-          break;
-        }
-        if (auto reason = rdzv->check(round)) {
-          remote = *reason;
-          break;
-        }
-      }
-    } catch (const std::exception& e) {
-      // Spawn failures, or the store vanished (its host node is gone).
-      group.stop(SIGTERM, o.close_timeout);
-      std::cerr << "dtrain-run: " << e.what() << std::endl;
-      try {
-        rdzv->report_failure(round, std::string("node ") + std::to_string(round.node_rank) + ": " + e.what());
-      } catch (...) {
-      }
-      return 1;
-    }
-    if (signal) {
-      std::cerr << "dtrain-run: received SIG" << sigabbrev_np(signal)
-                << "; stopping the workers" << std::endl;
-      group.stop(signal, o.close_timeout);
-      try {
-        rdzv->report_failure(round, "node " + std::to_string(round.node_rank) +
-                                        "'s launcher received SIG" + sigabbrev_np(signal));
-      } catch (...) {
-      }
-      return 128 + signal;
-    }
-    group.stop(SIGTERM, o.close_timeout);
-    if (!remote.empty())
-      std::cerr << "dtrain-run: stopping this node's workers: " << remote << std::endl;
-    if (attempt >= o.max_restarts) {
-      if (remote.empty()) print_summary(o, round, failure, group.last_lines(failure.local_rank));
-      else std::cerr << "dtrain-run: job failed, no restarts left (" << remote << ")" << std::endl;
-      return 1;
-    }
-    std::cerr << "dtrain-run: restarting the workers (restart " << attempt + 1 << " of "
-              << o.max_restarts << ")" << std::endl;
+    const int rc = run_round(o, *rdzv, round);
+    if (rc >= 0) return rc;
     try {
       rdzv->advance(attempt);
     } catch (const std::exception& e) {
-      std::cerr << "dtrain-run: lost the rendezvous store " << rdzv->endpoint() << ": " << e.what()
-                << std::endl;
+      std::cerr << "dtrain-run: lost the rendezvous store " << rdzv->endpoint() << ": "
+                << e.what() << std::endl;
       return 1;
     }
-    ++attempt;
   }
 }
 

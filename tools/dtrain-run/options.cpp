@@ -134,6 +134,9 @@ Options parse_options(int argc, char** argv) {
   opt("--local-addr,--local_addr", o.local_addr,
       "This node's address as other nodes reach it (default: the route to the store)",
       "LOCAL_ADDR");
+  app.add_flag("--keep-stdin,--keep_stdin", o.keep_stdin,
+               "Workers read dtrain-run's standard input (default: /dev/null; a worker reading "
+               "a terminal would be stopped by SIGTTIN)");
   app.add_flag("--no-python,--no_python", no_python,
                "Accepted for torchrun compatibility (dtrain-run always runs PROGRAM directly)");
   app.add_flag("-m,--module", module_flag, "Not supported (no Python); rejected");

@@ -35,6 +35,7 @@ struct Options {
   std::map<int, Std> redirects, tee;  // by local rank; -1 = every rank
   std::vector<int> local_ranks_filter;  // empty: all
   std::string local_addr;
+  bool keep_stdin = false;  // workers read the launcher's stdin (else /dev/null)
   std::string program;
   std::vector<std::string> args;
 

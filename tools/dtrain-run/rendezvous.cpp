@@ -8,12 +8,15 @@
 #include "dtrain/errors.h"
 #include "dtrain/store/prefix_store.h"
 #include "dtrain/store/tcp_store.h"
+#include "signals.h"
 
 namespace dtrain::run {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr auto kPoll = std::chrono::milliseconds(50);
+// The longest a blocking store call runs before the launcher looks for a signal.
+constexpr auto kSlice = std::chrono::milliseconds(200);
 
 bool is_loopback_name(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
@@ -29,8 +32,10 @@ Rendezvous::Rendezvous(const Options& o) : options_(o) {
   std::shared_ptr<TcpStore> store;
   if (!elastic) {
     host_ = o.node_rank == 0;
-    store = std::make_shared<TcpStore>(
-        TcpStoreOptions(base_options).port(static_cast<uint16_t>(store_port_)).is_server(host_));
+    store = host_ ? std::make_shared<TcpStore>(TcpStoreOptions(base_options)
+                                                   .port(static_cast<uint16_t>(store_port_))
+                                                   .is_server(true))
+                  : connect_client(base_options);
   } else {
     // The node that owns the endpoint address hosts the store; any other
     // node (or a second launcher on the same machine) is a client.
@@ -42,8 +47,7 @@ Rendezvous::Rendezvous(const Options& o) : options_(o) {
       const std::string why = e.what();
       if (why.find("in use") == std::string::npos && why.find("assign") == std::string::npos)
         throw;
-      store = std::make_shared<TcpStore>(
-          TcpStoreOptions(base_options).port(static_cast<uint16_t>(store_port_)).is_server(false));
+      store = connect_client(base_options);
     }
   }
   store_port_ = store->port();
@@ -51,6 +55,40 @@ Rendezvous::Rendezvous(const Options& o) : options_(o) {
   local_address_ = !o.local_addr.empty()           ? o.local_addr
                    : is_loopback_name(store_host_) ? "127.0.0.1"
                                                    : address_towards(store_host_);
+}
+
+// Connects to the store host within join_timeout, in short tries, so that a
+// signal stops the launcher while the host is not up yet.
+std::shared_ptr<TcpStore> Rendezvous::connect_client(const TcpStoreOptions& base) {
+  const auto deadline = Clock::now() + options_.join_timeout;
+  for (;;) {
+    throw_if_signalled();
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    try {
+      auto store = std::make_shared<TcpStore>(TcpStoreOptions(base)
+                                                  .port(static_cast<uint16_t>(store_port_))
+                                                  .timeout(std::clamp(left, kPoll, kSlice)));
+      store->set_timeout(options_.join_timeout);
+      return store;
+    } catch (const TimeoutError&) {
+      if (Clock::now() >= deadline) throw;
+    }
+  }
+}
+
+// store_->wait() in slices, checking for a signal between them.
+void Rendezvous::wait_keys(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    throw_if_signalled();
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    try {
+      store_->wait(keys, std::clamp(left, std::chrono::milliseconds(1), kSlice));
+      return;
+    } catch (const TimeoutError&) {
+      if (Clock::now() >= deadline) throw;
+    }
+  }
 }
 
 std::string Rendezvous::endpoint() const {
@@ -85,7 +123,7 @@ Round Rendezvous::join(int number) {
     std::vector<std::string> keys;
     for (int i = 0; i < participants; ++i) keys.push_back(key(number, "node/" + std::to_string(i)));
     try {
-      store_->wait(keys, o.join_timeout);
+      wait_keys(keys, o.join_timeout);
     } catch (const TimeoutError&) {
       std::vector<std::string> missing;
       for (int i = 0; i < participants; ++i)
@@ -104,6 +142,7 @@ Round Rendezvous::join(int number) {
     store_->set(key(number, "node/" + std::to_string(index)), me);
     std::optional<Clock::time_point> reached_min;
     for (;;) {
+      throw_if_signalled();
       if (store_->check({key(number, "closed")})) {
         participants = std::stoi(store_->get_string(key(number, "closed")));
         break;
@@ -140,25 +179,20 @@ Round Rendezvous::join(int number) {
   r.nnodes = participants;
   // Node table: address and workers of every participant, in node order.
   std::vector<int> nprocs(participants);
-  std::string first_addr;
   for (int i = 0; i < participants; ++i) {
     auto entry = store_->get_string(key(number, "node/" + std::to_string(i)));
     auto bar = entry.find('|');
     nprocs[i] = std::stoi(entry.substr(bar + 1));
-    if (i == 0) first_addr = entry.substr(0, bar);
   }
   r.rank_offset = 0;
   for (int i = 0; i < r.node_rank; ++i) r.rank_offset += nprocs[i];
   r.world_size = 0;
   for (int n : nprocs) r.world_size += n;
-  // Node 0's workers host their own store (worker rank 0) on a fresh port.
-  if (r.node_rank == 0) {
-    const std::string master = first_addr + ":" + std::to_string(free_port_on(first_addr));
-    store_->set(key(number, "master"), master);
-  }
-  auto master = store_->get_string(key(number, "master"));
-  r.master_addr = master.substr(0, master.rfind(':'));
-  r.master_port = std::stoi(master.substr(master.rfind(':') + 1));
+  // torchrun's contract: the workers use this launcher store as clients
+  // (TORCHELASTIC_USE_AGENT_STORE=True) on the one port the user named; it
+  // speaks c10d's protocol too, so PyTorch programs can use it as well.
+  r.master_addr = store_host_;
+  r.master_port = store_port_;
   // keep-alive state for this round
   last_seen_.assign(participants, -1);
   stale_checks_.assign(participants, 0);
@@ -201,6 +235,7 @@ bool Rendezvous::wait_for_others(const Round& r) {
   // As long as the others are alive (keep-alives move), they may still be
   // training; a failure or a silent node ends the wait.
   for (;;) {
+    throw_if_signalled();
     bool all = true;
     for (int i = 0; i < r.nnodes && all; ++i)
       all = store_->check({key(r.number, "done/" + std::to_string(i))});

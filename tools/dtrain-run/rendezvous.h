@@ -1,6 +1,8 @@
 #pragma once
 
 // Rendezvous of the launchers (one per node) through a dtrain TCP store.
+// Every blocking step throws Interrupted (signals.h) soon after the
+// launcher is signalled.
 //
 // Static (--rdzv-backend static): node 0 hosts the store on
 // --master-addr:--master-port; every round waits for all --nnodes nodes,
@@ -24,6 +26,7 @@
 #include <vector>
 
 #include "dtrain/store/store.h"
+#include "dtrain/store/tcp_store.h"
 #include "options.h"
 
 namespace dtrain::run {
@@ -63,6 +66,8 @@ class Rendezvous {
   std::string endpoint() const;
 
  private:
+  std::shared_ptr<TcpStore> connect_client(const TcpStoreOptions& base);
+  void wait_keys(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
   std::string key(int round, const std::string& rest) const;
   const Options& options_;
   std::shared_ptr<Store> store_;

@@ -1,6 +1,7 @@
 #include "worker_group.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -8,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <stdexcept>
@@ -28,6 +30,18 @@ void make_dirs(const std::string& path) {
   }
 }
 
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// waitid()'s report as the status word waitpid() would have given.
+int wait_status(const siginfo_t& info) {
+  if (info.si_code == CLD_EXITED) return (info.si_status & 0xff) << 8;
+  return (info.si_status & 0x7f) | (info.si_code == CLD_DUMPED ? 0x80 : 0);
+}
+
 }  // namespace
 
 std::string WorkerExit::describe() const {
@@ -41,7 +55,8 @@ std::string WorkerExit::describe() const {
 struct WorkerGroup::Worker {
   WorkerSpec spec;
   pid_t pid = -1;
-  bool running = false;
+  bool running = false;  // not yet exited
+  bool reaped = false;   // exited and waited for: its pid may belong to anyone now
   int status = 0;
   std::chrono::system_clock::time_point ended;
   std::thread out_pump, err_pump;
@@ -87,9 +102,15 @@ void WorkerGroup::start(const std::vector<WorkerSpec>& specs) {
     for (auto& e : env_copy) envp.push_back(e.data());
     envp.push_back(nullptr);
     const pid_t parent = getpid();
+    // Workers run in their own process groups: one reading the terminal
+    // would be stopped by SIGTTIN for good, so stdin is /dev/null unless asked.
+    const int stdin_fd = options_.keep_stdin ? -1 : open("/dev/null", O_RDONLY | O_CLOEXEC);
 
     pid_t pid = fork();
-    if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+    if (pid < 0) {
+      if (stdin_fd >= 0) close(stdin_fd);
+      throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+    }
     if (pid == 0) {
       setpgid(0, 0);
       prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -97,6 +118,7 @@ void WorkerGroup::start(const std::vector<WorkerSpec>& specs) {
       sigset_t none;
       sigemptyset(&none);
       sigprocmask(SIG_SETMASK, &none, nullptr);
+      if (stdin_fd >= 0) dup2(stdin_fd, STDIN_FILENO);
       dup2(out[1], STDOUT_FILENO);
       dup2(err[1], STDERR_FILENO);
       execve(argv[0], argv.data(), envp.data());
@@ -105,6 +127,7 @@ void WorkerGroup::start(const std::vector<WorkerSpec>& specs) {
       _exit(127);
     }
     setpgid(pid, pid);  // also from here, so no signal can race the child's call
+    if (stdin_fd >= 0) close(stdin_fd);
     close(out[1]);
     close(err[1]);
     close(exec_err[1]);
@@ -153,6 +176,13 @@ void WorkerGroup::pump(Worker& w, int fd, bool is_stderr) {
     }
   };
   for (;;) {
+    // A grandchild that left the worker's process group may hold the pipe
+    // open forever: after stop()'s deadline the pump gives up on it.
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) == 0) {
+      if (steady_ns() > pump_deadline_ns_.load()) break;
+      continue;
+    }
     ssize_t n = read(fd, buf, sizeof(buf));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
@@ -178,21 +208,23 @@ void WorkerGroup::pump(Worker& w, int fd, bool is_stderr) {
   close(fd);
 }
 
+// Records a worker's exit without reaping it (WNOWAIT); true once it has exited.
+bool WorkerGroup::note_exit(Worker& w) {
+  if (!w.running) return true;
+  siginfo_t info{};
+  if (waitid(P_PID, static_cast<id_t>(w.pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+      info.si_pid != w.pid)
+    return false;
+  w.running = false;
+  w.status = wait_status(info);
+  w.ended = std::chrono::system_clock::now();
+  return true;
+}
+
 WorkerGroup::State WorkerGroup::poll(WorkerExit* failure) {
   bool all_done = true, failed = false;
   for (auto& w : workers_) {
-    if (w->running) {
-      int status = 0;
-      pid_t r = waitpid(w->pid, &status, WNOHANG);
-      if (r == w->pid) {
-        w->running = false;
-        w->status = status;
-        w->ended = std::chrono::system_clock::now();
-        // Whatever the worker's children still print belongs to it; its
-        // output pipes close when the last of them exits.
-      }
-    }
-    if (w->running) {
+    if (!note_exit(*w)) {
       all_done = false;
       continue;
     }
@@ -217,44 +249,52 @@ WorkerGroup::State WorkerGroup::poll(WorkerExit* failure) {
 }
 
 void WorkerGroup::stop(int sig, std::chrono::milliseconds grace) {
+  using Steady = std::chrono::steady_clock;
+  // An unreaped worker (running, or a zombie) still owns its pid, so its
+  // process group id cannot have been handed to anyone else: signalling
+  // -pid reaches only the worker and its children. Reaped ones are skipped.
   for (auto& w : workers_)
-    if (w->running) kill(-w->pid, sig);
-  auto deadline = std::chrono::steady_clock::now() + grace;
+    if (!w->reaped) kill(-w->pid, sig);
+  const auto deadline = Steady::now() + grace;
   for (;;) {
     bool any = false;
-    for (auto& w : workers_) {
-      if (!w->running) continue;
-      int status = 0;
-      if (waitpid(w->pid, &status, WNOHANG) == w->pid) {
-        w->running = false;
-        w->status = status;
-        w->ended = std::chrono::system_clock::now();
-      } else {
-        any = true;
-      }
-    }
-    if (!any || std::chrono::steady_clock::now() >= deadline) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // waitpid has no timeout
+    for (auto& w : workers_) any = !note_exit(*w) || any;
+    if (!any || Steady::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // waitid has no timeout
   }
+  for (auto& w : workers_)
+    if (!w->reaped) kill(-w->pid, SIGKILL);  // leftovers, and grandchildren in the group
+  // SIGKILL is not instant (a process in uninterruptible sleep waits for
+  // its I/O), so reaping has a deadline too.
+  const auto kill_deadline = Steady::now() + std::chrono::seconds(5);
   for (auto& w : workers_) {
-    kill(-w->pid, SIGKILL);  // leftovers, and any grandchildren in the group
-    if (w->running) {
+    while (!w->reaped) {
       int status = 0;
-      waitpid(w->pid, &status, 0);
-      w->running = false;
-      w->status = status;
-      w->ended = std::chrono::system_clock::now();
+      const pid_t r = waitpid(w->pid, &status, WNOHANG);
+      if (r == w->pid || (r < 0 && errno == ECHILD)) {
+        if (w->running) w->status = status;
+        if (w->running) w->ended = std::chrono::system_clock::now();
+        w->running = false;
+        w->reaped = true;
+      } else if (Steady::now() >= kill_deadline) {
+        std::fprintf(stderr, "dtrain-run: worker pid %d did not die of SIGKILL within 5 s; "
+                             "leaving it\n", static_cast<int>(w->pid));
+        w->reaped = true;  // never signal its group again
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
     }
   }
   // Reap whatever of the process groups was re-parented to us (we are a
   // child subreaper), so nothing outlives the group, not even as a zombie.
-  const auto reap_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  const auto reap_deadline = Steady::now() + std::chrono::seconds(2);
   for (;;) {
     pid_t r = waitpid(-1, nullptr, WNOHANG);
     if (r > 0) continue;
-    if (r < 0 || std::chrono::steady_clock::now() > reap_deadline) break;  // ECHILD: none left
+    if (r < 0 || Steady::now() > reap_deadline) break;  // ECHILD: none left
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+  pump_deadline_ns_ = steady_ns() + int64_t(2'000'000'000);
   for (auto& w : workers_) {
     if (w->out_pump.joinable()) w->out_pump.join();
     if (w->err_pump.joinable()) w->err_pump.join();

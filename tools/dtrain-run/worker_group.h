@@ -11,6 +11,8 @@
 #include <chrono>
 #include <deque>
 #include <memory>
+#include <atomic>
+#include <cstdint>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -47,10 +49,14 @@ class WorkerGroup {
 
   // Throws std::runtime_error when a worker cannot be started.
   void start(const std::vector<WorkerSpec>& specs);
-  // Reaps finished workers; on the first failure fills `failure`.
+  // Notes finished workers (left unreaped, so that their pids, and so their
+  // process-group ids, cannot be reused before stop()); on the first failure
+  // fills `failure`.
   State poll(WorkerExit* failure);
   // Sends `sig` to every worker's process group, waits up to `grace`, then
-  // SIGKILLs what is left and reaps everything.
+  // SIGKILLs what is left and reaps everything. Bounded: a process that
+  // will not die even of SIGKILL, or a grandchild that keeps an output pipe
+  // open, costs at most a few seconds more, never a hang.
   void stop(int sig, std::chrono::milliseconds grace);
   // The last lines a worker printed (complete once stop() has returned).
   std::vector<std::string> last_lines(int local_rank);
@@ -58,6 +64,9 @@ class WorkerGroup {
  private:
   struct Worker;
   void pump(Worker& w, int fd, bool is_stderr);
+  bool note_exit(Worker& w);
+  // Pumps stop reading at this time (steady clock, ns); set by stop().
+  std::atomic<int64_t> pump_deadline_ns_{INT64_MAX};
   const Options& options_;
   int attempt_;
   std::vector<std::unique_ptr<Worker>> workers_;

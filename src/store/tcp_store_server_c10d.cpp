@@ -1,0 +1,199 @@
+// The TCP store server's second dialect: PyTorch's c10d TCPStore clients
+// (see store/c10d_wire.h). Same key-value map, same waiters, same limits as
+// dtrain's own frames; only the bytes differ.
+//
+// Unlike a dtrain GET/WAIT, a parked c10d WAIT does not hold the
+// connection: its client may send CANCEL_WAIT while it waits, which must be
+// answered (WAIT_CANCELED) and must take the waiter away, so that no
+// STOP_WAITING follows it.
+
+#include <algorithm>
+
+#include "common/enforce.h"
+#include "common/logging.h"
+#include "store/c10d_wire.h"
+#include "store/store_util.h"
+#include "store/tcp_store_server.h"
+
+namespace dtrain {
+
+using namespace store_detail;
+
+namespace c10d_wire {
+
+Dialect detect(const uint8_t* p, size_t n, bool* refused) {
+  *refused = false;
+  if (n == 0) return Dialect::kUnknown;
+  if (p[0] == static_cast<uint8_t>(wire::kMagic & 0xff)) {  // 'D' of "DTRS"
+    return Dialect::kDtrain;  // dtrain's header check refuses a wrong magic
+  }
+  if (p[0] == 0) {  // v2's VALIDATE, or v1's SET
+    if (n < 5) return Dialect::kUnknown;
+    uint32_t magic;
+    std::memcpy(&magic, p + 1, sizeof(magic));
+    return magic == kValidateMagic ? Dialect::kC10dV2 : Dialect::kC10dV1;
+  }
+  if (p[0] <= 8) return Dialect::kC10dV1;  // v2 clients always open with VALIDATE
+  *refused = true;
+  return Dialect::kUnknown;
+}
+
+Op decode_op(Dialect d, uint8_t b) {
+  static const Op v1[] = {Op::kSet,   Op::kCompareSet, Op::kGet,      Op::kAdd,   Op::kCheck,
+                          Op::kWait,  Op::kNumKeys,    Op::kWatchKey, Op::kDelete};
+  static const Op v2[] = {Op::kValidate, Op::kSet,        Op::kCompareSet, Op::kGet,
+                          Op::kAdd,      Op::kCheck,      Op::kWait,       Op::kNumKeys,
+                          Op::kDelete,   Op::kAppend,     Op::kMultiGet,   Op::kMultiSet,
+                          Op::kCancelWait, Op::kPing,     Op::kQueuePush,  Op::kQueuePop,
+                          Op::kQueueLen, Op::kListKeys,   Op::kBarrier};
+  if (d == Dialect::kC10dV1) return b < std::size(v1) ? v1[b] : Op::kInvalid;
+  return b < std::size(v2) ? v2[b] : Op::kInvalid;
+}
+
+const char* op_name(Op op) {
+  static const char* names[] = {
+      "VALIDATE",   "SET",         "COMPARE_SET", "GET",       "ADD",        "CHECK",
+      "WAIT",       "GETNUMKEYS",  "DELETE_KEY",  "APPEND",    "MULTI_GET",  "MULTI_SET",
+      "CANCEL_WAIT", "PING",       "WATCH_KEY",   "QUEUE_PUSH", "QUEUE_POP", "QUEUE_LEN",
+      "LIST_KEYS",  "BARRIER",     "an unknown query type"};
+  return names[static_cast<size_t>(op)];
+}
+
+}  // namespace c10d_wire
+
+namespace cw = c10d_wire;
+
+// Handles every complete request in the buffer, in order.
+bool TcpStoreServer::process_c10d(uint64_t id, Connection& c) {
+  size_t pos = 0;
+  bool ok = true;
+  while (ok && pos < c.in.size()) {
+    const uint8_t* start = c.in.data() + pos;
+    cw::Reader r(start, c.in.size() - pos);
+    const cw::Op op = cw::decode_op(c.dialect, r.u8());
+    try {
+      ok = handle_c10d(id, c, op, r);
+    } catch (const cw::Incomplete&) {
+      break;  // the rest of this request has not arrived yet
+    } catch (const wire::Malformed& m) {
+      DTRAIN_LOG_INFO("TCP store ", where_, ": dropping c10d client ", c.peer, ": malformed ",
+                      cw::op_name(op), " request: ", m.what);
+      return false;
+    } catch (const InvalidArgument& e) {  // add() on a non-integer: PyTorch drops it too
+      DTRAIN_LOG_INFO("TCP store ", where_, ": dropping c10d client ", c.peer, ": ",
+                      cw::op_name(op), ": ", e.what());
+      return false;
+    }
+    pos += r.consumed(start);
+  }
+  c.in.erase(c.in.begin(), c.in.begin() + static_cast<std::ptrdiff_t>(pos));
+  return ok && flush(c);
+}
+
+// Answers one c10d request whose query byte `r` has consumed. Throws
+// Incomplete (nothing changed yet: every field is read before the map is
+// touched) or Malformed.
+bool TcpStoreServer::handle_c10d(uint64_t id, Connection& c, c10d_wire::Op op,
+                                 c10d_wire::Reader& r) {
+  cw::Writer out;
+  switch (op) {
+    case cw::Op::kValidate:
+      if (r.u32() != cw::kValidateMagic) throw wire::Malformed{"wrong VALIDATE magic"};
+      break;
+    case cw::Op::kPing:
+      out.u32(r.u32());
+      break;
+    case cw::Op::kSet:
+    case cw::Op::kAppend: {
+      std::string key = r.key();
+      auto value = r.value();
+      auto& slot = data_[key];
+      if (op == cw::Op::kSet || slot.size() + value.size() > cw::kMaxValueBytes)
+        slot = std::move(value);
+      else
+        slot.insert(slot.end(), value.begin(), value.end());
+      key_added();
+      break;
+    }
+    case cw::Op::kMultiSet: {
+      const uint64_t n = r.count();
+      std::vector<std::pair<std::string, std::vector<uint8_t>>> kv;
+      for (uint64_t i = 0; i < n; ++i) {
+        std::string key = r.key();
+        kv.emplace_back(std::move(key), r.value());
+      }
+      for (auto& [k, v] : kv) data_[k] = std::move(v);
+      key_added();
+      break;
+    }
+    case cw::Op::kCompareSet: {
+      std::string key = r.key();
+      auto expected = r.value();
+      auto desired = r.value();
+      bool changed = false;
+      out.bytes(apply_compare_set(data_, key, expected, desired, &changed));
+      if (changed) key_added();
+      break;
+    }
+    case cw::Op::kAdd: {
+      std::string key = r.key();
+      const int64_t delta = r.i64();
+      out.i64(apply_add(data_, key, delta));
+      key_added();
+      break;
+    }
+    case cw::Op::kGet:
+    case cw::Op::kMultiGet: {
+      const auto keys = op == cw::Op::kGet ? std::vector<std::string>{r.key()} : r.keys();
+      // Clients wait for their keys before they get them; a missing one
+      // means the client is out of step, and PyTorch's server drops it too.
+      const auto missing = missing_keys(data_, keys);
+      if (!missing.empty())
+        throw wire::Malformed{"GET of a key that does not exist (the client did not WAIT)"};
+      for (const auto& k : keys) out.bytes(data_.at(k));
+      break;
+    }
+    case cw::Op::kCheck:
+      out.u8(missing_keys(data_, r.keys()).empty() ? cw::kCheckReady : cw::kCheckNotReady);
+      break;
+    case cw::Op::kWait: {
+      auto keys = r.keys();
+      if (missing_keys(data_, keys).empty()) {
+        out.u8(cw::kStopWaiting);
+        break;
+      }
+      // No deadline here: the client times out and sends CANCEL_WAIT.
+      waiters_.push_back({id, 0, Waiter::kC10dWait, std::move(keys), Clock::time_point::max()});
+      parked_count_ = waiters_.size();
+      break;
+    }
+    case cw::Op::kCancelWait:
+      waiters_.erase(std::remove_if(waiters_.begin(), waiters_.end(),
+                                    [id](const Waiter& w) {
+                                      return w.conn == id && w.kind == Waiter::kC10dWait;
+                                    }),
+                     waiters_.end());
+      parked_count_ = waiters_.size();
+      out.u8(cw::kWaitCanceled);
+      break;
+    case cw::Op::kNumKeys:
+      out.i64(count_user_keys(data_));
+      break;
+    case cw::Op::kDelete:
+      out.i64(static_cast<int64_t>(data_.erase(r.key())));
+      break;
+    case cw::Op::kListKeys:
+      out.i64(count_user_keys(data_));
+      for (const auto& [k, v] : data_)
+        if (!is_internal(k)) out.str(k);
+      break;
+    default:
+      DTRAIN_LOG_INFO("TCP store ", where_, ": dropping c10d client ", c.peer, ": ",
+                      cw::op_name(op), " is not supported by dtrain's store");
+      return false;
+  }
+  if (!out.empty()) reply(c, out.take());
+  return true;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,185 @@
+// The TCP store server speaking PyTorch's c10d TCPStore protocol, byte by
+// byte as PyTorch's clients send it (v2: PyTorch 2.2 and newer, opening with
+// VALIDATE; v1: 1.13/2.0), beside dtrain's own clients on the same keys; and
+// hostile c10d requests. (tcp_test.cpp drives it with libtorch's own client.)
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "dtrain/store/tcp_store.h"
+#include "harness/raw_socket.h"
+#include "store/c10d_wire.h"
+#include "store/tcp_store_server.h"
+
+namespace dtrain {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::closed_by_server;
+using testing::raw_connect;
+using testing::read_available;
+
+// One c10d request: query byte then fields, as PyTorch's client lays them out.
+struct Req {
+  std::vector<uint8_t> b;
+  explicit Req(uint8_t q) { b.push_back(q); }
+  template <typename T>
+  Req& val(T v) {
+    const auto* p = reinterpret_cast<const uint8_t*>(&v);
+    b.insert(b.end(), p, p + sizeof(T));
+    return *this;
+  }
+  Req& str(const std::string& s) {
+    val<uint64_t>(s.size());
+    b.insert(b.end(), s.begin(), s.end());
+    return *this;
+  }
+};
+
+// v2 numbering (PyTorch 2.2+).
+enum V2 : uint8_t { kValidate, kSet, kCompareSet, kGet, kAdd, kCheck, kWait, kNumKeys, kDelete,
+                    kAppend, kMultiGet, kMultiSet, kCancelWait, kPing, kQueuePush = 14 };
+
+class C10dClient {
+ public:
+  C10dClient(uint16_t port, bool v2) : fd_(raw_connect(port)) {
+    if (v2) send(Req(kValidate).val<uint32_t>(c10d_wire::kValidateMagic));
+  }
+  void send(const Req& r) {
+    net::send_all(fd_.get(), r.b.data(), r.b.size(), net::Clock::now() + 2s, "server");
+  }
+  std::vector<uint8_t> recv(size_t n) {
+    std::vector<uint8_t> out(n);
+    net::recv_all(fd_.get(), out.data(), n, net::Clock::now() + 2s, "server");
+    return out;
+  }
+  template <typename T>
+  T recv_val() {
+    T v;
+    auto bytes = recv(sizeof(T));
+    std::memcpy(&v, bytes.data(), sizeof(T));
+    return v;
+  }
+  std::string recv_str() {
+    const auto n = recv_val<uint64_t>();
+    auto bytes = recv(n);
+    return std::string(bytes.begin(), bytes.end());
+  }
+  int fd() const { return fd_.get(); }
+
+ private:
+  net::Fd fd_;
+};
+
+std::unique_ptr<TcpStore> make_server() {
+  return std::make_unique<TcpStore>(
+      TcpStoreOptions().host("127.0.0.1").port(0).is_server(true).timeout(5s));
+}
+
+TEST(C10dStore, V2ClientHandshakesAndSharesKeysWithDtrainClients) {
+  auto owned = make_server();
+  TcpStore& server = *owned;
+  C10dClient c(server.port(), /*v2=*/true);
+  c.send(Req(kPing).val<uint32_t>(4242));
+  EXPECT_EQ(c.recv_val<uint32_t>(), 4242u);
+
+  c.send(Req(kSet).str("/from_torch").str("hello"));
+  EXPECT_EQ(server.get_string("/from_torch"), "hello");
+  server.set("/from_dtrain", "world");
+  c.send(Req(kGet).str("/from_dtrain"));
+  EXPECT_EQ(c.recv_str(), "world");
+
+  c.send(Req(kAdd).str("init/").val<int64_t>(1));
+  EXPECT_EQ(c.recv_val<int64_t>(), 1);
+  EXPECT_EQ(server.add("init/", 2), 3);  // both see one decimal counter
+
+  c.send(Req(kCompareSet).str("/cas").str("").str("first"));
+  EXPECT_EQ(c.recv_str(), "first");
+  c.send(Req(kCompareSet).str("/cas").str("wrong").str("second"));
+  EXPECT_EQ(c.recv_str(), "first");
+
+  c.send(Req(kCheck).val<uint64_t>(2).str("/cas").str("/absent"));
+  EXPECT_EQ(c.recv_val<uint8_t>(), c10d_wire::kCheckNotReady);
+  c.send(Req(kAppend).str("/cas").str("+more"));
+  c.send(Req(kMultiGet).val<uint64_t>(2).str("/cas").str("/from_torch"));
+  EXPECT_EQ(c.recv_str(), "first+more");
+  EXPECT_EQ(c.recv_str(), "hello");
+  c.send(Req(kMultiSet).val<int64_t>(2).str("/m1").str("a").str("/m2").str("b"));
+  EXPECT_EQ(server.get_string("/m2"), "b");
+
+  c.send(Req(kDelete).str("/m1"));
+  EXPECT_EQ(c.recv_val<int64_t>(), 1);
+  c.send(Req(kNumKeys));
+  EXPECT_EQ(c.recv_val<int64_t>(), server.num_keys());
+}
+
+TEST(C10dStore, WaitIsAnsweredWhenTheKeyAppearsAndCancelLeavesNoLateAnswer) {
+  auto owned = make_server();
+  TcpStore& server = *owned;
+  C10dClient c(server.port(), true);
+  c.send(Req(kWait).val<uint64_t>(1).str("/later"));
+  EXPECT_TRUE(read_available(c.fd(), 200ms).empty()) << "answered before the key exists";
+  server.set("/later", "x");
+  EXPECT_EQ(c.recv_val<uint8_t>(), c10d_wire::kStopWaiting);
+
+  // A client whose wait timed out cancels it: WAIT_CANCELED, and nothing
+  // after it when the key finally appears.
+  c.send(Req(kWait).val<uint64_t>(1).str("/never"));
+  c.send(Req(kCancelWait));
+  EXPECT_EQ(c.recv_val<uint8_t>(), c10d_wire::kWaitCanceled);
+  server.set("/never", "now");
+  EXPECT_TRUE(read_available(c.fd(), 200ms).empty());
+  c.send(Req(kPing).val<uint32_t>(7));  // still in step
+  EXPECT_EQ(c.recv_val<uint32_t>(), 7u);
+}
+
+TEST(C10dStore, V1ClientWithoutHandshakeIsServed) {
+  auto owned = make_server();
+  TcpStore& server = *owned;
+  C10dClient c(server.port(), /*v2=*/false);
+  // v1 numbering: SET=0, GET=2, ADD=3, WAIT=5.
+  c.send(Req(3).str("init/").val<int64_t>(1));
+  EXPECT_EQ(c.recv_val<int64_t>(), 1);
+  c.send(Req(0).str("/k").str("v1 value"));
+  c.send(Req(5).val<uint64_t>(1).str("/k"));
+  EXPECT_EQ(c.recv_val<uint8_t>(), c10d_wire::kStopWaiting);
+  c.send(Req(2).str("/k"));
+  EXPECT_EQ(c.recv_str(), "v1 value");
+  // A v1 SET whose first bytes are 00 is not mistaken for v2's VALIDATE.
+  C10dClient first_set(server.port(), false);
+  first_set.send(Req(0).str("/first").str("set"));
+  EXPECT_EQ(server.get_string("/first"), "set");
+}
+
+TEST(C10dStore, HostileRequestsDropOnlyThatClient) {
+  auto owned = make_server();
+  TcpStore& server = *owned;
+  server.set("/keep", "1");
+  Req key_bomb(kSet);
+  key_bomb.val<uint64_t>(uint64_t(1) << 62);
+  const std::vector<std::pair<std::string, Req>> attacks = {
+      {"key of 2^62 bytes", key_bomb},
+      {"value over 64 MiB", Req(kSet).str("/k").val<uint64_t>((64u << 20) + 1)},
+      {"a million keys", Req(kCheck).val<uint64_t>(1u << 20)},
+      {"GET of a missing key", Req(kGet).str("/missing")},
+      {"queue ops", Req(kQueuePush).str("/q").str("x")},
+      {"unknown query type", Req(200)},
+      {"wrong VALIDATE magic", Req(kValidate).val<uint32_t>(1)},
+  };
+  for (const auto& [name, req] : attacks) {
+    C10dClient c(server.port(), true);
+    c.send(req);
+    EXPECT_TRUE(closed_by_server(c.fd())) << name;
+  }
+  // Neither protocol: refused on its first byte.
+  C10dClient stranger(server.port(), false);
+  stranger.send(Req('G'));
+  EXPECT_TRUE(closed_by_server(stranger.fd()));
+  EXPECT_EQ(server.get_string("/keep"), "1");
+}
+
+}  // namespace
+}  // namespace dtrain
