@@ -1,11 +1,25 @@
 #pragma once
 
-// Checkpoints that survive crashes: rank 0 writes to a temporary file,
-// fsyncs it, renames it over the previous checkpoint and fsyncs the
-// directory, so at any moment the file on disk is a complete checkpoint (the
-// previous one until the rename). Loading reads and validates everything
-// before it touches the model or the optimizer.
+// Checkpoints that survive crashes and refuse damage.
+//
+// Saving: rank 0 writes to `<path>.tmp` in the same directory, fsyncs it,
+// renames it over `<path>` and fsyncs the directory, checking each step, so
+// the file under the final name is always a complete checkpoint (the
+// previous one until the rename). On any failure the temporary file is
+// removed and the error names the file and the step that failed.
+//
+// Loading happens in two phases: read_checkpoint() reads the whole file and
+// validates everything in it against the model and the optimizer (every
+// model tensor's name, dtype and shape, the optimizer state, the epoch and
+// step counters, the RNG state) without modifying either; only then does
+// Checkpoint::apply() install it.
+//
+// In a job, every rank calls the collective forms (save_checkpoint_from_rank0,
+// load_checkpoint_on_all_ranks): a failure on any rank reaches every rank at
+// once, and all of them throw the same error instead of some training on or
+// waiting for a peer that gave up.
 
+#include <dtrain/process_group.h>
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -18,16 +32,65 @@ struct TrainingState {
   int64_t world_size = 1;
 };
 
-// Test hook: when set, the writer SIGKILLs itself half way through writing.
+// Test hooks.
 struct CheckpointFaults {
-  bool die_while_writing = false;
+  bool die_while_writing = false;  // the writer SIGKILLs itself half way through writing
+  int fsync_errno = 0;             // nonzero: the fsync of the temporary file fails with it
 };
 
+// Throws std::runtime_error "cannot save checkpoint <path>: ..." naming the
+// file and the step that failed; `<path>` is then untouched.
 void save_checkpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer& opt,
                      const TrainingState& state, const CheckpointFaults& faults = {});
 
-// Throws std::runtime_error naming the file and the problem (missing,
-// truncated or corrupt, written for another model) without modifying
-// `model` or `opt`.
+// A checkpoint read in full and validated against a model and an optimizer.
+class Checkpoint {
+ public:
+  const TrainingState& state() const { return state_; }
+  // Installs the model tensors, the optimizer state and the CPU RNG state.
+  // Only for the model and optimizer it was validated against; then nothing
+  // in it can fail but memory allocation.
+  void apply(torch::nn::Module& model, torch::optim::Adam& opt);
+
+ private:
+  friend Checkpoint read_checkpoint(const std::string&, torch::nn::Module&,
+                                    const torch::optim::Adam&);
+  Checkpoint() = default;
+
+  std::string path_;
+  TrainingState state_;
+  torch::serialize::InputArchive model_, optimizer_;
+  torch::Tensor rng_;
+};
+
+// Throws std::runtime_error "checkpoint <path> ..." naming the problem
+// (missing, truncated or corrupt, written for another model, a tensor or an
+// optimizer state of the wrong dtype or shape, impossible counters, a bad RNG
+// state). Modifies neither `model` nor `opt`. The optimizer state is checked
+// by loading it into a scratch Adam over stand-ins of `opt`'s parameters, so
+// the optimizer must be an Adam.
+Checkpoint read_checkpoint(const std::string& path, torch::nn::Module& model,
+                           const torch::optim::Adam& opt);
+
+// read_checkpoint, then apply: on any error `model` and `opt` are unchanged.
 TrainingState load_checkpoint(const std::string& path, torch::nn::Module& model,
-                              torch::optim::Optimizer& opt);
+                              torch::optim::Adam& opt);
+
+// Collective over `group`: every rank passes its own error ("" when it
+// succeeded). When any rank failed, every rank throws the same
+// std::runtime_error, "rank <r>: <error>" for the lowest failing rank r.
+void fail_together(dtrain::ProcessGroup& group, const std::string& error);
+
+// Collective: rank 0 saves, then every rank learns whether it succeeded.
+// Returns on every rank once the checkpoint is durable; otherwise every rank
+// throws "rank 0: cannot save checkpoint <path>: ...".
+void save_checkpoint_from_rank0(dtrain::ProcessGroup& group, const std::string& path,
+                                torch::nn::Module& model, torch::optim::Optimizer& opt,
+                                const TrainingState& state, const CheckpointFaults& faults = {});
+
+// Collective: every rank reads and validates `path`; the ranks apply it only
+// when all of them succeeded. Otherwise every rank throws the first failing
+// rank's error ("rank <r>: checkpoint <path> ...") with its `model` and `opt`
+// unchanged.
+TrainingState load_checkpoint_on_all_ranks(dtrain::ProcessGroup& group, const std::string& path,
+                                           torch::nn::Module& model, torch::optim::Adam& opt);

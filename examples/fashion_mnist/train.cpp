@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 #include <dtrain/dtrain.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <torch/torch.h>
 #include <zlib.h>
 
@@ -103,6 +104,39 @@ std::pair<int64_t, int64_t> evaluate(ConvNet& model, const dtrain::FashionMNIST&
 
 }  // namespace
 
+// Whether `path` is readable on any rank (collective): the ranks decide
+// together whether to resume, and a rank that lacks the file then fails the
+// load on every rank instead of training from scratch beside the others.
+static bool any_rank_has(const std::string& path) {
+  auto found = torch::tensor({static_cast<int64_t>(access(path.c_str(), R_OK) == 0)});
+  dtrain::all_reduce(found, dtrain::AllReduceOptions().op(dtrain::ReduceOp::MAX));
+  return found.item<int64_t>() != 0;
+}
+
+// Resume: explicitly (--resume), or because dtrain-run restarted the job
+// and a checkpoint exists. Every rank validates the file before any rank
+// applies it; a failure on one rank stops all of them with its error.
+static TrainingState resume_if_asked(const Flags& f, const std::string& ckpt, ConvNet& model,
+                                     torch::optim::Adam& opt) {
+  const int world = dtrain::get_world_size();
+  const bool leader = dtrain::get_rank() == 0;
+  TrainingState state;
+  state.world_size = world;
+  if (!f.resume && !(dtrain::restart_count() > 0 && any_rank_has(ckpt))) return state;
+  state = load_checkpoint_on_all_ranks(*dtrain::default_group(), ckpt, *model, opt);
+  if (state.world_size != world) {
+    if (leader)
+      std::cout << "checkpoint was written by " << state.world_size << " ranks, now " << world
+                << ": restarting epoch " << state.epoch + 1 << " from its beginning" << std::endl;
+    state.step_in_epoch = 0;
+    state.world_size = world;
+  }
+  if (leader)
+    std::cout << "resumed from " << ckpt << " at epoch " << state.epoch + 1 << ", step "
+              << state.step_in_epoch << " (restart " << dtrain::restart_count() << ")" << std::endl;
+  return state;
+}
+
 // mkdir -p: every level of `path`; false (errno set) when one cannot be made.
 static bool make_dirs(const std::string& path) {
   for (size_t slash = path.find('/', 1);; slash = path.find('/', slash + 1)) {
@@ -140,25 +174,10 @@ int main(int argc, char** argv) {
     ConvNet model;
     torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(f.lr));
 
-    // Resume: explicitly, or because dtrain-run restarted the job.
     const std::string ckpt = f.checkpoint_dir + "/checkpoint.pt";
     mkdir(f.checkpoint_dir.c_str(), 0755);
-    TrainingState state;
-    state.world_size = world;
     const bool restarted = dtrain::restart_count() > 0;
-    if (f.resume || (restarted && access(ckpt.c_str(), R_OK) == 0)) {
-      state = load_checkpoint(ckpt, *model, opt);
-      if (state.world_size != world) {
-        if (leader)
-          std::cout << "checkpoint was written by " << state.world_size << " ranks, now " << world
-                    << ": restarting epoch " << state.epoch + 1 << " from its beginning" << std::endl;
-        state.step_in_epoch = 0;
-        state.world_size = world;
-      }
-      if (leader)
-        std::cout << "resumed from " << ckpt << " at epoch " << state.epoch + 1 << ", step "
-                  << state.step_in_epoch << " (restart " << dtrain::restart_count() << ")" << std::endl;
-    }
+    TrainingState state = resume_if_asked(f, ckpt, model, opt);
     dtrain::DistributedDataParallel ddp(model.ptr());
     const bool first_attempt = !f.resume && !restarted;
 
@@ -177,11 +196,12 @@ int main(int argc, char** argv) {
     Metrics metrics(out_dir);
     Progress progress(leader && dtrain::console_is_terminal(), f.epochs, steps_per_epoch,
                       f.batch_size * world);
+    // Rank 0 writes; every rank waits for the outcome, so nobody runs ahead
+    // of a checkpoint that may fail, and a failure stops all ranks at once.
     auto checkpoint = [&](const TrainingState& s) {
-      if (leader)
-        save_checkpoint(ckpt, *model, opt, s,
-                        {first_attempt && s.global_step == f.crash_in_checkpoint_at_step});
-      dtrain::barrier();  // nobody runs ahead of a checkpoint that may fail
+      CheckpointFaults faults;
+      faults.die_while_writing = first_attempt && s.global_step == f.crash_in_checkpoint_at_step;
+      save_checkpoint_from_rank0(*dtrain::default_group(), ckpt, *model, opt, s, faults);
     };
     if (leader)
       std::cout << "training on " << train_size << " images, " << world << " rank(s), batch "

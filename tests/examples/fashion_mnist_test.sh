@@ -3,7 +3,10 @@
 # subset so it runs in seconds): a run killed at a step and resumed — by the
 # user with --resume, and automatically by dtrain-run --max-restarts — ends
 # with parameters bitwise identical to an uninterrupted run, also when the
-# kill hits rank 0 in the middle of writing a checkpoint.
+# kill hits rank 0 in the middle of writing a checkpoint. Ranks started by
+# hand (no launcher to stop the others when one fails): a checkpoint that
+# rank 0 cannot save, or that one rank cannot load, stops every rank at once
+# with that error.
 set -euo pipefail
 run=$1 train=$2
 work=$(mktemp -d)
@@ -72,3 +75,47 @@ if (cd "$work/clean" && "$run" --standalone --nproc-per-node 2 "$train" "${commo
 fi
 grep -q "checkpoint checkpoints/checkpoint.pt is truncated or corrupt" "$work/cut.log" || fail "no truncation message"
 echo "truncated checkpoint: refused"
+
+# by_hand NAME DIR0 DIR1 [program flags]: the 2 ranks started by hand, rank r
+# in DIRr, under a long timeout (300 s); leaves NAME.r.log, NAME.r.rc and the
+# seconds the job took in NAME.seconds.
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' \
+    2>/dev/null || echo $((20000 + RANDOM % 30000))
+}
+by_hand() {
+  local name=$1 dirs=("$2" "$3") port start=$SECONDS pids=() r rc; shift 3
+  port=$(free_port)
+  for r in 0 1; do
+    (cd "${dirs[$r]}" && RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+      DTRAIN_TIMEOUT=300 exec timeout 400 "$train" "$@") >"$work/$name.$r.log" 2>&1 &
+    pids+=($!)
+  done
+  for r in 0 1; do rc=0; wait "${pids[$r]}" || rc=$?; echo $rc >"$work/$name.$r.rc"; done
+  echo $((SECONDS - start)) >"$work/$name.seconds"
+}
+# every_rank_failed NAME TEXT: both ranks exited 1 printing TEXT, in well
+# under the 300 s timeout.
+every_rank_failed() {
+  for r in 0 1; do
+    [ "$(cat "$work/$1.$r.rc")" = 1 ] || fail "$1: rank $r exited with $(cat "$work/$1.$r.rc")"
+    grep -qF "dtrain-fashion-mnist: $2" "$work/$1.$r.log" || fail "$1: rank $r did not print: $2"
+  done
+  [ "$(cat "$work/$1.seconds")" -lt 60 ] || fail "$1: took $(cat "$work/$1.seconds") s"
+}
+quick=(--out-dir runs --epochs 1 --train-limit 300 --test-limit 100 --batch-size 32 --checkpoint-every 3)
+
+# 5. rank 0 cannot save (its checkpoint directory is under a regular file)
+mkdir -p "$work/nosave" && echo "a file" >"$work/nosave/blocker"
+by_hand nosave "$work/nosave" "$work/nosave" "${quick[@]}" --checkpoint-dir blocker/ck
+every_rank_failed nosave "rank 0: cannot save checkpoint blocker/ck/checkpoint.pt: cannot create blocker/ck/checkpoint.pt.tmp: Not a directory"
+echo "rank 0 cannot save: every rank stopped with its error in $(cat "$work/nosave.seconds") s"
+
+# 6. rank 1 cannot load (its copy is truncated; rank 0's is fine): nobody resumes
+mkdir -p "$work/half0/checkpoints" "$work/half1/checkpoints"
+cp "$work/auto/checkpoints/checkpoint.pt" "$work/half0/checkpoints/"
+head -c 1000 "$work/auto/checkpoints/checkpoint.pt" >"$work/half1/checkpoints/checkpoint.pt"
+by_hand half "$work/half0" "$work/half1" "${quick[@]}" --resume
+every_rank_failed half "rank 1: checkpoint checkpoints/checkpoint.pt is truncated or corrupt"
+if grep -q "resumed from" "$work/half.0.log"; then fail "rank 0 resumed although rank 1 could not"; fi
+echo "rank 1 cannot load: every rank stopped with its error in $(cat "$work/half.seconds") s"
