@@ -87,8 +87,12 @@ DTRAIN_VECTOR_CLONES void accumulate(T* __restrict acc, const T* __restrict b, s
   for (size_t i = 0; i < n; ++i) acc[i] = f(acc[i], b[i]);
 }
 
+// The divisor stays an int: narrowed to T it would be wrong for the small
+// integer types (128 is -128 as int8, 256 is 0 as uint8: a division by
+// zero). int8/uint8 are promoted to int for the division, int64 divides as
+// int64, and the quotient always fits T again.
 template <typename T>
-DTRAIN_VECTOR_CLONES void divide(T* __restrict acc, size_t n, T divisor) {
+DTRAIN_VECTOR_CLONES void divide(T* __restrict acc, size_t n, int divisor) {
   // Integer division truncates toward zero, as torch's div(..., "trunc").
   for (size_t i = 0; i < n; ++i) acc[i] = static_cast<T>(acc[i] / divisor);
 }
@@ -113,7 +117,7 @@ void reduce_native(T* dst, T* dst2, const void* const* srcs, int nsrcs, size_t c
     combine(dst, first, static_cast<const T*>(srcs[1]), count, f);
     for (int k = 2; k < nsrcs; ++k) accumulate(dst, static_cast<const T*>(srcs[k]), count, f);
   }
-  if (average && divisor != 1) divide(dst, count, static_cast<T>(divisor));
+  if (average && divisor != 1) divide(dst, count, divisor);
   if (dst2) std::memcpy(dst2, dst, count * sizeof(T));
 }
 

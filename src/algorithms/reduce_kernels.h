@@ -22,8 +22,9 @@
 namespace dtrain::kernels {
 
 // dst[i] = op(srcs[0][i], ..., srcs[nsrcs-1][i]) for i < count; AVG then
-// divides by `divisor`. When dst2 is not null it receives the same result
-// (in the same pass where it can). dst must not overlap any source or dst2;
+// divides by `divisor` (as an int, never narrowed to the element type).
+// When dst2 is not null it receives the same result (in the same pass where
+// it can). dst must not overlap any source or dst2;
 // dst2 may be exactly one of the sources (in place: each element is read
 // before it is written) and must not overlap the others.
 void reduce_into(c10::ScalarType dtype, ReduceOp op, void* dst, void* dst2,

@@ -174,6 +174,47 @@ TEST_P(Collectives, ReduceScatterEveryOp) {
   }));
 }
 
+// The in-place pattern (PyTorch's reduce_scatter_tensor with the output a
+// chunk of the input): the output is a view of inputs[rank], read by the
+// reduction it receives. Sizes span several shm pieces.
+TEST_P(Collectives, ReduceScatterOutputAliasingOwnInput) {
+  const int W = world();
+  const auto dt = dtype();
+  expect_no_errors(run_ranks(W, [&](ProcessGroup& g) {
+    for (int64_t n : {int64_t(0), int64_t(1), int64_t(257), int64_t(70001)}) {
+      for (auto op : kOps) {
+        auto full = input(g.rank(), n * W, dt);
+        std::vector<at::Tensor> inputs;
+        for (int j = 0; j < W; ++j) inputs.push_back(full.narrow(0, j * n, n));
+        auto out = inputs[g.rank()];
+        g.reduce_scatter(out, inputs, op)->wait();
+        auto want = expected_reduction(W, n * W, dt, op).narrow(0, g.rank() * n, n);
+        expect_equal(out, want,
+                     detail::cat("in-place reduce_scatter ", to_string(op), " n=", n, " rank ",
+                                 g.rank()));
+      }
+    }
+  }));
+}
+
+// The in-place all_gather: the input is a view of outputs[rank].
+TEST_P(Collectives, AllGatherInputAliasingOwnOutput) {
+  const int W = world();
+  const auto dt = dtype();
+  expect_no_errors(run_ranks(W, [&](ProcessGroup& g) {
+    for (int64_t n : {int64_t(0), int64_t(1), int64_t(257), int64_t(70001)}) {
+      auto full = at::zeros({n * W}, dt);
+      std::vector<at::Tensor> outputs;
+      for (int j = 0; j < W; ++j) outputs.push_back(full.narrow(0, j * n, n));
+      outputs[g.rank()].copy_(input(g.rank(), n, dt));
+      g.all_gather(outputs, outputs[g.rank()])->wait();
+      for (int r = 0; r < W; ++r)
+        expect_equal(outputs[r], input(r, n, dt),
+                     detail::cat("in-place all_gather n=", n, " from ", r, " on ", g.rank()));
+    }
+  }));
+}
+
 TEST_P(Collectives, AllToAllWithUnevenSizes) {
   const int W = world();
   const auto dt = dtype();

@@ -4,6 +4,7 @@
 // the shm backend's all-reduce calls it) gives bitwise the out-of-place
 // result.
 
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <c10/util/BFloat16.h>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "algorithms/reduce_kernels.h"
+#include "core/average.h"
 
 namespace dtrain::kernels {
 namespace {
@@ -117,6 +119,57 @@ TEST(ReduceKernels, OverflowExamples) {
   int64_t s64 = 0;
   reduce_into(c10::ScalarType::Long, ReduceOp::SUM, &s64, nullptr, twice, 2, 1, 2);
   EXPECT_EQ(s64, -2);
+}
+
+// AVG divides the (wrapped) sum by the world size as an integer, truncating
+// toward zero: the divisor is never narrowed to T, where 128 would be -128
+// for int8 and 256 would be 0 for uint8 (a division by zero).
+template <typename T>
+void expect_integer_average_divides_by_the_world(int world) {
+  const auto in = overflowing_inputs<T>(world);
+  std::vector<const void*> srcs;
+  for (const auto& v : in) srcs.push_back(v.data());
+  const size_t n = in[0].size();
+  std::vector<T> out(n);
+  reduce_into(dtype_of<T>(), ReduceOp::AVG, out.data(), nullptr, srcs.data(), world, n, world);
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<T> column;
+    for (const auto& v : in) column.push_back(v[i]);
+    const T want = static_cast<T>(static_cast<int64_t>(wrapping_sum(column)) / world);
+    ASSERT_EQ(+out[i], +want) << "AVG of " << world << " " << c10::toString(dtype_of<T>())
+                              << " element " << i << " (sum " << +wrapping_sum(column) << ")";
+  }
+}
+
+TEST(ReduceKernels, IntegerAverageDividesByTheWorldSizeUnnarrowed) {
+  for (int world : {127, 128, 200, 255, 256, 257, 1000}) {
+    expect_integer_average_divides_by_the_world<int8_t>(world);
+    expect_integer_average_divides_by_the_world<uint8_t>(world);
+    expect_integer_average_divides_by_the_world<int32_t>(world);
+    expect_integer_average_divides_by_the_world<int64_t>(world);
+  }
+}
+
+// The transports that only sum (tcp, hierarchical, mpi) divide afterwards
+// with divide_for_average: the same rule.
+TEST(ReduceKernels, DivideForAverageDividesByTheWorldSizeUnnarrowed) {
+  const auto i8 = at::tensor({-128, -127, -1, 0, 1, 100, 127}, at::kChar);
+  for (int world : {127, 128, 256, 1000}) {
+    auto t = i8.clone();
+    divide_for_average(t, world);
+    EXPECT_TRUE(at::equal(t, i8.to(at::kLong).div(world, "trunc").to(at::kChar)))
+        << "int8 / " << world << ": " << t;
+  }
+  const auto u8 = at::tensor({0, 1, 128, 255}, at::kByte);
+  for (int world : {255, 256, 1000}) {
+    auto t = u8.clone();
+    divide_for_average(t, world);
+    EXPECT_TRUE(at::equal(t, u8.to(at::kLong).div(world, "trunc").to(at::kByte)))
+        << "uint8 / " << world << ": " << t;
+  }
+  auto f = at::tensor({1.0f, -3.0f}, at::kFloat);
+  divide_for_average(f, 256);
+  EXPECT_TRUE(at::equal(f, at::tensor({1.0f / 256, -3.0f / 256}, at::kFloat)));
 }
 
 // Bitwise comparison (NaN and -0.0 included).

@@ -472,6 +472,8 @@ WorkPtr ShmProcessGroup::do_reduce_scatter(const Call& call, at::Tensor output,
     const size_t count = output.numel();
     const size_t region = std::max<size_t>(kLine, half_bytes_ / n / kLine * kLine) / elem;
     DTRAIN_SHM_STAMP(s, &output, output.numel(), -1, static_cast<int>(op));
+    // Same size and both contiguous: sharing a start means sharing every byte.
+    const bool in_place = count > 0 && output.data_ptr() == inputs[me].data_ptr();
     std::vector<const void*> srcs(n);
     for (size_t off = 0; off == 0 || off < count; off += region) {
       const size_t len = std::min(region, count - std::min(off, count));
@@ -482,8 +484,19 @@ WorkPtr ShmProcessGroup::do_reduce_scatter(const Call& call, at::Tensor output,
       s.sync();
       for (int j = 0; j < n; ++j)
         srcs[j] = j == me ? bytes(inputs[me]) + off * elem : slot(j, h) + me * region * elem;
-      kernels::reduce_into(output.scalar_type(), op, bytes(output) + off * elem, nullptr, srcs.data(), n,
-                  len, n);
+      // In place (PyTorch's reduce_scatter_tensor with the output a chunk of
+      // the input, so output is inputs[me]), the output is also a source,
+      // which reduce_into forbids for its destination: with three ranks or
+      // more, my input would be overwritten by the partial sum before it is
+      // added. Reduce instead into my own region of my slot, which no rank
+      // reads, and let the kernel store the result a second time into the
+      // output: the second destination may be exactly one of the sources.
+      uint8_t* out = bytes(output) + off * elem;
+      if (in_place)
+        kernels::reduce_into(output.scalar_type(), op, slot(me, h) + me * region * elem, out,
+                             srcs.data(), n, len, n);
+      else
+        kernels::reduce_into(output.scalar_type(), op, out, nullptr, srcs.data(), n, len, n);
       if (count == 0) break;
     }
   });
