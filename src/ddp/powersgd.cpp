@@ -10,9 +10,10 @@
 //      (Gram-Schmidt on its r columns).
 //   3. Q_i = M_i^T P_i, all-reduced together.
 //   4. grad_i = P_i Q_i^T / divisor; error_i = M_i - P_i Q_i^T / (ranks' share)
-// All ranks start from the same random Q (a seeded generator), and with
-// warm_start reuse last iteration's Q, which makes one power iteration per
-// step enough.
+// All ranks start from the same random Q (a generator seeded by the options'
+// seed and the parameter's name), and with warm_start reuse last iteration's
+// Q, which makes one power iteration per step enough. Q and error_i belong
+// to the parameter, whichever bucket it is in (see MatrixState).
 
 #include <ATen/ATen.h>
 
@@ -25,16 +26,37 @@
 namespace dtrain {
 namespace {
 
-struct BucketState {
-  std::vector<at::Tensor> q;       // per compressed matrix, m x r
-  std::vector<at::Tensor> error;   // per compressed matrix, n x m
+// Q and the error of one gradient matrix. Kept per parameter (by name), not
+// per bucket: DDP rebuilds its buckets once, after the first iteration, in
+// the order gradients became ready, and bucket i then holds other
+// parameters; state kept per bucket index would be applied to the wrong
+// gradients (or fail on their shapes) when PowerSGD starts before that.
+// PyTorch keys it by bucket index and instead refuses start_powerSGD_iter
+// <= 1 with error feedback or warm start (PowerSGDState raises ValueError);
+// keyed by parameter, the state survives the rebuild whole, so any start
+// works.
+struct MatrixState {
+  at::Tensor q;      // m x r
+  at::Tensor error;  // n x m
 };
 
 struct State {
   PowerSGDOptions options;
   std::mutex mutex;
-  std::map<int, BucketState> buckets;
+  std::map<std::string, MatrixState> matrices;
 };
+
+// Equal on every rank for the same name (std::hash need not be).
+uint64_t fnv1a(const std::string& text) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ULL;
+  return h;
+}
+
+at::Tensor random_q(const at::Tensor& m, int64_t r, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::randn({m.size(1), r}, gen, m.options().dtype(at::kFloat)).to(m.dtype());
+}
 
 // In place: orthonormal columns (modified Gram-Schmidt).
 void orthogonalize(at::Tensor& p) {
@@ -58,6 +80,39 @@ bool worth_compressing(const at::Tensor& g, int rank, double rate) {
 
 at::Tensor as_matrix(const at::Tensor& g) { return g.reshape({g.size(0), -1}); }
 
+// The gradients not worth compressing: one flat all_reduce.
+void allreduce_plain(ProcessGroup& group, const GradBucket& bucket,
+                     const std::vector<at::Tensor>& plain) {
+  if (plain.empty()) return;
+  std::vector<at::Tensor> flat;
+  for (auto& g : plain) flat.push_back(g.reshape({-1}));
+  auto packed = at::cat(flat).div_(bucket.divisor);
+  group.all_reduce(packed, ReduceOp::SUM)->wait();
+  int64_t off = 0;
+  for (auto& g : plain) {
+    g.view({-1}).copy_(packed.narrow(0, off, g.numel()));
+    off += g.numel();
+  }
+}
+
+// The state of the matrix `m` of parameter `name`: new (random Q from a seed
+// of the name, no error) the first time, or if the name now has another
+// shape (a hook reused for another model).
+MatrixState& state_for(State& s, const std::string& name, const at::Tensor& m, int64_t iteration) {
+  const auto& o = s.options;
+  const int64_t r = o.matrix_approximation_rank();
+  const uint64_t seed = o.seed() + fnv1a(name);
+  auto& st = s.matrices[name];
+  if (!st.error.defined() || !st.error.sizes().equals(m.sizes()) ||
+      st.error.scalar_type() != m.scalar_type()) {
+    st.q = random_q(m, r, seed);
+    st.error = at::zeros_like(m);
+  } else if (!o.warm_start()) {
+    st.q = random_q(m, r, seed + 7919ULL * static_cast<uint64_t>(iteration));
+  }
+  return st;
+}
+
 void powersgd_bucket(State& s, ProcessGroup& group, GradBucket& bucket) {
   const auto& o = s.options;
   if (bucket.iteration < o.start_powersgd_iter()) {
@@ -65,51 +120,29 @@ void powersgd_bucket(State& s, ProcessGroup& group, GradBucket& bucket) {
     return;
   }
   std::lock_guard<std::mutex> lock(s.mutex);
-  auto& st = s.buckets[bucket.index];
   std::vector<at::Tensor> matrices, plain;
-  for (auto& g : bucket.gradients) {
-    if (worth_compressing(g, o.matrix_approximation_rank(), o.min_compression_rate())) {
-      matrices.push_back(g);
-    } else {
+  std::vector<MatrixState*> states;
+  for (size_t i = 0; i < bucket.gradients.size(); ++i) {
+    auto& g = bucket.gradients[i];
+    if (!worth_compressing(g, o.matrix_approximation_rank(), o.min_compression_rate())) {
       plain.push_back(g);
+      continue;
     }
+    const auto name = i < bucket.parameter_names.size()
+                          ? bucket.parameter_names[i]
+                          : detail::cat("bucket ", bucket.index, " gradient ", i);
+    matrices.push_back(g);
+    states.push_back(&state_for(s, name, as_matrix(g), bucket.iteration));
   }
-  // Uncompressed part: one flat all_reduce.
-  if (!plain.empty()) {
-    std::vector<at::Tensor> flat;
-    for (auto& g : plain) flat.push_back(g.reshape({-1}));
-    auto packed = at::cat(flat).div_(bucket.divisor);
-    group.all_reduce(packed, ReduceOp::SUM)->wait();
-    int64_t off = 0;
-    for (auto& g : plain) {
-      g.view({-1}).copy_(packed.narrow(0, off, g.numel()));
-      off += g.numel();
-    }
-  }
+  allreduce_plain(group, bucket, plain);
   if (matrices.empty()) return;
 
-  const int64_t r = o.matrix_approximation_rank();
-  const bool fresh = st.q.size() != matrices.size();
-  if (fresh) {
-    st.q.clear();
-    st.error.clear();
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed() + 1000003ULL * bucket.index);
-    for (auto& g : matrices) {
-      auto m = as_matrix(g);
-      st.q.push_back(at::randn({m.size(1), r}, gen, m.options().dtype(at::kFloat)).to(m.dtype()));
-      st.error.push_back(at::zeros_like(m));
-    }
-  } else if (!o.warm_start()) {
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed() + 7919ULL * bucket.iteration);
-    for (auto& q : st.q) q.copy_(at::randn(q.sizes(), gen, q.options().dtype(at::kFloat)));
-  }
-
-  std::vector<at::Tensor> ms, ps;
+  std::vector<at::Tensor> ms, ps, qs;
   for (size_t i = 0; i < matrices.size(); ++i) {
     auto m = as_matrix(matrices[i]).clone();
-    if (o.use_error_feedback()) m.add_(st.error[i]);
+    if (o.use_error_feedback()) m.add_(states[i]->error);
     ms.push_back(m);
-    ps.push_back(at::matmul(m, st.q[i]));
+    ps.push_back(at::matmul(m, states[i]->q));
   }
   auto pack = [](const std::vector<at::Tensor>& ts) {
     std::vector<at::Tensor> flat;
@@ -127,15 +160,16 @@ void powersgd_bucket(State& s, ProcessGroup& group, GradBucket& bucket) {
   group.all_reduce(p_all, ReduceOp::SUM)->wait();
   unpack(p_all, ps);
   for (auto& p : ps) orthogonalize(p);
-  for (size_t i = 0; i < matrices.size(); ++i) st.q[i] = at::matmul(ms[i].t(), ps[i]).contiguous();
-  auto q_all = pack(st.q);
+  for (size_t i = 0; i < matrices.size(); ++i) qs.push_back(at::matmul(ms[i].t(), ps[i]).contiguous());
+  auto q_all = pack(qs);
   group.all_reduce(q_all, ReduceOp::SUM)->wait();
-  unpack(q_all, st.q);
+  unpack(q_all, qs);
   for (size_t i = 0; i < matrices.size(); ++i) {
     // Sum over ranks of M ≈ P Q^T (Q carries the sum); average it.
-    auto approx_sum = at::matmul(ps[i], st.q[i].t());
+    auto approx_sum = at::matmul(ps[i], qs[i].t());
     auto avg = approx_sum / bucket.divisor;
-    if (o.use_error_feedback()) st.error[i] = ms[i] - approx_sum / group.size();
+    states[i]->q = qs[i];
+    if (o.use_error_feedback()) states[i]->error = ms[i] - approx_sum / group.size();
     matrices[i].copy_(avg.view(matrices[i].sizes()));
   }
 }

@@ -23,7 +23,10 @@
 namespace dtrain {
 
 struct GradBucket {
-  int index = 0;            // buckets are numbered in launch order
+  // Buckets are numbered in launch order. DDP rebuilds them once, after the
+  // first iteration, so bucket i may hold other parameters from then on:
+  // key per-parameter state by parameter_names (unique, stable) instead.
+  int index = 0;
   bool is_last = false;
   int64_t iteration = 0;    // synchronized backward passes before this one
   double divisor = 1;       // world size (or ranks still training, see JoinOptions)
@@ -59,7 +62,8 @@ struct PowerSGDOptions {
 // error feedback) is approximated as P Q^T with P = M Q all-reduced and
 // orthogonalized, then Q = M^T P all-reduced; vectors (biases) and matrices
 // too small to gain are all-reduced as they are. Keeps its state (Q,
-// errors) in the returned hook.
+// errors) in the returned hook, per parameter name, so that it survives
+// DDP's bucket rebuild: any start_powersgd_iter works, 0 included.
 CommHook powersgd_hook(const PowerSGDOptions& options = PowerSGDOptions());
 
 }  // namespace dtrain

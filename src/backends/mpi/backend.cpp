@@ -2,9 +2,10 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <chrono>
 #include <climits>
-#include <numeric>
+#include <mutex>
 #include <thread>
 
 #include "backends/mpi/runtime.h"
@@ -21,11 +22,69 @@ struct MpiProcessGroup::Comm {
 
 struct MpiProcessGroup::Posted {
   MPI_Request request = MPI_REQUEST_NULL;
+  bool cancellable = false;            // point to point (MPI cannot cancel collectives)
+  std::vector<at::Tensor> buffers;     // what MPI reads or writes until the request is done
+  std::vector<int> counts;             // MPI_Ialltoallv's count and displacement arrays
 };
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Requests given up on after a timeout. MPI may still write into (or read
+// from) their buffers: a cancelled receive that had already matched, a send
+// Open MPI does not cancel, a collective (never cancellable) that the peers
+// join late. Freeing those buffers would let MPI write into memory the
+// program has reused, so they stay here until MPI_Test says the request is
+// done — perhaps never (a peer that never joins): then until the process
+// exits. Process-wide rather than per group: a broken group is meant to be
+// destroyed, and its requests may outlive it (MPI_Comm_free defers to them).
+class InFlight {
+ public:
+  void add(MPI_Request request, std::shared_ptr<void> keep) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    requests_.push_back({request, std::move(keep)});
+    count_ = requests_.size();
+  }
+
+  // MPI_Tests every request (one thread at a time, as MPI requires of one
+  // request) and frees the buffers of those done; returns how many remain.
+  size_t reap() {
+    if (count_ == 0) return 0;  // the common case: one atomic load per call
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (finalized) return requests_.size();
+    for (size_t i = 0; i < requests_.size();) {
+      int done = 0;
+      MPI_Test(&requests_[i].request, &done, MPI_STATUS_IGNORE);
+      if (done) {
+        requests_[i] = std::move(requests_.back());
+        requests_.pop_back();
+      } else {
+        ++i;
+      }
+    }
+    count_ = requests_.size();
+    return count_;
+  }
+
+ private:
+  struct Entry {
+    MPI_Request request;
+    std::shared_ptr<void> keep;
+  };
+  std::mutex mutex_;
+  std::vector<Entry> requests_;
+  std::atomic<size_t> count_{0};
+};
+
+// Never destroyed: the buffers must outlive every use MPI makes of them,
+// up to MPI_Finalize at exit.
+InFlight& in_flight() {
+  static auto* list = new InFlight;
+  return *list;
+}
 
 std::string error_text(int code) {
   char text[MPI_MAX_ERROR_STRING];
@@ -63,6 +122,23 @@ void split_into(const at::Tensor& flat, const std::vector<at::Tensor>& outputs) 
 
 std::pair<int, int> mpi_world() { return world_rank_and_size(); }
 
+size_t requests_in_flight() { return in_flight().reap(); }
+
+PeerCounts peer_counts(const std::vector<int64_t>& numels, const std::string& what) {
+  PeerCounts out;
+  for (size_t peer = 0; peer < numels.size(); ++peer) {
+    DTRAIN_CHECK_ARG(numels[peer] <= INT_MAX, what, ": MPI counts are int; ", numels[peer],
+                     " elements for rank ", peer, " is too many (split the tensors)");
+    DTRAIN_CHECK_ARG(out.total <= INT_MAX, what, ": MPI displacements are int; rank ", peer,
+                     "'s piece would start after ", out.total, " elements, over 2^31-1 = ",
+                     INT_MAX, " (send less per call)");
+    out.counts.push_back(static_cast<int>(numels[peer]));
+    out.displacements.push_back(static_cast<int>(out.total));
+    out.total += numels[peer];
+  }
+  return out;
+}
+
 MpiProcessGroup::MpiProcessGroup(int rank, int size, GroupOptions options)
     : ProcessGroup(rank, size, std::move(options)), comm_(std::make_unique<Comm>()) {
   ensure_initialized();
@@ -93,16 +169,20 @@ MpiProcessGroup::MpiProcessGroup(int rank, int size, GroupOptions options)
 
 MpiProcessGroup::~MpiProcessGroup() {
   // The executors (declared last) have drained by the time members go; free
-  // the communicator unless MPI is already finalized (process exit).
+  // the communicator unless MPI is already finalized (process exit). MPI
+  // defers the free until requests still in flight on it are done.
+  in_flight().reap();
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized && comm_->comm != MPI_COMM_NULL) MPI_Comm_free(&comm_->comm);
 }
 
 WorkPtr MpiProcessGroup::launch(const Call& call, SerialExecutor& executor,
+                                std::vector<at::Tensor> buffers,
                                 const std::function<void(Posted&)>& post,
                                 std::function<void()> after) {
   auto work = std::make_shared<Work>(call.description);
+  in_flight().reap();  // buffers of requests abandoned earlier that are done by now
   {
     std::lock_guard<std::mutex> lock(broken_mutex_);
     if (broken_) {
@@ -111,23 +191,12 @@ WorkPtr MpiProcessGroup::launch(const Call& call, SerialExecutor& executor,
     }
   }
   auto posted = std::make_shared<Posted>();
+  posted->buffers = std::move(buffers);
   post(*posted);  // on the caller's thread, in issue order
   executor.submit([this, work, posted, after = std::move(after), call] {
     std::exception_ptr error;
     try {
-      const auto deadline = Clock::now() + call.timeout;
-      for (int polls = 0;; ++polls) {
-        int done = 0;
-        MPI_Status status;
-        check(MPI_Test(&posted->request, &done, &status), call.description);
-        if (done) break;
-        if (Clock::now() >= deadline)
-          throw TimeoutError(detail::cat(call.description, " timed out after ",
-                                         call.timeout.count(),
-                                         " ms (MPI cannot cancel it: the group is broken)"));
-        // Poll hot at first, then back off so a waiting rank leaves the CPU.
-        if (polls > 200) std::this_thread::sleep_for(std::chrono::microseconds(50));
-      }
+      complete(call, posted);
       if (after) after();
     } catch (...) {
       error = std::current_exception();
@@ -139,10 +208,43 @@ WorkPtr MpiProcessGroup::launch(const Call& call, SerialExecutor& executor,
   return work;
 }
 
+void MpiProcessGroup::complete(const Call& call, const std::shared_ptr<Posted>& posted) {
+  const auto deadline = Clock::now() + call.timeout;
+  MPI_Status status;
+  for (int polls = 0;; ++polls) {
+    int done = 0;
+    check(MPI_Test(&posted->request, &done, &status), call.description);
+    if (done) return;
+    if (Clock::now() >= deadline) break;
+    // Poll hot at first, then back off so a waiting rank leaves the CPU.
+    if (polls > 200) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  const auto timed_out = detail::cat(call.description, " timed out after ", call.timeout.count(),
+                                     " ms");
+  if (posted->cancellable) {
+    // A receive not yet matched is cancelled at once, and its buffer is
+    // never written; one that matched meanwhile completes instead.
+    int done = 0, cancelled = 0;
+    MPI_Cancel(&posted->request);
+    if (MPI_Test(&posted->request, &done, &status) == MPI_SUCCESS && done) {
+      MPI_Test_cancelled(&status, &cancelled);
+      if (!cancelled) return;  // it completed after all: not a timeout
+      throw TimeoutError(timed_out + " (cancelled; the group is broken)");
+    }
+  }
+  // MPI still owns the request: keep its buffers (and the tensors) alive
+  // until it is done, not just until this throw.
+  in_flight().add(posted->request, posted);
+  posted->request = MPI_REQUEST_NULL;
+  throw TimeoutError(timed_out + (posted->cancellable
+                                      ? " (MPI did not cancel it; the group is broken)"
+                                      : " (MPI cannot cancel a collective; the group is broken)"));
+}
+
 WorkPtr MpiProcessGroup::do_all_reduce(const Call& call, at::Tensor tensor, ReduceOp op) {
   const int n = count_of(tensor, call.description);
   return launch(
-      call, collectives_,
+      call, collectives_, {tensor},
       [&](Posted& p) {
         check(MPI_Iallreduce(MPI_IN_PLACE, tensor.data_ptr(), n, datatype(tensor.scalar_type()),
                              reduction(tensor.scalar_type(), op), comm_->comm, &p.request),
@@ -155,11 +257,11 @@ WorkPtr MpiProcessGroup::do_all_reduce(const Call& call, at::Tensor tensor, Redu
 
 WorkPtr MpiProcessGroup::do_broadcast(const Call& call, at::Tensor tensor, int root) {
   const int n = count_of(tensor, call.description);
-  return launch(call, collectives_, [&](Posted& p) {
+  return launch(call, collectives_, {tensor}, [&](Posted& p) {
     check(MPI_Ibcast(tensor.data_ptr(), n, datatype(tensor.scalar_type()), root, comm_->comm,
                      &p.request),
           call.description);
-  }, [tensor] {});
+  });
 }
 
 WorkPtr MpiProcessGroup::do_reduce(const Call& call, at::Tensor tensor, int root, ReduceOp op) {
@@ -168,7 +270,7 @@ WorkPtr MpiProcessGroup::do_reduce(const Call& call, at::Tensor tensor, int root
   // Non-roots reduce from a copy so that their tensor stays unchanged.
   auto send = is_root ? tensor : tensor.clone();
   return launch(
-      call, collectives_,
+      call, collectives_, {tensor, send},
       [&](Posted& p) {
         check(MPI_Ireduce(is_root ? MPI_IN_PLACE : send.data_ptr(),
                           is_root ? tensor.data_ptr() : nullptr, n,
@@ -176,7 +278,7 @@ WorkPtr MpiProcessGroup::do_reduce(const Call& call, at::Tensor tensor, int root
                           root, comm_->comm, &p.request),
               call.description);
       },
-      [tensor, send, op, is_root, size = size()] {
+      [tensor, op, is_root, size = size()] {
         if (is_root && op == ReduceOp::AVG) divide_for_average(tensor, size);
       });
 }
@@ -186,14 +288,14 @@ WorkPtr MpiProcessGroup::do_all_gather(const Call& call, std::vector<at::Tensor>
   const int n = count_of(input, call.description);
   auto flat = at::empty({int64_t(size()) * n}, input.options());
   return launch(
-      call, collectives_,
+      call, collectives_, {input, flat},
       [&](Posted& p) {
         const auto type = datatype(input.scalar_type());
         check(MPI_Iallgather(input.data_ptr(), n, type, flat.data_ptr(), n, type, comm_->comm,
                              &p.request),
               call.description);
       },
-      [flat, outputs, input] { split_into(flat, outputs); });
+      [flat, outputs] { split_into(flat, outputs); });
 }
 
 WorkPtr MpiProcessGroup::do_gather(const Call& call, std::vector<at::Tensor> outputs,
@@ -202,14 +304,14 @@ WorkPtr MpiProcessGroup::do_gather(const Call& call, std::vector<at::Tensor> out
   const bool is_root = rank() == root;
   auto flat = is_root ? at::empty({int64_t(size()) * n}, input.options()) : at::Tensor();
   return launch(
-      call, collectives_,
+      call, collectives_, {input, flat},
       [&](Posted& p) {
         const auto type = datatype(input.scalar_type());
         check(MPI_Igather(input.data_ptr(), n, type, is_root ? flat.data_ptr() : nullptr, n, type,
                           root, comm_->comm, &p.request),
               call.description);
       },
-      [flat, outputs, input, is_root] {
+      [flat, outputs, is_root] {
         if (is_root) split_into(flat, outputs);
       });
 }
@@ -219,12 +321,12 @@ WorkPtr MpiProcessGroup::do_scatter(const Call& call, at::Tensor output,
   const int n = count_of(output, call.description);
   const bool is_root = rank() == root;
   auto flat = is_root ? concat(inputs) : at::Tensor();
-  return launch(call, collectives_, [&](Posted& p) {
+  return launch(call, collectives_, {output, flat}, [&](Posted& p) {
     const auto type = datatype(output.scalar_type());
     check(MPI_Iscatter(is_root ? flat.data_ptr() : nullptr, n, type, output.data_ptr(), n, type,
                        root, comm_->comm, &p.request),
           call.description);
-  }, [flat, output] {});
+  });
 }
 
 WorkPtr MpiProcessGroup::do_reduce_scatter(const Call& call, at::Tensor output,
@@ -232,7 +334,7 @@ WorkPtr MpiProcessGroup::do_reduce_scatter(const Call& call, at::Tensor output,
   const int n = count_of(output, call.description);
   auto flat = concat(inputs);
   return launch(
-      call, collectives_,
+      call, collectives_, {output, flat},
       [&](Posted& p) {
         check(MPI_Ireduce_scatter_block(flat.data_ptr(), output.data_ptr(), n,
                                         datatype(output.scalar_type()),
@@ -240,65 +342,61 @@ WorkPtr MpiProcessGroup::do_reduce_scatter(const Call& call, at::Tensor output,
                                         &p.request),
               call.description);
       },
-      [flat, output, op, size = size()] {
+      [output, op, size = size()] {
         if (op == ReduceOp::AVG) divide_for_average(output, size);
       });
 }
 
 WorkPtr MpiProcessGroup::do_all_to_all(const Call& call, std::vector<at::Tensor> outputs,
                                        std::vector<at::Tensor> inputs) {
-  std::vector<int> send_counts, send_displs, recv_counts, recv_displs;
-  int offset = 0;
-  for (const auto& in : inputs) {
-    send_counts.push_back(count_of(in, call.description));
-    send_displs.push_back(offset);
-    offset += send_counts.back();
-  }
-  offset = 0;
-  for (const auto& out : outputs) {
-    recv_counts.push_back(count_of(out, call.description));
-    recv_displs.push_back(offset);
-    offset += recv_counts.back();
-  }
+  std::vector<int64_t> send_numels, recv_numels;
+  for (const auto& in : inputs) send_numels.push_back(in.numel());
+  for (const auto& out : outputs) recv_numels.push_back(out.numel());
+  const auto send = peer_counts(send_numels, call.description);
+  const auto recv = peer_counts(recv_numels, call.description);
   auto flat_in = concat(inputs);
-  auto flat_out = at::empty({offset}, flat_in.options());
-  auto counts = std::make_shared<std::vector<std::vector<int>>>(
-      std::vector<std::vector<int>>{send_counts, send_displs, recv_counts, recv_displs});
+  auto flat_out = at::empty({recv.total}, flat_in.options());
+  const size_t peers = send.counts.size();
   return launch(
-      call, collectives_,
+      call, collectives_, {flat_in, flat_out},
       [&](Posted& p) {
+        // The count arrays must outlive the request: they live in `p`.
+        for (const auto* v : {&send.counts, &send.displacements, &recv.counts,
+                              &recv.displacements})
+          p.counts.insert(p.counts.end(), v->begin(), v->end());
+        const int* c = p.counts.data();
         const auto type = datatype(flat_in.scalar_type());
-        // The count arrays must outlive the request: `counts` is kept below.
-        check(MPI_Ialltoallv(flat_in.data_ptr(), (*counts)[0].data(), (*counts)[1].data(), type,
-                             flat_out.data_ptr(), (*counts)[2].data(), (*counts)[3].data(), type,
-                             comm_->comm, &p.request),
+        check(MPI_Ialltoallv(flat_in.data_ptr(), c, c + peers, type, flat_out.data_ptr(),
+                             c + 2 * peers, c + 3 * peers, type, comm_->comm, &p.request),
               call.description);
       },
-      [flat_in, flat_out, outputs, counts] { split_into(flat_out, outputs); });
+      [flat_out, outputs] { split_into(flat_out, outputs); });
 }
 
 WorkPtr MpiProcessGroup::do_barrier(const Call& call) {
-  return launch(call, collectives_, [&](Posted& p) {
+  return launch(call, collectives_, {}, [&](Posted& p) {
     check(MPI_Ibarrier(comm_->comm, &p.request), call.description);
   });
 }
 
 WorkPtr MpiProcessGroup::do_send(const Call& call, at::Tensor tensor, int dst, int tag) {
   const int n = count_of(tensor, call.description);
-  return launch(call, p2p_waits_, [&](Posted& p) {
+  return launch(call, p2p_waits_, {tensor}, [&](Posted& p) {
+    p.cancellable = true;
     check(MPI_Isend(tensor.data_ptr(), n, datatype(tensor.scalar_type()), dst, tag, comm_->comm,
                     &p.request),
           call.description);
-  }, [tensor] {});
+  });
 }
 
 WorkPtr MpiProcessGroup::do_recv(const Call& call, at::Tensor tensor, int src, int tag) {
   const int n = count_of(tensor, call.description);
-  return launch(call, p2p_waits_, [&](Posted& p) {
+  return launch(call, p2p_waits_, {tensor}, [&](Posted& p) {
+    p.cancellable = true;
     check(MPI_Irecv(tensor.data_ptr(), n, datatype(tensor.scalar_type()), src, tag, comm_->comm,
                     &p.request),
           call.description);
-  }, [tensor] {});
+  });
 }
 
 }  // namespace dtrain::mpi_backend

@@ -5,10 +5,22 @@
 // contract: each call is posted on the caller's thread, in issue order, and
 // completed (MPI_Test, under the operation's timeout) on the group's thread.
 // Point-to-point completes on a second thread, so isend/irecv in any order
-// never deadlock. MPI cannot cancel a collective: after a timeout the group is
-// broken and the job should end (mpirun then stops the other ranks).
+// never deadlock.
+//
+// After a timeout the group is broken (later calls fail at once, see
+// core/broken_group.h). A timed-out send or recv is cancelled (MPI_Cancel;
+// Open MPI cancels receives only); a collective cannot be. What MPI may
+// still read or write for an operation not cancelled — its tensors and
+// staging buffers — is kept alive by a process-wide list of requests in
+// flight until MPI_Test says MPI is done with them (reaped at every later
+// call and when a group is destroyed), or until the process exits: memory
+// MPI writes into is never freed under it. A collective's tensors may still
+// change after its TimeoutError.
 
+#include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "core/backend_hooks.h"
 #include "core/serial_executor.h"
@@ -31,11 +43,16 @@ class MpiProcessGroup final : public ProcessGroup {
 
  private:
   struct Comm;
-  struct Posted;  // the MPI request of one operation
+  struct Posted;  // the MPI request of one operation and the buffers it uses
   // Runs `post` now (it starts the MPI operation and fills the request),
   // completes it on `executor`, then runs `after` (copies out, AVG).
-  WorkPtr launch(const Call& call, SerialExecutor& executor,
+  // `buffers` are the tensors MPI reads or writes until the request is done.
+  WorkPtr launch(const Call& call, SerialExecutor& executor, std::vector<at::Tensor> buffers,
                  const std::function<void(Posted&)>& post, std::function<void()> after = {});
+  // Polls the request until MPI is done with it; at the deadline cancels
+  // what can be, hands the rest to the requests in flight and throws
+  // TimeoutError.
+  void complete(const Call& call, const std::shared_ptr<Posted>& posted);
 
   std::unique_ptr<Comm> comm_;
   std::exception_ptr broken_;
@@ -46,5 +63,19 @@ class MpiProcessGroup final : public ProcessGroup {
 
 // {rank, size} of this process in MPI_COMM_WORLD (initializes MPI).
 std::pair<int, int> mpi_world();
+
+// MPI_Ialltoallv's per-peer counts and displacements (in elements), which
+// MPI takes as int: computed in 64 bits, and InvalidArgument naming `what`
+// (the call) when a count or a displacement exceeds INT_MAX. MPI-4's
+// large-count calls would lift this; Debian 12's Open MPI 4.1 has none.
+struct PeerCounts {
+  std::vector<int> counts, displacements;
+  int64_t total = 0;
+};
+PeerCounts peer_counts(const std::vector<int64_t>& numels, const std::string& what);
+
+// Requests given up on after a timeout that MPI has not finished with yet
+// (tests each first; MPI progresses meanwhile).
+size_t requests_in_flight();
 
 }  // namespace dtrain::mpi_backend
