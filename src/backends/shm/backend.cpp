@@ -17,6 +17,13 @@
 namespace dtrain::shm {
 namespace {
 
+// memcpy that accepts the null data pointer of an empty tensor (memcpy's
+// arguments must be valid pointers even for 0 bytes; UBSan reports it).
+inline void copy_bytes(void* dst, const void* src, size_t n) {
+  if (n != 0) std::memcpy(dst, src, n);
+}
+
+
 constexpr uint64_t kMagic = 0x64747261696e7368ULL;  // "dtrainsh"
 constexpr uint32_t kVersion = 1;
 constexpr size_t kLine = 64;
@@ -299,7 +306,7 @@ void ShmProcessGroup::all_reduce_now(Step& step, const at::Tensor& tensor, Reduc
     uint8_t* mine = slot(me, half_of(k));
     for (int j = 0; j < n; ++j)
       if (j != me)
-        std::memcpy(mine + rg.slot_begin(j) * elem, src + rg.begin(j) * elem, rg.size(j) * elem);
+        copy_bytes(mine + rg.slot_begin(j) * elem, src + rg.begin(j) * elem, rg.size(j) * elem);
   };
   copy_in(0);
   step.sync();
@@ -318,7 +325,7 @@ void ShmProcessGroup::all_reduce_now(Step& step, const at::Tensor& tensor, Reduc
     // ...then all-gather: take the others' results.
     for (int j = 0; j < n; ++j)
       if (j != me)
-        std::memcpy(src + rg.begin(j) * elem, slot(j, h) + rg.slot_begin(j) * elem,
+        copy_bytes(src + rg.begin(j) * elem, slot(j, h) + rg.slot_begin(j) * elem,
                     rg.size(j) * elem);
   }
 }
@@ -336,7 +343,7 @@ void ShmProcessGroup::reduce_now(Step& step, const at::Tensor& tensor, int root,
     uint8_t* mine = slot(me, h);
     uint8_t* src = bytes(tensor) + off * elem;
     for (int j = 0; j < n; ++j)
-      if (j != me) std::memcpy(mine + rg.begin(j) * elem, src + rg.begin(j) * elem, rg.size(j) * elem);
+      if (j != me) copy_bytes(mine + rg.begin(j) * elem, src + rg.begin(j) * elem, rg.size(j) * elem);
     step.sync();
     const size_t b = rg.begin(me) * elem;
     for (int j = 0; j < n; ++j) srcs[j] = j == me ? src + b : slot(j, h) + b;
@@ -345,7 +352,7 @@ void ShmProcessGroup::reduce_now(Step& step, const at::Tensor& tensor, int root,
     // Only the root's tensor changes.
     if (me == root)
       for (int j = 0; j < n; ++j)
-        std::memcpy(src + rg.begin(j) * elem, slot(j, h) + rg.begin(j) * elem, rg.size(j) * elem);
+        copy_bytes(src + rg.begin(j) * elem, slot(j, h) + rg.begin(j) * elem, rg.size(j) * elem);
     if (count == 0) break;
   }
 }
@@ -358,11 +365,11 @@ void ShmProcessGroup::gather_now(Step& step, const std::vector<at::Tensor>& outp
   for (size_t off = 0; off == 0 || off < total; off += half_bytes_) {
     const size_t len = std::min(half_bytes_, total - std::min(off, total));
     const int h = step.next_half();
-    std::memcpy(slot(me, h), bytes(input) + off, len);
+    copy_bytes(slot(me, h), bytes(input) + off, len);
     step.sync();
     if (root < 0 || me == root)
       for (int j = 0; j < n; ++j)
-        std::memcpy(bytes(outputs[j]) + off, j == me ? bytes(input) + off : slot(j, h), len);
+        copy_bytes(bytes(outputs[j]) + off, j == me ? bytes(input) + off : slot(j, h), len);
     if (total == 0) break;
   }
 }
@@ -400,11 +407,11 @@ void ShmProcessGroup::all_to_all_now(Step& step, const std::vector<at::Tensor>& 
     const int h = step.next_half();
     for (int to = 0; to < n; ++to)
       if (to != me)
-        std::memcpy(slot(me, h) + to * region, bytes(inputs[to]) + off, part(sends[me * n + to]));
+        copy_bytes(slot(me, h) + to * region, bytes(inputs[to]) + off, part(sends[me * n + to]));
     step.sync();
     for (int from = 0; from < n; ++from) {
       const auto* src = from == me ? bytes(inputs[me]) + off : slot(from, h) + me * region;
-      std::memcpy(bytes(outputs[from]) + off, src, part(sends[from * n + me]));
+      copy_bytes(bytes(outputs[from]) + off, src, part(sends[from * n + me]));
     }
   }
 }
@@ -424,9 +431,9 @@ WorkPtr ShmProcessGroup::do_broadcast(const Call& call, at::Tensor tensor, int r
     for (size_t off = 0; off == 0 || off < total; off += half_bytes_) {
       const size_t len = std::min(half_bytes_, total - std::min(off, total));
       const int h = s.next_half();
-      if (rank() == root) std::memcpy(slot(root, h), bytes(tensor) + off, len);
+      if (rank() == root) copy_bytes(slot(root, h), bytes(tensor) + off, len);
       s.sync();
-      if (rank() != root) std::memcpy(bytes(tensor) + off, slot(root, h), len);
+      if (rank() != root) copy_bytes(bytes(tensor) + off, slot(root, h), len);
       if (total == 0) break;
     }
   });
@@ -455,10 +462,10 @@ WorkPtr ShmProcessGroup::do_scatter(const Call& call, at::Tensor output,
       const int h = s.next_half();
       if (me == root)
         for (int j = 0; j < n; ++j)
-          if (j != root) std::memcpy(slot(root, h) + j * region, bytes(inputs[j]) + off, len);
+          if (j != root) copy_bytes(slot(root, h) + j * region, bytes(inputs[j]) + off, len);
       s.sync();
       const auto* src = me == root ? bytes(inputs[root]) + off : slot(root, h) + me * region;
-      std::memcpy(bytes(output) + off, src, len);
+      copy_bytes(bytes(output) + off, src, len);
       if (total == 0) break;
     }
   });
@@ -480,7 +487,7 @@ WorkPtr ShmProcessGroup::do_reduce_scatter(const Call& call, at::Tensor output,
       const int h = s.next_half();
       for (int j = 0; j < n; ++j)
         if (j != me)
-          std::memcpy(slot(me, h) + j * region * elem, bytes(inputs[j]) + off * elem, len * elem);
+          copy_bytes(slot(me, h) + j * region * elem, bytes(inputs[j]) + off * elem, len * elem);
       s.sync();
       for (int j = 0; j < n; ++j)
         srcs[j] = j == me ? bytes(inputs[me]) + off * elem : slot(j, h) + me * region * elem;
