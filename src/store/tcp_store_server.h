@@ -82,6 +82,8 @@ class TcpStoreServer {
   bool handle(uint64_t id, Connection& c, const wire::Header& h, wire::Reader& r);
   bool process_c10d(uint64_t id, Connection& c);
   bool handle_c10d(uint64_t id, Connection& c, c10d_wire::Op op, c10d_wire::Reader& r);
+  void c10d_store_values(c10d_wire::Op op, c10d_wire::Reader& r);
+  void c10d_wait(uint64_t id, c10d_wire::Reader& r, c10d_wire::Writer& out);
   bool flush(Connection& c);
   void reply(Connection& c, std::vector<uint8_t> frame);
   template <typename Step>

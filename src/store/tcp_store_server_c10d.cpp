@@ -104,28 +104,10 @@ bool TcpStoreServer::handle_c10d(uint64_t id, Connection& c, c10d_wire::Op op,
       out.u32(r.u32());
       break;
     case cw::Op::kSet:
-    case cw::Op::kAppend: {
-      std::string key = r.key();
-      auto value = r.value();
-      auto& slot = data_[key];
-      if (op == cw::Op::kSet || slot.size() + value.size() > cw::kMaxValueBytes)
-        slot = std::move(value);
-      else
-        slot.insert(slot.end(), value.begin(), value.end());
-      key_added();
+    case cw::Op::kAppend:
+    case cw::Op::kMultiSet:
+      c10d_store_values(op, r);
       break;
-    }
-    case cw::Op::kMultiSet: {
-      const uint64_t n = r.count();
-      std::vector<std::pair<std::string, std::vector<uint8_t>>> kv;
-      for (uint64_t i = 0; i < n; ++i) {
-        std::string key = r.key();
-        kv.emplace_back(std::move(key), r.value());
-      }
-      for (auto& [k, v] : kv) data_[k] = std::move(v);
-      key_added();
-      break;
-    }
     case cw::Op::kCompareSet: {
       std::string key = r.key();
       auto expected = r.value();
@@ -156,17 +138,9 @@ bool TcpStoreServer::handle_c10d(uint64_t id, Connection& c, c10d_wire::Op op,
     case cw::Op::kCheck:
       out.u8(missing_keys(data_, r.keys()).empty() ? cw::kCheckReady : cw::kCheckNotReady);
       break;
-    case cw::Op::kWait: {
-      auto keys = r.keys();
-      if (missing_keys(data_, keys).empty()) {
-        out.u8(cw::kStopWaiting);
-        break;
-      }
-      // No deadline here: the client times out and sends CANCEL_WAIT.
-      waiters_.push_back({id, 0, Waiter::kC10dWait, std::move(keys), Clock::time_point::max()});
-      parked_count_ = waiters_.size();
+    case cw::Op::kWait:
+      c10d_wait(id, r, out);
       break;
-    }
     case cw::Op::kCancelWait:
       waiters_.erase(std::remove_if(waiters_.begin(), waiters_.end(),
                                     [id](const Waiter& w) {
@@ -194,6 +168,36 @@ bool TcpStoreServer::handle_c10d(uint64_t id, Connection& c, c10d_wire::Op op,
   }
   if (!out.empty()) reply(c, out.take());
   return true;
+}
+
+// SET, APPEND and MULTI_SET: every field is read before the map changes.
+void TcpStoreServer::c10d_store_values(c10d_wire::Op op, c10d_wire::Reader& r) {
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> kv;
+  const uint64_t n = op == cw::Op::kMultiSet ? r.count() : 1;
+  for (uint64_t i = 0; i < n; ++i) {
+    std::string key = r.key();
+    kv.emplace_back(std::move(key), r.value());
+  }
+  for (auto& [key, value] : kv) {
+    auto& slot = data_[key];
+    if (op != cw::Op::kAppend || slot.size() + value.size() > cw::kMaxValueBytes)
+      slot = std::move(value);
+    else
+      slot.insert(slot.end(), value.begin(), value.end());
+  }
+  key_added();
+}
+
+// WAIT: answered now when every key exists, else parked without a deadline
+// (the client times out and sends CANCEL_WAIT).
+void TcpStoreServer::c10d_wait(uint64_t id, c10d_wire::Reader& r, c10d_wire::Writer& out) {
+  auto keys = r.keys();
+  if (missing_keys(data_, keys).empty()) {
+    out.u8(cw::kStopWaiting);
+    return;
+  }
+  waiters_.push_back({id, 0, Waiter::kC10dWait, std::move(keys), Clock::time_point::max()});
+  parked_count_ = waiters_.size();
 }
 
 }  // namespace dtrain
