@@ -10,7 +10,7 @@
 #   scripts/sanitize.sh address-torch
 #                                 ASan+UBSan over the whole library and the
 #                                 thread-rank suites (collectives, DDP,
-#                                 DataParallel); ~20 min on 2 cores, so not in
+#                                 DataParallel); ~15 min on 2 cores, so not in
 #                                 CI yet. Leak checks are off: libtorch's own
 #                                 allocations at exit are not ours to judge.
 # Extra arguments go to the test binary (e.g. --gtest_filter=...).
