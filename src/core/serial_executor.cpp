@@ -1,6 +1,7 @@
 #include "core/serial_executor.h"
 
 #include "core/broken_group.h"
+#include "dtrain/errors.h"
 
 namespace dtrain {
 
@@ -32,8 +33,11 @@ std::exception_ptr SerialExecutor::error() const {
   return error_;
 }
 
-// An InvalidArgument is raised before anything is sent, so the ranks are
-// still in step and the executor goes on; anything else breaks it.
+// An InvalidArgument is raised before anything is sent, and a
+// CollectiveMismatch that reaches here was seen by every rank at the same
+// step (shm's descriptor check, the fingerprint check): the ranks are still
+// in step and the executor goes on. Anything else breaks it. (tcp's
+// transport-level mismatches also fail its transport, which breaks the group.)
 void SerialExecutor::run_op(Work& work, const std::function<void()>& body) {
   if (auto first = error()) {
     work.finish(broken_group_error(work.description(), first));
@@ -43,6 +47,8 @@ void SerialExecutor::run_op(Work& work, const std::function<void()>& body) {
   try {
     body();
   } catch (const InvalidArgument&) {
+    failure = std::current_exception();
+  } catch (const CollectiveMismatch&) {
     failure = std::current_exception();
   } catch (...) {
     failure = std::current_exception();

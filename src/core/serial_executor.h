@@ -5,8 +5,9 @@
 // order on every rank while the caller goes on (async_op).
 //
 // Operations submitted with their Work (submit(work, body)) share one fate:
-// the first that fails with anything but InvalidArgument (a timeout, a dead
-// peer, a mismatch that left the ranks out of step) breaks the executor.
+// the first that fails with anything but InvalidArgument or CollectiveMismatch
+// (both raised on every rank at the same step: a timeout, a dead peer, a
+// transport error) breaks the executor.
 // From then on every operation, queued or submitted later, finishes at once
 // without running, with broken_group_error naming that first error. So
 // after a peer dies the queue empties in one timeout, not one per queued

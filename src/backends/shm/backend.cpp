@@ -11,7 +11,6 @@
 #include "common/enforce.h"
 #include "common/env.h"
 #include "common/logging.h"
-#include "core/broken_group.h"
 #include "dtrain/store/prefix_store.h"
 
 namespace dtrain::shm {
@@ -224,31 +223,13 @@ int64_t* ShmProcessGroup::exchange_table(uint64_t index) const {
   return tables_ + (index % 2) * 2 * n * n;
 }
 
+// The executor's shared fate (core/serial_executor.h): a timeout or a dead
+// peer breaks the group; a mismatch every rank saw at the same step does not.
 WorkPtr ShmProcessGroup::enqueue(const Call& call, std::function<void(Step&)> body) {
   auto work = std::make_shared<Work>(call.description);
-  collectives_.submit([this, work, call, body = std::move(body)]() mutable {
-    std::exception_ptr error;
-    {
-      std::lock_guard<std::mutex> lock(broken_mutex_);
-      error = broken_;
-    }
-    if (error) {
-      work->finish(broken_group_error(call.description, error));
-      return;
-    }
-    try {
-      Step step{*this, call, {}, PhaseBarrier::Clock::now() + call.timeout};
-      body(step);
-    } catch (const CollectiveMismatch&) {
-      error = std::current_exception();  // every rank saw it at the same step
-    } catch (const InvalidArgument&) {
-      error = std::current_exception();
-    } catch (...) {
-      error = std::current_exception();
-      std::lock_guard<std::mutex> lock(broken_mutex_);
-      broken_ = error;
-    }
-    work->finish(error);
+  collectives_.submit(work, [this, call, body = std::move(body)] {
+    Step step{*this, call, {}, PhaseBarrier::Clock::now() + call.timeout};
+    body(step);
   });
   return work;
 }

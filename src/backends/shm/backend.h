@@ -68,8 +68,6 @@ class ShmProcessGroup final : public ProcessGroup {
   std::unique_ptr<PhaseBarrier> barrier_;
   uint64_t pieces_ = 0;  // pieces moved so far: picks the slot half
   uint64_t collectives_run_ = 0;  // picks the stamp and exchange-table slot
-  std::mutex broken_mutex_;
-  std::exception_ptr broken_;  // set by a timeout or a dead peer
   std::shared_ptr<ProcessGroup> p2p_;
   SerialExecutor collectives_;  // last: drained first on destruction
 };
