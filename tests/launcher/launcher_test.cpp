@@ -187,6 +187,34 @@ TEST(Launcher, WorkersDieWithAKilledLauncher) {
   for (pid_t p : pids) kill(p, SIGKILL);  // the workers' own children are the program's business
 }
 
+// True once `pid` blocks SIGTERM (dtrain-run's signal watcher runs), read
+// from /proc/<pid>/status.
+bool wait_watching_signals(pid_t pid, Clock::time_point deadline) {
+  const uint64_t bit = uint64_t{1} << (SIGTERM - 1);
+  for (; Clock::now() < deadline; std::this_thread::sleep_for(20ms)) {
+    std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+    for (std::string line; std::getline(status, line);)
+      if (line.rfind("SigBlk:", 0) == 0 && (std::stoull(line.substr(7), nullptr, 16) & bit))
+        return true;
+  }
+  return false;
+}
+
+// True once something accepts connections on 127.0.0.1:port.
+bool wait_listening(int port, Clock::time_point deadline) {
+  for (; Clock::now() < deadline; std::this_thread::sleep_for(20ms)) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    close(fd);
+    if (ok) return true;
+  }
+  return false;
+}
+
 // A signal stops the launcher in every phase, not only while workers run.
 TEST(Launcher, SignalDuringTheRendezvousStopsItPromptly) {
   const std::string port = std::to_string(free_port());
@@ -197,7 +225,12 @@ TEST(Launcher, SignalDuringTheRendezvousStopsItPromptly) {
     auto& p = procs.spawn({kRun, "--nnodes", "2", "--node-rank", node, "--master-port", port,
                            kProbe, "env"},
                           {});
-    std::this_thread::sleep_for(1500ms);
+    // The launcher takes signals only once it is running: under load, loading
+    // libtorch alone can take seconds. Wait until it watches them, and node 0
+    // until its store listens (it is then in the rendezvous).
+    ASSERT_TRUE(wait_watching_signals(p.pid, Clock::now() + 30s)) << p.output();
+    if (node == "0") ASSERT_TRUE(wait_listening(std::stoi(port), Clock::now() + 30s));
+    std::this_thread::sleep_for(500ms);
     const auto sent = Clock::now();
     kill(p.pid, SIGTERM);
     ASSERT_TRUE(procs.wait(p, Clock::now() + 20s)) << "node " << node << " ignored SIGTERM";
