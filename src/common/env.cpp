@@ -56,12 +56,20 @@ const Var kTcpStreams{"DTRAIN_TCP_STREAMS", "auto",
                       "auto: 2 on machines with more than 4 cores, else 1); messages of "
                       "256 KiB and more are split over all of them."};
 
+const Var kStoreMaxBytes{"DTRAIN_STORE_MAX_BYTES", "1073741824",
+                         "Cap on the keys and values a TCP store hosted by this process holds, "
+                         "in bytes (at least 1048576); a set() that would pass it fails with an "
+                         "error naming it."};
+const Var kStoreMaxKeys{"DTRAIN_STORE_MAX_KEYS", "1048576",
+                        "Cap on the number of keys a TCP store hosted by this process holds "
+                        "(at least 1024)."};
+
 const std::vector<const Var*>& all() {
   static const std::vector<const Var*> vars{
       &kRank,      &kWorldSize, &kLocalRank,    &kMasterAddr,   &kMasterPort,
       &kUseAgentStore, &kRestartCount, &kOmpiRank, &kOmpiSize, &kSlurmProcId,
       &kSlurmNTasks, &kDebug,   &kSocketIfname, &kGlooSocketIfname, &kTimeout, &kTty,
-      &kShmChunkBytes, &kCpuMemory, &kTcpStreams};
+      &kShmChunkBytes, &kCpuMemory, &kTcpStreams, &kStoreMaxBytes, &kStoreMaxKeys};
   return vars;
 }
 

@@ -24,7 +24,7 @@ extern const Var kUseAgentStore, kRestartCount;
 extern const Var kOmpiRank, kOmpiSize, kSlurmProcId, kSlurmNTasks;
 // dtrain's own.
 extern const Var kDebug, kSocketIfname, kGlooSocketIfname, kTimeout, kTty;
-extern const Var kShmChunkBytes, kCpuMemory, kTcpStreams;
+extern const Var kShmChunkBytes, kCpuMemory, kTcpStreams, kStoreMaxBytes, kStoreMaxKeys;
 
 const std::vector<const Var*>& all();
 

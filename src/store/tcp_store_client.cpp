@@ -30,12 +30,28 @@ TcpStoreClient::TcpStoreClient(std::string host, uint16_t port, ms timeout)
   connect(timeout);
 }
 
+// Connects and makes one request at once (NUM_KEYS): the server closes
+// connections that stay silent for 10 s, and a client may sit idle for
+// longer than that between its construction and its first call.
 void TcpStoreClient::connect(ms timeout) {
+  const auto deadline = Clock::now() + clamp(timeout);
   try {
-    fd_ = net::connect_to(host_, port_, Clock::now() + clamp(timeout));
+    fd_ = net::connect_to(host_, port_, deadline);
+    const uint32_t id = next_request_id_++;
+    const auto hello = wire::Writer(wire::kNumKeys, id).finish();
+    net::send_all(fd_.get(), hello.data(), hello.size(), deadline, where_);
+    uint8_t reply[wire::kHeaderBytes + 8];
+    net::recv_all(fd_.get(), reply, sizeof(reply), deadline, where_);
+    const wire::Header h = wire::decode_header(reply);
+    if (wire::header_problem(h, /*is_request=*/false) || h.opcode != wire::kOk ||
+        h.request_id != id || h.length != 8)
+      throw NetworkError(detail::cat(where_, " answered the connection check with a frame that "
+                                     "is not a dtrain store reply"));
   } catch (const TimeoutError& e) {
+    fd_.reset();
     throw TimeoutError(detail::cat("TCP store: ", e.what()));
   } catch (const NetworkError& e) {
+    fd_.reset();
     throw NetworkError(detail::cat("TCP store: ", e.what()));
   }
 }

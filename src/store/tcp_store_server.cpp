@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "common/enforce.h"
+#include "common/env.h"
 #include "common/logging.h"
 #include "store/store_util.h"
 
@@ -28,19 +29,22 @@
 // header and stalls costs nothing but its buffer.
 //
 // Blocking requests: a GET or WAIT whose keys are missing becomes a Waiter
-// and marks its connection parked; later frames from that connection stay
-// in its buffer, which keeps replies in request order. Every operation that
-// can create a key (SET, ADD, COMPARE_SET) re-checks the waiters; a waiter
-// whose keys all exist is answered and its connection goes on the resume_
-// list, which the loop drains after handling the poll events (handling a
-// resumed connection may itself satisfy other waiters — the list, unlike
-// recursion, takes that in its stride).
+// (store/waiter_table.h, indexed by the keys it misses) and marks its
+// connection parked; later frames from that connection stay in its buffer,
+// which keeps replies in request order. Every operation that stores a key
+// tells the table, which hands back the waiters that had only that key
+// left; a waiter whose keys all exist is answered and its connection goes
+// on the resume_ list, which the loop drains after handling the poll events
+// (handling a resumed connection may itself satisfy other waiters — the
+// list, unlike recursion, takes that in its stride).
 //
 // Output: replies are appended to the connection's output buffer and sent at
 // once as far as the socket accepts; the rest goes out when poll() says the
 // socket is writable. A client that does not read its replies therefore
-// blocks nobody; once its output backs up past kBackpressureBytes the server
-// stops reading its requests until it catches up.
+// blocks nobody; once its unsent output reaches kMaxPendingOutput the server
+// handles none of its buffered requests and reads no more of them until the
+// output drains (then the connection is resumed). A blocked connection is
+// still watched for POLLRDHUP, so a client that leaves is cleaned up.
 
 namespace dtrain {
 
@@ -66,8 +70,15 @@ std::string peer_of(int fd) {
 
 }  // namespace
 
-TcpStoreServer::TcpStoreServer(const std::string& host, uint16_t port)
-    : listener_(net::listen_on(host, port, &port_)) {
+TcpStoreServer::Limits TcpStoreServer::Limits::from_environment() {
+  Limits l;  // the handshake timeout keeps its default
+  l.max_bytes = static_cast<uint64_t>(*env::get_int(env::kStoreMaxBytes, 1 << 20, INT64_MAX));
+  l.max_keys = static_cast<uint64_t>(*env::get_int(env::kStoreMaxKeys, 1024, INT64_MAX));
+  return l;
+}
+
+TcpStoreServer::TcpStoreServer(const std::string& host, uint16_t port, Limits limits)
+    : limits_(limits), listener_(net::listen_on(host, port, &port_)) {
   where_ = net::endpoint(host, port_);
   const int flags = fcntl(listener_.get(), F_GETFL, 0);
   fcntl(listener_.get(), F_SETFL, flags | O_NONBLOCK);
@@ -108,11 +119,10 @@ void TcpStoreServer::run() {
     const bool accepting = Clock::now() >= accept_paused_until_;
     fds.push_back({accepting ? listener_.get() : -1, POLLIN, 0});
     for (auto& [id, c] : conns_) {
-      short events = 0;
-      // Backpressure: stop reading from a client that does not read its
-      // replies, or that piles up requests behind a parked one.
-      if (c.in.size() < kBackpressureBytes && c.out.size() - c.out_sent < kBackpressureBytes)
-        events |= POLLIN;
+      // Backpressure: no reading from a client that does not read its
+      // replies, or whose requests wait behind a parked one.
+      short events = POLLRDHUP;
+      if (!c.blocked() && c.in.size() < kBackpressureBytes) events |= POLLIN;
       if (c.out_sent < c.out.size()) events |= POLLOUT;
       fds.push_back({c.fd.get(), events, 0});
       ids.push_back(id);
@@ -130,19 +140,29 @@ void TcpStoreServer::run() {
         const short ev = fds[i + 2].revents;
         if (ev == 0) continue;
         serve(ids[i], [&](Connection& c) {
+          // A client that closes while blocked: its requests will never be
+          // handled, and reading them would only fill its buffer.
+          if ((ev & POLLRDHUP) && c.blocked()) return false;
           bool ok = true;
-          if (ev & (POLLIN | POLLHUP | POLLERR)) ok = read_from(ids[i], c);
-          if (ok && (ev & POLLOUT)) ok = flush(c);
+          if (ev & (POLLIN | POLLRDHUP | POLLHUP | POLLERR)) ok = read_from(ids[i], c);
+          if (ok && (ev & POLLOUT)) {
+            const bool was_blocked = c.blocked();
+            ok = flush(c);
+            if (ok && was_blocked && !c.blocked()) resume_.push_back(ids[i]);
+          }
           return ok;
         });
       }
     }
     expire_waiters();
+    close_stale_connections();
     while (!resume_.empty()) {
       const uint64_t id = resume_.back();
       resume_.pop_back();
       serve(id, [&](Connection& c) { return process_input(id, c); });
     }
+    for (uint64_t id : doomed_) close_connection(id);
+    doomed_.clear();
   }
 }
 
@@ -152,7 +172,7 @@ void TcpStoreServer::run() {
 template <typename Step>
 void TcpStoreServer::serve(uint64_t id, Step step) {
   auto it = conns_.find(id);
-  if (it == conns_.end()) return;  // closed earlier in this turn
+  if (it == conns_.end() || it->second.broken) return;  // closed or closing
   bool ok = false;
   try {
     ok = step(it->second);
@@ -164,8 +184,8 @@ void TcpStoreServer::serve(uint64_t id, Step step) {
 }
 
 int TcpStoreServer::poll_timeout_ms() const {
-  Clock::time_point next = Clock::time_point::max();
-  for (const auto& w : waiters_) next = std::min(next, w.deadline);
+  Clock::time_point next = waiters_.next_deadline();
+  if (!pending_.empty()) next = std::min(next, pending_.begin()->second + limits_.handshake_timeout);
   if (Clock::now() < accept_paused_until_) next = std::min(next, accept_paused_until_);
   if (next == Clock::time_point::max()) return -1;
   const auto left = next - Clock::now();
@@ -188,16 +208,44 @@ void TcpStoreServer::accept_clients() {
       return;  // EAGAIN: no more pending connections
     }
     net::Fd sock(fd);
-    if (conns_.size() >= kMaxConnections) {
+    if (established_ >= kMaxConnections) {
       log_line(detail::cat("TCP store ", where_, ": refusing ", peer_of(fd), ": already ",
                            kMaxConnections, " connections"));
       continue;  // closes it
     }
+    if (pending_.size() >= kMaxPending) {  // the oldest silent one makes room
+      const uint64_t oldest = pending_.begin()->first;
+      DTRAIN_LOG_INFO("TCP store ", where_, ": closing ", conns_.at(oldest).peer,
+                      ": no request yet, and ", kMaxPending, " such connections are open");
+      close_connection(oldest);
+    }
     Connection c;
     c.peer = peer_of(fd);
     c.fd = std::move(sock);
+    c.opened = Clock::now();
+    pending_.emplace(next_conn_id_, c.opened);
     conns_.emplace(next_conn_id_++, std::move(c));
+    conn_count_ = conns_.size();
   }
+}
+
+// Connections that have sent no well-formed request within
+// Limits::handshake_timeout are closed: they hold a slot and a descriptor.
+void TcpStoreServer::close_stale_connections() {
+  const auto now = Clock::now();
+  while (!pending_.empty() && pending_.begin()->second + limits_.handshake_timeout <= now) {
+    const uint64_t id = pending_.begin()->first;
+    DTRAIN_LOG_INFO("TCP store ", where_, ": closing ", conns_.at(id).peer, ": no request within ",
+                    limits_.handshake_timeout.count(), " ms");
+    close_connection(id);
+  }
+}
+
+void TcpStoreServer::mark_established(uint64_t id, Connection& c) {
+  if (c.established) return;
+  c.established = true;
+  ++established_;
+  pending_.erase(id);
 }
 
 bool TcpStoreServer::read_from(uint64_t id, Connection& c) {
@@ -232,7 +280,7 @@ bool TcpStoreServer::process_input(uint64_t id, Connection& c) {
   if (c.dialect != c10d_wire::Dialect::kDtrain) return process_c10d(id, c);
   size_t pos = 0;
   bool ok = true;
-  while (ok && !c.parked && c.in.size() - pos >= wire::kHeaderBytes) {
+  while (ok && !c.blocked() && c.in.size() - pos >= wire::kHeaderBytes) {
     const wire::Header h = wire::decode_header(c.in.data() + pos);
     if (const char* problem = wire::header_problem(h, /*is_request=*/true)) {
       DTRAIN_LOG_INFO("TCP store ", where_, ": dropping client ", c.peer, ": ", problem,
@@ -243,6 +291,7 @@ bool TcpStoreServer::process_input(uint64_t id, Connection& c) {
     wire::Reader r(c.in.data() + pos + wire::kHeaderBytes, h.length);
     try {
       ok = handle(id, c, h, r);
+      mark_established(id, c);
     } catch (const wire::Malformed& m) {
       DTRAIN_LOG_INFO("TCP store ", where_, ": dropping client ", c.peer, ": malformed ",
                       wire::op_name(h.opcode), " request: ", m.what);
@@ -271,8 +320,11 @@ bool TcpStoreServer::handle(uint64_t id, Connection& c, const wire::Header& h,
         auto value = r.bytes();
         r.expect_end();
         check_key(key);
+        admit(key, value.size());
+        const size_t before = entry_bytes(key);
         data_[key] = std::move(value);
-        key_added();
+        settle(key, before);
+        key_added(key);
         break;
       }
       case wire::kGet:
@@ -286,6 +338,7 @@ bool TcpStoreServer::handle(uint64_t id, Connection& c, const wire::Header& h,
         } else {
           timeout_ms = r.u32();
           const uint32_t n = r.count(4);
+          if (n > kMaxKeysPerRequest) throw wire::Malformed{"more than 131072 keys in one request"};
           keys.reserve(n);
           for (uint32_t i = 0; i < n; ++i) keys.push_back(r.str());
         }
@@ -295,9 +348,13 @@ bool TcpStoreServer::handle(uint64_t id, Connection& c, const wire::Header& h,
           if (is_get) ok.bytes(data_.at(keys[0]));
           break;
         }
-        waiters_.push_back({id, h.request_id, is_get ? Waiter::kGet : Waiter::kWait, std::move(keys),
-                            Clock::now() + std::chrono::milliseconds(timeout_ms)});
-        parked_count_ = waiters_.size();
+        Waiter w;
+        w.conn = id;
+        w.request_id = h.request_id;
+        w.kind = is_get ? Waiter::kGet : Waiter::kWait;
+        w.keys = std::move(keys);
+        w.deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+        park(std::move(w));
         c.parked = true;
         return true;  // answered later by key_added() or expire_waiters()
       }
@@ -306,8 +363,11 @@ bool TcpStoreServer::handle(uint64_t id, Connection& c, const wire::Header& h,
         const int64_t delta = r.i64();
         r.expect_end();
         check_key(key);
+        admit(key, 20);  // the longest int64 in decimal
+        const size_t before = entry_bytes(key);
         ok.i64(apply_add(data_, key, delta));
-        key_added();
+        settle(key, before);
+        key_added(key);
         break;
       }
       case wire::kCompareSet: {
@@ -316,13 +376,17 @@ bool TcpStoreServer::handle(uint64_t id, Connection& c, const wire::Header& h,
         auto desired = r.bytes();
         r.expect_end();
         check_key(key);
+        admit(key, desired.size());
+        const size_t before = entry_bytes(key);
         bool changed = false;
         ok.bytes(apply_compare_set(data_, key, expected, desired, &changed));
-        if (changed) key_added();
+        settle(key, before);
+        if (changed) key_added(key);
         break;
       }
       case wire::kCheck: {
         const uint32_t n = r.count(4);
+        if (n > kMaxKeysPerRequest) throw wire::Malformed{"more than 131072 keys in one request"};
         std::vector<std::string> keys;
         keys.reserve(n);
         for (uint32_t i = 0; i < n; ++i) keys.push_back(r.str());
@@ -333,7 +397,8 @@ bool TcpStoreServer::handle(uint64_t id, Connection& c, const wire::Header& h,
       case wire::kDelete: {
         std::string key = r.str();
         r.expect_end();
-        ok.u32(data_.erase(key) > 0 ? 1 : 0);
+        ok.u32(data_.count(key) > 0 ? 1 : 0);
+        erase_key(key);
         break;
       }
       case wire::kNumKeys:
@@ -358,6 +423,7 @@ void TcpStoreServer::reply(Connection& c, std::vector<uint8_t> frame) {
   } else {
     c.out.insert(c.out.end(), frame.begin(), frame.end());
   }
+  if (c.pending_output() > peak_output_.load()) peak_output_ = c.pending_output();
 }
 
 bool TcpStoreServer::flush(Connection& c) {
@@ -378,39 +444,78 @@ bool TcpStoreServer::flush(Connection& c) {
 }
 
 void TcpStoreServer::close_connection(uint64_t id) {
-  waiters_.erase(std::remove_if(waiters_.begin(), waiters_.end(),
-                                [id](const Waiter& w) { return w.conn == id; }),
-                 waiters_.end());
+  waiters_.drop_connection(id);
   parked_count_ = waiters_.size();
-  conns_.erase(id);
+  auto it = conns_.find(id);
+  if (it == conns_.end()) return;
+  if (it->second.established) --established_;
+  pending_.erase(id);
+  conns_.erase(it);
+  conn_count_ = conns_.size();
 }
 
-// Takes the waiters matching `pred` off the list, keeping the others in
-// arrival order.
-template <typename Pred>
-std::vector<TcpStoreServer::Waiter> TcpStoreServer::take_waiters(Pred pred) {
-  auto split = std::stable_partition(waiters_.begin(), waiters_.end(),
-                                     [&](const Waiter& w) { return !pred(w); });
-  std::vector<Waiter> taken(std::make_move_iterator(split),
-                            std::make_move_iterator(waiters_.end()));
-  waiters_.erase(split, waiters_.end());
+// Parks a GET/WAIT whose keys are not all stored.
+void TcpStoreServer::park(Waiter w) {
+  const auto missing = missing_keys(data_, w.keys);
+  waiters_.park(std::move(w), missing);
   parked_count_ = waiters_.size();
-  return taken;
 }
 
-// A key may have appeared: answer every waiter whose keys all exist now.
-void TcpStoreServer::key_added() {
-  if (waiters_.empty()) return;
-  for (const auto& w : take_waiters(
-           [this](const Waiter& w) { return missing_keys(data_, w.keys).empty(); }))
-    finish_waiter(w, false);
+// `key` was stored: answer every waiter that now has all of its keys (the
+// table proposes them; a key deleted since it was counted parks it again).
+void TcpStoreServer::key_added(const std::string& key) {
+  for (auto& w : waiters_.key_set(key)) {
+    const auto missing = missing_keys(data_, w.keys);
+    if (missing.empty())
+      finish_waiter(w, false);
+    else
+      waiters_.park(std::move(w), missing);
+  }
+  parked_count_ = waiters_.size();
 }
 
 void TcpStoreServer::expire_waiters() {
-  if (waiters_.empty()) return;
-  const auto now = Clock::now();
-  for (const auto& w : take_waiters([now](const Waiter& w) { return w.deadline <= now; }))
-    finish_waiter(w, true);
+  for (const auto& w : waiters_.expire(Clock::now())) finish_waiter(w, true);
+  parked_count_ = waiters_.size();
+}
+
+size_t TcpStoreServer::entry_bytes(const std::string& key) const {
+  auto it = data_.find(key);
+  return it == data_.end() ? 0 : key.size() + it->second.size();
+}
+
+void TcpStoreServer::admit(const std::string& key, size_t value_bytes) const {
+  const size_t before = entry_bytes(key);
+  DTRAIN_CHECK_ARG(before > 0 || data_.size() < limits_.max_keys, "the TCP store is full: it holds ",
+                   data_.size(), " keys, the limit set by DTRAIN_STORE_MAX_KEYS; not storing ",
+                   quote(key));
+  const uint64_t after = data_bytes_ - before + key.size() + value_bytes;
+  DTRAIN_CHECK_ARG(after <= limits_.max_bytes, "the TCP store is full: storing ", quote(key), " (",
+                   value_bytes, " bytes) would make its keys and values ", after,
+                   " bytes, over the limit of ", limits_.max_bytes, " set by DTRAIN_STORE_MAX_BYTES");
+}
+
+void TcpStoreServer::admit_all(size_t keys, uint64_t bytes) const {
+  DTRAIN_CHECK_ARG(data_.size() + keys <= limits_.max_keys && data_bytes_ + bytes <= limits_.max_bytes,
+                   "the TCP store is full: storing ", keys, " keys (", bytes,
+                   " bytes) would pass the limits set by DTRAIN_STORE_MAX_KEYS (", limits_.max_keys,
+                   ") or DTRAIN_STORE_MAX_BYTES (", limits_.max_bytes, ")");
+}
+
+void TcpStoreServer::settle(const std::string& key, size_t bytes_before) {
+  data_bytes_ = data_bytes_ - bytes_before + entry_bytes(key);
+}
+
+void TcpStoreServer::erase_key(const std::string& key) {
+  data_bytes_ -= entry_bytes(key);
+  data_.erase(key);
+}
+
+// The connection is closed at the end of this turn of the loop, not now:
+// its caller may be handling a request of that very connection.
+void TcpStoreServer::doom(uint64_t id, Connection& c) {
+  c.broken = true;
+  doomed_.push_back(id);
 }
 
 // Replies to a waiter taken off the list and lets its connection go on with
@@ -419,9 +524,10 @@ void TcpStoreServer::finish_waiter(const Waiter& w, bool timed_out) {
   auto it = conns_.find(w.conn);
   if (it == conns_.end()) return;
   Connection& c = it->second;
+  if (c.broken) return;
   if (w.kind == Waiter::kC10dWait) {
     reply(c, c10d_wire::Writer().u8(c10d_wire::kStopWaiting).take());
-    if (!flush(c)) close_connection(w.conn);
+    if (!flush(c)) doom(w.conn, c);
     return;
   }
   if (timed_out) {
@@ -433,7 +539,7 @@ void TcpStoreServer::finish_waiter(const Waiter& w, bool timed_out) {
   }
   c.parked = false;
   if (!flush(c)) {
-    close_connection(w.conn);
+    doom(w.conn, c);
     return;
   }
   resume_.push_back(w.conn);

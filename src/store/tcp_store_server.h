@@ -16,12 +16,25 @@
 //    allocated for the declared length, and other clients are unaffected.
 //  - GET and WAIT never block the thread: the request is parked until its
 //    keys exist (reply OK) or its deadline passes (reply TIMEOUT).
-//  - At most kMaxConnections clients are served; further connections are
-//    accepted and closed at once.
+//  - Resources are bounded whatever clients send (docs/security.md):
+//    a connection's replies are built only while its unsent output is
+//    under kMaxPendingOutput, and its socket is not read while it is
+//    blocked (output backed up, or a GET/WAIT parked), so no request
+//    sequence makes replies or requests pile up; stored bytes and keys are
+//    capped (Limits; a request that would pass a cap gets an error naming
+//    it); a request names at most kMaxKeysPerRequest keys; a connection
+//    has at most kMaxWaitsPerConnection parked waits.
+//  - Connections: at most kMaxConnections established ones (a connection
+//    is established by its first well-formed request); further ones are
+//    closed at once. Connections that have not sent a well-formed request
+//    within Limits::handshake_timeout (10 s) are closed, and at most kMaxPending of them
+//    are kept (the oldest goes), so idle connections never lock a job's
+//    own ranks out.
 //  - The destructor stops the thread and closes every socket before it
 //    returns, so clients waiting on this server see their connection close.
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -31,6 +44,7 @@
 
 #include "common/socket.h"
 #include "store/c10d_wire.h"
+#include "store/waiter_table.h"
 #include "store/wire.h"
 
 namespace dtrain {
@@ -38,8 +52,23 @@ namespace dtrain {
 class TcpStoreServer {
  public:
   static constexpr size_t kMaxConnections = 4096;
+  static constexpr size_t kMaxPending = 256;
+  static constexpr size_t kMaxPendingOutput = 1 << 20;
+  static constexpr size_t kMaxWaitsPerConnection = 64;
+  static constexpr size_t kMaxKeysPerRequest = 128 * 1024;
 
-  TcpStoreServer(const std::string& host, uint16_t port);
+  // Caps on what the store holds; the defaults come from
+  // DTRAIN_STORE_MAX_BYTES and DTRAIN_STORE_MAX_KEYS.
+  struct Limits {
+    uint64_t max_bytes = 1ull << 30;  // keys plus values
+    uint64_t max_keys = 1 << 20;
+    // A connection that sends no well-formed request in this time is closed.
+    std::chrono::milliseconds handshake_timeout{10000};
+    static Limits from_environment();
+  };
+
+  TcpStoreServer(const std::string& host, uint16_t port,
+                 Limits limits = Limits::from_environment());
   ~TcpStoreServer();
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
@@ -48,8 +77,12 @@ class TcpStoreServer {
   // The address the listening socket is bound to, as getsockname() reports
   // it (numeric, without the port).
   std::string bound_address() const;
-  // Requests parked right now (GET/WAIT whose keys are missing); for tests.
+  // Requests parked right now (GET/WAIT whose keys are missing) and
+  // connections open; for tests.
   size_t parked_requests() const { return parked_count_.load(); }
+  size_t connections() const { return conn_count_.load(); }
+  // The most reply bytes one connection has had waiting to be sent.
+  size_t peak_pending_output() const { return peak_output_.load(); }
 
  private:
   using Clock = net::Clock;
@@ -57,21 +90,19 @@ class TcpStoreServer {
   struct Connection {
     net::Fd fd;
     std::string peer;               // "addr:port" for log lines
+    Clock::time_point opened;
+    bool established = false;       // has sent a well-formed request
     std::vector<uint8_t> in;        // bytes received, not yet handled
     std::vector<uint8_t> out;       // reply bytes not yet sent
     size_t out_sent = 0;            // prefix of `out` already sent
     bool parked = false;            // a GET/WAIT is waiting; hold later requests
+    bool broken = false;            // to be closed at the end of this turn
     c10d_wire::Dialect dialect = c10d_wire::Dialect::kUnknown;
+    size_t pending_output() const { return out.size() - out_sent; }
+    // Requests are neither handled nor read while this is true.
+    bool blocked() const { return parked || pending_output() >= kMaxPendingOutput; }
   };
-
-  struct Waiter {
-    enum Kind : uint8_t { kGet, kWait, kC10dWait };
-    uint64_t conn;
-    uint32_t request_id;
-    Kind kind;                      // GET replies with the value, WAIT with OK
-    std::vector<std::string> keys;
-    Clock::time_point deadline;
-  };
+  using Waiter = store_detail::WaiterTable::Waiter;
 
   void run();
   int poll_timeout_ms() const;
@@ -89,25 +120,41 @@ class TcpStoreServer {
   template <typename Step>
   void serve(uint64_t id, Step step);
   void close_connection(uint64_t id);
-  template <typename Pred>
-  std::vector<Waiter> take_waiters(Pred pred);
-  void key_added();
+  void park(Waiter w);
+  void key_added(const std::string& key);
   void expire_waiters();
   void finish_waiter(const Waiter& w, bool timed_out);
+  void doom(uint64_t id, Connection& c);
+  void close_stale_connections();
+  void mark_established(uint64_t id, Connection& c);
+  // Before a value is stored under `key`: throws InvalidArgument when the
+  // store would pass a cap. After: settle() updates the totals.
+  void admit(const std::string& key, size_t value_bytes) const;
+  void admit_all(size_t keys, uint64_t bytes) const;  // MULTI_SET, counting every pair as new
+  size_t entry_bytes(const std::string& key) const;
+  void settle(const std::string& key, size_t bytes_before);
+  void erase_key(const std::string& key);
 
   std::string where_;               // "host:port" for log lines
   uint16_t port_ = 0;
+  Limits limits_;
   net::Fd listener_;
   net::Fd wakeup_;                  // eventfd written by the destructor
   std::atomic<bool> stop_{false};
   std::atomic<size_t> parked_count_{0};
+  std::atomic<size_t> conn_count_{0};
+  std::atomic<size_t> peak_output_{0};
   std::thread thread_;
 
   // Everything below is touched by the server thread only.
   std::map<std::string, std::vector<uint8_t>> data_;
+  uint64_t data_bytes_ = 0;         // sum of key and value sizes in data_
   std::unordered_map<uint64_t, Connection> conns_;
-  std::vector<Waiter> waiters_;
-  std::vector<uint64_t> resume_;    // connections unparked, with input to process
+  size_t established_ = 0;
+  std::map<uint64_t, Clock::time_point> pending_;  // not established: id -> opened
+  store_detail::WaiterTable waiters_;
+  std::vector<uint64_t> resume_;    // connections unblocked, with input to process
+  std::vector<uint64_t> doomed_;    // connections to close at the end of the turn
   uint64_t next_conn_id_ = 1;
   Clock::time_point accept_paused_until_{};
 };

@@ -67,12 +67,13 @@ namespace cw = c10d_wire;
 bool TcpStoreServer::process_c10d(uint64_t id, Connection& c) {
   size_t pos = 0;
   bool ok = true;
-  while (ok && pos < c.in.size()) {
+  while (ok && pos < c.in.size() && !c.blocked()) {
     const uint8_t* start = c.in.data() + pos;
     cw::Reader r(start, c.in.size() - pos);
     const cw::Op op = cw::decode_op(c.dialect, r.u8());
     try {
       ok = handle_c10d(id, c, op, r);
+      mark_established(id, c);
     } catch (const cw::Incomplete&) {
       break;  // the rest of this request has not arrived yet
     } catch (const wire::Malformed& m) {
@@ -112,16 +113,22 @@ bool TcpStoreServer::handle_c10d(uint64_t id, Connection& c, c10d_wire::Op op,
       std::string key = r.key();
       auto expected = r.value();
       auto desired = r.value();
+      admit(key, desired.size());
+      const size_t before = entry_bytes(key);
       bool changed = false;
       out.bytes(apply_compare_set(data_, key, expected, desired, &changed));
-      if (changed) key_added();
+      settle(key, before);
+      if (changed) key_added(key);
       break;
     }
     case cw::Op::kAdd: {
       std::string key = r.key();
       const int64_t delta = r.i64();
+      admit(key, 20);  // the longest int64 in decimal
+      const size_t before = entry_bytes(key);
       out.i64(apply_add(data_, key, delta));
-      key_added();
+      settle(key, before);
+      key_added(key);
       break;
     }
     case cw::Op::kGet:
@@ -142,20 +149,19 @@ bool TcpStoreServer::handle_c10d(uint64_t id, Connection& c, c10d_wire::Op op,
       c10d_wait(id, r, out);
       break;
     case cw::Op::kCancelWait:
-      waiters_.erase(std::remove_if(waiters_.begin(), waiters_.end(),
-                                    [id](const Waiter& w) {
-                                      return w.conn == id && w.kind == Waiter::kC10dWait;
-                                    }),
-                     waiters_.end());
+      waiters_.drop_c10d_waits(id);
       parked_count_ = waiters_.size();
       out.u8(cw::kWaitCanceled);
       break;
     case cw::Op::kNumKeys:
       out.i64(count_user_keys(data_));
       break;
-    case cw::Op::kDelete:
-      out.i64(static_cast<int64_t>(data_.erase(r.key())));
+    case cw::Op::kDelete: {
+      const std::string key = r.key();
+      out.i64(static_cast<int64_t>(data_.count(key)));
+      erase_key(key);
       break;
+    }
     case cw::Op::kListKeys:
       out.i64(count_user_keys(data_));
       for (const auto& [k, v] : data_)
@@ -178,14 +184,24 @@ void TcpStoreServer::c10d_store_values(c10d_wire::Op op, c10d_wire::Reader& r) {
     std::string key = r.key();
     kv.emplace_back(std::move(key), r.value());
   }
+  // MULTI_SET is admitted as a whole (counting every pair as new), so it
+  // is stored entirely or not at all.
+  uint64_t total = 0;
+  for (const auto& [key, value] : kv) total += key.size() + value.size();
+  if (kv.size() > 1) admit_all(kv.size(), total);
   for (auto& [key, value] : kv) {
+    const size_t before = entry_bytes(key);
+    const bool append = op == cw::Op::kAppend && before > 0 &&
+                        before - key.size() + value.size() <= cw::kMaxValueBytes;
+    if (kv.size() == 1) admit(key, append ? before - key.size() + value.size() : value.size());
     auto& slot = data_[key];
-    if (op != cw::Op::kAppend || slot.size() + value.size() > cw::kMaxValueBytes)
-      slot = std::move(value);
-    else
+    if (append)
       slot.insert(slot.end(), value.begin(), value.end());
+    else
+      slot = std::move(value);
+    settle(key, before);
   }
-  key_added();
+  for (const auto& kvp : kv) key_added(kvp.first);
 }
 
 // WAIT: answered now when every key exists, else parked without a deadline
@@ -196,8 +212,13 @@ void TcpStoreServer::c10d_wait(uint64_t id, c10d_wire::Reader& r, c10d_wire::Wri
     out.u8(cw::kStopWaiting);
     return;
   }
-  waiters_.push_back({id, 0, Waiter::kC10dWait, std::move(keys), Clock::time_point::max()});
-  parked_count_ = waiters_.size();
+  if (waiters_.count_for(id) >= kMaxWaitsPerConnection)
+    throw wire::Malformed{"more than 64 WAITs parked on one connection"};
+  Waiter w;
+  w.conn = id;
+  w.kind = Waiter::kC10dWait;
+  w.keys = std::move(keys);
+  park(std::move(w));
 }
 
 }  // namespace dtrain
