@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages dtrain needs, only those that are missing.
 # Used by the README's commands and by CI. Needs root (or sudo) the first time.
+# Arguments name further packages a script needs (fuzz.sh: clang).
 set -euo pipefail
 
 packages=(
@@ -16,6 +17,7 @@ packages=(
   gnuplot-nox fonts-liberation  # the training example's PNG plot
 )
 
+packages+=("$@")
 missing=()
 for p in "${packages[@]}"; do
   if [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" != "install ok installed" ]; then

@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Writes the seed corpus of store_server_fuzz: well-formed request streams
+in dtrain's dialect and in PyTorch's c10d v1 and v2 (docs/design/store-protocol.md).
+Run from the repository root: python3 fuzz/make_seeds.py"""
+import os
+import struct
+
+out = os.path.join(os.path.dirname(__file__), "corpus", "store_server")
+os.makedirs(out, exist_ok=True)
+
+
+def dtrain(op, rid, payload=b""):
+    return struct.pack("<IHHII", 0x53525444, 1, op, len(payload), rid) + payload
+
+
+def s(b):
+    b = b.encode() if isinstance(b, str) else b
+    return struct.pack("<I", len(b)) + b
+
+
+SET, GET, ADD, CAS, CHECK, DELETE, NUMKEYS, WAIT = range(1, 9)
+seeds = {
+    "dtrain_set_get": dtrain(SET, 1, s("k") + s("v")) + dtrain(GET, 2, s("k") + struct.pack("<I", 100)),
+    "dtrain_add_cas": dtrain(ADD, 1, s("c") + struct.pack("<q", 5))
+    + dtrain(CAS, 2, s("c") + s("5") + s("7"))
+    + dtrain(CHECK, 3, struct.pack("<I", 2) + s("c") + s("x")),
+    "dtrain_wait_delete": dtrain(SET, 1, s("a") + s(""))
+    + dtrain(WAIT, 2, struct.pack("<I", 50) + struct.pack("<I", 2) + s("a") + s("b"))
+    + dtrain(DELETE, 3, s("a"))
+    + dtrain(NUMKEYS, 4),
+    "dtrain_get_missing_parks": dtrain(GET, 1, s("never") + struct.pack("<I", 10)) + dtrain(NUMKEYS, 2),
+}
+
+
+def c(q, *fields):
+    b = bytes([q])
+    for f in fields:
+        b += f
+    return b
+
+
+def cs(x):
+    x = x.encode() if isinstance(x, str) else x
+    return struct.pack("<Q", len(x)) + x
+
+
+def keys(*ks):
+    return struct.pack("<Q", len(ks)) + b"".join(cs(k) for k in ks)
+
+
+# v2 numbering (PyTorch 2.2+)
+V = dict(VALIDATE=0, SET=1, CAS=2, GET=3, ADD=4, CHECK=5, WAIT=6, NUMKEYS=7, DELETE=8,
+         APPEND=9, MGET=10, MSET=11, CANCEL=12, PING=13, LIST=17)
+hello = c(V["VALIDATE"], struct.pack("<I", 0x3C85F7CE))
+seeds["c10d_v2_basic"] = (hello + c(V["SET"], cs("/k"), cs("v")) + c(V["GET"], cs("/k"))
+                          + c(V["ADD"], cs("/n"), struct.pack("<q", 3))
+                          + c(V["CHECK"], keys("/k", "/z")) + c(V["NUMKEYS"]) + c(V["PING"], struct.pack("<I", 9)))
+seeds["c10d_v2_multi"] = (hello + c(V["MSET"], struct.pack("<Q", 2), cs("/a"), cs("1"), cs("/b"), cs("2"))
+                          + c(V["MGET"], keys("/a", "/b")) + c(V["APPEND"], cs("/a"), cs("x"))
+                          + c(V["CAS"], cs("/a"), cs("1x"), cs("y")) + c(V["LIST"]) + c(V["DELETE"], cs("/b")))
+seeds["c10d_v2_wait_cancel"] = hello + c(V["WAIT"], keys("/never")) + c(V["CANCEL"]) + c(V["WAIT"], keys("/k"))
+# v1 numbering (PyTorch 1.13/2.0): SET 0, COMPARE_SET 1, GET 2, ADD 3, CHECK 4, WAIT 5, GETNUMKEYS 6, DELETE 8
+seeds["c10d_v1_basic"] = (c(0, cs("/k"), cs("v")) + c(2, cs("/k")) + c(3, cs("/n"), struct.pack("<q", 1))
+                          + c(4, keys("/k")) + c(5, keys("/k")) + c(6) + c(8, cs("/k")))
+
+for name, data in seeds.items():
+    with open(os.path.join(out, name), "wb") as f:
+        f.write(data)
+print(f"wrote {len(seeds)} seeds to {out}")

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Builds dtrain's libFuzzer harnesses with clang under AddressSanitizer +
+# UndefinedBehaviorSanitizer (./build-fuzz) and runs each for a while,
+# starting from its committed seed corpus (fuzz/corpus/<harness>/). Any
+# crash, sanitizer report or hang fails; the input that caused it is left
+# in ./build-fuzz/artifacts/.
+#   scripts/fuzz.sh [seconds per harness, default 60]
+# CI runs it with the default; run it longer to search harder. New inputs
+# that reach new code go to ./build-fuzz/corpus/<harness>/ (not the
+# committed corpus: copy the ones worth keeping, and every input that
+# found a bug, into fuzz/corpus/<harness>/ by hand).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-60}
+harnesses=(store_server_fuzz)
+bash scripts/setup.sh clang libclang-rt-14-dev  # clang and its libFuzzer
+echo "fuzz: configuring ./build-fuzz (clang, -fsanitize=fuzzer,address,undefined)"
+CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DDTRAIN_SANITIZE=address,undefined -DDTRAIN_BUILD_FUZZERS=ON -DDTRAIN_BUILD_TESTS=OFF \
+  -DDTRAIN_BUILD_EXAMPLES=OFF -DDTRAIN_BUILD_BENCH=OFF -DCMAKE_CXX_COMPILER_LAUNCHER= >/dev/null
+for h in "${harnesses[@]}"; do
+  cmake --build build-fuzz -j"${DTRAIN_BUILD_JOBS:-2}" --target "$h"
+done
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+mkdir -p build-fuzz/artifacts
+for h in "${harnesses[@]}"; do
+  name=${h%_fuzz}
+  mkdir -p "build-fuzz/corpus/$name"
+  echo "fuzz: running $h for $seconds s"
+  rc=0
+  "build-fuzz/fuzz/$h" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 \
+    -print_final_stats=1 -artifact_prefix="build-fuzz/artifacts/$name-" \
+    "build-fuzz/corpus/$name" "fuzz/corpus/$name" >"build-fuzz/$name.log" 2>&1 || rc=$?
+  # The progress lines are in the log; show the start, the end and any report.
+  grep -v -E '^#[0-9]+' "build-fuzz/$name.log" | tail -40
+  grep -E '^#[0-9]+.*DONE' "build-fuzz/$name.log" || true
+  [ "$rc" -eq 0 ] || { echo "fuzz: $h failed (exit $rc); the input is in build-fuzz/artifacts/"; exit 1; }
+done
