@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the seed corpus of store_server_fuzz: well-formed request streams
+"""Writes the seed corpora of store_server_fuzz and file_store_fuzz. Store server: well-formed request streams
 in dtrain's dialect and in PyTorch's c10d v1 and v2 (docs/design/store-protocol.md).
 Run from the repository root: python3 fuzz/make_seeds.py"""
 import os
@@ -67,3 +67,25 @@ for name, data in seeds.items():
     with open(os.path.join(out, name), "wb") as f:
         f.write(data)
 print(f"wrote {len(seeds)} seeds to {out}")
+
+
+# file_store_fuzz: whole store files ('S'|'D', u32 key length, u32 value length, key, value).
+out = os.path.join(os.path.dirname(__file__), "corpus", "file_store")
+os.makedirs(out, exist_ok=True)
+
+
+def rec(t, k, v):
+    k = k.encode()
+    return t + struct.pack("<II", len(k), len(v)) + k + v
+
+
+files = {
+    "two_sets": rec(b"S", "a", b"1") + rec(b"S", "n", b"5"),
+    "set_delete": rec(b"S", "a", b"x") + rec(b"D", "a", b""),
+    "users_counter": rec(b"S", "__dtrain_file_store_users", b"1") + rec(b"S", "n", b"41"),
+    "torn_tail": rec(b"S", "a", b"1") + b"S\x05\x00\x00\x00",
+}
+for name, data in files.items():
+    with open(os.path.join(out, name), "wb") as f:
+        f.write(data)
+print(f"wrote {len(files)} seeds to {out}")
