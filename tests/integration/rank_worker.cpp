@@ -10,7 +10,8 @@
 //                             print "rank R backend NAME", check every
 //                             collective on the default group and a
 //                             subgroup, exit 0
-//   rank_worker loop [BACKEND] init, then all_reduce forever; on a failure
+//   rank_worker loop [BACKEND] init, then all_reduce forever, printing
+//                             "rank R steps N" every 200 steps; on a failure
 //                             print "caught <Type>: <message>" and exit 3
 //   rank_worker init          init only; on failure print "caught ..." and
 //                             exit 2 (used for bad-environment tests)
@@ -265,7 +266,10 @@ int loop(const std::string& backend) {
   dtrain::init_process_group(dtrain::InitOptions().backend(backend));
   std::cout << "rank " << dtrain::get_rank() << " ready" << std::endl;
   auto t = at::ones({4096});
-  for (;;) dtrain::all_reduce(t);
+  for (long step = 0;; ++step) {
+    dtrain::all_reduce(t);
+    if (step % 200 == 0) std::cout << "rank " << dtrain::get_rank() << " steps " << step << std::endl;
+  }
 }
 
 int ddp_training() {
