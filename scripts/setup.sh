@@ -8,6 +8,7 @@ packages=(
   build-essential cmake ccache pkg-config
   libtorch-dev      # libtorch 1.13 (ATen, c10d headers)
   zlib1g-dev        # gzip datasets
+  libssl-dev        # libcrypto: HMAC-SHA256 for the store's job token
   dataset-fashion-mnist  # Fashion-MNIST IDX files (training example, data tests)
   libcli11-dev      # launcher flags
   googletest libgtest-dev libgmock-dev libbenchmark-dev

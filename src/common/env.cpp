@@ -64,12 +64,24 @@ const Var kStoreMaxKeys{"DTRAIN_STORE_MAX_KEYS", "1048576",
                         "Cap on the number of keys a TCP store hosted by this process holds "
                         "(at least 1024)."};
 
+const Var kStoreToken{"DTRAIN_STORE_TOKEN", nullptr,
+                      "The job token: a TCP store serves only connections that prove they hold "
+                      "it (HMAC-SHA256 challenge and response); set the same value for every "
+                      "rank and launcher of the job."};
+const Var kStoreTokenFile{"DTRAIN_STORE_TOKEN_FILE", nullptr,
+                          "A file holding the job token instead (readable by its owner only)."};
+
+const Var kLauncher{"DTRAIN_LAUNCHER", nullptr,
+                    "Set to dtrain-run by dtrain-run for its workers: its agent store then "
+                    "speaks dtrain's own protocol to them, which proves the job token."};
+
 const std::vector<const Var*>& all() {
   static const std::vector<const Var*> vars{
       &kRank,      &kWorldSize, &kLocalRank,    &kMasterAddr,   &kMasterPort,
       &kUseAgentStore, &kRestartCount, &kOmpiRank, &kOmpiSize, &kSlurmProcId,
       &kSlurmNTasks, &kDebug,   &kSocketIfname, &kGlooSocketIfname, &kTimeout, &kTty,
-      &kShmChunkBytes, &kCpuMemory, &kTcpStreams, &kStoreMaxBytes, &kStoreMaxKeys};
+      &kShmChunkBytes, &kCpuMemory, &kTcpStreams, &kStoreMaxBytes, &kStoreMaxKeys,
+      &kStoreToken, &kStoreTokenFile, &kLauncher};
   return vars;
 }
 

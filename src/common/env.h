@@ -24,7 +24,8 @@ extern const Var kUseAgentStore, kRestartCount;
 extern const Var kOmpiRank, kOmpiSize, kSlurmProcId, kSlurmNTasks;
 // dtrain's own.
 extern const Var kDebug, kSocketIfname, kGlooSocketIfname, kTimeout, kTty;
-extern const Var kShmChunkBytes, kCpuMemory, kTcpStreams, kStoreMaxBytes, kStoreMaxKeys;
+extern const Var kShmChunkBytes, kCpuMemory, kTcpStreams, kStoreMaxBytes, kStoreMaxKeys,
+    kStoreToken, kStoreTokenFile, kLauncher;
 
 const std::vector<const Var*>& all();
 

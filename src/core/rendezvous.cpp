@@ -20,6 +20,7 @@
 #include "dtrain/store/tcp_store.h"
 #include "core/local_address.h"
 #include "store/agent_store.h"
+#include "store/auth.h"
 
 namespace dtrain {
 namespace {
@@ -155,7 +156,17 @@ Rendezvous rendezvous(const InitOptions& options) {
     master_host = hp.host;
     const bool agent = method == "env://" && truthy(env::get(env::kUseAgentStore).value_or(""));
     hosts_store = !agent && r.rank == 0;
-    if (agent) {
+    if (agent && env::get(env::kLauncher).value_or("") == "dtrain-run") {
+      // dtrain-run's store speaks dtrain's protocol too, which can prove a
+      // job token (PyTorch's c10d protocol cannot).
+      base = std::make_shared<TcpStore>(
+          TcpStoreOptions().host(hp.host).port(hp.port).timeout(r.timeout));
+    } else if (agent) {
+      if (store_auth::token_from_environment())
+        log_warning(detail::cat("the launcher's agent store ", net::endpoint(hp.host, hp.port),
+                                " speaks PyTorch's c10d protocol, which cannot check a job "
+                                "token: DTRAIN_STORE_TOKEN is not used for it, and it is open "
+                                "to anyone who can reach it (docs/security.md)"));
       base = connect_agent_store(hp.host, hp.port, r.timeout);
     } else {
       base = std::make_shared<TcpStore>(TcpStoreOptions()

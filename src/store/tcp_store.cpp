@@ -1,6 +1,10 @@
 #include "dtrain/store/tcp_store.h"
 
+#include <mutex>
+
 #include "common/enforce.h"
+#include "common/logging.h"
+#include "store/auth.h"
 #include "store/store_util.h"
 #include "store/tcp_store_client.h"
 #include "store/tcp_store_server.h"
@@ -17,6 +21,16 @@
 namespace dtrain {
 
 namespace {
+// Once per process: a store without a token on a network address.
+void warn_open_store(const std::string& where) {
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    log_warning(detail::cat("TCP store ", where, " has no job token: anyone who can reach it can "
+                            "read and change the job's keys; set DTRAIN_STORE_TOKEN (the same on "
+                            "every node) to require one (docs/security.md)"));
+  });
+}
+
 const std::string kWorkersKey = std::string(store_detail::kInternalPrefix) + "tcp_store_workers";
 const std::string kReadyKey = std::string(store_detail::kInternalPrefix) + "tcp_store_ready";
 }  // namespace
@@ -32,11 +46,18 @@ TcpStore::TcpStore(const TcpStoreOptions& options)
   DTRAIN_CHECK_ARG(options.timeout().count() >= 0, "TcpStore ", where, ": timeout of ",
                    options.timeout().count(), " ms is negative");
 
+  std::optional<std::string> token;
+  if (!options.token().empty())
+    token = options.token();
+  else
+    token = store_auth::token_from_environment();
   if (options.is_server()) {
-    server_ = std::make_unique<TcpStoreServer>(host_, port_);
+    server_ = std::make_unique<TcpStoreServer>(host_, port_, TcpStoreServer::Limits::from_environment(),
+                                               token);
     port_ = server_->port();
+    if (!token && !net::is_loopback(host_)) warn_open_store(net::endpoint(host_, port_));
   }
-  client_ = std::make_unique<TcpStoreClient>(host_, port_, timeout());
+  client_ = std::make_unique<TcpStoreClient>(host_, port_, timeout(), token);
 
   const int workers = options.num_workers();
   if (workers == 0) return;

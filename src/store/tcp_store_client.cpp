@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/enforce.h"
+#include "store/auth.h"
 #include "store/store_util.h"
 
 namespace dtrain {
@@ -24,36 +25,96 @@ std::string quoted_op(const char* op, const std::string& key) {
 
 }  // namespace
 
-TcpStoreClient::TcpStoreClient(std::string host, uint16_t port, ms timeout)
-    : host_(std::move(host)), port_(port), where_(net::endpoint(host_, port_)) {
+TcpStoreClient::TcpStoreClient(std::string host, uint16_t port, ms timeout,
+                               std::optional<std::string> token)
+    : host_(std::move(host)), port_(port), where_(net::endpoint(host_, port_)),
+      token_(std::move(token)) {
   std::lock_guard<std::mutex> lock(mutex_);
   connect(timeout);
 }
 
-// Connects and makes one request at once (NUM_KEYS): the server closes
-// connections that stay silent for 10 s, and a client may sit idle for
-// longer than that between its construction and its first call.
+// Connects and makes its first request at once: the job token's proof, or
+// without a token a NUM_KEYS. (The server closes connections that stay
+// silent for 10 s, and a client may sit idle longer than that between its
+// construction and its first call.)
 void TcpStoreClient::connect(ms timeout) {
   const auto deadline = Clock::now() + clamp(timeout);
   try {
     fd_ = net::connect_to(host_, port_, deadline);
-    const uint32_t id = next_request_id_++;
-    const auto hello = wire::Writer(wire::kNumKeys, id).finish();
-    net::send_all(fd_.get(), hello.data(), hello.size(), deadline, where_);
-    uint8_t reply[wire::kHeaderBytes + 8];
-    net::recv_all(fd_.get(), reply, sizeof(reply), deadline, where_);
-    const wire::Header h = wire::decode_header(reply);
-    if (wire::header_problem(h, /*is_request=*/false) || h.opcode != wire::kOk ||
-        h.request_id != id || h.length != 8)
+    if (token_) {
+      prove_token(deadline);
+      return;
+    }
+    std::vector<uint8_t> body;
+    const auto h = exchange(wire::Writer(wire::kNumKeys, 0).finish(), &body, deadline);
+    if (h.opcode != wire::kOk || body.size() != 8)
       throw NetworkError(detail::cat(where_, " answered the connection check with a frame that "
                                      "is not a dtrain store reply"));
+  } catch (const InvalidArgument&) {
+    fd_.reset();
+    throw;
   } catch (const TimeoutError& e) {
     fd_.reset();
     throw TimeoutError(detail::cat("TCP store: ", e.what()));
   } catch (const NetworkError& e) {
     fd_.reset();
-    throw NetworkError(detail::cat("TCP store: ", e.what()));
+    throw NetworkError(detail::cat("TCP store: ", e.what(),
+                                   token_ ? "" : " (a store that requires a job token closes "
+                                                 "connections without one: is DTRAIN_STORE_TOKEN "
+                                                 "set where it runs?)"));
   }
+}
+
+wire::Header TcpStoreClient::exchange(const std::vector<uint8_t>& request,
+                                      std::vector<uint8_t>* body, net::Clock::time_point deadline) {
+  std::vector<uint8_t> frame = request;
+  const uint32_t id = next_request_id_++;
+  for (int i = 0; i < 4; ++i) frame[12 + i] = static_cast<uint8_t>(id >> (8 * i));
+  net::send_all(fd_.get(), frame.data(), frame.size(), deadline, where_);
+  uint8_t head[wire::kHeaderBytes];
+  net::recv_all(fd_.get(), head, sizeof(head), deadline, where_);
+  const wire::Header h = wire::decode_header(head);
+  if (wire::header_problem(h, /*is_request=*/false) || h.request_id != id || h.length > 4096)
+    throw NetworkError(detail::cat(where_, " answered with a frame that is not a dtrain store reply"));
+  body->resize(h.length);
+  net::recv_all(fd_.get(), body->data(), body->size(), deadline, where_);
+  return h;
+}
+
+// AUTH_HELLO and AUTH_PROOF (store/auth.h). The server proves the token
+// first, so a client never sends its proof to a server without it.
+void TcpStoreClient::prove_token(net::Clock::time_point deadline) {
+  namespace auth = store_auth;
+  const auth::Nonce mine = auth::random_nonce();
+  std::vector<uint8_t> body;
+  auto h = exchange(wire::Writer(wire::kAuthHello, 0).bytes(mine.data(), mine.size()).finish(),
+                    &body, deadline);
+  wire::Reader r(body.data(), body.size());
+  if (h.opcode == wire::kError)
+    throw InvalidArgument(detail::cat("TCP store ", where_, ": a job token is set here but ",
+                                      r.str()));
+  auth::Nonce theirs{};
+  try {
+    const auto nonce = r.bytes();
+    const auto proof = r.bytes();
+    r.expect_end();
+    if (h.opcode != wire::kOk || nonce.size() != theirs.size()) throw wire::Malformed{"bad nonce"};
+    std::copy(nonce.begin(), nonce.end(), theirs.begin());
+    if (!auth::matches(auth::proof(*token_, 'S', mine, theirs), proof.data(), proof.size()))
+      throw NetworkError(detail::cat(where_, " does not hold this job's token (is "
+                                     "DTRAIN_STORE_TOKEN the same on every node?)"));
+  } catch (const wire::Malformed&) {
+    throw NetworkError(detail::cat(where_, " answered AUTH_HELLO with a malformed reply"));
+  }
+  const auto answer = auth::proof(*token_, 'C', theirs, mine);
+  try {
+    h = exchange(wire::Writer(wire::kAuthProof, 0).bytes(answer.data(), answer.size()).finish(),
+                 &body, deadline);
+  } catch (const NetworkError&) {
+    h.opcode = wire::kError;  // it closed the connection
+  }
+  if (h.opcode != wire::kOk)
+    throw NetworkError(detail::cat(where_, " refused this job token"));
 }
 
 uint16_t TcpStoreClient::call(std::vector<uint8_t> frame, ms timeout, bool blocking,

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,8 +34,10 @@ class TcpStoreClient {
  public:
   static constexpr std::chrono::milliseconds kReplyGrace{2000};
 
-  // Connects (retrying while the server is not up yet) within `timeout`.
-  TcpStoreClient(std::string host, uint16_t port, std::chrono::milliseconds timeout);
+  // Connects (retrying while the server is not up yet) within `timeout`;
+  // with a token, proves it (and checks that the server holds it too).
+  TcpStoreClient(std::string host, uint16_t port, std::chrono::milliseconds timeout,
+                 std::optional<std::string> token = std::nullopt);
 
   using ms = std::chrono::milliseconds;
   void set(const std::string& key, const std::vector<uint8_t>& value, ms timeout);
@@ -57,10 +60,15 @@ class TcpStoreClient {
   uint16_t call(std::vector<uint8_t> frame, ms timeout, bool blocking, const std::string& what,
                 const std::function<void(wire::Reader&)>& parse);
   void connect(ms timeout);
+  // One request and its reply on a fresh connection, before `deadline`.
+  wire::Header exchange(const std::vector<uint8_t>& frame, std::vector<uint8_t>* body,
+                        net::Clock::time_point deadline);
+  void prove_token(net::Clock::time_point deadline);
 
   std::string host_;
   uint16_t port_;
   std::string where_;  // "host:port"
+  std::optional<std::string> token_;
   std::mutex mutex_;
   net::Fd fd_;
   uint32_t next_request_id_ = 1;

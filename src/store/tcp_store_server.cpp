@@ -77,8 +77,9 @@ TcpStoreServer::Limits TcpStoreServer::Limits::from_environment() {
   return l;
 }
 
-TcpStoreServer::TcpStoreServer(const std::string& host, uint16_t port, Limits limits)
-    : limits_(limits), listener_(net::listen_on(host, port, &port_)) {
+TcpStoreServer::TcpStoreServer(const std::string& host, uint16_t port, Limits limits,
+                               std::optional<std::string> token)
+    : limits_(limits), token_(std::move(token)), listener_(net::listen_on(host, port, &port_)) {
   where_ = net::endpoint(host, port_);
   const int flags = fcntl(listener_.get(), F_GETFL, 0);
   fcntl(listener_.get(), F_SETFL, flags | O_NONBLOCK);
@@ -276,6 +277,10 @@ bool TcpStoreServer::process_input(uint64_t id, Connection& c) {
       return false;
     }
     if (c.dialect == c10d_wire::Dialect::kUnknown) return true;  // wait for more bytes
+    if (token_ && c.dialect != c10d_wire::Dialect::kDtrain) {
+      refuse(c, "a PyTorch c10d client cannot prove the job token this store requires");
+      return false;
+    }
   }
   if (c.dialect != c10d_wire::Dialect::kDtrain) return process_c10d(id, c);
   size_t pos = 0;
@@ -290,8 +295,9 @@ bool TcpStoreServer::process_input(uint64_t id, Connection& c) {
     if (c.in.size() - pos - wire::kHeaderBytes < h.length) break;  // wait for the rest
     wire::Reader r(c.in.data() + pos + wire::kHeaderBytes, h.length);
     try {
-      ok = handle(id, c, h, r);
-      mark_established(id, c);
+      const bool must_prove = token_ && !c.authenticated;
+      ok = must_prove ? authenticate(c, h, r) : handle(id, c, h, r);
+      if (ok && (!token_ || c.authenticated)) mark_established(id, c);
     } catch (const wire::Malformed& m) {
       DTRAIN_LOG_INFO("TCP store ", where_, ": dropping client ", c.peer, ": malformed ",
                       wire::op_name(h.opcode), " request: ", m.what);
@@ -405,6 +411,11 @@ bool TcpStoreServer::handle(uint64_t id, Connection& c, const wire::Header& h,
         r.expect_end();
         ok.i64(count_user_keys(data_));
         break;
+      case wire::kAuthHello:
+      case wire::kAuthProof:
+        throw InvalidArgument(token_ ? "the job token was already proved on this connection"
+                                     : "this store has no job token (DTRAIN_STORE_TOKEN is not "
+                                       "set where it runs)");
       default:  // header_problem() has already refused unknown opcodes
         return false;
     }
@@ -509,6 +520,57 @@ void TcpStoreServer::settle(const std::string& key, size_t bytes_before) {
 void TcpStoreServer::erase_key(const std::string& key) {
   data_bytes_ -= entry_bytes(key);
   data_.erase(key);
+}
+
+// The first frames of a connection to a store with a token: AUTH_HELLO,
+// then AUTH_PROOF (store/auth.h). Anything else, or a wrong proof, is
+// refused: the connection is closed with nothing stored or revealed.
+bool TcpStoreServer::authenticate(Connection& c, const wire::Header& h, wire::Reader& r) {
+  namespace auth = store_auth;
+  if (h.opcode == wire::kAuthHello && !c.challenged) {
+    const auto nonce = r.bytes();
+    r.expect_end();
+    if (nonce.size() != auth::kNonceBytes) throw wire::Malformed{"AUTH_HELLO nonce is not 32 bytes"};
+    std::copy(nonce.begin(), nonce.end(), c.client_nonce.begin());
+    c.server_nonce = auth::random_nonce();
+    c.challenged = true;
+    const auto mine = auth::proof(*token_, 'S', c.client_nonce, c.server_nonce);
+    reply(c, wire::Writer(wire::kOk, h.request_id)
+                 .bytes(c.server_nonce.data(), c.server_nonce.size())
+                 .bytes(mine.data(), mine.size())
+                 .finish());
+    return flush(c);
+  }
+  if (h.opcode == wire::kAuthProof && c.challenged) {
+    const auto got = r.bytes();
+    r.expect_end();
+    const auto want = auth::proof(*token_, 'C', c.server_nonce, c.client_nonce);
+    if (!auth::matches(want, got.data(), got.size())) {
+      refuse(c, "wrong job token");
+      return false;
+    }
+    c.authenticated = true;
+    reply(c, wire::Writer(wire::kOk, h.request_id).finish());
+    return flush(c);
+  }
+  refuse(c, detail::cat("sent ", wire::op_name(h.opcode), " before proving the job token"));
+  return false;
+}
+
+// One log line per second at most, so a scan of the port cannot flood the
+// log; the count of refusals not logged goes with the next line.
+void TcpStoreServer::refuse(const Connection& c, const std::string& why) {
+  const auto now = Clock::now();
+  if (now - last_refusal_log_ < std::chrono::seconds(1)) {
+    ++refusals_unlogged_;
+    return;
+  }
+  log_line(detail::cat("TCP store ", where_, ": refused ", c.peer, ": ", why,
+                       refusals_unlogged_ ? detail::cat(" (and ", refusals_unlogged_,
+                                                        " more refusals in the last second)")
+                                          : std::string()));
+  last_refusal_log_ = now;
+  refusals_unlogged_ = 0;
 }
 
 // The connection is closed at the end of this turn of the loop, not now:

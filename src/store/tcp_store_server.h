@@ -37,12 +37,14 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "common/socket.h"
+#include "store/auth.h"
 #include "store/c10d_wire.h"
 #include "store/waiter_table.h"
 #include "store/wire.h"
@@ -67,8 +69,11 @@ class TcpStoreServer {
     static Limits from_environment();
   };
 
+  // With a token, every connection must prove it holds it before anything
+  // else is served (store/auth.h); c10d clients, which cannot, are refused.
   TcpStoreServer(const std::string& host, uint16_t port,
-                 Limits limits = Limits::from_environment());
+                 Limits limits = Limits::from_environment(),
+                 std::optional<std::string> token = std::nullopt);
   ~TcpStoreServer();
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
@@ -91,7 +96,10 @@ class TcpStoreServer {
     net::Fd fd;
     std::string peer;               // "addr:port" for log lines
     Clock::time_point opened;
-    bool established = false;       // has sent a well-formed request
+    bool established = false;       // has sent a well-formed request (and proved the token)
+    bool authenticated = false;     // has proved the job token
+    bool challenged = false;        // AUTH_HELLO answered; AUTH_PROOF expected
+    store_auth::Nonce client_nonce{}, server_nonce{};
     std::vector<uint8_t> in;        // bytes received, not yet handled
     std::vector<uint8_t> out;       // reply bytes not yet sent
     size_t out_sent = 0;            // prefix of `out` already sent
@@ -122,6 +130,8 @@ class TcpStoreServer {
   void close_connection(uint64_t id);
   void park(Waiter w);
   void key_added(const std::string& key);
+  bool authenticate(Connection& c, const wire::Header& h, wire::Reader& r);
+  void refuse(const Connection& c, const std::string& why);
   void expire_waiters();
   void finish_waiter(const Waiter& w, bool timed_out);
   void doom(uint64_t id, Connection& c);
@@ -138,6 +148,7 @@ class TcpStoreServer {
   std::string where_;               // "host:port" for log lines
   uint16_t port_ = 0;
   Limits limits_;
+  std::optional<std::string> token_;
   net::Fd listener_;
   net::Fd wakeup_;                  // eventfd written by the destructor
   std::atomic<bool> stop_{false};
@@ -157,6 +168,8 @@ class TcpStoreServer {
   std::vector<uint64_t> doomed_;    // connections to close at the end of the turn
   uint64_t next_conn_id_ = 1;
   Clock::time_point accept_paused_until_{};
+  Clock::time_point last_refusal_log_{};
+  size_t refusals_unlogged_ = 0;
 };
 
 }  // namespace dtrain

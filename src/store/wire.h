@@ -33,7 +33,9 @@ enum Op : uint16_t {
   kDelete = 6,      // s key                           -> OK u32 (0|1)
   kNumKeys = 7,     // (empty)                         -> OK i64
   kWait = 8,        // u32 timeout_ms, [s keys]        -> OK | TIMEOUT
-  kLastOp = kWait,
+  kAuthHello = 9,   // s client nonce                  -> OK s server nonce, s server proof
+  kAuthProof = 10,  // s client proof                  -> OK (wrong: connection closed)
+  kLastOp = kAuthProof,
 };
 
 // Reply opcodes. An ERROR payload is one string: the message of the
@@ -41,8 +43,8 @@ enum Op : uint16_t {
 enum Status : uint16_t { kOk = 0x100, kTimeout = 0x101, kError = 0x102 };
 
 inline const char* op_name(uint16_t op) {
-  static const char* names[] = {"?",     "SET",    "GET",      "ADD", "COMPARE_SET",
-                                "CHECK", "DELETE", "NUM_KEYS", "WAIT"};
+  static const char* names[] = {"?",     "SET",    "GET",      "ADD",  "COMPARE_SET", "CHECK",
+                                "DELETE", "NUM_KEYS", "WAIT", "AUTH_HELLO", "AUTH_PROOF"};
   return op <= kLastOp ? names[op] : "?";
 }
 

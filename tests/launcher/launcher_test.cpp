@@ -324,6 +324,20 @@ TEST(Launcher, RunsADtrainJob) {
                                        " sum 3 world 3"));
 }
 
+// --standalone makes a fresh job token for each job (64 hex digits), which
+// its store requires and its workers' clients prove (RunsADtrainJob); a
+// token the user set is kept, and static mode makes none.
+TEST(Launcher, StandaloneJobsGetAFreshTokenAndUsersKeepTheirs) {
+  auto a = launch({"--nproc-per-node", "1", "--standalone", kProbe, "env"});
+  EXPECT_TRUE(Contains(a.output, "[0]:env DTRAIN_STORE_TOKEN length 64")) << a.output;
+  auto b = launch_shell("DTRAIN_STORE_TOKEN=mine " + kRun + " --nproc-per-node 1 --standalone " +
+                        kProbe + " env");
+  EXPECT_TRUE(Contains(b.output, "[0]:env DTRAIN_STORE_TOKEN length 4")) << b.output;
+  auto c = launch({"--nproc-per-node", "1", "--master-port", std::to_string(free_port()), kProbe,
+                   "env"});
+  EXPECT_TRUE(Contains(c.output, "[0]:env DTRAIN_STORE_TOKEN length 0")) << c.output;
+}
+
 // torchrun's static contract: one port, the one the user named, where the
 // launcher's own store serves the workers (TORCHELASTIC_USE_AGENT_STORE).
 TEST(Launcher, WorkersUseTheLaunchersStoreOnTheNamedPort) {

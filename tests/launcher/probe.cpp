@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <thread>
 
@@ -53,6 +54,8 @@ int main(int argc, char** argv) {
       const char* v = std::getenv(k);
       std::printf("env %s=%s\n", k, v ? v : "<unset>");
     }
+    const char* token = std::getenv("DTRAIN_STORE_TOKEN");  // its length only, never the token
+    std::printf("env DTRAIN_STORE_TOKEN length %zu\n", token ? std::strlen(token) : size_t(0));
     return 0;
   }
   if (mode == "arg" && argc > 2) {

@@ -59,6 +59,7 @@ std::vector<WorkerSpec> worker_specs(const Options& o, const Round& r) {
         {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)},
         {"TORCHELASTIC_RUN_ID", o.rdzv_id},
         {"TORCHELASTIC_USE_AGENT_STORE", "True"},  // MASTER_PORT is this launcher's store
+        {"DTRAIN_LAUNCHER", "dtrain-run"},  // ... which speaks dtrain's protocol too
     };
     if (!user_omp && o.nproc_per_node > 1) vars.push_back({"OMP_NUM_THREADS", "1"});
     // The worker's stdout is our pipe; tell it when its lines reach a terminal.

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <sstream>
 
@@ -29,6 +30,25 @@ std::string locate(const std::string& program) {
 
 }  // namespace
 
+// --standalone: one node, so the launcher can make the job's token itself
+// (docs/security.md). Its store and its workers' clients read it from the
+// environment the workers inherit; it never appears in argv or a message.
+// A token the user set (DTRAIN_STORE_TOKEN or DTRAIN_STORE_TOKEN_FILE,
+// docs/env-vars.md) is kept.
+static void give_the_job_a_token() {
+  if (std::getenv("DTRAIN_STORE_TOKEN") || std::getenv("DTRAIN_STORE_TOKEN_FILE")) return;
+  unsigned char bytes[32];
+  std::ifstream random("/dev/urandom", std::ios::binary);
+  if (!random.read(reinterpret_cast<char*>(bytes), sizeof(bytes))) {
+    std::cerr << "dtrain-run: cannot read /dev/urandom to make the job token" << std::endl;
+    std::exit(1);
+  }
+  static const char* hex = "0123456789abcdef";
+  std::string token;
+  for (unsigned char b : bytes) token += {hex[b >> 4], hex[b & 15]};
+  setenv("DTRAIN_STORE_TOKEN", token.c_str(), 1);
+}
+
 int main(int argc, char** argv) {
   auto options = dtrain::run::parse_options(argc, argv);
   const auto found = locate(options.program);
@@ -41,5 +61,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.program = found;
+  if (options.standalone) give_the_job_a_token();
   return dtrain::run::run_agent(options);
 }

@@ -12,7 +12,9 @@
 // never delays the others.
 //
 // The server binds only to the address it is given (never to all interfaces
-// unless host is "0.0.0.0" or "::" explicitly).
+// unless host is "0.0.0.0" or "::" explicitly). With a job token it serves
+// only connections that prove they hold it (HMAC-SHA256 challenge and
+// response); the token never crosses the wire.
 
 #include <chrono>
 #include <cstdint>
@@ -35,6 +37,12 @@ struct TcpStoreOptions {
   DTRAIN_ARG(bool, wait_workers) = true;
   // Timeout of every blocking call, connecting included.
   DTRAIN_ARG(std::chrono::milliseconds, timeout) = Store::kDefaultTimeout;
+  // The job token (docs/security.md): the server serves only connections
+  // that prove they hold it, and the client proves it. Empty: the token of
+  // DTRAIN_STORE_TOKEN or DTRAIN_STORE_TOKEN_FILE, or none when both are
+  // unset (then a server on an address other than loopback warns once that
+  // anyone who can reach it can read and write its keys).
+  DTRAIN_ARG(std::string, token) = "";
 };
 
 class TcpStoreServer;

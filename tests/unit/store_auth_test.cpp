@@ -1,0 +1,165 @@
+// The TCP store's job token (DTRAIN_STORE_TOKEN): only connections that
+// prove they hold it are served; everyone else gets nothing, and the token
+// never appears in a message.
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "dtrain/errors.h"
+#include "dtrain/store/tcp_store.h"
+#include "harness/assertions.h"
+#include "harness/raw_socket.h"
+#include "store/auth.h"
+#include "store/c10d_wire.h"
+#include "store/wire.h"
+
+namespace dtrain {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::closed_by_server;
+using testing::Contains;
+using testing::raw_connect;
+
+const std::string kToken = "job-token-7f3a9c";
+
+std::unique_ptr<TcpStore> server_with(const std::string& token) {
+  return std::make_unique<TcpStore>(
+      TcpStoreOptions().host("127.0.0.1").port(0).is_server(true).timeout(3s).token(token));
+}
+
+std::unique_ptr<TcpStore> client_with(uint16_t port, const std::string& token) {
+  return std::make_unique<TcpStore>(
+      TcpStoreOptions().host("127.0.0.1").port(port).timeout(3s).token(token));
+}
+
+void send_frame(int fd, const std::vector<uint8_t>& f) {
+  net::send_all(fd, f.data(), f.size(), net::Clock::now() + 2s, "server");
+}
+
+TEST(StoreToken, ClientsHoldingTheTokenAreServed) {
+  auto server = server_with(kToken);
+  server->set("a", "1");
+  auto client = client_with(server->port(), kToken);
+  EXPECT_EQ(client->get_string("a"), "1");
+  client->set("b", "2");
+  EXPECT_EQ(server->get_string("b"), "2");
+}
+
+// Requests without the proof: nothing stored, nothing revealed.
+TEST(StoreToken, AnUnauthenticatedClientGetsNothing) {
+  auto server = server_with(kToken);
+  server->set("secret", "value");
+  for (const auto& frame : {wire::Writer(wire::kGet, 1).str("secret").u32(100).finish(),
+                            wire::Writer(wire::kSet, 1).str("planted").str("x").finish(),
+                            wire::Writer(wire::kNumKeys, 1).finish()}) {
+    net::Fd sock = raw_connect(server->port());
+    send_frame(sock.get(), frame);
+    EXPECT_TRUE(closed_by_server(sock.get())) << "the server answered an unproved request";
+  }
+  // A made-up proof after a genuine challenge is refused too.
+  net::Fd sock = raw_connect(server->port());
+  send_frame(sock.get(), wire::Writer(wire::kAuthHello, 1).bytes(std::vector<uint8_t>(32, 1)).finish());
+  EXPECT_FALSE(testing::read_available(sock.get(), 500ms).empty());  // the challenge
+  send_frame(sock.get(), wire::Writer(wire::kAuthProof, 2).bytes(std::vector<uint8_t>(32, 0)).finish());
+  EXPECT_TRUE(closed_by_server(sock.get()));
+  EXPECT_FALSE(server->check({"planted"}));
+}
+
+TEST(StoreToken, AWrongTokenIsRefusedWithoutNamingEither) {
+  auto server = server_with(kToken);
+  try {
+    client_with(server->port(), "not-the-token");
+    FAIL() << "a wrong token was accepted";
+  } catch (const NetworkError& e) {
+    EXPECT_TRUE(Contains(e.what(), "does not hold this job's token")) << e.what();
+    EXPECT_FALSE(Contains(e.what(), kToken)) << e.what();
+    EXPECT_FALSE(Contains(e.what(), "not-the-token")) << e.what();
+  }
+}
+
+TEST(StoreToken, MismatchedSetupsSayWhatIsMissing) {
+  auto guarded = server_with(kToken);
+  try {
+    client_with(guarded->port(), "");  // no token here (DTRAIN_STORE_TOKEN unset)
+    FAIL() << "a client without the token was served";
+  } catch (const NetworkError& e) {
+    EXPECT_TRUE(Contains(e.what(), "is DTRAIN_STORE_TOKEN set where it runs?")) << e.what();
+  }
+  auto open = server_with("");
+  try {
+    client_with(open->port(), kToken);
+    FAIL() << "a token client accepted a store without a token";
+  } catch (const InvalidArgument& e) {
+    EXPECT_TRUE(Contains(e.what(), "this store has no job token")) << e.what();
+  }
+}
+
+TEST(StoreToken, PyTorchC10dClientsAreRefusedByATokenStore) {
+  auto server = server_with(kToken);
+  net::Fd sock = raw_connect(server->port());
+  std::vector<uint8_t> validate{0};
+  const uint32_t magic = c10d_wire::kValidateMagic;
+  validate.insert(validate.end(), reinterpret_cast<const uint8_t*>(&magic),
+                  reinterpret_cast<const uint8_t*>(&magic) + 4);
+  send_frame(sock.get(), validate);
+  EXPECT_TRUE(closed_by_server(sock.get()));
+}
+
+// Sets an environment variable for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) { setenv(name, value.c_str(), 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+
+ private:
+  const char* name_;
+};
+
+std::string token_error() {
+  try {
+    store_auth::token_from_environment();
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(StoreToken, TokenFileMustBePrivate) {
+  const std::string path = ::testing::TempDir() + "dtrain-token-" + std::to_string(getpid());
+  std::ofstream(path) << kToken << "\n";
+  ScopedEnv file("DTRAIN_STORE_TOKEN_FILE", path);
+  chmod(path.c_str(), 0644);
+  const std::string err = token_error();
+  EXPECT_TRUE(Contains(err, "can be read by group or others (mode 644)")) << err;
+  EXPECT_TRUE(Contains(err, "chmod 600")) << err;
+  EXPECT_FALSE(Contains(err, kToken)) << err;
+  chmod(path.c_str(), 0600);
+  EXPECT_EQ(store_auth::token_from_environment().value_or(""), kToken);  // newline dropped
+  {
+    ScopedEnv both("DTRAIN_STORE_TOKEN", "x");
+    EXPECT_TRUE(Contains(token_error(), "both DTRAIN_STORE_TOKEN and DTRAIN_STORE_TOKEN_FILE"));
+  }
+  std::ofstream(path, std::ios::trunc) << "\n";
+  EXPECT_TRUE(Contains(token_error(), "gives an empty job token")) << token_error();
+  std::remove(path.c_str());
+  EXPECT_TRUE(Contains(token_error(), "cannot open it")) << token_error();
+}
+
+TEST(StoreToken, TheEnvironmentTokenGuardsStoresByDefault) {
+  ScopedEnv token("DTRAIN_STORE_TOKEN", kToken);
+  TcpStore server(TcpStoreOptions().host("127.0.0.1").port(0).is_server(true).timeout(3s));
+  TcpStore client(TcpStoreOptions().host("127.0.0.1").port(server.port()).timeout(3s));
+  client.set("k", "v");
+  EXPECT_EQ(server.get_string("k"), "v");
+  net::Fd sock = raw_connect(server.port());
+  send_frame(sock.get(), wire::Writer(wire::kGet, 1).str("k").u32(100).finish());
+  EXPECT_TRUE(closed_by_server(sock.get()));
+}
+
+}  // namespace
+}  // namespace dtrain
