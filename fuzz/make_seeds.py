@@ -29,6 +29,8 @@ seeds = {
     + dtrain(DELETE, 3, s("a"))
     + dtrain(NUMKEYS, 4),
     "dtrain_get_missing_parks": dtrain(GET, 1, s("never") + struct.pack("<I", 10)) + dtrain(NUMKEYS, 2),
+    # odd length: goes to the server with a job token (the proof is wrong: it is refused)
+    "dtrain_auth_hello_odd": dtrain(9, 1, s(bytes(range(32)))) + dtrain(10, 2, s(bytes(32))) + b"\x00",
 }
 
 

@@ -1,6 +1,7 @@
 // libFuzzer harness: the TCP store server's request handling, both wire
 // dialects (dtrain's frames and PyTorch's c10d), as one hostile client sees
-// it. Each input is the whole byte stream of one connection: the harness
+// it, with and without a job token. Each input is the whole byte stream of
+// one connection: the harness
 // connects to a server living in this process, sends the bytes, closes its
 // sending side and reads every reply until the server closes. The server
 // runs with small caps, so its state stays bounded across millions of
@@ -23,14 +24,20 @@ namespace {
 using namespace std::chrono_literals;
 using dtrain::TcpStoreServer;
 
-TcpStoreServer& server() {
-  static TcpStoreServer* s = [] {
+// Two servers: one without a job token, one with (its AUTH_HELLO /
+// AUTH_PROOF exchange and refusals). Inputs of odd length go to the one
+// with a token (a mutation that adds or drops a byte moves an input over).
+TcpStoreServer& server(bool with_token) {
+  static TcpStoreServer* s[2] = {nullptr, nullptr};
+  if (!s[with_token]) {
     TcpStoreServer::Limits limits;
     limits.max_bytes = 64 << 20;
     limits.max_keys = 4096;
-    return new TcpStoreServer("127.0.0.1", 0, limits);
-  }();
-  return *s;
+    s[with_token] = new TcpStoreServer("127.0.0.1", 0, limits,
+                                       with_token ? std::optional<std::string>("fuzz-token")
+                                                  : std::nullopt);
+  }
+  return *s[with_token];
 }
 
 [[noreturn]] void hang(const char* what) {
@@ -42,7 +49,8 @@ TcpStoreServer& server() {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto deadline = dtrain::net::Clock::now() + 5s;
-  dtrain::net::Fd fd = dtrain::net::connect_to("127.0.0.1", server().port(), deadline);
+  const bool with_token = size % 2 == 1;
+  dtrain::net::Fd fd = dtrain::net::connect_to("127.0.0.1", server(with_token).port(), deadline);
   // The server may stop reading (a parked GET, replies not read): then the
   // rest of the input is simply not delivered, as for a real client.
   size_t sent = 0;

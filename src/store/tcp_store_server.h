@@ -141,6 +141,9 @@ class TcpStoreServer {
   // store would pass a cap. After: settle() updates the totals.
   void admit(const std::string& key, size_t value_bytes) const;
   void admit_all(size_t keys, uint64_t bytes) const;  // MULTI_SET, counting every pair as new
+  int64_t store_add(const std::string& key, int64_t delta);
+  std::vector<uint8_t> store_compare_set(const std::string& key, const std::vector<uint8_t>& expected,
+                                         const std::vector<uint8_t>& desired);
   size_t entry_bytes(const std::string& key) const;
   void settle(const std::string& key, size_t bytes_before);
   void erase_key(const std::string& key);

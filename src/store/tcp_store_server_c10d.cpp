@@ -113,22 +113,13 @@ bool TcpStoreServer::handle_c10d(uint64_t id, Connection& c, c10d_wire::Op op,
       std::string key = r.key();
       auto expected = r.value();
       auto desired = r.value();
-      admit(key, desired.size());
-      const size_t before = entry_bytes(key);
-      bool changed = false;
-      out.bytes(apply_compare_set(data_, key, expected, desired, &changed));
-      settle(key, before);
-      if (changed) key_added(key);
+      out.bytes(store_compare_set(key, expected, desired));
       break;
     }
     case cw::Op::kAdd: {
       std::string key = r.key();
       const int64_t delta = r.i64();
-      admit(key, 20);  // the longest int64 in decimal
-      const size_t before = entry_bytes(key);
-      out.i64(apply_add(data_, key, delta));
-      settle(key, before);
-      key_added(key);
+      out.i64(store_add(key, delta));
       break;
     }
     case cw::Op::kGet:

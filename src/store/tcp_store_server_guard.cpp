@@ -1,0 +1,122 @@
+// The TCP store server's guards: what a request may store (the caps and
+// their accounting), the job token's challenge and response, and the
+// rate-limited log line of a refusal. (tcp_store_server.cpp has the loop.)
+
+#include <algorithm>
+
+#include "common/enforce.h"
+#include "common/logging.h"
+#include "store/store_util.h"
+#include "store/tcp_store_server.h"
+
+namespace dtrain {
+
+using namespace store_detail;
+
+// ADD and COMPARE_SET in both dialects: admitted against the caps, applied,
+// accounted, and their waiters told.
+int64_t TcpStoreServer::store_add(const std::string& key, int64_t delta) {
+  admit(key, 20);  // the longest int64 in decimal
+  const size_t before = entry_bytes(key);
+  const int64_t sum = apply_add(data_, key, delta);
+  settle(key, before);
+  key_added(key);
+  return sum;
+}
+
+std::vector<uint8_t> TcpStoreServer::store_compare_set(const std::string& key,
+                                                       const std::vector<uint8_t>& expected,
+                                                       const std::vector<uint8_t>& desired) {
+  admit(key, desired.size());
+  const size_t before = entry_bytes(key);
+  bool changed = false;
+  auto now = apply_compare_set(data_, key, expected, desired, &changed);
+  settle(key, before);
+  if (changed) key_added(key);
+  return now;
+}
+
+size_t TcpStoreServer::entry_bytes(const std::string& key) const {
+  auto it = data_.find(key);
+  return it == data_.end() ? 0 : key.size() + it->second.size();
+}
+
+void TcpStoreServer::admit(const std::string& key, size_t value_bytes) const {
+  const size_t before = entry_bytes(key);
+  DTRAIN_CHECK_ARG(before > 0 || data_.size() < limits_.max_keys, "the TCP store is full: it holds ",
+                   data_.size(), " keys, the limit set by DTRAIN_STORE_MAX_KEYS; not storing ",
+                   quote(key));
+  const uint64_t after = data_bytes_ - before + key.size() + value_bytes;
+  DTRAIN_CHECK_ARG(after <= limits_.max_bytes, "the TCP store is full: storing ", quote(key), " (",
+                   value_bytes, " bytes) would make its keys and values ", after,
+                   " bytes, over the limit of ", limits_.max_bytes, " set by DTRAIN_STORE_MAX_BYTES");
+}
+
+void TcpStoreServer::admit_all(size_t keys, uint64_t bytes) const {
+  DTRAIN_CHECK_ARG(data_.size() + keys <= limits_.max_keys && data_bytes_ + bytes <= limits_.max_bytes,
+                   "the TCP store is full: storing ", keys, " keys (", bytes,
+                   " bytes) would pass the limits set by DTRAIN_STORE_MAX_KEYS (", limits_.max_keys,
+                   ") or DTRAIN_STORE_MAX_BYTES (", limits_.max_bytes, ")");
+}
+
+void TcpStoreServer::settle(const std::string& key, size_t bytes_before) {
+  data_bytes_ = data_bytes_ - bytes_before + entry_bytes(key);
+}
+
+void TcpStoreServer::erase_key(const std::string& key) {
+  data_bytes_ -= entry_bytes(key);
+  data_.erase(key);
+}
+
+// The first frames of a connection to a store with a token: AUTH_HELLO,
+// then AUTH_PROOF (store/auth.h). Anything else, or a wrong proof, is
+// refused: the connection is closed with nothing stored or revealed.
+bool TcpStoreServer::authenticate(Connection& c, const wire::Header& h, wire::Reader& r) {
+  namespace auth = store_auth;
+  if (h.opcode == wire::kAuthHello && !c.challenged) {
+    const auto nonce = r.bytes();
+    r.expect_end();
+    if (nonce.size() != auth::kNonceBytes) throw wire::Malformed{"AUTH_HELLO nonce is not 32 bytes"};
+    std::copy(nonce.begin(), nonce.end(), c.client_nonce.begin());
+    c.server_nonce = auth::random_nonce();
+    c.challenged = true;
+    const auto mine = auth::proof(*token_, 'S', c.client_nonce, c.server_nonce);
+    reply(c, wire::Writer(wire::kOk, h.request_id)
+                 .bytes(c.server_nonce.data(), c.server_nonce.size())
+                 .bytes(mine.data(), mine.size())
+                 .finish());
+    return flush(c);
+  }
+  if (h.opcode == wire::kAuthProof && c.challenged) {
+    const auto got = r.bytes();
+    r.expect_end();
+    const auto want = auth::proof(*token_, 'C', c.server_nonce, c.client_nonce);
+    if (!auth::matches(want, got.data(), got.size())) {
+      refuse(c, "wrong job token");
+      return false;
+    }
+    c.authenticated = true;
+    reply(c, wire::Writer(wire::kOk, h.request_id).finish());
+    return flush(c);
+  }
+  refuse(c, detail::cat("sent ", wire::op_name(h.opcode), " before proving the job token"));
+  return false;
+}
+
+// One log line per second at most, so a scan of the port cannot flood the
+// log; the count of refusals not logged goes with the next line.
+void TcpStoreServer::refuse(const Connection& c, const std::string& why) {
+  const auto now = Clock::now();
+  if (now - last_refusal_log_ < std::chrono::seconds(1)) {
+    ++refusals_unlogged_;
+    return;
+  }
+  log_line(detail::cat("TCP store ", where_, ": refused ", c.peer, ": ", why,
+                       refusals_unlogged_ ? detail::cat(" (and ", refusals_unlogged_,
+                                                        " more refusals in the last second)")
+                                          : std::string()));
+  last_refusal_log_ = now;
+  refusals_unlogged_ = 0;
+}
+
+}  // namespace dtrain
