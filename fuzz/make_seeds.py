@@ -91,3 +91,23 @@ for name, data in files.items():
     with open(os.path.join(out, name), "wb") as f:
         f.write(data)
 print(f"wrote {len(files)} seeds to {out}")
+
+
+# launcher_options_fuzz: dtrain-run's argv after the program name, NUL-separated.
+out = os.path.join(os.path.dirname(__file__), "corpus", "launcher_options")
+os.makedirs(out, exist_ok=True)
+argvs = {
+    "standalone": ["--standalone", "--nproc-per-node", "4", "./train", "--epochs", "3"],
+    "static_two_nodes": ["--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1",
+                         "--master-port", "29500", "--nproc-per-node", "2", "./app"],
+    "elastic_conf": ["--nnodes", "1:4", "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.0.0.1:29400",
+                     "--rdzv-conf", "join_timeout=30,close_timeout=5", "--max-restarts", "3", "./app"],
+    "redirects_tee": ["--nproc-per-node", "auto", "--redirects", "0:1,1:2", "--tee", "3",
+                      "--log-dir", "/tmp/x", "--local-ranks-filter", "0,1", "./app"],
+    "equals_spelling": ["--nproc_per_node=2", "--monitor-interval=0.5", "--rdzv_id=job7", "--",
+                        "./app", "-x"],
+}
+for name, argv in argvs.items():
+    with open(os.path.join(out, name), "wb") as f:
+        f.write(b"\0".join(a.encode() for a in argv))
+print(f"wrote {len(argvs)} seeds to {out}")

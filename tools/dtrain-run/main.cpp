@@ -50,7 +50,13 @@ static void give_the_job_a_token() {
 }
 
 int main(int argc, char** argv) {
-  auto options = dtrain::run::parse_options(argc, argv);
+  dtrain::run::Options options;
+  try {
+    options = dtrain::run::parse_options(argc, argv);
+  } catch (const dtrain::run::UsageError& e) {
+    (e.exit_code == 0 ? std::cout : std::cerr) << e.what() << std::flush;
+    return e.exit_code;
+  }
   const auto found = locate(options.program);
   if (found.empty()) {
     std::cerr << "dtrain-run: program '" << options.program << "' "

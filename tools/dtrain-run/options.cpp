@@ -14,8 +14,7 @@ namespace dtrain::run {
 namespace {
 
 [[noreturn]] void bad(const CLI::App& app, const std::string& message) {
-  std::cerr << "dtrain-run: " << message << "\n\n" << app.help() << std::flush;
-  std::exit(2);
+  throw UsageError(2, "dtrain-run: " + message + "\n\n" + app.help());
 }
 
 int gpu_count() {
@@ -167,8 +166,7 @@ Options parse_options(int argc, char** argv) {
   try {
     app.parse(reversed);
   } catch (const CLI::CallForHelp&) {
-    std::cout << app.help();
-    std::exit(0);
+    throw UsageError(0, app.help());
   } catch (const CLI::ParseError& e) {
     bad(app, e.what());
   }

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -45,8 +46,15 @@ struct Options {
   bool shown(int local_rank) const;
 };
 
-// Parses argv; on --help prints usage and exits 0; on a bad flag or value
-// prints the error naming it plus usage and exits 2.
+// What parse_options() has to say instead of Options: the usage (--help,
+// exit code 0, for stdout) or an error naming the bad flag or value
+// followed by the usage (exit code 2, for stderr).
+struct UsageError : std::runtime_error {
+  UsageError(int code, const std::string& text) : std::runtime_error(text), exit_code(code) {}
+  int exit_code;
+};
+
+// Parses argv; throws UsageError for --help and for bad input.
 Options parse_options(int argc, char** argv);
 
 }  // namespace dtrain::run
