@@ -5,8 +5,17 @@ Run from the repository root: python3 fuzz/make_seeds.py"""
 import os
 import struct
 
-out = os.path.join(os.path.dirname(__file__), "corpus", "store_server")
-os.makedirs(out, exist_ok=True)
+
+
+def write_corpus(harness, seeds):
+    """Writes fuzz/corpus/<harness>/<name> for each name -> bytes."""
+    out = os.path.join(os.path.dirname(__file__), "corpus", harness)
+    os.makedirs(out, exist_ok=True)
+    for name, data in seeds.items():
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(data)
+    print(f"wrote {len(seeds)} seeds to {out}")
+
 
 
 def dtrain(op, rid, payload=b""):
@@ -65,15 +74,10 @@ seeds["c10d_v2_wait_cancel"] = hello + c(V["WAIT"], keys("/never")) + c(V["CANCE
 seeds["c10d_v1_basic"] = (c(0, cs("/k"), cs("v")) + c(2, cs("/k")) + c(3, cs("/n"), struct.pack("<q", 1))
                           + c(4, keys("/k")) + c(5, keys("/k")) + c(6) + c(8, cs("/k")))
 
-for name, data in seeds.items():
-    with open(os.path.join(out, name), "wb") as f:
-        f.write(data)
-print(f"wrote {len(seeds)} seeds to {out}")
+write_corpus("store_server", seeds)
 
 
 # file_store_fuzz: whole store files ('S'|'D', u32 key length, u32 value length, key, value).
-out = os.path.join(os.path.dirname(__file__), "corpus", "file_store")
-os.makedirs(out, exist_ok=True)
 
 
 def rec(t, k, v):
@@ -87,15 +91,10 @@ files = {
     "users_counter": rec(b"S", "__dtrain_file_store_users", b"1") + rec(b"S", "n", b"41"),
     "torn_tail": rec(b"S", "a", b"1") + b"S\x05\x00\x00\x00",
 }
-for name, data in files.items():
-    with open(os.path.join(out, name), "wb") as f:
-        f.write(data)
-print(f"wrote {len(files)} seeds to {out}")
+write_corpus("file_store", files)
 
 
 # launcher_options_fuzz: dtrain-run's argv after the program name, NUL-separated.
-out = os.path.join(os.path.dirname(__file__), "corpus", "launcher_options")
-os.makedirs(out, exist_ok=True)
 argvs = {
     "standalone": ["--standalone", "--nproc-per-node", "4", "./train", "--epochs", "3"],
     "static_two_nodes": ["--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1",
@@ -107,7 +106,5 @@ argvs = {
     "equals_spelling": ["--nproc_per_node=2", "--monitor-interval=0.5", "--rdzv_id=job7", "--",
                         "./app", "-x"],
 }
-for name, argv in argvs.items():
-    with open(os.path.join(out, name), "wb") as f:
-        f.write(b"\0".join(a.encode() for a in argv))
-print(f"wrote {len(argvs)} seeds to {out}")
+write_corpus("launcher_options", {n: b"\0".join(a.encode() for a in argv) for n, argv in argvs.items()})
+
