@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Writes the seed corpora of store_server_fuzz and file_store_fuzz. Store server: well-formed request streams
+"""Writes the seed corpora of the fuzz harnesses. Store server: well-formed request streams
 in dtrain's dialect and in PyTorch's c10d v1 and v2 (docs/design/store-protocol.md).
 Run from the repository root: python3 fuzz/make_seeds.py"""
+import gzip
 import os
 import struct
+import zlib
 
 
 
@@ -108,3 +110,43 @@ argvs = {
 }
 write_corpus("launcher_options", {n: b"\0".join(a.encode() for a in argv) for n, argv in argvs.items()})
 
+
+
+# tensor_file_fuzz: whole tensor files (docs/tensor-file.md).
+def tensor_file(metadata, tensors):
+    """tensors: (name, dtype code, shape, raw bytes) in file order."""
+    body = struct.pack("<I", len(metadata))
+    for k, v in metadata:
+        body += s(k) + s(v)
+    body += struct.pack("<I", len(tensors))
+    offset = 0
+    for name, code, shape, raw in tensors:
+        body += s(name) + struct.pack("<BB", code, len(shape)) + struct.pack(f"<{len(shape)}q", *shape)
+        body += struct.pack("<QQI", offset, len(raw), zlib.crc32(raw))
+        offset += len(raw)
+    out = b"DTRNTENS" + struct.pack("<IIQ", 1, len(body), offset) + body
+    out += struct.pack("<I", zlib.crc32(out))
+    out += b"\0" * (-len(out) % 64)
+    return out + b"".join(t[3] for t in tensors)
+
+
+write_corpus("tensor_file", {
+    "empty": tensor_file([], []),
+    "two_tensors": tensor_file([("format", "x/1")],
+                               [("w", 1, [2, 3], struct.pack("<6f", *range(6))),
+                                ("n", 5, [3], struct.pack("<3q", 1, -2, 3))]),
+    "scalar_and_empty": tensor_file([("k", b"\0\1")], [("s", 2, [], struct.pack("<d", 2.5)),
+                                                       ("e", 10, [0, 4], b"")]),
+})
+
+
+# idx_reader_fuzz: one byte that picks the expectation, then the file.
+def idx(magic, dims, raw):
+    return struct.pack(f">I{len(dims)}I", magic, *dims) + raw
+
+
+write_corpus("idx_reader", {
+    "labels_gz": bytes([1]) + gzip.compress(idx(2049, [2], b"\x03\x07"), mtime=0),
+    "images_2x3_gz": bytes([4]) + gzip.compress(idx(2051, [1, 2, 3], bytes(range(6))), mtime=0),
+    "labels_raw": bytes([0]) + idx(2049, [1], b"\x09"),
+})

@@ -2,7 +2,7 @@
 # The main job: 2 ranks train a convnet on Fashion-MNIST (Debian's
 # dataset-fashion-mnist) with DistributedDataParallel, launched by dtrain-run.
 # Shows a progress bar, prints per-epoch loss/accuracy/throughput, and leaves
-# runs/<date-time>/{metrics.jsonl,training.png} and checkpoints/checkpoint.pt.
+# runs/<date-time>/{metrics.jsonl,training.png} and checkpoints/checkpoint.dtt.
 # Extra arguments go to the program, e.g.: bash scripts/train.sh --epochs 2
 set -euo pipefail
 cd "$(dirname "$0")/.."

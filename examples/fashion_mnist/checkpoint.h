@@ -2,6 +2,15 @@
 
 // Checkpoints that survive crashes and refuse damage.
 //
+// The file is a dtrain tensor file (dtrain/checkpoint/tensor_file.h): named
+// tensors and metadata behind a validated header, with a checksum per
+// tensor; nothing in it is unpickled or run. It holds the model's
+// parameters and buffers ("model/<name>"), Adam's state per parameter
+// index ("optimizer/state/<k>/step|exp_avg|exp_avg_sq|max_exp_avg_sq") and
+// per group ("optimizer/group/<g>/options": lr, beta1, beta2, eps,
+// weight_decay, amsgrad), the counters ("state/epoch", ...) and the CPU RNG
+// state ("rng").
+//
 // Saving: rank 0 writes to `<path>.tmp` in the same directory, fsyncs it,
 // renames it over `<path>` and fsyncs the directory, checking each step, so
 // the file under the final name is always a complete checkpoint (the
@@ -11,14 +20,15 @@
 // Loading happens in two phases: read_checkpoint() reads the whole file and
 // validates everything in it against the model and the optimizer (every
 // model tensor's name, dtype and shape, the optimizer state, the epoch and
-// step counters, the RNG state) without modifying either; only then does
-// Checkpoint::apply() install it.
+// step counters, the RNG state; nothing unexpected) without modifying
+// either; only then does Checkpoint::apply() install it.
 //
 // In a job, every rank calls the collective forms (save_checkpoint_from_rank0,
 // load_checkpoint_on_all_ranks): a failure on any rank reaches every rank at
 // once, and all of them throw the same error instead of some training on or
 // waiting for a peer that gave up.
 
+#include <dtrain/checkpoint/tensor_file.h>
 #include <dtrain/process_group.h>
 #include <torch/torch.h>
 
@@ -32,16 +42,24 @@ struct TrainingState {
   int64_t world_size = 1;
 };
 
-// Test hooks.
-struct CheckpointFaults {
-  bool die_while_writing = false;  // the writer SIGKILLs itself half way through writing
-  int fsync_errno = 0;             // nonzero: the fsync of the temporary file fails with it
-};
+// Test hooks: the writer SIGKILLs itself half way, or its fsync fails.
+using CheckpointFaults = dtrain::checkpoint::WriteFaults;
+
+// What a checkpoint file holds, as save_checkpoint builds it (the tests
+// damage one entry of it at a time).
+dtrain::checkpoint::TensorFile checkpoint_contents(torch::nn::Module& model,
+                                                   const torch::optim::Adam& opt,
+                                                   const TrainingState& state);
 
 // Throws std::runtime_error "cannot save checkpoint <path>: ..." naming the
 // file and the step that failed; `<path>` is then untouched.
-void save_checkpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer& opt,
+void save_checkpoint(const std::string& path, torch::nn::Module& model, const torch::optim::Adam& opt,
                      const TrainingState& state, const CheckpointFaults& faults = {});
+
+// Adam's state of `param`, or null when it has none (never stepped).
+// Works with libtorch 1.x's and 2.x's keys of Optimizer::state().
+const torch::optim::AdamParamState* adam_state(const torch::optim::Adam& opt,
+                                               const torch::Tensor& param);
 
 // A checkpoint read in full and validated against a model and an optimizer.
 class Checkpoint {
@@ -59,16 +77,13 @@ class Checkpoint {
 
   std::string path_;
   TrainingState state_;
-  torch::serialize::InputArchive model_, optimizer_;
-  torch::Tensor rng_;
+  dtrain::checkpoint::TensorFile file_;  // validated
 };
 
 // Throws std::runtime_error "checkpoint <path> ..." naming the problem
 // (missing, truncated or corrupt, written for another model, a tensor or an
 // optimizer state of the wrong dtype or shape, impossible counters, a bad RNG
-// state). Modifies neither `model` nor `opt`. The optimizer state is checked
-// by loading it into a scratch Adam over stand-ins of `opt`'s parameters, so
-// the optimizer must be an Adam.
+// state, an entry it does not expect). Modifies neither `model` nor `opt`.
 Checkpoint read_checkpoint(const std::string& path, torch::nn::Module& model,
                            const torch::optim::Adam& opt);
 
@@ -85,7 +100,7 @@ void fail_together(dtrain::ProcessGroup& group, const std::string& error);
 // Returns on every rank once the checkpoint is durable; otherwise every rank
 // throws "rank 0: cannot save checkpoint <path>: ...".
 void save_checkpoint_from_rank0(dtrain::ProcessGroup& group, const std::string& path,
-                                torch::nn::Module& model, torch::optim::Optimizer& opt,
+                                torch::nn::Module& model, const torch::optim::Adam& opt,
                                 const TrainingState& state, const CheckpointFaults& faults = {});
 
 // Collective: every rank reads and validates `path`; the ranks apply it only

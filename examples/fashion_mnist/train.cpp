@@ -54,7 +54,7 @@ Flags parse(int argc, char** argv) {
   app.add_option("--lr", f.lr, "Learning rate of the first epoch (Adam)")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--lr-decay", f.lr_decay, "Factor applied to the learning rate after each epoch")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--backend", f.backend, "Process-group backend")->capture_default_str();
-  app.add_option("--checkpoint-dir", f.checkpoint_dir, "Where checkpoint.pt lives")->capture_default_str();
+  app.add_option("--checkpoint-dir", f.checkpoint_dir, "Where checkpoint.dtt lives")->capture_default_str();
   app.add_option("--checkpoint-every", f.checkpoint_every, "Also checkpoint every N steps (0: epochs only)")->capture_default_str();
   app.add_option("--out-dir", f.out_dir, "Where metrics.jsonl and training.png go (default: runs/<date-time>)");
   app.add_flag("--resume", f.resume, "Resume from the checkpoint (automatic after a dtrain-run restart)");
@@ -174,7 +174,7 @@ int main(int argc, char** argv) {
     ConvNet model;
     torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(f.lr));
 
-    const std::string ckpt = f.checkpoint_dir + "/checkpoint.pt";
+    const std::string ckpt = f.checkpoint_dir + "/checkpoint.dtt";
     mkdir(f.checkpoint_dir.c_str(), 0755);
     const bool restarted = dtrain::restart_count() > 0;
     TrainingState state = resume_if_asked(f, ckpt, model, opt);

@@ -44,7 +44,7 @@ class CheckpointRanks : public ::testing::TestWithParam<std::tuple<std::string, 
 TEST_P(CheckpointRanks, SaveFailureOnRank0StopsEveryRankAtOnce) {
   const auto blocker = path("blocker");
   std::ofstream(blocker) << "a file, not a directory";
-  const auto target = blocker + "/checkpoint.pt";
+  const auto target = blocker + "/checkpoint.dtt";
   const auto start = std::chrono::steady_clock::now();
   auto errors = run([&](ProcessGroup& g) {
     ConvNet model;
@@ -61,7 +61,7 @@ TEST_P(CheckpointRanks, SaveFailureOnRank0StopsEveryRankAtOnce) {
 
 // Every rank but the last gets a valid file, the last a truncated one.
 TEST_P(CheckpointRanks, LoadFailureOnOneRankStopsEveryRankUntouched) {
-  const auto good = path("good.pt"), cut = path("cut.pt");
+  const auto good = path("good.dtt"), cut = path("cut.dtt");
   {
     ConvNet source;
     torch::optim::Adam opt(source->parameters());
@@ -97,7 +97,7 @@ TEST_P(CheckpointRanks, LoadFailureOnOneRankStopsEveryRankUntouched) {
 }
 
 TEST_P(CheckpointRanks, SavedByRank0LoadedByEveryRank) {
-  const auto file = path("ok.pt");
+  const auto file = path("ok.dtt");
   ConvNet source;
   torch::optim::Adam source_opt(source->parameters());
   step(*source, source_opt);

@@ -53,7 +53,7 @@ std::string refused(const std::string& path) {
 }
 
 TEST(Checkpoint, RoundTripRestoresModelOptimizerPositionAndRng) {
-  const auto path = temp_path("ok.pt");
+  const auto path = temp_path("ok.dtt");
   Target a;
   save_checkpoint(path, *a.model, a.opt, {2, 17, 131, 2});
   auto expected_rng = at::detail::getDefaultCPUGenerator().get_state();
@@ -73,8 +73,45 @@ TEST(Checkpoint, RoundTripRestoresModelOptimizerPositionAndRng) {
   unlink(path.c_str());
 }
 
+// The group's options come back as they were saved (lr, betas, eps, weight
+// decay, amsgrad), with amsgrad's extra state, as PyTorch's
+// load_state_dict restores them.
+TEST(Checkpoint, OptimizerOptionsAndAmsgradStateAreRestored) {
+  const auto path = temp_path("options.dtt");
+  ConvNet a;
+  torch::optim::Adam opt_a(a->parameters(), torch::optim::AdamOptions(0.125)
+                                                .betas({0.5, 0.75})
+                                                .eps(1e-6)
+                                                .weight_decay(0.25)
+                                                .amsgrad(true));
+  step(*a, opt_a);
+  save_checkpoint(path, *a, opt_a, {0, 1, 1, 1});
+  ConvNet b;
+  torch::optim::Adam opt_b(b->parameters());
+  load_checkpoint(path, *b, opt_b);
+  const auto& o = static_cast<const torch::optim::AdamOptions&>(opt_b.param_groups()[0].options());
+  EXPECT_EQ(o.lr(), 0.125);
+  EXPECT_EQ(std::get<0>(o.betas()), 0.5);
+  EXPECT_EQ(std::get<1>(o.betas()), 0.75);
+  EXPECT_EQ(o.eps(), 1e-6);
+  EXPECT_EQ(o.weight_decay(), 0.25);
+  EXPECT_TRUE(o.amsgrad());
+  const auto p_a = a->parameters()[3];
+  const auto p_b = b->parameters()[3];
+  ASSERT_NE(adam_state(opt_b, p_b), nullptr);
+  EXPECT_TRUE(same_bits(adam_state(opt_b, p_b)->max_exp_avg_sq(),
+                        adam_state(opt_a, p_a)->max_exp_avg_sq()));
+  // And they train on identically.
+  torch::manual_seed(9);
+  step(*a, opt_a);
+  torch::manual_seed(9);
+  step(*b, opt_b);
+  expect_unchanged(*b, copy_of(*a));
+  unlink(path.c_str());
+}
+
 TEST(Checkpoint, AnotherModelsCheckpointIsRefusedUntouched) {
-  const auto path = temp_path("other.pt");
+  const auto path = temp_path("other.dtt");
   auto other = std::make_shared<OtherImpl>();
   torch::optim::Adam opt_other(other->parameters());
   save_checkpoint(path, *other, opt_other, {0, 0, 0, 1});
@@ -85,7 +122,7 @@ TEST(Checkpoint, AnotherModelsCheckpointIsRefusedUntouched) {
 }
 
 TEST(Checkpoint, TruncatedAndMissingFilesAreNamed) {
-  const auto path = temp_path("cut.pt");
+  const auto path = temp_path("cut.dtt");
   Target source;
   save_checkpoint(path, *source.model, source.opt, {1, 0, 10, 1});
   {
@@ -99,64 +136,84 @@ TEST(Checkpoint, TruncatedAndMissingFilesAreNamed) {
   EXPECT_TRUE(Contains(refused(path), "checkpoint " + path + " does not exist or is not readable"));
 }
 
-// The model part is fine; the optimizer part is another optimizer's (one
-// parameter group of 2 parameters, not 8). libtorch's Adam::load refuses
-// it, but the model must not have been loaded before that.
+// The model part is fine; the optimizer part claims a group of 2
+// parameters, not 8: refused before the model is touched.
 TEST(Checkpoint, CorruptOptimizerPartLeavesModelBitIdentical) {
-  const auto path = temp_path("opt.pt");
+  const auto path = temp_path("opt.dtt");
   Target source;
-  auto other = std::make_shared<OtherImpl>();
-  torch::optim::Adam opt_other(other->parameters());
-  step(*other, opt_other);
-  write_parts(path, *source.model, opt_other, signature(*source.model), good_entries());
+  auto f = good_contents(*source.model, source.opt);
+  f.tensors["optimizer/group/0/size"] = torch::tensor({int64_t{2}});
+  write_contents(path, f);
   auto error = refused(path);
   EXPECT_TRUE(Contains(error, "checkpoint " + path +
                                   " has an optimizer state that does not fit this optimizer: "
-                                  "loaded state dict contains a parameter group that has a "
-                                  "different size"));
+                                  "parameter group 0 holds 2 parameters in the checkpoint, 8 "
+                                  "here"));
   unlink(path.c_str());
 }
 
-// Adam state for 8 parameters of shape [3]: libtorch loads it without a
-// look at the shapes, and the first step would fail (or broadcast).
+// Adam state of shape [3] for a parameter of [32, 1, 5, 5]: libtorch would
+// load it without a look at the shapes, and the first step would fail (or
+// broadcast).
 TEST(Checkpoint, OptimizerStateOfTheWrongShapeIsRefused) {
-  const auto path = temp_path("shape.pt");
+  const auto path = temp_path("shape.dtt");
   Target source;
-  std::vector<torch::Tensor> small;
-  for (int i = 0; i < 8; ++i) small.push_back(torch::zeros({3}, torch::requires_grad()));
-  torch::optim::Adam opt_small(small);
-  opt_small.zero_grad();
-  for (auto& t : small) t.sum().backward();
-  opt_small.step();
-  write_parts(path, *source.model, opt_small, signature(*source.model), good_entries());
+  auto f = good_contents(*source.model, source.opt);
+  f.tensors["optimizer/state/0/exp_avg"] = torch::zeros({3});
+  write_contents(path, f);
   EXPECT_TRUE(Contains(refused(path), "checkpoint " + path +
                                           " has a bad optimizer state for conv1.weight: exp_avg "
                                           "is Float [3], the parameter Float [32, 1, 5, 5]"));
+  f = good_contents(*source.model, source.opt);
+  f.tensors["optimizer/state/7/step"] = torch::tensor({int64_t{0}});
+  write_contents(path, f);
+  EXPECT_TRUE(Contains(refused(path), "checkpoint " + path +
+                                          " has a bad optimizer state for fc2.bias: step is 0 "
+                                          "(expected at least 1)"));
   unlink(path.c_str());
 }
 
 // Names and shapes match (the signature too); the last tensor is Double.
 TEST(Checkpoint, ModelTensorOfTheWrongDtypeIsRefusedUntouched) {
-  const auto path = temp_path("dtype.pt");
+  const auto path = temp_path("dtype.dtt");
   Target source;
-  {
-    torch::NoGradGuard no_grad;
-    source.model->fc2->bias.set_data(source.model->fc2->bias.to(torch::kDouble));
-  }
-  torch::optim::Adam opt(source.model->parameters());
-  write_parts(path, *source.model, opt, signature(*source.model), good_entries());
+  auto f = good_contents(*source.model, source.opt);
+  f.tensors["model/fc2.bias"] = torch::zeros({10}, torch::kDouble);
+  write_contents(path, f);
   EXPECT_TRUE(Contains(refused(path), "checkpoint " + path +
                                           " has the model tensor fc2.bias as Double [10]; this "
                                           "model's is Float [10]"));
   unlink(path.c_str());
 }
 
-TEST(Checkpoint, BadRngStateIsRefusedUntouched) {
-  const auto path = temp_path("rng.pt");
+// An entry the program does not expect, a missing one, another program's
+// file: each refused by name.
+TEST(Checkpoint, MissingUnexpectedAndForeignEntriesAreRefused) {
+  const auto path = temp_path("entries.dtt");
   Target source;
-  auto entries = good_entries();
-  entries["rng"] = torch::zeros({3}, torch::kUInt8);
-  write_parts(path, *source.model, source.opt, signature(*source.model), entries);
+  auto f = good_contents(*source.model, source.opt);
+  f.tensors["model/extra"] = torch::zeros({1});
+  write_contents(path, f);
+  EXPECT_TRUE(Contains(refused(path), "checkpoint " + path + " has an unexpected entry model/extra"));
+  f = good_contents(*source.model, source.opt);
+  f.tensors.erase("model/conv2.bias");
+  write_contents(path, f);
+  EXPECT_TRUE(Contains(refused(path), "checkpoint " + path + " lacks the model tensor conv2.bias"));
+  f = good_contents(*source.model, source.opt);
+  f.metadata["format"] = "something-else/2";
+  write_contents(path, f);
+  EXPECT_TRUE(Contains(refused(path), "checkpoint " + path +
+                                          " is not a checkpoint of this program (format "
+                                          "\"something-else/2\""));
+  unlink(path.c_str());
+}
+
+TEST(Checkpoint, BadRngStateIsRefusedUntouched) {
+  const auto path = temp_path("rng.dtt");
+  Target source;
+  auto f = good_contents(*source.model, source.opt);
+  f.tensors["rng"] = torch::zeros({3}, torch::kUInt8);
+  write_contents(path, f);
   EXPECT_TRUE(Contains(refused(path), "checkpoint " + path + " has an invalid RNG state (Byte [3])"));
   unlink(path.c_str());
 }
@@ -168,7 +225,7 @@ struct CounterCase {
 };
 
 TEST(Checkpoint, ImpossibleCountersAreRefusedUntouched) {
-  const auto path = temp_path("counters.pt");
+  const auto path = temp_path("counters.dtt");
   const CounterCase cases[] = {
       {"epoch", torch::tensor({int64_t{-1}}), "has epoch = -1 (expected at least 0)"},
       {"world_size", torch::tensor({int64_t{0}}), "has world_size = 0 (expected at least 1)"},
@@ -180,9 +237,9 @@ TEST(Checkpoint, ImpossibleCountersAreRefusedUntouched) {
   };
   Target source;
   for (const auto& c : cases) {
-    auto entries = good_entries();
-    entries[c.key] = c.value;
-    write_parts(path, *source.model, source.opt, signature(*source.model), entries);
+    auto f = good_contents(*source.model, source.opt);
+    f.tensors["state/" + c.key] = c.value;
+    write_contents(path, f);
     EXPECT_TRUE(Contains(refused(path), "checkpoint " + path + " " + c.message)) << c.key;
   }
   unlink(path.c_str());
@@ -191,7 +248,7 @@ TEST(Checkpoint, ImpossibleCountersAreRefusedUntouched) {
 // fsync of the temporary file fails: the error names it, and the previous
 // checkpoint is still the one under the final name.
 TEST(Checkpoint, FailedFsyncKeepsThePreviousCheckpoint) {
-  const auto path = temp_path("fsync.pt");
+  const auto path = temp_path("fsync.dtt");
   Target source;
   save_checkpoint(path, *source.model, source.opt, {1, 0, 19, 1});
   CheckpointFaults faults;
@@ -212,7 +269,7 @@ TEST(Checkpoint, FailedFsyncKeepsThePreviousCheckpoint) {
 TEST(Checkpoint, UnwritableDirectoryIsNamed) {
   const auto blocker = temp_path("blocker");
   std::ofstream(blocker) << "a file, not a directory";
-  const auto path = blocker + "/checkpoint.pt";
+  const auto path = blocker + "/checkpoint.dtt";
   Target source;
   auto error = what_thrown<std::runtime_error>(
       [&] { save_checkpoint(path, *source.model, source.opt, {1, 0, 19, 1}); });
@@ -224,7 +281,7 @@ TEST(Checkpoint, UnwritableDirectoryIsNamed) {
 // The final name is taken by a directory: the rename fails, is named, and
 // the temporary file does not stay behind.
 TEST(Checkpoint, FailedRenameRemovesTheTemporaryFile) {
-  const auto path = temp_path("taken.pt");
+  const auto path = temp_path("taken.dtt");
   ASSERT_EQ(mkdir(path.c_str(), 0755), 0);
   std::ofstream(path + "/keep") << "x";
   Target source;

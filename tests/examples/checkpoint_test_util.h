@@ -1,20 +1,20 @@
 #pragma once
 
 // Helpers of the checkpoint tests: temporary paths, bitwise snapshots of a
-// model and of an Adam's state, and checkpoint files crafted part by part
-// (the layout save_checkpoint writes) to damage one part at a time.
+// model and of an Adam's state, and checkpoint files crafted entry by entry
+// (what save_checkpoint writes) to damage one entry at a time.
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
-
-#include <ATen/CPUGeneratorImpl.h>
 
 #include <cstring>
 #include <map>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "fashion_mnist/checkpoint.h"
 
 namespace checkpoint_test {
 
@@ -62,15 +62,14 @@ inline AdamSnapshot snapshot(torch::optim::Adam& opt) {
   AdamSnapshot s;
   for (const auto& group : opt.param_groups()) {
     for (const auto& p : group.params()) {
-      auto it = opt.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
-      if (it == opt.state().end()) {
+      const auto* st = adam_state(opt, p);
+      if (st == nullptr) {
         s.steps.push_back(-1);
         continue;
       }
-      auto& st = static_cast<torch::optim::AdamParamState&>(*it->second);
-      s.steps.push_back(st.step());
-      s.tensors.push_back(st.exp_avg().clone());
-      s.tensors.push_back(st.exp_avg_sq().clone());
+      s.steps.push_back(st->step());
+      s.tensors.push_back(st->exp_avg().clone());
+      s.tensors.push_back(st->exp_avg_sq().clone());
     }
   }
   return s;
@@ -84,36 +83,15 @@ inline void expect_unchanged(torch::optim::Adam& opt, const AdamSnapshot& before
     EXPECT_TRUE(same_bits(now.tensors[i], before.tensors[i])) << "optimizer tensor " << i;
 }
 
-// What save_checkpoint stores as "signature": names and shapes.
-inline std::string signature(torch::nn::Module& model) {
-  std::ostringstream out;
-  for (const auto& p : model.named_parameters()) out << p.key() << ":" << p.value().sizes() << ";";
-  for (const auto& b : model.named_buffers()) out << b.key() << ":" << b.value().sizes() << ";";
-  return out.str();
+// What save_checkpoint writes for `model` and `opt` (epoch 1, step 2 of
+// it), to be damaged one entry at a time and written with write_contents.
+inline dtrain::checkpoint::TensorFile good_contents(torch::nn::Module& model,
+                                                   const torch::optim::Adam& opt) {
+  return checkpoint_contents(model, opt, TrainingState{1, 2, 21, 1});
 }
 
-// The counters and the RNG state of a valid checkpoint (epoch 1, step 2 of it).
-inline std::map<std::string, torch::Tensor> good_entries() {
-  auto counter = [](int64_t v) { return torch::tensor({v}, torch::kLong); };
-  return {{"epoch", counter(1)},
-          {"step_in_epoch", counter(2)},
-          {"global_step", counter(21)},
-          {"world_size", counter(1)},
-          {"rng", at::detail::getDefaultCPUGenerator().get_state()}};
-}
-
-// A checkpoint file of the layout save_checkpoint writes, from these parts.
-inline void write_parts(const std::string& path, torch::nn::Module& model_part,
-                        torch::optim::Optimizer& optimizer_part, const std::string& signature,
-                        const std::map<std::string, torch::Tensor>& entries) {
-  torch::serialize::OutputArchive archive, model_archive, opt_archive;
-  model_part.save(model_archive);
-  optimizer_part.save(opt_archive);
-  archive.write("model", model_archive);
-  archive.write("optimizer", opt_archive);
-  archive.write("signature", c10::IValue(signature));
-  for (const auto& [key, value] : entries) archive.write(key, value);
-  archive.save_to(path);
+inline void write_contents(const std::string& path, const dtrain::checkpoint::TensorFile& f) {
+  dtrain::checkpoint::save_tensor_file(path, f);
 }
 
 }  // namespace checkpoint_test

@@ -50,30 +50,30 @@ grep -q "killed by SIGKILL" "$work/user.log" || fail "no SIGKILL in the summary"
 cp -r "$work/user" "$work/user2"
 (cd "$work/user2" && "$run" --standalone --nproc-per-node 2 "$train" "${common[@]}" --resume) \
   >"$work/user2.log" 2>&1 || fail "--resume run"
-grep -q "resumed from checkpoints/checkpoint.pt at epoch 1, step 10" "$work/user2.log" || fail "did not resume at step 10"
+grep -q "resumed from checkpoints/checkpoint.dtt at epoch 1, step 10" "$work/user2.log" || fail "did not resume at step 10"
 [ "$(crc user2)" = "$expected" ] || fail "user resume: crc $(crc user2) != $expected"
 echo "killed at step 13, resumed with --resume: bitwise identical"
 
 # 2. killed in the second epoch (step 23), resumed automatically by dtrain-run
 job auto --max-restarts 1 -- --crash-at-step 23 || fail "auto-restart run"
 grep -q "restarting the workers (restart 1 of 1)" "$work/auto.log" || fail "no restart"
-grep -q "resumed from checkpoints/checkpoint.pt at epoch 2, step 1 (restart 1)" "$work/auto.log" || fail "no automatic resume at epoch 2, step 1"
+grep -q "resumed from checkpoints/checkpoint.dtt at epoch 2, step 1 (restart 1)" "$work/auto.log" || fail "no automatic resume at epoch 2, step 1"
 [ "$(crc auto)" = "$expected" ] || fail "auto resume: crc $(crc auto) != $expected"
 echo "killed at step 23, resumed by dtrain-run: bitwise identical"
 
 # 3. rank 0 killed while writing the step-15 checkpoint: step 10's survives
 job torn --max-restarts 1 -- --crash-in-checkpoint-at-step 15 || fail "torn-checkpoint run"
-grep -q "resumed from checkpoints/checkpoint.pt at epoch 1, step 10" "$work/torn.log" || fail "did not fall back to step 10"
+grep -q "resumed from checkpoints/checkpoint.dtt at epoch 1, step 10" "$work/torn.log" || fail "did not fall back to step 10"
 [ "$(crc torn)" = "$expected" ] || fail "torn checkpoint: crc $(crc torn) != $expected"
 echo "killed while writing a checkpoint: previous checkpoint intact, bitwise identical"
 
 # 4. a truncated checkpoint is refused before anything changes
-head -c 1000 "$work/clean/checkpoints/checkpoint.pt" >"$work/clean/checkpoints/cut.pt"
-mv "$work/clean/checkpoints/cut.pt" "$work/clean/checkpoints/checkpoint.pt"
+head -c 1000 "$work/clean/checkpoints/checkpoint.dtt" >"$work/clean/checkpoints/cut.dtt"
+mv "$work/clean/checkpoints/cut.dtt" "$work/clean/checkpoints/checkpoint.dtt"
 if (cd "$work/clean" && "$run" --standalone --nproc-per-node 2 "$train" "${common[@]}" --resume) >"$work/cut.log" 2>&1; then
   fail "a truncated checkpoint was accepted"
 fi
-grep -q "checkpoint checkpoints/checkpoint.pt is truncated or corrupt" "$work/cut.log" || fail "no truncation message"
+grep -q "checkpoint checkpoints/checkpoint.dtt is truncated or corrupt" "$work/cut.log" || fail "no truncation message"
 echo "truncated checkpoint: refused"
 
 # by_hand NAME DIR0 DIR1 [program flags]: the 2 ranks started by hand, rank r
@@ -108,14 +108,14 @@ quick=(--out-dir runs --epochs 1 --train-limit 300 --test-limit 100 --batch-size
 # 5. rank 0 cannot save (its checkpoint directory is under a regular file)
 mkdir -p "$work/nosave" && echo "a file" >"$work/nosave/blocker"
 by_hand nosave "$work/nosave" "$work/nosave" "${quick[@]}" --checkpoint-dir blocker/ck
-every_rank_failed nosave "rank 0: cannot save checkpoint blocker/ck/checkpoint.pt: cannot create blocker/ck/checkpoint.pt.tmp: Not a directory"
+every_rank_failed nosave "rank 0: cannot save checkpoint blocker/ck/checkpoint.dtt: cannot create blocker/ck/checkpoint.dtt.tmp: Not a directory"
 echo "rank 0 cannot save: every rank stopped with its error in $(cat "$work/nosave.seconds") s"
 
 # 6. rank 1 cannot load (its copy is truncated; rank 0's is fine): nobody resumes
 mkdir -p "$work/half0/checkpoints" "$work/half1/checkpoints"
-cp "$work/auto/checkpoints/checkpoint.pt" "$work/half0/checkpoints/"
-head -c 1000 "$work/auto/checkpoints/checkpoint.pt" >"$work/half1/checkpoints/checkpoint.pt"
+cp "$work/auto/checkpoints/checkpoint.dtt" "$work/half0/checkpoints/"
+head -c 1000 "$work/auto/checkpoints/checkpoint.dtt" >"$work/half1/checkpoints/checkpoint.dtt"
 by_hand half "$work/half0" "$work/half1" "${quick[@]}" --resume
-every_rank_failed half "rank 1: checkpoint checkpoints/checkpoint.pt is truncated or corrupt"
+every_rank_failed half "rank 1: checkpoint checkpoints/checkpoint.dtt is truncated or corrupt"
 if grep -q "resumed from" "$work/half.0.log"; then fail "rank 0 resumed although rank 1 could not"; fi
 echo "rank 1 cannot load: every rank stopped with its error in $(cat "$work/half.seconds") s"

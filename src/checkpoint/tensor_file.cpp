@@ -1,0 +1,140 @@
+#include "dtrain/checkpoint/tensor_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "checkpoint/tensor_file_format.h"
+#include "common/durable_file.h"
+#include "common/enforce.h"
+
+namespace dtrain::checkpoint {
+namespace {
+
+namespace tf = tensor_file;
+
+constexpr std::pair<at::ScalarType, tf::DType> kTypes[] = {
+    {at::kFloat, tf::DType::Float32},       {at::kDouble, tf::DType::Float64},
+    {at::kHalf, tf::DType::Float16},        {at::kBFloat16, tf::DType::BFloat16},
+    {at::kLong, tf::DType::Int64},          {at::kInt, tf::DType::Int32},
+    {at::kShort, tf::DType::Int16},         {at::kChar, tf::DType::Int8},
+    {at::kByte, tf::DType::UInt8},          {at::kBool, tf::DType::Bool},
+    {at::kComplexFloat, tf::DType::Complex64}, {at::kComplexDouble, tf::DType::Complex128},
+};
+
+tf::DType to_file(const std::string& name, at::ScalarType type) {
+  for (const auto& [torch_type, file_type] : kTypes)
+    if (torch_type == type) return file_type;
+  throw InvalidArgument(detail::cat("tensor file: tensor ", name, " has the dtype ", type,
+                                    ", which tensor files do not store"));
+}
+
+at::ScalarType to_torch(tf::DType type) {
+  for (const auto& [torch_type, file_type] : kTypes)
+    if (file_type == type) return torch_type;
+  DTRAIN_ENFORCE(false);
+  return at::kFloat;
+}
+
+// The bytes to write: contiguous and on the CPU (a copy only when needed).
+at::Tensor host_bytes(const std::string& name, const at::Tensor& t) {
+  DTRAIN_CHECK_ARG(t.defined(), "tensor file: tensor ", name, " is undefined");
+  DTRAIN_CHECK_ARG(t.layout() == at::kStrided && !t.is_quantized(), "tensor file: tensor ", name,
+                   " is not a dense tensor (layout ", t.layout(), ")");
+  return t.detach().to(at::kCPU).contiguous();
+}
+
+class File {
+ public:
+  explicit File(const std::string& what, const std::string& path) : what_(what) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    DTRAIN_CHECK_ARG(fd_ >= 0, what_, ": cannot open: ", std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd_);
+      throw InvalidArgument(what_ + ": not a regular file");
+    }
+    size_ = static_cast<uint64_t>(st.st_size);
+  }
+  ~File() { ::close(fd_); }
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+
+  uint64_t size() const { return size_; }
+
+  void read(uint64_t offset, size_t n, void* out) const {
+    auto* p = static_cast<char*>(out);
+    while (n > 0) {
+      const ssize_t got = ::pread(fd_, p, std::min<size_t>(n, 1u << 30), static_cast<off_t>(offset));
+      if (got < 0 && errno == EINTR) continue;
+      DTRAIN_CHECK_ARG(got >= 0, what_, ": cannot read: ", std::strerror(errno));
+      DTRAIN_CHECK_ARG(got > 0, what_, ": truncated while being read");
+      p += got;
+      n -= static_cast<size_t>(got);
+      offset += static_cast<uint64_t>(got);
+    }
+  }
+
+ private:
+  std::string what_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+};
+
+}  // namespace
+
+void save_tensor_file(const std::string& path, const TensorFile& file, const WriteFaults& faults) {
+  tf::Header header;
+  for (const auto& [key, value] : file.metadata) header.metadata.emplace_back(key, value);
+  for (const auto& [name, tensor] : file.tensors) {
+    const at::Tensor bytes = host_bytes(name, tensor);
+    tf::Entry e;
+    e.name = name;
+    e.dtype = to_file(name, bytes.scalar_type());
+    e.shape = bytes.sizes().vec();
+    e.bytes = bytes.nbytes();
+    e.crc = tf::crc32(bytes.data_ptr(), bytes.nbytes());
+    header.tensors.push_back(std::move(e));
+  }
+  const uint64_t data_bytes = tf::assign_offsets(header);
+  const std::string prefix = tf::encode_prefix(header, data_bytes);
+  files::WriteFaults hooks;
+  hooks.die_while_writing = faults.die_while_writing;
+  hooks.fsync_errno = faults.fsync_errno;
+  try {
+    files::replace_durably(path, prefix.size() + data_bytes, [&](files::Sink& out) {
+      out.write(prefix.data(), prefix.size());
+      for (const auto& [name, tensor] : file.tensors) {
+        const at::Tensor bytes = host_bytes(name, tensor);
+        out.write(bytes.data_ptr(), bytes.nbytes());
+      }
+    }, hooks);
+  } catch (const InvalidArgument&) {
+    throw;
+  } catch (const Error& e) {
+    throw Error("cannot save tensor file " + path + ": " + e.what());
+  }
+}
+
+TensorFile load_tensor_file(const std::string& path) {
+  const std::string what = "tensor file " + path;
+  File in(what, path);
+  const tf::Layout layout = tf::read_layout(
+      what, in.size(), [&](uint64_t offset, size_t n, void* out) { in.read(offset, n, out); });
+  TensorFile result;
+  for (const auto& [key, value] : layout.header.metadata) result.metadata[key] = value;
+  for (const auto& e : layout.header.tensors) {
+    // e.bytes is within the file's size: read_layout checked it.
+    at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(to_torch(e.dtype)));
+    DTRAIN_ENFORCE_EQ(t.nbytes(), e.bytes);
+    in.read(layout.data_start + e.offset, static_cast<size_t>(e.bytes), t.data_ptr());
+    tf::verify(what, e, t.data_ptr());
+    result.tensors.emplace(e.name, std::move(t));
+  }
+  return result;
+}
+
+}  // namespace dtrain::checkpoint
