@@ -150,3 +150,42 @@ write_corpus("idx_reader", {
     "images_2x3_gz": bytes([4]) + gzip.compress(idx(2051, [1, 2, 3], bytes(range(6))), mtime=0),
     "labels_raw": bytes([0]) + idx(2049, [1], b"\x09"),
 })
+
+
+# checkpoint_fuzz: checkpoints of the harness's model (fc: Linear(3, 2)) and
+# its Adam, as examples/fashion_mnist/checkpoint.cpp writes them.
+def checkpoint(stepped):
+    def f32(*shape):
+        n = 1
+        for d in shape:
+            n *= d
+        return struct.pack(f"<{n}f", *[0.25] * n)
+
+    def i64(v):
+        return struct.pack("<q", v)
+
+    tensors = {
+        "model/fc.weight": (1, [2, 3], f32(2, 3)),
+        "model/fc.bias": (1, [2], f32(2)),
+        "optimizer/group/0/options": (2, [6], struct.pack("<6d", 1e-3, 0.9, 0.999, 1e-8, 0, 0)),
+        "optimizer/group/0/size": (5, [1], i64(2)),
+        "state/epoch": (5, [1], i64(1)),
+        "state/step_in_epoch": (5, [1], i64(2)),
+        "state/global_step": (5, [1], i64(21)),
+        "state/world_size": (5, [1], i64(1)),
+        # libtorch's CPU generator state: 5056 bytes; set_state wants the
+        # mt19937 position `left` (int32 at byte 8) in 1..624 and `seeded`
+        # (int32 at byte 12) set.
+        "rng": (9, [5056], bytes(8) + struct.pack("<ii", 1, 1) + bytes(5040)),
+    }
+    if stepped:
+        for k, shape in ((0, [2, 3]), (1, [2])):
+            tensors[f"optimizer/state/{k}/step"] = (5, [1], i64(1))
+            tensors[f"optimizer/state/{k}/exp_avg"] = (1, shape, f32(*shape))
+            tensors[f"optimizer/state/{k}/exp_avg_sq"] = (1, shape, f32(*shape))
+    meta = [("format", "dtrain-fashion-mnist-checkpoint/1"),
+            ("model/signature", "fc.weight:[2, 3];fc.bias:[2];")]
+    return tensor_file(sorted(meta), [(n, *tensors[n]) for n in sorted(tensors)])
+
+
+write_corpus("checkpoint", {"fresh": checkpoint(False), "stepped": checkpoint(True)})
