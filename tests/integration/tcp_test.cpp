@@ -12,6 +12,7 @@
 #include "common/socket.h"
 #include "harness/assertions.h"
 #include "harness/thread_ranks.h"
+#include "transport/tcp/hello.h"
 #include "transport/tcp/transport.h"
 
 namespace dtrain {
@@ -90,11 +91,12 @@ class FakePeer {
     const auto port = static_cast<uint16_t>(std::stoi(addr.substr(nl + 1)));
     for (int s = 0; s < streams; ++s) {
       auto fd = net::connect_to(addr.substr(0, nl), port, net::Clock::now() + 10s);
-      const uint32_t hello[6] = {0x69485464, 1, static_cast<uint32_t>(id),
-                                 static_cast<uint32_t>(id >> 32), 1, static_cast<uint32_t>(s)};
-      net::send_all(fd.get(), hello, sizeof(hello), net::Clock::now() + 10s, "rank 0");
-      uint32_t reply[6];
-      net::recv_all(fd.get(), reply, sizeof(reply), net::Clock::now() + 10s, "rank 0");
+      const transport::tcp::Hello hello{transport::tcp::kHelloMagic,
+                                        transport::tcp::kHelloVersion, id, 1,
+                                        static_cast<uint32_t>(s), 0, 0, {}};
+      net::send_all(fd.get(), &hello, sizeof(hello), net::Clock::now() + 10s, "rank 0");
+      transport::tcp::Hello reply{};
+      net::recv_all(fd.get(), &reply, sizeof(reply), net::Clock::now() + 10s, "rank 0");
       fds.push_back(std::move(fd));
     }
   }

@@ -11,6 +11,7 @@
 #include "common/env.h"
 #include "common/logging.h"
 #include "core/average.h"
+#include "store/auth.h"
 #include "core/broken_group.h"
 #include "transport/tcp/transport.h"
 
@@ -59,6 +60,7 @@ TcpProcessGroup::TcpProcessGroup(std::shared_ptr<Store> store, int rank, int siz
     t.streams = streams_from_env();
     t.timeout = timeout();
     t.name = name();
+    t.token = store_auth::token_from_environment().value_or("");
     transport_ = transport::connect_tcp(*store, rank, size, t);
   }
   scratch_ = std::make_unique<algorithms::Scratch>();

@@ -20,8 +20,9 @@
 // `local_address` (port chosen by the kernel) and publishes host:port; a
 // rank connects to every lower rank and accepts from every higher one. Each
 // connection opens with a hello (magic, version, the group's random id, rank,
-// stream), checked before it is used; a connection with a bad hello is closed
-// and logged, and does not disturb the group.
+// stream), checked before it is used, and with a job token both ends prove
+// they hold it (hello.h); a connection that fails any of it is closed and
+// logged, and does not disturb the group.
 
 #include <chrono>
 #include <memory>
@@ -37,6 +38,7 @@ struct TcpOptions {
   int streams = 2;            // connections per pair of ranks (1..16)
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};  // connection setup
   std::string name;           // the group's name, for messages
+  std::string token;          // the job token (DTRAIN_STORE_TOKEN); empty: none
 };
 
 // Messages at least this long are split over every stream.
