@@ -118,9 +118,12 @@ WorkPtr reduce_scatter(at::Tensor output, const std::vector<at::Tensor>& inputs,
 WorkPtr all_to_all(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
                    const CollectiveOptions& options = CollectiveOptions());
 WorkPtr barrier(const CollectiveOptions& options = CollectiveOptions());
-// Blocking point to point, and their asynchronous forms.
+// Blocking point to point, and their asynchronous forms. recv returns the
+// sender's global rank: `src`, or for src = kAnySource the rank whose
+// message it took (torch.distributed.recv with src=None); irecv's work
+// names it (as a rank of the group) with source_rank().
 void send(at::Tensor tensor, int dst, const P2POptions& options = P2POptions());
-void recv(at::Tensor tensor, int src, const P2POptions& options = P2POptions());
+int recv(at::Tensor tensor, int src, const P2POptions& options = P2POptions());
 WorkPtr isend(at::Tensor tensor, int dst, const P2POptions& options = P2POptions());
 WorkPtr irecv(at::Tensor tensor, int src, const P2POptions& options = P2POptions());
 

@@ -49,6 +49,9 @@ struct GroupOptions {
 
 using Timeout = std::optional<std::chrono::milliseconds>;
 
+// recv's `src` for a message from any rank (torch.distributed's src=None).
+inline constexpr int kAnySource = -1;
+
 class ProcessGroup {
  public:
   virtual ~ProcessGroup() = default;
@@ -81,7 +84,9 @@ class ProcessGroup {
   WorkPtr barrier(Timeout timeout = {});
   // Point to point. Sends and receives are matched by (peer, tag) in order;
   // they are posted at once, so isend/irecv pairs in any order never
-  // deadlock.
+  // deadlock. recv from kAnySource takes the first message with its tag
+  // from any rank (receives from a named rank are matched before it); the
+  // work's source_rank() names the sender.
   WorkPtr send(at::Tensor tensor, int dst, int tag = 0, Timeout timeout = {});
   WorkPtr recv(at::Tensor tensor, int src, int tag = 0, Timeout timeout = {});
 

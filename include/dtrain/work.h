@@ -45,6 +45,13 @@ class Work {
   // What the operation is, e.g. "all_reduce #12 on group 'default'".
   const std::string& description() const { return description_; }
 
+  // The rank (in its group) a receive got its message from: for a receive
+  // from kAnySource, the rank it was matched with. Throws InvalidArgument
+  // for other work, or before the receive has succeeded.
+  int source_rank() const;
+  // For backends: records the source of a receive, before finish().
+  void set_source_rank(int rank);
+
   // For backends: marks the work finished (with a failure when `error` is
   // set) and wakes every waiter. Must be called exactly once.
   void finish(std::exception_ptr error = nullptr);
@@ -64,6 +71,7 @@ class Work {
   std::condition_variable done_cv_;
   bool finishing_ = false;
   bool done_ = false;
+  int source_rank_ = -1;
   std::exception_ptr error_;
   std::vector<std::function<void()>> then_;
 };

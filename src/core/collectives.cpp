@@ -86,11 +86,18 @@ WorkPtr isend(at::Tensor tensor, int dst, const P2POptions& o) {
 
 WorkPtr irecv(at::Tensor tensor, int src, const P2POptions& o) {
   auto g = pick(o.group());
-  return g->recv(std::move(tensor), to_group_rank(*g, src, "recv", "src"), o.tag(), o.timeout());
+  const int from = src == kAnySource ? kAnySource : to_group_rank(*g, src, "recv", "src");
+  return g->recv(std::move(tensor), from, o.tag(), o.timeout());
 }
 
 void send(at::Tensor tensor, int dst, const P2POptions& o) { isend(std::move(tensor), dst, o)->wait(); }
 
-void recv(at::Tensor tensor, int src, const P2POptions& o) { irecv(std::move(tensor), src, o)->wait(); }
+int recv(at::Tensor tensor, int src, const P2POptions& o) {
+  auto g = pick(o.group());
+  auto work = irecv(std::move(tensor), src, o);
+  work->wait();
+  const int r = work->source_rank();
+  return g->global_ranks()[static_cast<size_t>(r)];
+}
 
 }  // namespace dtrain

@@ -253,13 +253,17 @@ WorkPtr ProcessGroup::recv(at::Tensor tensor, int src, int tag, Timeout timeout)
   check_member("recv");
   TensorChecks c("recv", *this);
   c.tensor("tensor", tensor);
-  c.peer("src", src);
+  if (src != kAnySource) c.peer("src", src);
+  DTRAIN_CHECK_ARG(src != kAnySource || size() > 1, "recv: from any rank in group '", name(),
+                   "' of one rank: there is no other rank");
   DTRAIN_CHECK_ARG(tag >= 0, "recv: tag must be >= 0, got ", tag);
   std::lock_guard<std::mutex> lock(issue_mutex_);
   auto call = next_call("recv", timeout, false);
   std::vector<std::pair<at::Tensor, at::Tensor>> back;
   auto staged = stage_output(tensor, back);
-  return write_back(do_recv(call, staged, src, tag), std::move(back));
+  auto work = do_recv(call, staged, src, tag);
+  if (src != kAnySource) work->set_source_rank(src);
+  return write_back(std::move(work), std::move(back));
 }
 
 }  // namespace dtrain

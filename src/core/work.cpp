@@ -9,6 +9,18 @@ bool Work::is_completed() const {
   return done_;
 }
 
+int Work::source_rank() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  DTRAIN_CHECK_ARG(done_ && !error_ && source_rank_ >= 0, "source_rank: ", description_,
+                   " is not a receive that has completed successfully");
+  return source_rank_;
+}
+
+void Work::set_source_rank(int rank) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  source_rank_ = rank;
+}
+
 bool Work::is_success() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return done_ && !error_;

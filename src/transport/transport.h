@@ -20,6 +20,13 @@
 //    and free its scratch memory), then the error is thrown: TimeoutError,
 //    NetworkError naming the peer (it closed the connection, sent garbage),
 //    or CollectiveMismatch. Every later post fails with that first error.
+//  - irecv_any receives the first message with its tag from whichever peer
+//    it is matched with first (messages already held, or the next to
+//    arrive); receives posted for a specific peer are matched before it.
+//    The request's source() names the peer once wait() has returned. Do not
+//    mix it with specific receives of the same tag from the same peer that
+//    are posted at the same time: which of them gets which message is then
+//    not defined.
 //  - A transport's own threads never call back into the caller.
 
 #include <chrono>
@@ -38,6 +45,8 @@ class Request {
   virtual ~Request() = default;
   // `what` names the operation in a timeout message ("all_reduce #3 ...").
   virtual void wait(Clock::time_point deadline, const std::string& what) = 0;
+  // The peer of the operation; for irecv_any, -1 until it is matched.
+  virtual int source() const = 0;
 };
 using RequestPtr = std::shared_ptr<Request>;
 
@@ -48,6 +57,7 @@ class Transport {
   virtual int size() const = 0;
   virtual RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes) = 0;
   virtual RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes) = 0;
+  virtual RequestPtr irecv_any(uint64_t tag, void* data, size_t bytes) = 0;
   // Breaks the transport with `error` (the first one wins); pending requests
   // fail with it, their buffers released before this returns.
   virtual void fail(std::exception_ptr error) = 0;

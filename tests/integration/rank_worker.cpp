@@ -36,6 +36,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -93,6 +94,27 @@ at::Tensor pattern(int seed, int64_t n, at::ScalarType dt) {
   return (at::fmod(at::arange(n, at::kDouble) + seed, 3) + 1).to(dt);
 }
 
+// Rank 0 takes one message from every other rank, from any rank: recv
+// names each sender once, and the message is that sender's.
+int check_recv_from_any_rank(int rank, int world) {
+  if (rank != 0) {
+    dtrain::send(at::full({5}, rank, at::kInt), 0, dtrain::P2POptions().tag(4));
+    return 0;
+  }
+  std::vector<int> senders;
+  for (int i = 1; i < world; ++i) {
+    auto in = at::zeros({5}, at::kInt);
+    const int from = dtrain::recv(in, dtrain::kAnySource, dtrain::P2POptions().tag(4));
+    if (!at::equal(in, at::full({5}, from, at::kInt))) return fail("recv from any rank: data");
+    senders.push_back(from);
+  }
+  std::sort(senders.begin(), senders.end());
+  for (int i = 1; i < world; ++i)
+    if (senders[i - 1] != i) return fail("recv from any rank: senders");
+  std::cout << "rank 0 received from any rank " << world - 1 << " times" << std::endl;
+  return 0;
+}
+
 int check_matrix(const std::string& backend) {
   dtrain::init_process_group(dtrain::InitOptions().backend(backend));
   const int rank = dtrain::get_rank(), world = dtrain::get_world_size();
@@ -145,6 +167,7 @@ int check_matrix(const std::string& backend) {
     }
   }
   if (int rc = check_every_collective(rank, world)) return rc;
+  if (int rc = check_recv_from_any_rank(rank, world)) return rc;
   dtrain::barrier();
   std::cout << "rank " << rank << " matrix ok on " << dtrain::default_group()->backend_name()
             << std::endl;
@@ -231,6 +254,8 @@ int check_collectives(const std::string& init_method, const std::string& backend
   dtrain::all_gather(outs, at::full({3}, rank, at::kInt));
   for (int r = 0; r < world; ++r)
     if (!at::equal(outs[r], at::full({3}, r, at::kInt))) return fail("all_gather");
+
+  if (int rc = check_recv_from_any_rank(rank, world)) return rc;
 
   // A subgroup of the even ranks runs while the default group is busy too.
   std::vector<int> evens;

@@ -25,6 +25,8 @@ struct MpiProcessGroup::Posted {
   bool cancellable = false;            // point to point (MPI cannot cancel collectives)
   std::vector<at::Tensor> buffers;     // what MPI reads or writes until the request is done
   std::vector<int> counts;             // MPI_Ialltoallv's count and displacement arrays
+  bool receive = false;                // point-to-point receive: its source is recorded
+  int source = -1;                     // MPI_SOURCE of a completed receive
 };
 
 namespace {
@@ -197,6 +199,7 @@ WorkPtr MpiProcessGroup::launch(const Call& call, SerialExecutor& executor,
     std::exception_ptr error;
     try {
       complete(call, posted);
+      if (posted->receive) work->set_source_rank(posted->source);
       if (after) after();
     } catch (...) {
       error = std::current_exception();
@@ -214,7 +217,10 @@ void MpiProcessGroup::complete(const Call& call, const std::shared_ptr<Posted>& 
   for (int polls = 0;; ++polls) {
     int done = 0;
     check(MPI_Test(&posted->request, &done, &status), call.description);
-    if (done) return;
+    if (done) {
+      if (posted->receive) posted->source = status.MPI_SOURCE;
+      return;
+    }
     if (Clock::now() >= deadline) break;
     // Poll hot at first, then back off so a waiting rank leaves the CPU.
     if (polls > 200) std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -228,7 +234,10 @@ void MpiProcessGroup::complete(const Call& call, const std::shared_ptr<Posted>& 
     MPI_Cancel(&posted->request);
     if (MPI_Test(&posted->request, &done, &status) == MPI_SUCCESS && done) {
       MPI_Test_cancelled(&status, &cancelled);
-      if (!cancelled) return;  // it completed after all: not a timeout
+      if (!cancelled) {  // it completed after all: not a timeout
+        if (posted->receive) posted->source = status.MPI_SOURCE;
+        return;
+      }
       throw TimeoutError(timed_out + " (cancelled; the group is broken)");
     }
   }
@@ -393,8 +402,9 @@ WorkPtr MpiProcessGroup::do_recv(const Call& call, at::Tensor tensor, int src, i
   const int n = count_of(tensor, call.description);
   return launch(call, p2p_waits_, {tensor}, [&](Posted& p) {
     p.cancellable = true;
-    check(MPI_Irecv(tensor.data_ptr(), n, datatype(tensor.scalar_type()), src, tag, comm_->comm,
-                    &p.request),
+    p.receive = true;
+    check(MPI_Irecv(tensor.data_ptr(), n, datatype(tensor.scalar_type()),
+                    src == kAnySource ? MPI_ANY_SOURCE : src, tag, comm_->comm, &p.request),
           call.description);
   });
 }

@@ -233,20 +233,21 @@ WorkPtr TcpProcessGroup::post_p2p(const Call& call, at::Tensor tensor, int peer,
   auto work = std::make_shared<Work>(call.description);
   transport::RequestPtr request;
   try {
-    request = is_send ? transport_->isend(peer, transport::p2p_tag(tag), tensor.data_ptr(),
-                                          tensor.nbytes())
-                      : transport_->irecv(peer, transport::p2p_tag(tag), tensor.data_ptr(),
-                                          tensor.nbytes());
+    const uint64_t t = transport::p2p_tag(tag);
+    if (is_send) request = transport_->isend(peer, t, tensor.data_ptr(), tensor.nbytes());
+    else if (peer == kAnySource) request = transport_->irecv_any(t, tensor.data_ptr(), tensor.nbytes());
+    else request = transport_->irecv(peer, t, tensor.data_ptr(), tensor.nbytes());
   } catch (const std::exception&) {
     if (!transport_->error()) throw;
     std::rethrow_exception(broken_group_error(call.description, transport_->error()));
   }
   // Posted above; only the waiting happens in order on the second thread.
   const auto deadline = transport::Clock::now() + call.timeout;
-  p2p_waits_.submit([work, request, tensor, deadline, what = call.description] {
+  p2p_waits_.submit([work, request, tensor, deadline, is_send, what = call.description] {
     std::exception_ptr error;
     try {
       request->wait(deadline, what);
+      if (!is_send) work->set_source_rank(request->source());
     } catch (...) {
       error = std::current_exception();
     }

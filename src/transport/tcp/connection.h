@@ -8,6 +8,7 @@
 // holds it may read into or write from the buffers of queued parts, which is
 // why aborting a connection (under the mutex) is enough to release them.
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -50,12 +51,14 @@ class TcpRequest final : public Request {
   TcpRequest(TcpTransport& transport, int peer, int parts)
       : transport_(transport), peer_(peer), remaining_(parts) {}
   void wait(Clock::time_point deadline, const std::string& what) override;
+  int source() const override { return peer_.load(); }
+  void bind(int peer) { peer_.store(peer); }  // an irecv_any matched with `peer`
   void part_done();
   void fail(std::exception_ptr error);
 
  private:
   TcpTransport& transport_;
-  const int peer_;
+  std::atomic<int> peer_;  // -1: an irecv_any not matched yet
   std::mutex mutex_;
   std::condition_variable cv_;
   int remaining_;
@@ -106,6 +109,17 @@ struct Connection {
   bool in_message = false;
   Part current;               // when the message goes straight to a receive
   Held* current_held = nullptr;  // when it is held
+  // Parts of an irecv_any that this connection's I/O thread matched, for
+  // the peer's other streams: posted once this connection's mutex is free.
+  std::vector<std::pair<Connection*, Part>> deferred;
+};
+
+// An irecv_any not matched with a peer yet.
+struct AnyReceive {
+  uint64_t tag = 0;
+  uint8_t* data = nullptr;
+  size_t bytes = 0;
+  std::shared_ptr<TcpRequest> request;
 };
 
 }  // namespace dtrain::transport::tcp

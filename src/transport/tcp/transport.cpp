@@ -11,7 +11,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <optional>
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <thread>
 
@@ -41,12 +43,16 @@ class TcpTransport final : public Transport {
   int size() const override { return size_; }
   RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes) override;
   RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes) override;
+  RequestPtr irecv_any(uint64_t tag, void* data, size_t bytes) override;
   void fail(std::exception_ptr error) override;
   std::exception_ptr error() const override {
     std::lock_guard<std::mutex> lock(error_mutex_);
     return error_;
   }
-  const std::string& peer_name(int peer) const { return conns_[peer][0]->name; }
+  const std::string& peer_name(int peer) const {
+    static const std::string any = "any rank";
+    return peer < 0 ? any : conns_[peer][0]->name;
+  }
 
  private:
   using Parts = std::vector<std::pair<Connection*, Part>>;
@@ -54,6 +60,14 @@ class TcpTransport final : public Transport {
               const std::shared_ptr<TcpRequest>& request, const char* op);
   void post_send(Connection& c, Part part);
   void post_recv(Connection& c, Part part);
+  // Removes `request` from the unmatched irecv_any list; false when it was
+  // matched (or failed) meanwhile. Takes any_mutex_.
+  std::optional<AnyReceive> take_any(const std::shared_ptr<TcpRequest>& request);
+  // On `c` (stream 0, its mutex held): the first unmatched irecv_any for
+  // `tag`, bound to c's peer; its part for `c` is returned, the others go
+  // to c.deferred. nullopt when there is none.
+  std::optional<Part> match_any(Connection& c, uint64_t tag);
+  void post_deferred(Connection& c);
   void serve(int stream);
   void on_event(Connection& c, uint32_t events);
   bool flush(Connection& c);            // true when the send queue is empty
@@ -73,6 +87,11 @@ class TcpTransport final : public Transport {
   std::vector<std::thread> threads_;
   mutable std::mutex error_mutex_;
   std::exception_ptr error_;
+  // Unmatched irecv_any requests, in posting order. Lock order: a
+  // connection's mutex, then any_mutex_.
+  std::mutex any_mutex_;
+  std::list<AnyReceive> any_;
+  std::atomic<size_t> any_count_{0};
 };
 
 // ---- requests -------------------------------------------------------------
@@ -165,6 +184,12 @@ void TcpTransport::fail(std::exception_ptr error) {
     timeout = true;
   } catch (...) {
   }
+  {
+    std::lock_guard<std::mutex> lock(any_mutex_);
+    for (auto& a : any_) a.request->fail(error);
+    any_.clear();
+    any_count_ = 0;
+  }
   for (auto& peer : conns_) {
     for (auto& c : peer) {
       std::lock_guard<std::mutex> lock(c->mutex);
@@ -243,6 +268,82 @@ RequestPtr TcpTransport::irecv(int peer, uint64_t tag, void* data, size_t bytes)
   return request;
 }
 
+RequestPtr TcpTransport::irecv_any(uint64_t tag, void* data, size_t bytes) {
+  if (auto e = error()) std::rethrow_exception(e);
+  DTRAIN_CHECK_ARG(size_ > 1, "tcp: a receive from any rank in a group of one rank");
+  const int n = bytes >= kSplitBytes ? options_.streams : 1;
+  auto request = std::make_shared<TcpRequest>(*this, -1, n);
+  {
+    std::lock_guard<std::mutex> lock(any_mutex_);
+    any_.push_back({tag, static_cast<uint8_t*>(data), bytes, request});
+    ++any_count_;
+  }
+  // A message that is already here (held on a peer's first stream, where
+  // every message has its first part) binds the receive to that peer now;
+  // otherwise the I/O thread of the first one to arrive binds it.
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    Connection& c = *conns_[p][0];
+    std::unique_lock<std::mutex> lock(c.mutex);
+    const bool here = std::any_of(c.held.begin(), c.held.end(), [&](const Held& h) {
+      return h.tag == tag && !h.waiter;
+    });
+    if (!here) continue;
+    auto mine = take_any(request);
+    lock.unlock();
+    if (!mine) break;  // an I/O thread matched it meanwhile
+    request->bind(p);
+    for (auto& [conn, part] : split(p, tag, mine->data, mine->bytes, request, "irecv"))
+      post_recv(*conn, std::move(part));
+    break;
+  }
+  if (auto e = error()) {  // failed meanwhile: fail() may have missed it
+    if (take_any(request)) request->fail(e);
+  }
+  return request;
+}
+
+std::optional<AnyReceive> TcpTransport::take_any(const std::shared_ptr<TcpRequest>& request) {
+  std::lock_guard<std::mutex> lock(any_mutex_);
+  for (auto it = any_.begin(); it != any_.end(); ++it) {
+    if (it->request != request) continue;
+    AnyReceive a = std::move(*it);
+    any_.erase(it);
+    --any_count_;
+    return a;
+  }
+  return std::nullopt;
+}
+
+std::optional<Part> TcpTransport::match_any(Connection& c, uint64_t tag) {
+  if (c.stream != 0 || any_count_.load() == 0) return std::nullopt;
+  AnyReceive a;
+  {
+    std::lock_guard<std::mutex> lock(any_mutex_);
+    auto it = std::find_if(any_.begin(), any_.end(), [&](const AnyReceive& r) { return r.tag == tag; });
+    if (it == any_.end()) return std::nullopt;
+    a = std::move(*it);
+    any_.erase(it);
+    --any_count_;
+  }
+  a.request->bind(c.peer);
+  std::optional<Part> mine;
+  for (auto& [conn, part] : split(c.peer, tag, a.data, a.bytes, a.request, "irecv")) {
+    if (conn == &c) mine = std::move(part);
+    else c.deferred.emplace_back(conn, std::move(part));
+  }
+  return mine;
+}
+
+void TcpTransport::post_deferred(Connection& c) {
+  std::vector<std::pair<Connection*, Part>> parts;
+  {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    parts.swap(c.deferred);
+  }
+  for (auto& [conn, part] : parts) post_recv(*conn, std::move(part));
+}
+
 void TcpTransport::post_send(Connection& c, Part part) {
   std::exception_ptr broke;
   {
@@ -315,6 +416,7 @@ void TcpTransport::serve(int stream) {
 
 void TcpTransport::on_event(Connection& c, uint32_t events) {
   std::exception_ptr broke;
+  bool deferred = false;
   {
     std::lock_guard<std::mutex> lock(c.mutex);
     if (c.dead) return;
@@ -322,7 +424,9 @@ void TcpTransport::on_event(Connection& c, uint32_t events) {
     if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) ok = receive(c);
     if (ok && (events & EPOLLOUT) && flush(c)) watch_out(c, false);
     if (c.dead && kill(c, c.dead)) broke = c.dead;
+    deferred = !c.deferred.empty();
   }
+  if (deferred) post_deferred(c);
   if (broke) fail(broke);
 }
 
@@ -429,6 +533,18 @@ void TcpTransport::start_message(Connection& c) {
     }
     c.current = std::move(*it);
     c.recvq.erase(it);
+    return;
+  }
+  if (auto part = match_any(c, h.tag)) {
+    if (part->total != h.total) {
+      c.dead = std::make_exception_ptr(CollectiveMismatch(detail::cat(
+          "tcp: ", c.name, " sent ", h.total, " bytes where this rank expected ", part->total,
+          " (the ranks called collectives or send/recv of different sizes)")));
+      part->request->fail(c.dead);
+      c.in_message = false;
+      return;
+    }
+    c.current = std::move(*part);
     return;
   }
   Held held;
