@@ -3,8 +3,9 @@
 //
 //   dtrain-run --standalone --nproc-per-node 2 dtrain-bench collectives \
 //       [--backend auto|shm|tcp] [--op all_reduce|broadcast|reduce|all_gather|gather|
-//        scatter|reduce_scatter|all_to_all] [--dtype float32|float64|float16|bfloat16|
-//        int32|int64|uint8|int8] [--redop sum|avg|prod|min|max]
+//        scatter|reduce_scatter|all_to_all|all_gather_into_tensor|reduce_scatter_tensor]
+//       [--dtype float32|float64|float16|bfloat16|int32|int64|uint8|int8]
+//       [--redop sum|avg|prod|min|max]
 //       [--min-bytes 4] [--max-bytes 268435456] [--iters N]
 //       [--baseline ../shared/baselines/py_allreduce.py] [--runs 3]
 //
@@ -12,7 +13,8 @@
 // nccl-tests), count (its elements), dtype, op (the reduction, or "none"),
 // time_us (slowest rank), algbw = size / time and busbw (GB/s, nccl-tests'
 // definitions: all_reduce busbw = algbw * 2(n-1)/n; all_gather,
-// reduce_scatter, all_to_all, gather, scatter algbw * (n-1)/n; broadcast and
+// reduce_scatter (and their _tensor forms), all_to_all, gather, scatter
+// algbw * (n-1)/n; broadcast and
 // reduce busbw = algbw) and #wrong, the elements that differ from the
 // exact expected result after one checked call (summed over ranks).
 //
@@ -154,6 +156,26 @@ Case make_case(const std::string& op, int64_t count, at::ScalarType dt, ReduceOp
     c.check = [=] {
       return wrong((*out)[0], reduced(n, per * n, dt, redop).narrow(0, me * per, per));
     };
+  } else if (op == "all_gather_into_tensor") {
+    c.reset = [=] {
+      *in = {fill(me, per, dt)};
+      *out = {at::zeros({per * n}, dt)};
+    };
+    c.run = [=] { g->all_gather_into_tensor((*out)[0], (*in)[0])->wait(); };
+    c.check = [=] {
+      int64_t bad = 0;
+      for (int j = 0; j < n; ++j) bad += wrong((*out)[0].narrow(0, j * per, per), fill(j, per, dt));
+      return bad;
+    };
+  } else if (op == "reduce_scatter_tensor") {
+    c.reset = [=] {
+      *in = {fill(me, per * n, dt)};
+      *out = {at::zeros({per}, dt)};
+    };
+    c.run = [=] { g->reduce_scatter_tensor((*out)[0], (*in)[0], redop)->wait(); };
+    c.check = [=] {
+      return wrong((*out)[0], reduced(n, per * n, dt, redop).narrow(0, me * per, per));
+    };
   } else if (op == "all_to_all") {
     const int64_t each = per / n;
     c.reset = [=] {
@@ -171,7 +193,7 @@ Case make_case(const std::string& op, int64_t count, at::ScalarType dt, ReduceOp
       return bad;
     };
   } else {
-    throw std::invalid_argument("--op " + op + " is not one of all_reduce, broadcast, reduce, all_gather, gather, scatter, reduce_scatter, all_to_all");
+    throw std::invalid_argument("--op " + op + " is not one of all_reduce, broadcast, reduce, all_gather, gather, scatter, reduce_scatter, all_to_all, all_gather_into_tensor, reduce_scatter_tensor");
   }
   return c;
 }
@@ -303,7 +325,8 @@ int bench_collectives(const Args& a) {
   const std::string op = a.get("op", "all_reduce");
   const auto dt = parse_dtype(a.get("dtype", "float32"));
   const auto redop = parse_redop(a.get("redop", "sum"));
-  const bool reduces = op == "all_reduce" || op == "reduce" || op == "reduce_scatter";
+  const bool reduces = op == "all_reduce" || op == "reduce" || op == "reduce_scatter" ||
+                       op == "reduce_scatter_tensor";
   const int64_t elem = static_cast<int64_t>(c10::elementSize(dt));
   const int64_t min_bytes = std::max<int64_t>(elem, std::stoll(a.get("min-bytes", "4")));
   const int64_t max_bytes = std::stoll(a.get("max-bytes", "268435456"));

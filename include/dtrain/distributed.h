@@ -115,6 +115,12 @@ WorkPtr scatter(at::Tensor output, const std::vector<at::Tensor>& inputs, int sr
                 const CollectiveOptions& options = CollectiveOptions());
 WorkPtr reduce_scatter(at::Tensor output, const std::vector<at::Tensor>& inputs,
                        const ReduceScatterOptions& options = ReduceScatterOptions());
+// Flat-buffer forms: `output` (all_gather) or `input` (reduce_scatter) holds
+// one tensor per rank, concatenated along dim 0 or stacked.
+WorkPtr all_gather_into_tensor(at::Tensor output, at::Tensor input,
+                               const CollectiveOptions& options = CollectiveOptions());
+WorkPtr reduce_scatter_tensor(at::Tensor output, at::Tensor input,
+                              const ReduceScatterOptions& options = ReduceScatterOptions());
 WorkPtr all_to_all(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
                    const CollectiveOptions& options = CollectiveOptions());
 WorkPtr barrier(const CollectiveOptions& options = CollectiveOptions());

@@ -77,6 +77,16 @@ class ProcessGroup {
   // output = op over ranks of inputs[rank()]; size() inputs, each like output.
   WorkPtr reduce_scatter(at::Tensor output, const std::vector<at::Tensor>& inputs,
                          ReduceOp op = ReduceOp::SUM, Timeout timeout = {});
+  // Flat-buffer forms (torch.distributed's names): `output` holds size()
+  // tensors like `input`, rank i's at position i, concatenated along dim 0
+  // ([size() * d0, ...]) or stacked ([size(), d0, ...]). Bitwise the same
+  // results as all_gather, with no list of tensors to build.
+  WorkPtr all_gather_into_tensor(at::Tensor output, at::Tensor input, Timeout timeout = {});
+  // `input` holds size() tensors like `output` (concatenated or stacked);
+  // output = op over ranks of the rank()-th of them. Bitwise the same as
+  // reduce_scatter; `input` is not modified.
+  WorkPtr reduce_scatter_tensor(at::Tensor output, at::Tensor input, ReduceOp op = ReduceOp::SUM,
+                                Timeout timeout = {});
   // outputs[j] receives inputs[rank()] of rank j; tensors may differ in size
   // from one peer to another but not in dtype.
   WorkPtr all_to_all(const std::vector<at::Tensor>& outputs,
@@ -127,6 +137,12 @@ class ProcessGroup {
                                     std::vector<at::Tensor> inputs, ReduceOp op) = 0;
   virtual WorkPtr do_all_to_all(const Call& call, std::vector<at::Tensor> outputs,
                                 std::vector<at::Tensor> inputs) = 0;
+  // The flat forms; by default the list forms on views of the flat tensor
+  // (no copy), which a backend may replace with a path of its own.
+  virtual WorkPtr do_all_gather_into_tensor(const Call& call, at::Tensor output,
+                                            at::Tensor input);
+  virtual WorkPtr do_reduce_scatter_tensor(const Call& call, at::Tensor output, at::Tensor input,
+                                           ReduceOp op);
   virtual WorkPtr do_barrier(const Call& call) = 0;
   virtual WorkPtr do_send(const Call& call, at::Tensor tensor, int dst, int tag) = 0;
   virtual WorkPtr do_recv(const Call& call, at::Tensor tensor, int src, int tag) = 0;

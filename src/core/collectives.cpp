@@ -70,6 +70,18 @@ WorkPtr reduce_scatter(at::Tensor output, const std::vector<at::Tensor>& inputs,
                 o.async_op());
 }
 
+WorkPtr all_gather_into_tensor(at::Tensor output, at::Tensor input, const CollectiveOptions& o) {
+  return finish(pick(o.group())->all_gather_into_tensor(std::move(output), std::move(input),
+                                                        o.timeout()),
+                o.async_op());
+}
+
+WorkPtr reduce_scatter_tensor(at::Tensor output, at::Tensor input, const ReduceScatterOptions& o) {
+  return finish(pick(o.group())->reduce_scatter_tensor(std::move(output), std::move(input),
+                                                       o.op(), o.timeout()),
+                o.async_op());
+}
+
 WorkPtr all_to_all(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
                    const CollectiveOptions& o) {
   return finish(pick(o.group())->all_to_all(outputs, inputs, o.timeout()), o.async_op());

@@ -214,6 +214,62 @@ WorkPtr ProcessGroup::reduce_scatter(at::Tensor output, const std::vector<at::Te
   return write_back(do_reduce_scatter(call, staged, contiguous(inputs), op), std::move(back));
 }
 
+namespace {
+
+// `flat`'s n rows as tensors shaped like `piece` (views, no copy).
+std::vector<at::Tensor> rows_of(const at::Tensor& flat, const at::Tensor& piece, int n) {
+  auto rows = flat.view({n, piece.numel()}).unbind(0);
+  std::vector<at::Tensor> out;
+  out.reserve(rows.size());
+  for (auto& r : rows) out.push_back(r.view(piece.sizes()));
+  return out;
+}
+
+}  // namespace
+
+WorkPtr ProcessGroup::all_gather_into_tensor(at::Tensor output, at::Tensor input,
+                                             Timeout timeout) {
+  check_member("all_gather_into_tensor");
+  TensorChecks c("all_gather_into_tensor", *this);
+  c.tensor("input", input);
+  c.tensor("output", output);
+  c.flat_of("output", output, "input", input, size_);
+  std::lock_guard<std::mutex> lock(issue_mutex_);
+  auto call = next_call("all_gather_into_tensor", timeout, true);
+  fingerprint(call, input, -1, -1);
+  std::vector<std::pair<at::Tensor, at::Tensor>> back;
+  auto staged = stage_output(output, back);
+  return write_back(do_all_gather_into_tensor(call, staged, input.contiguous()), std::move(back));
+}
+
+WorkPtr ProcessGroup::reduce_scatter_tensor(at::Tensor output, at::Tensor input, ReduceOp op,
+                                            Timeout timeout) {
+  check_member("reduce_scatter_tensor");
+  TensorChecks c("reduce_scatter_tensor", *this);
+  c.tensor("output", output);
+  c.tensor("input", input);
+  c.flat_of("input", input, "output", output, size_);
+  std::lock_guard<std::mutex> lock(issue_mutex_);
+  auto call = next_call("reduce_scatter_tensor", timeout, true);
+  fingerprint(call, output, -1, static_cast<int64_t>(op));
+  std::vector<std::pair<at::Tensor, at::Tensor>> back;
+  auto staged = stage_output(output, back);
+  return write_back(do_reduce_scatter_tensor(call, staged, input.contiguous(), op),
+                    std::move(back));
+}
+
+WorkPtr ProcessGroup::do_all_gather_into_tensor(const Call& call, at::Tensor output,
+                                                at::Tensor input) {
+  auto rows = rows_of(output, input, size_);  // before `input` is moved from
+  return do_all_gather(call, std::move(rows), std::move(input));
+}
+
+WorkPtr ProcessGroup::do_reduce_scatter_tensor(const Call& call, at::Tensor output,
+                                               at::Tensor input, ReduceOp op) {
+  auto rows = rows_of(input, output, size_);  // before `output` is moved from
+  return do_reduce_scatter(call, std::move(output), std::move(rows), op);
+}
+
 WorkPtr ProcessGroup::all_to_all(const std::vector<at::Tensor>& outputs,
                                  const std::vector<at::Tensor>& inputs, Timeout timeout) {
   check_member("all_to_all");

@@ -80,4 +80,23 @@ void TensorChecks::same_dtype(const char* what_a, const at::Tensor& a, const cha
                    a.scalar_type(), " but ", what_b, " has ", b.scalar_type());
 }
 
+void TensorChecks::flat_of(const char* what_flat, const at::Tensor& flat, const char* what_piece,
+                           const at::Tensor& piece, int n) const {
+  same_dtype(what_flat, flat, what_piece, piece);
+  DTRAIN_CHECK_ARG(flat.device() == piece.device(), op_, ": ", what_flat, " is on ",
+                   flat.device(), " but ", what_piece, " is on ", piece.device());
+  std::vector<int64_t> stacked{n};
+  const auto dims = piece.sizes().vec();
+  stacked.insert(stacked.end(), dims.begin(), dims.end());
+  std::vector<int64_t> concatenated = dims;
+  if (!concatenated.empty()) concatenated[0] *= n;
+  const auto shape = flat.sizes().vec();
+  const bool ok = shape == stacked || (!dims.empty() && shape == concatenated);
+  DTRAIN_CHECK_ARG(ok, op_, ": ", what_flat, " has shape ", flat.sizes(), " for ", n,
+                   " ranks' ", what_piece, " of shape ", piece.sizes(), "; expected ",
+                   dims.empty() ? "" : detail::cat(at::IntArrayRef(concatenated),
+                                                   " (concatenated) or "),
+                   at::IntArrayRef(stacked), " (stacked)");
+}
+
 }  // namespace dtrain

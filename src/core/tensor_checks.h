@@ -31,6 +31,10 @@ class TensorChecks {
   void list_same_dtype(const char* what, const std::vector<at::Tensor>& list, int n) const;
   void same_dtype(const char* what_a, const at::Tensor& a, const char* what_b,
                   const at::Tensor& b) const;
+  // `flat` holds `n` tensors like `piece` (same dtype and device):
+  // concatenated along dim 0 ([n * d0, d1, ...]) or stacked ([n, d0, ...]).
+  void flat_of(const char* what_flat, const at::Tensor& flat, const char* what_piece,
+               const at::Tensor& piece, int n) const;
 
   static bool dtype_supported(at::ScalarType type);
 

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "common/enforce.h"
+#include "harness/assertions.h"
 #include "harness/thread_ranks.h"
 
 namespace dtrain {
@@ -249,6 +250,39 @@ TEST_P(Collectives, BarrierAndSendRecvRing) {
   }));
 }
 
+// all_gather_into_tensor and reduce_scatter_tensor against the list forms:
+// bitwise equal, for concatenated and stacked layouts, every op; the flat
+// input of reduce_scatter_tensor is left as it was.
+TEST_P(Collectives, FlatFormsEqualTheListForms) {
+  const int W = world();
+  const auto dt = dtype();
+  expect_no_errors(run_ranks(W, [&](ProcessGroup& g) {
+    for (int64_t n : {int64_t{0}, int64_t{5}, int64_t{1031}, int64_t{70000}}) {
+      auto piece = input(g.rank(), 2 * n, dt).view({2, n});
+      std::vector<at::Tensor> outs;
+      for (int r = 0; r < W; ++r) outs.push_back(at::zeros({2, n}, dt));
+      g.all_gather(outs, piece)->wait();
+      auto concatenated = at::zeros({2 * W, n}, dt), stacked = at::zeros({W, 2, n}, dt);
+      g.all_gather_into_tensor(concatenated, piece)->wait();
+      g.all_gather_into_tensor(stacked, piece)->wait();
+      for (int r = 0; r < W; ++r) {
+        expect_equal(concatenated.narrow(0, 2 * r, 2), outs[r], "all_gather_into_tensor cat");
+        expect_equal(stacked[r], outs[r], "all_gather_into_tensor stacked");
+      }
+      for (auto op : kOps) {
+        auto full = input(g.rank(), W * n, dt);
+        const auto before = full.clone();
+        auto chunks = full.chunk(W);
+        auto listed = at::zeros({n}, dt), flat = at::zeros({n}, dt);
+        g.reduce_scatter(listed, std::vector<at::Tensor>(chunks.begin(), chunks.end()), op)->wait();
+        g.reduce_scatter_tensor(flat, full, op)->wait();
+        expect_equal(flat, listed, "reduce_scatter_tensor " + std::to_string(n));
+        expect_equal(full, before, "reduce_scatter_tensor's input");
+      }
+    }
+  }));
+}
+
 INSTANTIATE_TEST_SUITE_P(
     BackendWorldDtype, Collectives,
     ::testing::Combine(::testing::Values("tcp", "shm"), ::testing::Values(1, 2, 3, 4, 5),
@@ -265,6 +299,30 @@ TEST(CollectivesLayout, NonContiguousTensorsAreStagedAndWrittenBack) {
     ASSERT_FALSE(view.is_contiguous());
     g.all_reduce(view)->wait();
     expect_equal(base, at::arange(12, at::kFloat).reshape({3, 4}) * 3, "transposed all_reduce");
+  }));
+}
+
+TEST(CollectivesLayout, FlatFormsNameAWrongLayout) {
+  expect_no_errors(run_ranks(2, [](ProcessGroup& g) {
+    auto in = at::ones({4, 3});
+    auto wrong = at::zeros({5, 3});
+    auto what = testing::what_thrown<InvalidArgument>(
+        [&] { g.all_gather_into_tensor(wrong, in); });
+    EXPECT_NE(what.find("all_gather_into_tensor: output has shape [5, 3] for 2 ranks' input of "
+                        "shape [4, 3]; expected [8, 3] (concatenated) or [2, 4, 3] (stacked)"),
+              std::string::npos)
+        << what;
+    auto out = at::zeros({3}, at::kDouble);
+    what = testing::what_thrown<InvalidArgument>(
+        [&] { g.reduce_scatter_tensor(out, at::ones({6}, at::kFloat)); });
+    EXPECT_NE(what.find("reduce_scatter_tensor: input has dtype Float but output has Double"),
+              std::string::npos)
+        << what;
+    // A non-contiguous output is staged and written back.
+    auto base = at::zeros({3, 4});
+    auto t = base.t();  // [4, 3], stacked [2, 2, 3] would need 12: use concatenated [4, 3]
+    g.all_gather_into_tensor(t, at::full({2, 3}, float(g.rank())))->wait();
+    expect_equal(t.narrow(0, 2, 2), at::ones({2, 3}), "non-contiguous output");
   }));
 }
 

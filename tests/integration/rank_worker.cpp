@@ -152,6 +152,20 @@ int check_matrix(const std::string& backend) {
       dtrain::all_gather(outs, pattern(rank, n, dt));
       for (int j = 0; j < world; ++j)
         if (!at::equal(outs[j], pattern(j, n, dt))) return fail("all_gather " + name);
+      auto flat = at::zeros({world * n}, dt);
+      dtrain::all_gather_into_tensor(flat, pattern(rank, n, dt));
+      for (int j = 0; j < world; ++j)
+        if (!at::equal(flat.narrow(0, j * n, n), pattern(j, n, dt)))
+          return fail("all_gather_into_tensor " + name);
+      // Rank r's flat input: world blocks, block j = pattern(r + j); its
+      // reduction at block `rank` is the sum over r of pattern(r + rank).
+      std::vector<at::Tensor> blocks;
+      for (int j = 0; j < world; ++j) blocks.push_back(pattern(rank + j, n, dt));
+      auto scattered = at::zeros({n}, dt);
+      dtrain::reduce_scatter_tensor(scattered, at::cat(blocks));
+      auto want_sum = pattern(rank, n, at::kDouble);
+      for (int r = 1; r < world; ++r) want_sum = want_sum + pattern(r + rank, n, at::kDouble);
+      if (!at::equal(scattered, want_sum.to(dt))) return fail("reduce_scatter_tensor " + name);
       std::vector<at::Tensor> gathered;
       if (rank == 0)
         for (int j = 0; j < world; ++j) gathered.push_back(at::zeros({n}, dt));

@@ -143,6 +143,35 @@ WorkPtr TcpProcessGroup::do_all_gather(const Call& call, std::vector<at::Tensor>
   });
 }
 
+// Straight into the caller's flat output: no staging copy.
+WorkPtr TcpProcessGroup::do_all_gather_into_tensor(const Call& call, at::Tensor output,
+                                                   at::Tensor input) {
+  if (size() == 1) {
+    output.view({-1}).copy_(input.reshape({-1}));
+    return Work::completed(call.description);
+  }
+  return enqueue(call, [output, input](const algorithms::Context& ctx) {
+    algorithms::all_gather(ctx, input.data_ptr(), output.data_ptr(), input.nbytes());
+  });
+}
+
+// The ring reduces in place: one copy of the input into scratch.
+WorkPtr TcpProcessGroup::do_reduce_scatter_tensor(const Call& call, at::Tensor output,
+                                                  at::Tensor input, ReduceOp op) {
+  check_reducible(call.description, output);
+  if (size() == 1) {
+    output.view({-1}).copy_(input.reshape({-1}));
+    return Work::completed(call.description);
+  }
+  return enqueue(call, [this, output, input, op](const algorithms::Context& ctx) {
+    uint8_t* work = ctx.copy.get(input.nbytes());
+    copy_bytes(work, input);
+    algorithms::reduce_scatter(ctx, work, output.data_ptr(), count_of(output),
+                               output.scalar_type(), op);
+    if (op == ReduceOp::AVG) divide_for_average(output, size());
+  });
+}
+
 WorkPtr TcpProcessGroup::do_gather(const Call& call, std::vector<at::Tensor> outputs,
                                    at::Tensor input, int root) {
   if (size() == 1) {

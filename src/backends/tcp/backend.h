@@ -37,6 +37,10 @@ class TcpProcessGroup final : public ProcessGroup {
 
  protected:
   DTRAIN_PROCESS_GROUP_HOOKS
+  WorkPtr do_all_gather_into_tensor(const Call& call, at::Tensor output,
+                                    at::Tensor input) override;
+  WorkPtr do_reduce_scatter_tensor(const Call& call, at::Tensor output, at::Tensor input,
+                                   ReduceOp op) override;
 
  private:
   // Queues `body` on the collective thread; a broken group fails the Work
