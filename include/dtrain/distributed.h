@@ -124,6 +124,11 @@ WorkPtr reduce_scatter_tensor(at::Tensor output, at::Tensor input,
 WorkPtr all_to_all(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
                    const CollectiveOptions& options = CollectiveOptions());
 WorkPtr barrier(const CollectiveOptions& options = CollectiveOptions());
+// torch.distributed.monitored_barrier: blocks; on rank 0 a TimeoutError names
+// the rank that did not arrive in time (every such rank with
+// wait_all_ranks). See ProcessGroup::monitored_barrier.
+void monitored_barrier(const std::shared_ptr<ProcessGroup>& group = nullptr, Timeout timeout = {},
+                       bool wait_all_ranks = false);
 // Blocking point to point, and their asynchronous forms. recv returns the
 // sender's global rank: `src`, or for src = kAnySource the rank whose
 // message it took (torch.distributed.recv with src=None); irecv's work

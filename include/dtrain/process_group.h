@@ -92,6 +92,15 @@ class ProcessGroup {
   WorkPtr all_to_all(const std::vector<at::Tensor>& outputs,
                      const std::vector<at::Tensor>& inputs, Timeout timeout = {});
   WorkPtr barrier(Timeout timeout = {});
+  // A barrier that says who is missing (torch.distributed.monitored_barrier):
+  // every rank reports to rank 0, which releases them once all have. If a
+  // rank has not reported within the timeout, rank 0's work fails with a
+  // TimeoutError naming it (wait_all_ranks: naming every such rank), the
+  // ranks that did arrive fail with "rank 0 found ranks that did not arrive"
+  // (they wait for rank 0's verdict up to 1 s past the timeout), and the
+  // group is broken. Meant for debugging hangs: it costs
+  // 2(n-1) messages through rank 0.
+  WorkPtr monitored_barrier(Timeout timeout = {}, bool wait_all_ranks = false);
   // Point to point. Sends and receives are matched by (peer, tag) in order;
   // they are posted at once, so isend/irecv pairs in any order never
   // deadlock. recv from kAnySource takes the first message with its tag
@@ -144,6 +153,7 @@ class ProcessGroup {
   virtual WorkPtr do_reduce_scatter_tensor(const Call& call, at::Tensor output, at::Tensor input,
                                            ReduceOp op);
   virtual WorkPtr do_barrier(const Call& call) = 0;
+  virtual WorkPtr do_monitored_barrier(const Call& call, bool wait_all_ranks) = 0;
   virtual WorkPtr do_send(const Call& call, at::Tensor tensor, int dst, int tag) = 0;
   virtual WorkPtr do_recv(const Call& call, at::Tensor tensor, int src, int tag) = 0;
 

@@ -17,6 +17,7 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -100,5 +101,11 @@ void all_to_all(const Context& ctx, const void* input, const std::vector<size_t>
                 void* output, const std::vector<size_t>& out_bytes);
 
 void barrier(const Context& ctx);
+
+// Every rank reports to rank 0, which releases them all once each one has;
+// by ctx.deadline rank 0 throws TimeoutError naming the first rank that has
+// not (all_ranks: every such rank), after breaking the transport. `timeout`
+// is for the message.
+void monitored_barrier(const Context& ctx, std::chrono::milliseconds timeout, bool all_ranks);
 
 }  // namespace dtrain::algorithms

@@ -19,5 +19,6 @@
   WorkPtr do_all_to_all(const Call& call, std::vector<at::Tensor> outputs,                     \
                         std::vector<at::Tensor> inputs) override;                              \
   WorkPtr do_barrier(const Call& call) override;                                               \
+  WorkPtr do_monitored_barrier(const Call& call, bool wait_all_ranks) override;                \
   WorkPtr do_send(const Call& call, at::Tensor tensor, int dst, int tag) override;             \
   WorkPtr do_recv(const Call& call, at::Tensor tensor, int src, int tag) override;

@@ -70,6 +70,11 @@ WorkPtr reduce_scatter(at::Tensor output, const std::vector<at::Tensor>& inputs,
                 o.async_op());
 }
 
+void monitored_barrier(const std::shared_ptr<ProcessGroup>& group, Timeout timeout,
+                       bool wait_all_ranks) {
+  pick(group)->monitored_barrier(timeout, wait_all_ranks)->wait();
+}
+
 WorkPtr all_gather_into_tensor(at::Tensor output, at::Tensor input, const CollectiveOptions& o) {
   return finish(pick(o.group())->all_gather_into_tensor(std::move(output), std::move(input),
                                                         o.timeout()),

@@ -294,6 +294,15 @@ WorkPtr ProcessGroup::barrier(Timeout timeout) {
   return do_barrier(call);
 }
 
+// No fingerprint: its check would itself wait for the missing rank.
+WorkPtr ProcessGroup::monitored_barrier(Timeout timeout, bool wait_all_ranks) {
+  check_member("monitored_barrier");
+  std::lock_guard<std::mutex> lock(issue_mutex_);
+  auto call = next_call("monitored_barrier", timeout, true);
+  if (size_ == 1) return Work::completed(call.description);
+  return do_monitored_barrier(call, wait_all_ranks);
+}
+
 WorkPtr ProcessGroup::send(at::Tensor tensor, int dst, int tag, Timeout timeout) {
   check_member("send");
   TensorChecks c("send", *this);

@@ -51,6 +51,7 @@ class NonMemberGroup final : public ProcessGroup {
     unreachable();
   }
   WorkPtr do_barrier(const Call&) override { unreachable(); }
+  WorkPtr do_monitored_barrier(const Call&, bool) override { unreachable(); }
   WorkPtr do_send(const Call&, at::Tensor, int, int) override { unreachable(); }
   WorkPtr do_recv(const Call&, at::Tensor, int, int) override { unreachable(); }
 };

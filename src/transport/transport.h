@@ -47,6 +47,8 @@ class Request {
   virtual void wait(Clock::time_point deadline, const std::string& what) = 0;
   // The peer of the operation; for irecv_any, -1 until it is matched.
   virtual int source() const = 0;
+  // Whether it has finished (or failed), without waiting or failing anything.
+  virtual bool done() const = 0;
 };
 using RequestPtr = std::shared_ptr<Request>;
 

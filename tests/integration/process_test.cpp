@@ -417,6 +417,26 @@ TEST_P(MpiBackend, EveryCollectiveAndDtypeIsExact) {
               std::string::npos) << describe(p);
 }
 
+// The last rank skips the second monitored_barrier: rank 0 names it and
+// tells the others; mpirun's processes all end.
+TEST_P(MpiBackend, MonitoredBarrierNamesTheMissingRank) {
+  ProcessRanks procs;
+  auto& p = mpirun(procs, {"monitored", "mpi"});
+  ASSERT_TRUE(procs.wait(p, Clock::now() + 120s)) << "mpirun did not finish: " << p.output();
+  const int last = GetParam() - 1;
+  for (int r = 0; r < GetParam(); ++r)
+    EXPECT_NE(p.output().find("rank " + std::to_string(r) + " passed the monitored barrier"),
+              std::string::npos) << describe(p);
+  const std::string n = std::to_string(GetParam());
+  EXPECT_NE(p.output().find("on group 'default' (rank 0/" + n + ", backend mpi): rank " +
+                            std::to_string(last) + " did not arrive within 1000 ms"),
+            std::string::npos) << describe(p);
+  if (last > 1)
+    EXPECT_NE(p.output().find("on group 'default' (rank 1/" + n + ", backend mpi" +
+                              "): rank 0 found ranks that did not arrive within 1000 ms"),
+              std::string::npos) << describe(p);
+}
+
 TEST_P(MpiBackend, DdpMatchesSingleProcessTraining) {
   ProcessRanks procs;
   auto& p = mpirun(procs, {"ddp-equivalence", "mpi"});

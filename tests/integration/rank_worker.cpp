@@ -40,6 +40,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <thread>
 
 #include "dtrain/dtrain.h"
 
@@ -187,6 +188,27 @@ int check_matrix(const std::string& backend) {
             << std::endl;
   dtrain::destroy_process_group();
   return 0;
+}
+
+// monitored_barrier: one that every rank reaches passes; in a second one
+// the last rank does not take part, and rank 0 names it. Each rank prints
+// its outcome; the last rank waits for the others before it exits.
+int monitored(const std::string& backend) {
+  dtrain::init_process_group(dtrain::InitOptions().backend(backend));
+  const int rank = dtrain::get_rank(), world = dtrain::get_world_size();
+  dtrain::monitored_barrier(nullptr, std::chrono::seconds(30));
+  std::cout << "rank " << rank << " passed the monitored barrier" << std::endl;
+  if (rank == world - 1) {
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    std::cout << "rank " << rank << " skipped the second" << std::endl;
+    std::_Exit(0);  // the group is broken for the others; leave at once
+  }
+  try {
+    dtrain::monitored_barrier(nullptr, std::chrono::milliseconds(1000));
+  } catch (const dtrain::TimeoutError& e) {
+    std::cout << "rank " << rank << " monitored_barrier: " << e.what() << std::endl;
+  }
+  std::_Exit(0);
 }
 
 int ddp_equivalence(const std::string& backend) {
@@ -381,6 +403,7 @@ int main(int argc, char** argv) {
     if (mode == "loop") return loop(argc > 2 ? argv[2] : "auto");
     if (mode == "matrix") return check_matrix(argc > 2 ? argv[2] : "auto");
     if (mode == "ddp-equivalence") return ddp_equivalence(argc > 2 ? argv[2] : "auto");
+    if (mode == "monitored") return monitored(argc > 2 ? argv[2] : "auto");
     if (mode == "mismatch") return mismatch();
     if (mode == "page-faults") return page_faults();
     if (mode == "ddp") return ddp_training();

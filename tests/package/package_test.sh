@@ -14,7 +14,7 @@ command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 
 check() {  # name, build dir
   "$2/consumer" | tee "$work/$1.out"
-  grep -q "consumer ok: world 1 value 2" "$work/$1.out"
+  grep -q "consumer ok: world 1 value 2 file 2" "$work/$1.out"
   echo "package: $1 ok"
 }
 

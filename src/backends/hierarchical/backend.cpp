@@ -157,6 +157,12 @@ WorkPtr HierarchicalProcessGroup::do_barrier(const Call& call) {
 }
 
 // Delegated to the tcp group over all ranks, still in this group's order.
+WorkPtr HierarchicalProcessGroup::do_monitored_barrier(const Call& call, bool wait_all_ranks) {
+  return enqueue(call, [this, timeout = call.timeout, wait_all_ranks](const auto&) {
+    all_->monitored_barrier(timeout, wait_all_ranks)->wait();
+  });
+}
+
 WorkPtr HierarchicalProcessGroup::do_reduce(const Call& call, at::Tensor tensor, int root,
                                             ReduceOp op) {
   return enqueue(call, [this, tensor, root, op](const auto& left) {

@@ -389,6 +389,7 @@ WorkPtr MpiProcessGroup::do_barrier(const Call& call) {
 }
 
 WorkPtr MpiProcessGroup::do_send(const Call& call, at::Tensor tensor, int dst, int tag) {
+  check_tag(call, tag);
   const int n = count_of(tensor, call.description);
   return launch(call, p2p_waits_, {tensor}, [&](Posted& p) {
     p.cancellable = true;
@@ -398,7 +399,126 @@ WorkPtr MpiProcessGroup::do_send(const Call& call, at::Tensor tensor, int dst, i
   });
 }
 
+// The tag monitored_barrier uses: MPI_TAG_UB, which user tags may not reach.
+static int reserved_tag(MPI_Comm comm) {
+  int* ub = nullptr;
+  int found = 0;
+  MPI_Comm_get_attr(comm, MPI_TAG_UB, &ub, &found);
+  return found && ub ? *ub : 32767;  // the least MPI guarantees
+}
+
+void MpiProcessGroup::check_tag(const Call& call, int tag) const {
+  const int reserved = reserved_tag(comm_->comm);
+  DTRAIN_CHECK_ARG(tag < reserved, call.description, ": tag ", tag,
+                   " is over this MPI's limit of ", reserved - 1,
+                   " (MPI_TAG_UB = ", reserved, " is kept for monitored_barrier)");
+}
+
+// Rank 0 receives a byte from every rank, then sends one to each; it polls
+// its receives so that at the deadline it can name the ranks that never
+// sent, cancel what is still posted and fail the group.
+WorkPtr MpiProcessGroup::do_monitored_barrier(const Call& call, bool wait_all_ranks) {
+  auto work = std::make_shared<Work>(call.description);
+  {
+    std::lock_guard<std::mutex> lock(broken_mutex_);
+    if (broken_) {
+      work->finish(broken_group_error(call.description, broken_));
+      return work;
+    }
+  }
+  collectives_.submit([this, work, call, wait_all_ranks] {
+    std::exception_ptr error;
+    try {
+      run_monitored_barrier(call, wait_all_ranks);
+    } catch (...) {
+      error = std::current_exception();
+      std::lock_guard<std::mutex> lock(broken_mutex_);
+      broken_ = error;
+    }
+    work->finish(error);
+  });
+  return work;
+}
+
+void MpiProcessGroup::run_monitored_barrier(const Call& call, bool wait_all_ranks) {
+  const auto deadline = Clock::now() + call.timeout;
+  const int tag = reserved_tag(comm_->comm), n = size();
+  // One byte per peer, kept with its request until MPI is done with it.
+  auto post = [&](bool send, int peer, uint8_t value = 1) {
+    auto p = std::make_shared<Posted>();
+    p->buffers = {at::full({1}, value, at::kByte)};
+    p->cancellable = !send;
+    void* byte = p->buffers[0].data_ptr();
+    check(send ? MPI_Isend(byte, 1, MPI_BYTE, peer, tag, comm_->comm, &p->request)
+               : MPI_Irecv(byte, 1, MPI_BYTE, peer, tag, comm_->comm, &p->request),
+          call.description);
+    return p;
+  };
+  // Rank 0 judges at its own deadline, about when the others' pass: its
+  // verdict gets a second's grace to arrive.
+  const auto verdict_deadline = deadline + std::chrono::seconds(1);
+  auto finished = [&](Posted& p, Clock::time_point until) {
+    while (Clock::now() < until) {
+      int done = 0;
+      check(MPI_Test(&p.request, &done, MPI_STATUS_IGNORE), call.description);
+      if (done) return true;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    return false;
+  };
+  auto abandon = [&](const std::shared_ptr<Posted>& p) {
+    if (p->request == MPI_REQUEST_NULL) return;
+    if (p->cancellable) MPI_Cancel(&p->request);
+    in_flight().add(p->request, p);  // freed once MPI is done with it
+    p->request = MPI_REQUEST_NULL;
+  };
+  if (rank() != 0) {
+    auto release = post(false, 0, 0);
+    auto report = post(true, 0);
+    if (finished(*report, deadline) && finished(*release, verdict_deadline)) {
+      if (release->buffers[0].item<uint8_t>() == 1) return;
+      throw TimeoutError(detail::cat(call.description,
+                                     ": rank 0 found ranks that did not arrive within ",
+                                     call.timeout.count(), " ms (its error names them)"));
+    }
+    abandon(report);
+    abandon(release);
+    throw TimeoutError(detail::cat(call.description, " timed out after ", call.timeout.count(),
+                                   " ms waiting for rank 0 to release it (rank 0 names the "
+                                   "ranks that did not arrive)"));
+  }
+  std::vector<std::shared_ptr<Posted>> reports;
+  for (int j = 1; j < n; ++j) reports.push_back(post(false, j));
+  std::vector<int> missing;
+  for (int j = 1; j < n; ++j) {
+    if (finished(*reports[j - 1], deadline)) continue;
+    missing.push_back(j);
+    if (!wait_all_ranks) break;
+  }
+  if (!missing.empty()) {
+    // The ranks that arrived learn it at once.
+    std::vector<std::shared_ptr<Posted>> told;
+    for (int j = 1; j < n; ++j)
+      if (reports[j - 1]->request == MPI_REQUEST_NULL) told.push_back(post(true, j, 0));
+    for (auto& p : told) abandon(p);  // MPI delivers them; we do not wait
+    for (auto& p : reports) abandon(p);
+    throw TimeoutError(detail::cat(
+        call.description, ": ", missing.size() == 1 ? "rank " : "ranks ", detail::join(missing),
+        " did not arrive within ", call.timeout.count(), " ms",
+        wait_all_ranks ? "" : " (the first such rank; wait_all_ranks names them all)"));
+  }
+  std::vector<std::shared_ptr<Posted>> releases;
+  for (int j = 1; j < n; ++j) releases.push_back(post(true, j));
+  for (auto& p : releases)
+    if (!finished(*p, verdict_deadline)) {
+      for (auto& q : releases) abandon(q);
+      throw TimeoutError(detail::cat(call.description, " timed out after ",
+                                     call.timeout.count(), " ms releasing the ranks"));
+    }
+}
+
 WorkPtr MpiProcessGroup::do_recv(const Call& call, at::Tensor tensor, int src, int tag) {
+  check_tag(call, tag);
   const int n = count_of(tensor, call.description);
   return launch(call, p2p_waits_, {tensor}, [&](Posted& p) {
     p.cancellable = true;

@@ -53,6 +53,9 @@ class MpiProcessGroup final : public ProcessGroup {
   // what can be, hands the rest to the requests in flight and throws
   // TimeoutError.
   void complete(const Call& call, const std::shared_ptr<Posted>& posted);
+  void run_monitored_barrier(const Call& call, bool wait_all_ranks);
+  // User tags stay below MPI_TAG_UB, which monitored_barrier uses.
+  void check_tag(const Call& call, int tag) const;
 
   std::unique_ptr<Comm> comm_;
   std::exception_ptr broken_;

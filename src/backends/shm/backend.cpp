@@ -504,6 +504,12 @@ WorkPtr ShmProcessGroup::do_barrier(const Call& call) {
   });
 }
 
+// On the tcp group of send/recv (shm's own barrier cannot tell who is
+// missing), like send and recv outside the order of shm's collectives.
+WorkPtr ShmProcessGroup::do_monitored_barrier(const Call& call, bool wait_all_ranks) {
+  return p2p_->monitored_barrier(call.timeout, wait_all_ranks);
+}
+
 WorkPtr ShmProcessGroup::do_send(const Call& call, at::Tensor tensor, int dst, int tag) {
   return p2p_->send(std::move(tensor), dst, tag, call.timeout);
 }

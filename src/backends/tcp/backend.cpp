@@ -247,6 +247,12 @@ WorkPtr TcpProcessGroup::do_barrier(const Call& call) {
   return enqueue(call, [](const algorithms::Context& ctx) { algorithms::barrier(ctx); });
 }
 
+WorkPtr TcpProcessGroup::do_monitored_barrier(const Call& call, bool wait_all_ranks) {
+  return enqueue(call, [timeout = call.timeout, wait_all_ranks](const algorithms::Context& ctx) {
+    algorithms::monitored_barrier(ctx, timeout, wait_all_ranks);
+  });
+}
+
 WorkPtr TcpProcessGroup::do_send(const Call& call, at::Tensor tensor, int dst, int tag) {
   return post_p2p(call, std::move(tensor), dst, tag, /*is_send=*/true);
 }

@@ -52,6 +52,10 @@ class TcpRequest final : public Request {
       : transport_(transport), peer_(peer), remaining_(parts) {}
   void wait(Clock::time_point deadline, const std::string& what) override;
   int source() const override { return peer_.load(); }
+  bool done() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return remaining_ == 0 || error_ != nullptr;
+  }
   void bind(int peer) { peer_.store(peer); }  // an irecv_any matched with `peer`
   void part_done();
   void fail(std::exception_ptr error);
@@ -59,7 +63,7 @@ class TcpRequest final : public Request {
  private:
   TcpTransport& transport_;
   std::atomic<int> peer_;  // -1: an irecv_any not matched yet
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable cv_;
   int remaining_;
   std::exception_ptr error_;
