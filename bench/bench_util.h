@@ -63,12 +63,20 @@ inline std::string capture(const std::string& cmd) {
 // The interpreter of the Python baselines: --python if given, else the
 // first of python3 on PATH (a virtual environment's PyTorch) and
 // /usr/bin/python3 (Debian's python3-torch) that can import torch.
+// The command that runs a Python baseline. The baseline makes its own
+// rendezvous, so it must not see the variables of the job this bench may be
+// a rank of: PyTorch 2.x's tcp:// rendezvous joins the agent store named by
+// MASTER_ADDR/MASTER_PORT as a client when TORCHELASTIC_USE_AGENT_STORE is
+// set, and waits there (30 min) for a store that never serves it.
 inline std::string python_of(const Args& a) {
+  const std::string clean_env =
+      "env -u TORCHELASTIC_USE_AGENT_STORE -u TORCHELASTIC_RUN_ID -u RANK -u LOCAL_RANK "
+      "-u WORLD_SIZE -u LOCAL_WORLD_SIZE -u GROUP_RANK -u MASTER_ADDR -u MASTER_PORT ";
   const std::string given = a.get("python", "");
-  if (!given.empty()) return given;
+  if (!given.empty()) return clean_env + given;
   for (const char* candidate : {"python3", "/usr/bin/python3"}) {
     const std::string probe = std::string(candidate) + " -c 'import torch' >/dev/null 2>&1";
-    if (std::system(probe.c_str()) == 0) return candidate;
+    if (std::system(probe.c_str()) == 0) return clean_env + candidate;
   }
   throw std::runtime_error(
       "no Python with PyTorch for the baseline: neither python3 on PATH nor /usr/bin/python3 "

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "dtrain/errors.h"
 #include "dtrain/store/tcp_store.h"
 #include "harness/assertions.h"

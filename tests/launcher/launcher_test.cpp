@@ -2,6 +2,7 @@
 // signal forwarding and orphans, logs, and bad input.
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -90,7 +91,8 @@ TEST(Launcher, ReadsFlagsFromPetVariablesAndUnderscoreSpellings) {
 }
 
 TEST(Launcher, ReplacesLocalRankInArguments) {
-  auto r = launch({"--nproc-per-node", "2", kProbe, "arg", "shard-${local_rank}.bin"});
+  auto r = launch({"--nproc-per-node", "2", "--master-port", std::to_string(free_port()), kProbe,
+                   "arg", "shard-${local_rank}.bin"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(Contains(r.output, "[0]:arg shard-0.bin"));
   EXPECT_TRUE(Contains(r.output, "[1]:arg shard-1.bin"));
@@ -200,6 +202,31 @@ bool wait_watching_signals(pid_t pid, Clock::time_point deadline) {
   return false;
 }
 
+// True once every child of `pid` has exited (gone, or a zombie the launcher
+// has yet to reap).
+bool wait_children_exited(pid_t pid, Clock::time_point deadline) {
+  for (; Clock::now() < deadline; std::this_thread::sleep_for(20ms)) {
+    bool child = false;
+    if (DIR* proc = opendir("/proc")) {
+      while (dirent* e = readdir(proc)) {
+        std::ifstream stat(std::string("/proc/") + e->d_name + "/stat");
+        std::string line;
+        if (!std::getline(stat, line)) continue;
+        // pid (comm) state ppid ...: comm may hold spaces and parentheses.
+        const auto close = line.rfind(')');
+        if (close == std::string::npos) continue;
+        std::istringstream rest(line.substr(close + 1));
+        std::string state;
+        long ppid = 0;
+        if (rest >> state >> ppid && ppid == pid && state != "Z") child = true;
+      }
+      closedir(proc);
+    }
+    if (!child) return true;
+  }
+  return false;
+}
+
 // True once something accepts connections on 127.0.0.1:port.
 bool wait_listening(int port, Clock::time_point deadline) {
   for (; Clock::now() < deadline; std::this_thread::sleep_for(20ms)) {
@@ -253,7 +280,10 @@ TEST(Launcher, SignalWhileWaitingForTheOtherNodesStopsPromptly) {
   const auto deadline = Clock::now() + 30s;  // node 0's workers are done; node 1's sleep
   while (Clock::now() < deadline && !Contains(node0.output(), "[0]:env RANK=0"))
     std::this_thread::sleep_for(50ms);
-  std::this_thread::sleep_for(500ms);
+  // The worker printed; under load its exit can take longer than any fixed
+  // pause. Signal only once it has exited.
+  ASSERT_TRUE(wait_children_exited(node0.pid, deadline)) << node0.output();
+  std::this_thread::sleep_for(200ms);
   const auto sent = Clock::now();
   kill(node0.pid, SIGTERM);
   ASSERT_TRUE(procs.wait(node0, Clock::now() + 20s)) << node0.output();
@@ -269,16 +299,20 @@ TEST(Launcher, SignalWhileWaitingForTheOtherNodesStopsPromptly) {
 // stopped by SIGTTIN. They read /dev/null unless --keep-stdin.
 TEST(Launcher, WorkersReadDevNullUnlessAsked) {
   // stdin: a pipe that stays open (with no data) for 20 s.
-  auto r = launch_shell(kRun + " --nproc-per-node 1 " + kProbe + " stdin < <(sleep 20)");
+  const std::string port = " --master-port " + std::to_string(free_port());
+  auto r = launch_shell(kRun + port + " --nproc-per-node 1 " + kProbe + " stdin < <(sleep 20)");
   EXPECT_TRUE(Contains(r.output, "[0]:stdin eof")) << r.output;
-  r = launch_shell("echo hi | " + kRun + " --keep-stdin --nproc-per-node 1 " + kProbe + " stdin");
+  r = launch_shell("echo hi | " + kRun + port + " --keep-stdin --nproc-per-node 1 " + kProbe +
+                   " stdin");
   EXPECT_TRUE(Contains(r.output, "[0]:stdin data")) << r.output;
 }
 
 // A worker's child that leaves its process group and keeps the output pipe
 // open must not keep the launcher from finishing.
 TEST(Launcher, AnEscapedGrandchildHoldingTheOutputDoesNotHangTheLauncher) {
-  auto r = launch({"--nproc-per-node", "1", kProbe, "daemon"}, 50s);
+  auto r = launch({"--nproc-per-node", "1", "--master-port", std::to_string(free_port()), kProbe,
+                   "daemon"},
+                  50s);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_LT(r.took, 20s) << "dtrain-run waited for the escaped child's pipe";
   std::smatch m;
