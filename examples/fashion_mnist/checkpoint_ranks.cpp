@@ -13,16 +13,20 @@
 // lowest failing rank is found with MIN, then broadcasts its message.
 void fail_together(dtrain::ProcessGroup& group, const std::string& error) {
   const int64_t none = group.size();
-  auto first = torch::tensor({error.empty() ? none : static_cast<int64_t>(group.rank())});
+  // On the group's control device (the GPU under nccl), read back on the host.
+  const auto on = group.control_device();
+  auto first = torch::tensor({error.empty() ? none : static_cast<int64_t>(group.rank())}).to(on);
   group.all_reduce(first, dtrain::ReduceOp::MIN)->wait();
   const int64_t failed = first.item<int64_t>();
   if (failed == none) return;
   const int root = static_cast<int>(failed);
-  auto length = torch::tensor({static_cast<int64_t>(error.size())});
+  auto length = torch::tensor({static_cast<int64_t>(error.size())}).to(on);
   group.broadcast(length, root)->wait();
   auto text = torch::zeros({length.item<int64_t>()}, torch::kUInt8);
   if (group.rank() == root) std::memcpy(text.data_ptr(), error.data(), error.size());
+  text = text.to(on);
   group.broadcast(text, root)->wait();
+  text = text.cpu();
   const auto* chars = static_cast<const char*>(text.data_ptr());
   throw std::runtime_error("rank " + std::to_string(root) + ": " +
                            std::string(chars, chars + text.numel()));

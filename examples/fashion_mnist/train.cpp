@@ -35,6 +35,7 @@ struct Flags {
   double lr = 1e-3;
   double lr_decay = 0.7;  // learning rate of epoch e: lr * lr_decay^e
   std::string backend = "auto";
+  std::string device = "cpu";
   std::string checkpoint_dir = "checkpoints";
   std::string out_dir;  // empty: runs/<date-time> (a new one per run)
   bool resume = false;
@@ -54,6 +55,9 @@ Flags parse(int argc, char** argv) {
   app.add_option("--lr", f.lr, "Learning rate of the first epoch (Adam)")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--lr-decay", f.lr_decay, "Factor applied to the learning rate after each epoch")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--backend", f.backend, "Process-group backend")->capture_default_str();
+  app.add_option("--device", f.device, "Where the model trains: cpu, or cuda (with --backend nccl)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--checkpoint-dir", f.checkpoint_dir, "Where checkpoint.dtt lives")->capture_default_str();
   app.add_option("--checkpoint-every", f.checkpoint_every, "Also checkpoint every N steps (0: epochs only)")->capture_default_str();
   app.add_option("--out-dir", f.out_dir, "Where metrics.jsonl and training.png go (default: runs/<date-time>)");
@@ -77,7 +81,7 @@ Flags parse(int argc, char** argv) {
 uint32_t checksum(torch::nn::Module& m) {
   uLong crc = crc32(0L, Z_NULL, 0);
   for (const auto& p : m.parameters()) {
-    auto c = p.detach().contiguous();
+    auto c = p.detach().cpu().contiguous();
     crc = crc32(crc, static_cast<const Bytef*>(c.data_ptr()), static_cast<uInt>(c.nbytes()));
   }
   return static_cast<uint32_t>(crc);
@@ -85,7 +89,16 @@ uint32_t checksum(torch::nn::Module& m) {
 
 // Scores this rank's shard of the test set (indices rank, rank+world, ...);
 // returns {correct, total} summed over all ranks.
-std::pair<int64_t, int64_t> evaluate(ConvNet& model, const dtrain::FashionMNIST& test, int64_t limit) {
+// A small tensor reduced over ranks (SUM unless told), exchanged on the default group's
+// control device (the GPU under nccl).
+torch::Tensor reduce_over_ranks(const torch::Tensor& host, dtrain::ReduceOp op = dtrain::ReduceOp::SUM) {
+  auto t = host.to(dtrain::default_group()->control_device());
+  dtrain::all_reduce(t, dtrain::AllReduceOptions().op(op));
+  return t.cpu();
+}
+
+std::pair<int64_t, int64_t> evaluate(ConvNet& model, const dtrain::FashionMNIST& test, int64_t limit,
+                                     const torch::Device& device) {
   torch::NoGradGuard no_grad;
   model->eval();
   const int64_t n = limit > 0 ? std::min<int64_t>(limit, test.images().size(0)) : test.images().size(0);
@@ -93,12 +106,11 @@ std::pair<int64_t, int64_t> evaluate(ConvNet& model, const dtrain::FashionMNIST&
   int64_t correct = 0;
   for (int64_t i = 0; i < shard.numel(); i += 1000) {
     auto idx = shard.narrow(0, i, std::min<int64_t>(1000, shard.numel() - i));
-    auto pred = model->forward(test.images().index_select(0, idx)).argmax(1);
-    correct += pred.eq(test.targets().index_select(0, idx)).sum().item<int64_t>();
+    auto pred = model->forward(test.images().index_select(0, idx).to(device)).argmax(1);
+    correct += pred.eq(test.targets().index_select(0, idx).to(device)).sum().item<int64_t>();
   }
   model->train();
-  auto counts = torch::tensor({correct, shard.numel()}, torch::kLong);
-  dtrain::all_reduce(counts);
+  auto counts = reduce_over_ranks(torch::tensor({correct, shard.numel()}, torch::kLong));
   return {counts[0].item<int64_t>(), counts[1].item<int64_t>()};
 }
 
@@ -108,8 +120,8 @@ std::pair<int64_t, int64_t> evaluate(ConvNet& model, const dtrain::FashionMNIST&
 // together whether to resume, and a rank that lacks the file then fails the
 // load on every rank instead of training from scratch beside the others.
 static bool any_rank_has(const std::string& path) {
-  auto found = torch::tensor({static_cast<int64_t>(access(path.c_str(), R_OK) == 0)});
-  dtrain::all_reduce(found, dtrain::AllReduceOptions().op(dtrain::ReduceOp::MAX));
+  auto found = reduce_over_ranks(torch::tensor({static_cast<int64_t>(access(path.c_str(), R_OK) == 0)}),
+                              dtrain::ReduceOp::MAX);
   return found.item<int64_t>() != 0;
 }
 
@@ -172,6 +184,8 @@ int main(int argc, char** argv) {
 
     torch::manual_seed(f.seed);
     ConvNet model;
+    const torch::Device device(f.device);
+    model->to(device);
     torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(f.lr));
 
     const std::string ckpt = f.checkpoint_dir + "/checkpoint.dtt";
@@ -220,7 +234,8 @@ int main(int argc, char** argv) {
       double loss_sum = 0;
       for (auto& batch : *loader) {
         opt.zero_grad();
-        auto loss = torch::nn::functional::cross_entropy(ddp.forward(batch.data), batch.target);
+        auto loss = torch::nn::functional::cross_entropy(ddp.forward(batch.data.to(device)),
+                                                         batch.target.to(device));
         loss.backward();
         opt.step();
         ++step, ++trained, ++state.global_step;
@@ -232,9 +247,8 @@ int main(int argc, char** argv) {
       }
       if (leader) progress.finish_epoch();
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      auto loss_stats = torch::tensor({loss_sum, static_cast<double>(trained)}, torch::kDouble);
-      dtrain::all_reduce(loss_stats);
-      auto [correct, total] = evaluate(model, test, f.test_limit);
+      auto loss_stats = reduce_over_ranks(torch::tensor({loss_sum, static_cast<double>(trained)}, torch::kDouble));
+      auto [correct, total] = evaluate(model, test, f.test_limit, device);
       last_accuracy = static_cast<double>(correct) / static_cast<double>(total);
       last_rate = trained * f.batch_size * world / seconds;
       state = {epoch + 1, 0, state.global_step, world};

@@ -119,6 +119,10 @@ class ProcessGroup {
   virtual std::string backend_name() const = 0;
   // Device types the backend's collectives accept (kCPU for tcp).
   virtual bool supports(c10::DeviceType type) const = 0;
+  // Where small control tensors go that DDP and the core exchange through
+  // this group (fingerprints, used-parameter maps, bucket order, join
+  // votes): the CPU, or the group's CUDA device on nccl.
+  virtual c10::Device control_device() const { return c10::Device(c10::DeviceType::CPU); }
 
  protected:
   ProcessGroup(int rank, int size, GroupOptions options);

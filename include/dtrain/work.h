@@ -15,6 +15,22 @@
 //  - After wait() returns normally, output tensors hold their results.
 //  - Operations of one group run in the order they were issued, on every
 //    rank; Work handles may be waited on in any order and from any thread.
+//
+// Device work (CUDA tensors on the nccl backend; PyTorch's ProcessGroupNCCL
+// semantics):
+//  - The operation is ordered after everything already queued on the
+//    issuing thread's current CUDA stream: tensors may be produced by
+//    kernels that have not run yet.
+//  - wait() does not block the host: it makes the calling thread's current
+//    CUDA stream wait for the operation's end, so kernels queued after it
+//    see the results. It throws at once if the work has already failed.
+//  - synchronize() blocks the host until the operation has finished on the
+//    device (or failed), like wait() on CPU work; with a timeout it throws
+//    TimeoutError if the work is still running then.
+//  - The backend keeps the tensors alive until the operation has finished
+//    on the device, also when every handle is dropped; failures (a timeout
+//    of the group, an NCCL error) are found by the backend's watchdog, which
+//    finishes the work with the error and breaks the group.
 // Completion is implemented once, here; backends call finish().
 
 #include <chrono>
@@ -41,6 +57,17 @@ class Work {
   bool is_success() const;
   std::exception_ptr exception() const;
   void wait(std::chrono::milliseconds timeout = kNoTimeout);
+  // Blocks the host until the work has finished (see above); on CPU work the
+  // same as wait().
+  void synchronize(std::chrono::milliseconds timeout = kNoTimeout);
+  // True for device work, whose wait() orders the caller's stream instead
+  // of blocking.
+  bool on_device() const;
+
+  // For backends: makes this device work. `stream_wait` is what wait() runs
+  // (it makes the calling thread's current stream wait for the work's end);
+  // call before the work is handed out.
+  void set_device_wait(std::function<void()> stream_wait);
 
   // What the operation is, e.g. "all_reduce #12 on group 'default'".
   const std::string& description() const { return description_; }
@@ -74,6 +101,7 @@ class Work {
   int source_rank_ = -1;
   std::exception_ptr error_;
   std::vector<std::function<void()>> then_;
+  std::function<void()> device_wait_;
 };
 
 using WorkPtr = std::shared_ptr<Work>;

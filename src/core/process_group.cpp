@@ -65,11 +65,12 @@ ProcessGroup::Call ProcessGroup::next_call(const char* op, Timeout timeout, bool
 void ProcessGroup::fingerprint(const Call& call, const at::Tensor& tensor, int64_t root,
                                int64_t reduce_op) {
   if (!check_collectives_ || size_ == 1) return;
-  auto mine = make_fingerprint(call.op, call.seq, tensor, root, reduce_op);
+  auto mine = make_fingerprint(call.op, call.seq, tensor, root, reduce_op).to(control_device());
   std::vector<at::Tensor> rows;
   for (int i = 0; i < size_; ++i) rows.push_back(at::empty_like(mine));
   Call check{"fingerprint", call.seq, call.timeout, "fingerprint of " + call.description};
   do_all_gather(check, rows, mine)->wait();
+  for (auto& row : rows) row = row.cpu();
   compare_fingerprints(name(), call.seq, rows);
 }
 
@@ -100,7 +101,12 @@ std::vector<at::Tensor> contiguous(const std::vector<at::Tensor>& ts) {
 }
 
 WorkPtr write_back(WorkPtr work, std::vector<std::pair<at::Tensor, at::Tensor>> back) {
-  if (!back.empty()) {
+  if (!back.empty() && work->on_device()) {
+    // Device work: the copies are queued on the caller's stream behind the
+    // work's end, so what the caller queues next sees them.
+    work->wait();
+    for (const auto& [orig, staged] : back) orig.copy_(staged);
+  } else if (!back.empty()) {
     work->on_success([back = std::move(back)] {
       for (const auto& [orig, staged] : back) orig.copy_(staged);
     });

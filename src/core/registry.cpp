@@ -38,7 +38,10 @@ Registry& registry() {
       return std::make_shared<shm::ShmProcessGroup>(std::move(store), rank, size, options);
     };
     reg->factories["auto"] = hierarchical::create_auto_group;
-    reg->missing["nccl"] = "dtrain was built without CUDA (NCCL needs a CUDA-enabled libtorch)";
+    // backends/nccl registers itself when it is built.
+    reg->missing["nccl"] =
+        "dtrain was built without the nccl backend (it needs CUDA's runtime and NCCL at build "
+        "time: DTRAIN_WITH_NCCL=ON, CUDAToolkit_ROOT, NCCL_HOME)";
 #ifdef DTRAIN_WITH_MPI
     reg->factories["mpi"] = [](std::shared_ptr<Store>, int rank, int size,
                                const GroupOptions& options) {

@@ -31,7 +31,28 @@ std::exception_ptr Work::exception() const {
   return error_;
 }
 
+bool Work::on_device() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<bool>(device_wait_);
+}
+
+void Work::set_device_wait(std::function<void()> stream_wait) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  device_wait_ = std::move(stream_wait);
+}
+
 void Work::wait(std::chrono::milliseconds timeout) {
+  std::function<void()> device_wait;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (done_ && error_) std::rethrow_exception(error_);
+    device_wait = device_wait_;
+  }
+  if (!device_wait) return synchronize(timeout);
+  device_wait();
+}
+
+void Work::synchronize(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (timeout < std::chrono::milliseconds::zero()) {
     done_cv_.wait(lock, [&] { return done_; });

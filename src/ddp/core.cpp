@@ -6,6 +6,7 @@
 
 #include "common/cpu_memory.h"
 #include "common/enforce.h"
+#include "core/control_tensors.h"
 #include "common/logging.h"
 #include "ddp/model_sync.h"
 #include "ddp/reducer.h"
@@ -32,7 +33,7 @@ struct DDPCore::Impl {
     auto t = at::zeros({2}, at::kLong);
     t[0] = training ? 1 : 0;
     t[1] = will_sync ? 1 : 0;
-    group->all_reduce(t, ReduceOp::SUM)->wait();
+    t = all_reduce_control(*group, t, ReduceOp::SUM);
     return {t[0].item<int64_t>(), t[1].item<int64_t>()};
   }
 
@@ -151,7 +152,7 @@ void DDPCore::join(const JoinOptions& options, const std::function<void()>& body
   // Everyone ends with the model of the rank that trained longest (ties:
   // the highest rank), as PyTorch's DDP join does.
   auto key = at::full({1}, s.trained_iterations * s.group->size() + s.group->rank(), at::kLong);
-  s.group->all_reduce(key, ReduceOp::MAX)->wait();
+  key = all_reduce_control(*s.group, key, ReduceOp::MAX);
   const int authority = static_cast<int>(key.item<int64_t>() % s.group->size());
   ddp::broadcast_coalesced(*s.group, s.params, authority);
   ddp::broadcast_coalesced(*s.group, s.buffers, authority);

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "common/enforce.h"
+#include "core/control_tensors.h"
 
 namespace dtrain::ddp {
 namespace {
@@ -20,10 +21,7 @@ std::string describe(const std::string& name, const at::Tensor& t) {
 }
 
 std::vector<at::Tensor> gather_rows(ProcessGroup& group, const at::Tensor& row) {
-  std::vector<at::Tensor> rows;
-  for (int r = 0; r < group.size(); ++r) rows.push_back(at::empty_like(row));
-  group.all_gather(rows, row)->wait();
-  return rows;
+  return detail::all_gather_control(group, row);
 }
 
 }  // namespace

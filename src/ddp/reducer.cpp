@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "common/enforce.h"
+#include "core/control_tensors.h"
 #include "common/logging.h"
 #include "ddp/bucket_assignment.h"
 
@@ -247,7 +248,8 @@ std::vector<bool> Reducer::globally_used() {
   auto map = at::zeros({static_cast<int64_t>(params_.size())}, at::kInt);
   auto* m = map.data_ptr<int32_t>();
   for (size_t i = 0; i < params_.size(); ++i) m[i] = locally_used_[i] ? 1 : 0;
-  group_.all_reduce(map, ReduceOp::MAX)->wait();
+  map = detail::all_reduce_control(group_, map, ReduceOp::MAX);
+  m = map.data_ptr<int32_t>();
   std::vector<bool> used(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) used[i] = m[i] != 0;
   return used;
@@ -281,8 +283,7 @@ void Reducer::rebuild_from_observed_order() {
   for (size_t i : reverse_order(params_.size()))
     if (!seen[i]) order.push_back(static_cast<int64_t>(i));
   // Every rank must bucket identically: take rank 0's order.
-  auto t = at::tensor(order, at::kLong);
-  group_.broadcast(t, 0)->wait();
+  auto t = detail::broadcast_control(group_, at::tensor(order, at::kLong), 0);
   std::vector<size_t> agreed(params_.size());
   for (size_t k = 0; k < agreed.size(); ++k) agreed[k] = static_cast<size_t>(t[k].item<int64_t>());
   build_buckets(agreed);

@@ -1,0 +1,468 @@
+#include "backends/nccl/backend.h"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+
+#include "backends/nccl/communicator.h"
+#include "backends/nccl/cuda_api.h"
+#include "common/enforce.h"
+#include "common/logging.h"
+#include "core/average.h"
+#include "core/broken_group.h"
+#include "dtrain/distributed.h"
+
+namespace dtrain::nccl_backend {
+
+using Clock = std::chrono::steady_clock;
+
+// One operation queued on the group's stream, held until its end event.
+struct InFlight {
+  WorkPtr work;
+  std::shared_ptr<Event> end;
+  std::vector<at::Tensor> tensors;
+  Clock::time_point deadline;
+  std::chrono::milliseconds timeout;
+};
+
+namespace {
+
+ncclDataType_t nccl_type(const std::string& what, at::ScalarType t, bool reduces) {
+  switch (t) {
+    case at::kFloat: return ncclFloat32;
+    case at::kDouble: return ncclFloat64;
+    case at::kHalf: return ncclFloat16;
+    case at::kBFloat16: return ncclBfloat16;
+    case at::kInt: return ncclInt32;
+    case at::kLong: return ncclInt64;
+    case at::kByte: return ncclUint8;
+    case at::kChar: return ncclInt8;
+    case at::kBool:
+      if (!reduces) return ncclUint8;
+      break;
+    default:
+      break;
+  }
+  throw InvalidArgument(detail::cat(what, ": nccl cannot ", reduces ? "reduce" : "move",
+                                    " tensors of dtype ", c10::toString(t),
+                                    " (supported: float, double, half, bfloat16, int8, uint8, "
+                                    "int32, int64", reduces ? "" : ", bool", ")"));
+}
+
+// AVG of integers: NCCL's ncclAvg is for floating types; sum, then divide
+// truncating like the other backends.
+bool divides_after(ReduceOp op, at::ScalarType t) {
+  return op == ReduceOp::AVG && !at::isFloatingType(t);
+}
+
+ncclRedOp_t nccl_op(ReduceOp op, at::ScalarType t) {
+  switch (op) {
+    case ReduceOp::SUM: return ncclSum;
+    case ReduceOp::AVG: return divides_after(op, t) ? ncclSum : ncclAvg;
+    case ReduceOp::PRODUCT: return ncclProd;
+    case ReduceOp::MIN: return ncclMin;
+    case ReduceOp::MAX: return ncclMax;
+  }
+  throw InternalError("nccl: unknown ReduceOp");
+}
+
+size_t count(const at::Tensor& t) { return static_cast<size_t>(t.numel()); }
+
+int current_device() {
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  return device;
+}
+
+const bool registered = [] {
+  register_backend("nccl", [](std::shared_ptr<Store> store, int rank, int size,
+                              const GroupOptions& options) {
+    return std::make_shared<NcclProcessGroup>(std::move(store), rank, size, options);
+  });
+  return true;
+}();
+
+}  // namespace
+
+NcclProcessGroup::NcclProcessGroup(std::shared_ptr<Store> store, int rank, int size,
+                                   GroupOptions options)
+    : ProcessGroup(rank, size, std::move(options)) {
+  (void)registered;
+  usable_device_count();  // no GPU: BackendUnavailable naming CUDA's error
+  if (!have_torch_cuda())
+    throw BackendUnavailable(
+        "nccl: this dtrain was built against a libtorch without CUDA (no c10_cuda), which "
+        "cannot hold CUDA tensors; build dtrain against a CUDA-enabled libtorch "
+        "(docs/compatibility.md)");
+  device_ = current_device();
+  const std::string what =
+      detail::cat("nccl: group '", name(), "' (rank ", rank, "/", size, ", cuda:", device_, ")");
+  comm_ = std::make_unique<Communicator>(*store, "nccl/unique_id", rank, size, device_, timeout(),
+                                         what);
+  stream_ = std::make_unique<Stream>(device_);
+  watchdog_ = std::thread([this] { watch(); });
+  DTRAIN_LOG_INFO(what, ": communicator ready");
+}
+
+NcclProcessGroup::~NcclProcessGroup() {
+  {
+    std::lock_guard<std::mutex> lock(watch_mutex_);
+    stop_ = true;
+  }
+  watch_cv_.notify_all();
+  // The watchdog returns once nothing is in flight: each operation finishes
+  // or is aborted at its deadline.
+  if (watchdog_.joinable()) watchdog_.join();
+}
+
+c10::Device NcclProcessGroup::control_device() const {
+  return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device_));
+}
+
+void NcclProcessGroup::check_device(const Call& call, const at::Tensor& t) const {
+  DTRAIN_CHECK_ARG(t.device().index() == device_, call.description, ": a tensor is on ",
+                   t.device(), " but the group uses cuda:", device_,
+                   " (the current CUDA device when it was created)");
+}
+
+void NcclProcessGroup::settle(const Call& call, int status, const char* what) {
+  comm_->settle(static_cast<ncclResult_t>(status), what, Clock::now() + call.timeout,
+                call.description);
+}
+
+void NcclProcessGroup::grouped(const Call& call, const std::function<void()>& body) {
+  check_nccl(ncclGroupStart(), "ncclGroupStart");
+  body();
+  settle(call, ncclGroupEnd(), "ncclGroupEnd");
+}
+
+WorkPtr NcclProcessGroup::launch(const Call& call, std::vector<at::Tensor> tensors,
+                                 const std::function<void()>& body, Launch how) {
+  auto work = std::make_shared<Work>(call.description);
+  if (how.source_rank >= 0) work->set_source_rank(how.source_rank);
+  {
+    std::lock_guard<std::mutex> lock(watch_mutex_);
+    if (broken_) {
+      work->finish(broken_group_error(call.description, broken_));
+      return work;
+    }
+  }
+  std::lock_guard<std::mutex> issue(issue_mutex_);
+  DeviceScope on_device(device_);
+  auto item = std::make_unique<InFlight>();
+  try {
+    Event ready(device_);
+    ready.record(current_stream(device_));
+    ready.block(stream_->get());
+    {
+      StreamScope on_stream(stream_->get(), device_);
+      body();
+    }
+    item->end = std::make_shared<Event>(device_);
+    item->end->record(stream_->get());
+  } catch (const InvalidArgument&) {
+    throw;  // refused before anything was queued (every rank refuses alike)
+  } catch (...) {
+    // NCCL or CUDA failed while queuing: the communicator is in an unknown
+    // state on this rank, so it breaks like a timeout.
+    comm_->abort();
+    fail_all(std::current_exception());
+    work->finish(std::current_exception());
+    return work;
+  }
+  if (!how.host_blocking) {
+    work->set_device_wait([end = item->end, device = device_] {
+      DeviceScope scope(device);
+      end->block(current_stream(device));
+    });
+  }
+  item->work = work;
+  item->tensors = std::move(tensors);
+  item->timeout = call.timeout;
+  item->deadline = Clock::now() + call.timeout;
+  {
+    std::lock_guard<std::mutex> lock(watch_mutex_);
+    in_flight_.push_back(std::move(item));
+  }
+  watch_cv_.notify_all();
+  return work;
+}
+
+void NcclProcessGroup::fail_all(std::exception_ptr error) {
+  std::deque<std::unique_ptr<InFlight>> failed;
+  {
+    std::lock_guard<std::mutex> lock(watch_mutex_);
+    if (!broken_) broken_ = error;
+    failed.swap(in_flight_);
+  }
+  for (auto& f : failed) f->work->finish(error);
+}
+
+// The watchdog. Operations run on one stream, so they finish in issue
+// order: only the oldest needs watching. NCCL's asynchronous errors are
+// polled alongside.
+void NcclProcessGroup::watch() {
+  std::unique_lock<std::mutex> lock(watch_mutex_);
+  for (;;) {
+    if (in_flight_.empty()) {
+      if (stop_) return;
+      watch_cv_.wait_for(lock, std::chrono::milliseconds(100));
+      continue;
+    }
+    InFlight* oldest = in_flight_.front().get();
+    lock.unlock();
+    std::exception_ptr error;
+    bool done = false;
+    try {
+      done = oldest->end->done();
+      const ncclResult_t async = comm_->async_error();
+      if (!done && async != ncclSuccess && async != ncclInProgress)
+        check_nccl(async, "ncclCommGetAsyncError", comm_->get());
+      if (!done && Clock::now() >= oldest->deadline) {
+        throw TimeoutError(detail::cat(
+            oldest->work->description(), " did not finish on the GPU within ",
+            oldest->timeout.count(),
+            " ms (a stopped, slow or dead peer?); the NCCL communicator was aborted"));
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+    if (error) {
+      comm_->abort();
+      fail_all(error);
+      lock.lock();
+      continue;
+    }
+    if (done) {
+      lock.lock();
+      auto finished = std::move(in_flight_.front());
+      in_flight_.pop_front();
+      lock.unlock();
+      finished->work->finish();
+      finished.reset();  // the tensors go now, on this thread
+      lock.lock();
+      continue;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+    lock.lock();
+  }
+}
+
+// ---- collectives ------------------------------------------------------------
+
+WorkPtr NcclProcessGroup::do_all_reduce(const Call& call, at::Tensor tensor, ReduceOp op) {
+  check_device(call, tensor);
+  const auto type = nccl_type(call.op, tensor.scalar_type(), true);
+  return launch(call, {tensor}, [&] {
+    settle(call,
+           ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), count(tensor), type,
+                         nccl_op(op, tensor.scalar_type()), comm_->get(), stream_->get()),
+           "ncclAllReduce");
+    if (divides_after(op, tensor.scalar_type())) divide_for_average(tensor, size());
+  });
+}
+
+WorkPtr NcclProcessGroup::do_broadcast(const Call& call, at::Tensor tensor, int root) {
+  check_device(call, tensor);
+  const auto type = nccl_type(call.op, tensor.scalar_type(), false);
+  return launch(call, {tensor}, [&] {
+    settle(call,
+           ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), count(tensor), type, root,
+                         comm_->get(), stream_->get()),
+           "ncclBroadcast");
+  });
+}
+
+WorkPtr NcclProcessGroup::do_reduce(const Call& call, at::Tensor tensor, int root, ReduceOp op) {
+  check_device(call, tensor);
+  const auto type = nccl_type(call.op, tensor.scalar_type(), true);
+  return launch(call, {tensor}, [&] {
+    settle(call,
+           ncclReduce(tensor.data_ptr(), tensor.data_ptr(), count(tensor), type,
+                      nccl_op(op, tensor.scalar_type()), root, comm_->get(), stream_->get()),
+           "ncclReduce");
+    if (rank() == root && divides_after(op, tensor.scalar_type()))
+      divide_for_average(tensor, size());
+  });
+}
+
+WorkPtr NcclProcessGroup::do_all_gather_into_tensor(const Call& call, at::Tensor output,
+                                                    at::Tensor input) {
+  check_device(call, output), check_device(call, input);
+  const auto type = nccl_type(call.op, input.scalar_type(), false);
+  return launch(call, {output, input}, [&] {
+    settle(call,
+           ncclAllGather(input.data_ptr(), output.data_ptr(), count(input), type, comm_->get(),
+                         stream_->get()),
+           "ncclAllGather");
+  });
+}
+
+WorkPtr NcclProcessGroup::do_all_gather(const Call& call, std::vector<at::Tensor> outputs,
+                                        at::Tensor input) {
+  check_device(call, input);
+  for (const auto& t : outputs) check_device(call, t);
+  const auto type = nccl_type(call.op, input.scalar_type(), false);
+  auto keep = outputs;
+  keep.push_back(input);
+  return launch(call, std::move(keep), [&] {
+    // Allocated on the group's stream (StreamScope), reused only behind it.
+    auto flat = at::empty({size() * input.numel()}, input.options());
+    settle(call,
+           ncclAllGather(input.data_ptr(), flat.data_ptr(), count(input), type, comm_->get(),
+                         stream_->get()),
+           "ncclAllGather");
+    for (int r = 0; r < size(); ++r)
+      outputs[r].view({-1}).copy_(flat.narrow(0, r * input.numel(), input.numel()));
+  });
+}
+
+WorkPtr NcclProcessGroup::do_reduce_scatter_tensor(const Call& call, at::Tensor output,
+                                                   at::Tensor input, ReduceOp op) {
+  check_device(call, output), check_device(call, input);
+  const auto type = nccl_type(call.op, input.scalar_type(), true);
+  return launch(call, {output, input}, [&] {
+    settle(call,
+           ncclReduceScatter(input.data_ptr(), output.data_ptr(), count(output), type,
+                             nccl_op(op, output.scalar_type()), comm_->get(), stream_->get()),
+           "ncclReduceScatter");
+    if (divides_after(op, output.scalar_type())) divide_for_average(output, size());
+  });
+}
+
+WorkPtr NcclProcessGroup::do_reduce_scatter(const Call& call, at::Tensor output,
+                                            std::vector<at::Tensor> inputs, ReduceOp op) {
+  check_device(call, output);
+  for (const auto& t : inputs) check_device(call, t);
+  const auto type = nccl_type(call.op, output.scalar_type(), true);
+  auto keep = inputs;
+  keep.push_back(output);
+  return launch(call, std::move(keep), [&] {
+    std::vector<at::Tensor> flat_inputs;
+    for (const auto& t : inputs) flat_inputs.push_back(t.reshape({-1}));
+    auto flat = at::cat(flat_inputs);
+    settle(call,
+           ncclReduceScatter(flat.data_ptr(), output.data_ptr(), count(output), type,
+                             nccl_op(op, output.scalar_type()), comm_->get(), stream_->get()),
+           "ncclReduceScatter");
+    if (divides_after(op, output.scalar_type())) divide_for_average(output, size());
+  });
+}
+
+// gather, scatter and all_to_all: NCCL's grouped send/recv; the rank's own
+// piece is a device copy.
+WorkPtr NcclProcessGroup::do_gather(const Call& call, std::vector<at::Tensor> outputs,
+                                    at::Tensor input, int root) {
+  check_device(call, input);
+  for (const auto& t : outputs) check_device(call, t);
+  const auto type = nccl_type(call.op, input.scalar_type(), false);
+  auto keep = outputs;
+  keep.push_back(input);
+  return launch(call, std::move(keep), [&] {
+    grouped(call, [&] {
+      for (int r = 0; r < size() && rank() == root; ++r)
+        if (r != root && count(outputs[r]))
+          check_nccl(ncclRecv(outputs[r].data_ptr(), count(outputs[r]), type, r, comm_->get(),
+                              stream_->get()),
+                     "ncclRecv");
+      if (rank() != root && count(input))
+        check_nccl(ncclSend(input.data_ptr(), count(input), type, root, comm_->get(),
+                            stream_->get()),
+                   "ncclSend");
+    });
+    if (rank() == root) outputs[root].copy_(input);
+  });
+}
+
+WorkPtr NcclProcessGroup::do_scatter(const Call& call, at::Tensor output,
+                                     std::vector<at::Tensor> inputs, int root) {
+  check_device(call, output);
+  for (const auto& t : inputs) check_device(call, t);
+  const auto type = nccl_type(call.op, output.scalar_type(), false);
+  auto keep = inputs;
+  keep.push_back(output);
+  return launch(call, std::move(keep), [&] {
+    grouped(call, [&] {
+      for (int r = 0; r < size() && rank() == root; ++r)
+        if (r != root && count(inputs[r]))
+          check_nccl(ncclSend(inputs[r].data_ptr(), count(inputs[r]), type, r, comm_->get(),
+                              stream_->get()),
+                     "ncclSend");
+      if (rank() != root && count(output))
+        check_nccl(ncclRecv(output.data_ptr(), count(output), type, root, comm_->get(),
+                            stream_->get()),
+                   "ncclRecv");
+    });
+    if (rank() == root) output.copy_(inputs[root]);
+  });
+}
+
+WorkPtr NcclProcessGroup::do_all_to_all(const Call& call, std::vector<at::Tensor> outputs,
+                                        std::vector<at::Tensor> inputs) {
+  for (const auto& t : outputs) check_device(call, t);
+  for (const auto& t : inputs) check_device(call, t);
+  const auto type = nccl_type(call.op, inputs.at(0).scalar_type(), false);
+  auto keep = outputs;
+  keep.insert(keep.end(), inputs.begin(), inputs.end());
+  return launch(call, std::move(keep), [&] {
+    grouped(call, [&] {
+      for (int r = 0; r < size(); ++r) {
+        if (r == rank()) continue;
+        if (count(inputs[r]))
+          check_nccl(ncclSend(inputs[r].data_ptr(), count(inputs[r]), type, r, comm_->get(),
+                              stream_->get()),
+                     "ncclSend");
+        if (count(outputs[r]))
+          check_nccl(ncclRecv(outputs[r].data_ptr(), count(outputs[r]), type, r, comm_->get(),
+                              stream_->get()),
+                     "ncclRecv");
+      }
+    });
+    outputs[rank()].copy_(inputs[rank()]);
+  });
+}
+
+// Blocks the host (as PyTorch's barrier on NCCL does): a one-element
+// all_reduce whose Work is waited on by the host.
+WorkPtr NcclProcessGroup::do_barrier(const Call& call) {
+  auto one = at::zeros({1}, at::TensorOptions(at::kFloat).device(control_device()));
+  return launch(
+      call, {one},
+      [&] {
+        settle(call,
+               ncclAllReduce(one.data_ptr(), one.data_ptr(), 1, ncclFloat32, ncclSum,
+                             comm_->get(), stream_->get()),
+               "ncclAllReduce");
+      },
+      Launch{/*host_blocking=*/true});
+}
+
+WorkPtr NcclProcessGroup::do_monitored_barrier(const Call& call, bool) {
+  throw InvalidArgument(detail::cat(call.description,
+                                    ": monitored_barrier is not available on nccl (nor in "
+                                    "PyTorch); run it on a CPU group, e.g. "
+                                    "dtrain::new_group(ranks, \"tcp\")"));
+}
+
+WorkPtr NcclProcessGroup::do_send(const Call& call, at::Tensor tensor, int dst, int) {
+  check_device(call, tensor);
+  const auto type = nccl_type(call.op, tensor.scalar_type(), false);
+  return launch(call, {tensor}, [&] {
+    settle(call, ncclSend(tensor.data_ptr(), count(tensor), type, dst, comm_->get(), stream_->get()),
+           "ncclSend");
+  });
+}
+
+WorkPtr NcclProcessGroup::do_recv(const Call& call, at::Tensor tensor, int src, int) {
+  check_device(call, tensor);
+  DTRAIN_CHECK_ARG(src != kAnySource, call.description,
+                   ": recv from any source is not available on nccl (NCCL matches each receive "
+                   "with a named peer); name the source rank, or use a tcp group");
+  const auto type = nccl_type(call.op, tensor.scalar_type(), false);
+  return launch(call, {tensor}, [&] {
+    settle(call, ncclRecv(tensor.data_ptr(), count(tensor), type, src, comm_->get(), stream_->get()),
+           "ncclRecv");
+  }, Launch{false, src});
+}
+
+}  // namespace dtrain::nccl_backend
