@@ -10,6 +10,7 @@
 // when dtrain-run restarts the job).
 
 #include <CLI/CLI.hpp>
+#include <dtrain/data/fashion_mnist.h>
 #include <dtrain/dtrain.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -163,7 +164,12 @@ static bool make_dirs(const std::string& path) {
 int main(int argc, char** argv) {
   const Flags f = parse(argc, argv);
   try {
-    dtrain::init_process_group(dtrain::InitOptions().backend(f.backend));
+    // On GPUs, one per local rank (the nccl group picks the same one).
+    const int gpus = f.device == "cuda" ? static_cast<int>(torch::cuda::device_count()) : 0;
+    if (f.device == "cuda" && gpus == 0) throw std::runtime_error("--device cuda: no CUDA device is visible");
+    const int local_rank = dtrain::local_rank();
+    dtrain::init_process_group(dtrain::InitOptions().backend(f.backend).device_id(
+        gpus > 0 ? local_rank % gpus : -1));
     torch::set_num_threads(f.threads);
     const int rank = dtrain::get_rank(), world = dtrain::get_world_size();
     const bool leader = rank == 0;
@@ -184,7 +190,8 @@ int main(int argc, char** argv) {
 
     torch::manual_seed(f.seed);
     ConvNet model;
-    const torch::Device device(f.device);
+    const torch::Device device = gpus > 0 ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank % gpus))
+                                          : torch::Device(torch::kCPU);
     model->to(device);
     torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(f.lr));
 

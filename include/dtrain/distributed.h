@@ -42,6 +42,10 @@ struct InitOptions {
   DTRAIN_ARG(std::optional<std::chrono::milliseconds>, timeout) = std::nullopt;
   // Rendezvous through this store instead of init_method.
   DTRAIN_ARG(std::shared_ptr<Store>, store) = nullptr;
+  // The CUDA device of this rank's nccl groups (PyTorch's device_id); -1:
+  // LOCAL_RANK modulo the number of GPUs when LOCAL_RANK is set, else the
+  // current CUDA device. Ignored by the CPU backends.
+  DTRAIN_ARG(int, device_id) = -1;
 };
 
 // Creates the default group. Validates every input first (InvalidArgument

@@ -4,7 +4,6 @@
 
 #include "dtrain/checkpoint/tensor_file.h"
 #include "dtrain/data/distributed_sampler.h"
-#include "dtrain/data/fashion_mnist.h"
 #include "dtrain/data_parallel.h"
 #include "dtrain/ddp.h"
 #include "dtrain/distributed.h"

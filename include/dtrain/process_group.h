@@ -45,6 +45,8 @@ struct GroupOptions {
   // Fingerprint each collective across ranks before it runs; unset: on when
   // DTRAIN_DEBUG=DETAIL.
   DTRAIN_ARG(std::optional<bool>, check_collectives) = std::nullopt;
+  // CUDA device of a device backend (nccl); -1: see InitOptions::device_id.
+  DTRAIN_ARG(int, device_id) = -1;
 };
 
 using Timeout = std::optional<std::chrono::milliseconds>;

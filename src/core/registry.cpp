@@ -1,15 +1,12 @@
 // The backend registry: name -> factory. Backends a build lacks are
 // registered as explanations, so asking for them says why, not "unknown".
 
+#include <dlfcn.h>
+
 #include <map>
 #include <mutex>
 
-#include "backends/tcp/backend.h"
-#include "backends/hierarchical/backend.h"
-#include "backends/shm/backend.h"
-#ifdef DTRAIN_WITH_MPI
-#include "backends/mpi/backend.h"
-#endif
+#include "core/backend_registry.h"
 #include "common/enforce.h"
 #include "dtrain/distributed.h"
 #include "dtrain/errors.h"
@@ -21,40 +18,64 @@ struct Registry {
   std::mutex mutex;
   std::map<std::string, BackendFactory> factories;
   std::map<std::string, std::string> missing;  // name -> why it is not built
+  std::map<std::string, detail::OwnWorld> own_worlds;
 };
 
 Registry& registry() {
+  // Backends add themselves as the library loads (DTRAIN_REGISTER_BACKEND in
+  // their backend.cpp); the ones a build may lack leave an explanation here,
+  // which their registration replaces.
   static Registry* r = [] {
     auto* reg = new Registry;
-    // "gloo" is PyTorch's name for its CPU backend: code written for
-    // torch.distributed gets dtrain's tcp backend under it.
-    reg->factories["tcp"] = reg->factories["gloo"] =
-        [](std::shared_ptr<Store> store, int rank, int size, const GroupOptions& options) {
-          return std::make_shared<tcp_backend::TcpProcessGroup>(std::move(store), rank, size,
-                                                                options);
-        };
-    reg->factories["shm"] = [](std::shared_ptr<Store> store, int rank, int size,
-                               const GroupOptions& options) {
-      return std::make_shared<shm::ShmProcessGroup>(std::move(store), rank, size, options);
-    };
-    reg->factories["auto"] = hierarchical::create_auto_group;
-    // backends/nccl registers itself when it is built.
     reg->missing["nccl"] =
         "dtrain was built without the nccl backend (it needs CUDA's runtime and NCCL at build "
         "time: DTRAIN_WITH_NCCL=ON, CUDAToolkit_ROOT, NCCL_HOME)";
-#ifdef DTRAIN_WITH_MPI
-    reg->factories["mpi"] = [](std::shared_ptr<Store>, int rank, int size,
-                               const GroupOptions& options) {
-      return std::make_shared<mpi_backend::MpiProcessGroup>(rank, size, options);
-    };
-#else
     reg->missing["mpi"] =
         "dtrain was built without MPI (install an MPI library, e.g. Debian's libopenmpi-dev, "
         "and rebuild)";
-#endif
     return reg;
   }();
   return *r;
+}
+
+// Backends built as plug-ins, loaded the first time they are asked for:
+// their libraries (CUDA's runtime, NCCL) are not what a CPU job should load.
+// A plug-in registers itself as it loads (DTRAIN_REGISTER_BACKEND).
+const std::map<std::string, std::string>& plugins() {
+  static const std::map<std::string, std::string> files = {
+#ifdef DTRAIN_NCCL_PLUGIN
+      {"nccl", DTRAIN_NCCL_PLUGIN},
+#endif
+  };
+  return files;
+}
+
+// The directory libdtrain was loaded from: plug-ins are installed beside it.
+std::string library_directory() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&library_directory), &info) == 0 || !info.dli_fname) return "";
+  const std::string path = info.dli_fname;
+  const auto slash = path.rfind('/');
+  return slash == std::string::npos ? "" : path.substr(0, slash + 1);
+}
+
+// Loads the plug-in of `backend`, once; returns why it could not be loaded
+// (empty when it was, or when the backend has no plug-in).
+std::string load_plugin(const std::string& backend) {
+  auto it = plugins().find(backend);
+  if (it == plugins().end()) return "";
+  static std::mutex mutex;
+  static std::map<std::string, std::string> outcome;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto done = outcome.find(backend);
+  if (done != outcome.end()) return done->second;
+  const std::string path = library_directory() + it->second;
+  std::string error;
+  if (!dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) {
+    const char* why = dlerror();
+    error = detail::cat("its plug-in ", path, " could not be loaded: ", why ? why : "dlopen failed");
+  }
+  return outcome[backend] = error;
 }
 
 }  // namespace
@@ -66,6 +87,23 @@ void register_backend(const std::string& name, BackendFactory factory) {
   r.factories[name] = std::move(factory);
   r.missing.erase(name);
 }
+
+namespace detail {
+
+void register_own_world(const std::string& backend, OwnWorld own_world) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.own_worlds[backend] = std::move(own_world);
+}
+
+OwnWorld own_world(const std::string& backend) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.own_worlds.find(backend);
+  return it == r.own_worlds.end() ? nullptr : it->second;
+}
+
+}  // namespace detail
 
 std::vector<std::string> available_backends() {
   auto& r = registry();
@@ -79,6 +117,8 @@ std::shared_ptr<ProcessGroup> create_process_group(const std::string& backend,
                                                    std::shared_ptr<Store> store, int rank,
                                                    int size, const GroupOptions& options) {
   BackendFactory factory;
+  // Not under the registry's lock: the plug-in registers itself as it loads.
+  const std::string plugin_error = load_plugin(backend);
   {
     auto& r = registry();
     std::lock_guard<std::mutex> lock(r.mutex);
@@ -86,6 +126,9 @@ std::shared_ptr<ProcessGroup> create_process_group(const std::string& backend,
     if (it == r.factories.end()) {
       std::vector<std::string> names;
       for (const auto& [name, _] : r.factories) names.push_back(name);
+      if (!plugin_error.empty())
+        throw BackendUnavailable(detail::cat(backend, ": ", plugin_error,
+                                             "; available backends: ", detail::join(names)));
       auto why = r.missing.find(backend);
       if (why != r.missing.end())
         throw BackendUnavailable(detail::cat(backend, ": ", why->second,

@@ -9,13 +9,11 @@
 
 #include "common/cpu_memory.h"
 #include "common/enforce.h"
+#include "core/backend_registry.h"
 #include "core/rendezvous.h"
 #include "dtrain/distributed.h"
 #include "dtrain/store/hash_store.h"
 #include "dtrain/store/prefix_store.h"
-#ifdef DTRAIN_WITH_MPI
-#include "backends/mpi/backend.h"
-#endif
 
 namespace dtrain {
 namespace {
@@ -62,6 +60,7 @@ struct World {
   std::shared_ptr<Store> store;
   std::string backend;
   std::string local_address;
+  int device_id = -1;
   int next_group_id = 1;
   bool initializing = false;  // an init_process_group is under way
 };
@@ -101,14 +100,15 @@ void init_process_group(const InitOptions& options) {
   } done{w};
   detail::apply_cpu_memory_policy();
   Rendezvous r;
-  if (options.backend() == "mpi" && !options.store()) {
+  const auto own_world = options.store() ? nullptr : detail::own_world(options.backend());
+  if (options.backend() == "mpi" && !options.store() && !own_world) {
+    r.rank = 0, r.world_size = 1;  // not built: create_process_group explains why
+    r.timeout = resolve_timeout(options);
+    r.store = std::make_shared<HashStore>(r.timeout);
+  } else if (own_world) {
     // MPI needs no store: rank and size come from mpirun. The group's store
     // is a process-local one (new_group and user keys still work locally).
-#ifdef DTRAIN_WITH_MPI
-    std::tie(r.rank, r.world_size) = mpi_backend::mpi_world();
-#else
-    r.rank = 0, r.world_size = 1;  // create_process_group explains the missing backend
-#endif
+    std::tie(r.rank, r.world_size) = own_world();
     DTRAIN_CHECK_ARG(options.rank() < 0 || options.rank() == r.rank, "init_process_group: rank ",
                      options.rank(), " was given, but MPI has this process as rank ", r.rank);
     DTRAIN_CHECK_ARG(options.world_size() < 0 || options.world_size() == r.world_size,
@@ -121,12 +121,17 @@ void init_process_group(const InitOptions& options) {
   }
   auto group = create_process_group(
       options.backend(), std::make_shared<PrefixStore>("default", r.store), r.rank, r.world_size,
-      GroupOptions().name("default").timeout(r.timeout).local_address(r.local_address));
+      GroupOptions()
+          .name("default")
+          .timeout(r.timeout)
+          .local_address(r.local_address)
+          .device_id(options.device_id()));
   std::lock_guard<std::mutex> lock(w.mutex);
   w.group = std::move(group);
   w.store = r.store;
   w.backend = options.backend();
   w.local_address = r.local_address;
+  w.device_id = options.device_id();
   w.next_group_id = 1;
 }
 
@@ -190,6 +195,7 @@ std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks,
                   .name(name)
                   .timeout(options.timeout().value_or(world_group->timeout()))
                   .local_address(w.local_address)
+                  .device_id(w.device_id)
                   .global_ranks(sorted);
   const int me = world_group->rank();
   auto it = std::find(sorted.begin(), sorted.end(), me);

@@ -6,12 +6,18 @@
 // With the OpenMP backend the thread count is a per-thread OpenMP setting,
 // but at::set_num_threads() also stores it in a process-wide atomic that
 // threads created later read when they first initialize. So each worker
-// first initializes its own count (lazy_init_num_threads), then sets it to 1;
+// first initializes its own count, then sets it to 1;
 // once every worker has done so, the constructor puts the atomic back by
 // re-applying the caller's current count on the caller's thread (a no-op for
 // the caller itself). The caller's intra-op threads are never changed: it
 // only waits while the replicas run, and the work outside the replicas
 // (loss, optimizer, gathering) keeps using them.
+// The initialization must be libtorch's own: on libtorch 2.x
+// at::internal::lazy_init_num_threads() is an inline function whose
+// per-thread "done" flag each library keeps for itself, so calling it from
+// dtrain left libtorch's flag unset, and libtorch's first parallel call on
+// the worker re-applied the process-wide count (2 threads instead of 1, seen
+// on 2.11). at::get_num_threads() runs libtorch's lazy initialization.
 // With ATen's native thread pool the count is process-wide and fixed once
 // parallel work has started, so nothing is changed there: replica threads
 // share that one pool.
@@ -67,7 +73,7 @@ void ReplicaPool::run(const std::vector<std::function<void()>>& tasks) {
 void ReplicaPool::work(size_t index, bool single_intra_op_thread) {
 #if AT_PARALLEL_OPENMP
   if (single_intra_op_thread) {
-    at::internal::lazy_init_num_threads();
+    at::get_num_threads();  // libtorch's lazy per-thread initialization, see above
     at::set_num_threads(1);
   }
 #else

@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "common/paths.h"
+#include "dtrain/data/fashion_mnist.h"
 #include "dtrain/dtrain.h"
 #include "harness/thread_ranks.h"
 

@@ -10,6 +10,8 @@
 #include "backends/shm/node.h"
 #include "common/enforce.h"
 #include "core/average.h"
+#include "core/backend_registry.h"
+#include "dtrain/distributed.h"
 #include "core/broken_group.h"
 #include "common/logging.h"
 #include "dtrain/store/prefix_store.h"
@@ -215,5 +217,7 @@ WorkPtr HierarchicalProcessGroup::do_recv(const Call& call, at::Tensor tensor, i
   if (auto refused = refuse_if_broken(call)) return refused;
   return all_->recv(std::move(tensor), src, tag, call.timeout);
 }
+
+DTRAIN_REGISTER_BACKEND(auto, register_backend("auto", create_auto_group))
 
 }  // namespace dtrain::hierarchical

@@ -16,7 +16,7 @@
 
 #include <memory>
 
-#include "core/backend_hooks.h"
+#include "dtrain/backend_hooks.h"
 #include "core/serial_executor.h"
 #include "dtrain/process_group.h"
 

@@ -12,6 +12,8 @@
 #include "core/broken_group.h"
 #include "common/enforce.h"
 #include "core/average.h"
+#include "core/backend_registry.h"
+#include "dtrain/distributed.h"
 #include "common/logging.h"
 
 namespace dtrain::mpi_backend {
@@ -528,5 +530,13 @@ WorkPtr MpiProcessGroup::do_recv(const Call& call, at::Tensor tensor, int src, i
           call.description);
   });
 }
+
+DTRAIN_REGISTER_BACKEND(mpi, {
+  register_backend("mpi", [](std::shared_ptr<Store>, int rank, int size,
+                             const GroupOptions& options) {
+    return std::make_shared<MpiProcessGroup>(rank, size, options);
+  });
+  detail::register_own_world("mpi", mpi_world);
+})
 
 }  // namespace dtrain::mpi_backend

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "core/backend_hooks.h"
+#include "dtrain/backend_hooks.h"
 #include "core/serial_executor.h"
 #include "dtrain/process_group.h"
 

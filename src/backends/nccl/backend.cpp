@@ -7,8 +7,10 @@
 #include "backends/nccl/communicator.h"
 #include "backends/nccl/cuda_api.h"
 #include "common/enforce.h"
+#include "common/env.h"
 #include "common/logging.h"
 #include "core/average.h"
+#include "core/backend_registry.h"
 #include "core/broken_group.h"
 #include "dtrain/distributed.h"
 
@@ -68,33 +70,33 @@ ncclRedOp_t nccl_op(ReduceOp op, at::ScalarType t) {
 
 size_t count(const at::Tensor& t) { return static_cast<size_t>(t.numel()); }
 
-int current_device() {
+// The group's device: the one named (InitOptions::device_id), else
+// LOCAL_RANK modulo the GPUs (one GPU per local rank, as torchrun jobs run),
+// else the creating thread's current device.
+int choose_device(int named, int devices) {
+  if (named >= 0) {
+    DTRAIN_CHECK_ARG(named < devices, "nccl: device_id ", named, " is out of range: this process sees ",
+                     devices, " CUDA device(s)");
+    return named;
+  }
+  if (auto local = env::get_int(env::kLocalRank, 0, 1 << 20)) return static_cast<int>(*local % devices);
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   return device;
 }
-
-const bool registered = [] {
-  register_backend("nccl", [](std::shared_ptr<Store> store, int rank, int size,
-                              const GroupOptions& options) {
-    return std::make_shared<NcclProcessGroup>(std::move(store), rank, size, options);
-  });
-  return true;
-}();
 
 }  // namespace
 
 NcclProcessGroup::NcclProcessGroup(std::shared_ptr<Store> store, int rank, int size,
                                    GroupOptions options)
     : ProcessGroup(rank, size, std::move(options)) {
-  (void)registered;
-  usable_device_count();  // no GPU: BackendUnavailable naming CUDA's error
+  const int devices = usable_device_count();  // no GPU: BackendUnavailable naming CUDA's error
   if (!have_torch_cuda())
     throw BackendUnavailable(
         "nccl: this dtrain was built against a libtorch without CUDA (no c10_cuda), which "
         "cannot hold CUDA tensors; build dtrain against a CUDA-enabled libtorch "
         "(docs/compatibility.md)");
-  device_ = current_device();
+  device_ = choose_device(this->options().device_id(), devices);
   const std::string what =
       detail::cat("nccl: group '", name(), "' (rank ", rank, "/", size, ", cuda:", device_, ")");
   comm_ = std::make_unique<Communicator>(*store, "nccl/unique_id", rank, size, device_, timeout(),
@@ -464,5 +466,10 @@ WorkPtr NcclProcessGroup::do_recv(const Call& call, at::Tensor tensor, int src, 
            "ncclRecv");
   }, Launch{false, src});
 }
+
+DTRAIN_REGISTER_BACKEND(nccl, register_backend("nccl", [](std::shared_ptr<Store> store, int rank,
+                                                          int size, const GroupOptions& options) {
+  return std::make_shared<NcclProcessGroup>(std::move(store), rank, size, options);
+}))
 
 }  // namespace dtrain::nccl_backend

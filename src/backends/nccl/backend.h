@@ -11,9 +11,9 @@
 //  - the group holds the tensors of every operation until its end event has
 //    completed (a watchdog thread polls the events), so dropping a handle or
 //    a tensor early is safe.
-// The group's device is the creating thread's current CUDA device (call
-// cudaSetDevice / c10::cuda::set_device(local_rank) first, as with PyTorch).
-// Every tensor must be on it.
+// The group's device: InitOptions::device_id when given, else LOCAL_RANK
+// modulo the number of GPUs when LOCAL_RANK is set (dtrain-run, torchrun),
+// else the creating thread's current CUDA device. Every tensor must be on it.
 //
 // Timeouts: the communicator is created non-blocking, so a rank that never
 // joins is a TimeoutError on the ranks that did; an operation that has not
@@ -42,7 +42,7 @@
 #include <mutex>
 #include <thread>
 
-#include "core/backend_hooks.h"
+#include "dtrain/backend_hooks.h"
 #include "dtrain/process_group.h"
 
 namespace dtrain::nccl_backend {

@@ -11,6 +11,8 @@
 #include "common/enforce.h"
 #include "common/env.h"
 #include "common/logging.h"
+#include "core/backend_registry.h"
+#include "dtrain/distributed.h"
 #include "dtrain/store/prefix_store.h"
 
 namespace dtrain::shm {
@@ -517,5 +519,10 @@ WorkPtr ShmProcessGroup::do_send(const Call& call, at::Tensor tensor, int dst, i
 WorkPtr ShmProcessGroup::do_recv(const Call& call, at::Tensor tensor, int src, int tag) {
   return p2p_->recv(std::move(tensor), src, tag, call.timeout);
 }
+
+DTRAIN_REGISTER_BACKEND(shm, register_backend("shm", [](std::shared_ptr<Store> store, int rank,
+                                                        int size, const GroupOptions& options) {
+  return std::make_shared<ShmProcessGroup>(std::move(store), rank, size, options);
+}))
 
 }  // namespace dtrain::shm

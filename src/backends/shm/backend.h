@@ -26,7 +26,7 @@
 
 #include "backends/shm/phase_barrier.h"
 #include "backends/shm/segment.h"
-#include "core/backend_hooks.h"
+#include "dtrain/backend_hooks.h"
 #include "core/serial_executor.h"
 #include "dtrain/process_group.h"
 

@@ -12,6 +12,8 @@
 #include "common/logging.h"
 #include "core/average.h"
 #include "store/auth.h"
+#include "core/backend_registry.h"
+#include "dtrain/distributed.h"
 #include "core/broken_group.h"
 #include "transport/tcp/transport.h"
 
@@ -290,5 +292,15 @@ WorkPtr TcpProcessGroup::post_p2p(const Call& call, at::Tensor tensor, int peer,
   });
   return work;
 }
+
+// "gloo" is PyTorch's name for its CPU backend: code written for
+// torch.distributed gets dtrain's tcp backend under it.
+DTRAIN_REGISTER_BACKEND(tcp, {
+  auto factory = [](std::shared_ptr<Store> store, int rank, int size, const GroupOptions& options) {
+    return std::make_shared<TcpProcessGroup>(std::move(store), rank, size, options);
+  };
+  register_backend("tcp", factory);
+  register_backend("gloo", factory);
+})
 
 }  // namespace dtrain::tcp_backend

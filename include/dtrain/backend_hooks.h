@@ -1,6 +1,8 @@
 #pragma once
 
-// The backend hooks of ProcessGroup (see process_group.h), declared once:
+// The backend hooks of ProcessGroup (see process_group.h), declared once
+// (installed: a backend of your own, registered with register_backend,
+// uses it too):
 // a backend class writes DTRAIN_PROCESS_GROUP_HOOKS in its protected section
 // and defines each do_* in its .cpp.
 
