@@ -45,6 +45,21 @@ check installed "$work/installed"
 )
 echo "package: installed dtrain-run with an installed example ok"
 
+# The nccl plug-in (when built) is found beside the moved libdtrain and
+# loaded on demand. Without a GPU the group then says why it cannot run -
+# which proves the plug-in loaded (a missing one says "could not be loaded").
+if ls "$work"/moved-prefix/lib*/libdtrain_nccl.so >/dev/null 2>&1 && ! command -v nvidia-smi >/dev/null; then
+  (
+    unset LD_LIBRARY_PATH
+    cd "$work"
+    moved-prefix/bin/dtrain-run --standalone --nproc-per-node 1 \
+      moved-prefix/bin/dtrain-fashion-mnist --backend nccl --epochs 1 >"$work/nccl.out" 2>&1 || true
+    grep -q "nccl: no usable CUDA device: cudaGetDeviceCount: " "$work/nccl.out" ||
+      { cat "$work/nccl.out"; echo "package: the installed nccl plug-in did not load"; exit 1; }
+  )
+  echo "package: the installed nccl plug-in loads from the moved prefix"
+fi
+
 cmake -S "$consumer" -B "$work/buildtree" "${launcher[@]}" -Ddtrain_DIR="$build" >/dev/null
 cmake --build "$work/buildtree" -j2 >/dev/null
 check buildtree "$work/buildtree"

@@ -351,8 +351,23 @@ WorkPtr NcclProcessGroup::do_reduce_scatter(const Call& call, at::Tensor output,
   });
 }
 
-// gather, scatter and all_to_all: NCCL's grouped send/recv; the rank's own
-// piece is a device copy.
+// gather, scatter and all_to_all: NCCL's grouped send/recv (inside
+// ncclGroupStart/End, where the calls only queue); the rank's own piece is a
+// device copy. Empty pieces are not sent: both sides know their size.
+void NcclProcessGroup::send_to(const at::Tensor& t, int peer, int type) {
+  if (count(t) == 0) return;
+  check_nccl(ncclSend(t.data_ptr(), count(t), static_cast<ncclDataType_t>(type), peer,
+                      comm_->get(), stream_->get()),
+             "ncclSend");
+}
+
+void NcclProcessGroup::recv_from(const at::Tensor& t, int peer, int type) {
+  if (count(t) == 0) return;
+  check_nccl(ncclRecv(t.data_ptr(), count(t), static_cast<ncclDataType_t>(type), peer,
+                      comm_->get(), stream_->get()),
+             "ncclRecv");
+}
+
 WorkPtr NcclProcessGroup::do_gather(const Call& call, std::vector<at::Tensor> outputs,
                                     at::Tensor input, int root) {
   check_device(call, input);
@@ -363,14 +378,8 @@ WorkPtr NcclProcessGroup::do_gather(const Call& call, std::vector<at::Tensor> ou
   return launch(call, std::move(keep), [&] {
     grouped(call, [&] {
       for (int r = 0; r < size() && rank() == root; ++r)
-        if (r != root && count(outputs[r]))
-          check_nccl(ncclRecv(outputs[r].data_ptr(), count(outputs[r]), type, r, comm_->get(),
-                              stream_->get()),
-                     "ncclRecv");
-      if (rank() != root && count(input))
-        check_nccl(ncclSend(input.data_ptr(), count(input), type, root, comm_->get(),
-                            stream_->get()),
-                   "ncclSend");
+        if (r != root) recv_from(outputs[r], r, type);
+      if (rank() != root) send_to(input, root, type);
     });
     if (rank() == root) outputs[root].copy_(input);
   });
@@ -386,14 +395,8 @@ WorkPtr NcclProcessGroup::do_scatter(const Call& call, at::Tensor output,
   return launch(call, std::move(keep), [&] {
     grouped(call, [&] {
       for (int r = 0; r < size() && rank() == root; ++r)
-        if (r != root && count(inputs[r]))
-          check_nccl(ncclSend(inputs[r].data_ptr(), count(inputs[r]), type, r, comm_->get(),
-                              stream_->get()),
-                     "ncclSend");
-      if (rank() != root && count(output))
-        check_nccl(ncclRecv(output.data_ptr(), count(output), type, root, comm_->get(),
-                            stream_->get()),
-                   "ncclRecv");
+        if (r != root) send_to(inputs[r], r, type);
+      if (rank() != root) recv_from(output, root, type);
     });
     if (rank() == root) output.copy_(inputs[root]);
   });
@@ -410,14 +413,8 @@ WorkPtr NcclProcessGroup::do_all_to_all(const Call& call, std::vector<at::Tensor
     grouped(call, [&] {
       for (int r = 0; r < size(); ++r) {
         if (r == rank()) continue;
-        if (count(inputs[r]))
-          check_nccl(ncclSend(inputs[r].data_ptr(), count(inputs[r]), type, r, comm_->get(),
-                              stream_->get()),
-                     "ncclSend");
-        if (count(outputs[r]))
-          check_nccl(ncclRecv(outputs[r].data_ptr(), count(outputs[r]), type, r, comm_->get(),
-                              stream_->get()),
-                     "ncclRecv");
+        send_to(inputs[r], r, type);
+        recv_from(outputs[r], r, type);
       }
     });
     outputs[rank()].copy_(inputs[rank()]);

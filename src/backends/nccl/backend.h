@@ -83,6 +83,9 @@ class NcclProcessGroup final : public ProcessGroup {
   // Settles a non-blocking NCCL call's status under the call's deadline.
   void settle(const Call& call, int status, const char* what);
   void check_device(const Call& call, const at::Tensor& t) const;
+  // One grouped ncclSend / ncclRecv (type: an ncclDataType_t), skipped when empty.
+  void send_to(const at::Tensor& t, int peer, int type);
+  void recv_from(const at::Tensor& t, int peer, int type);
   void watch();
   void fail_all(std::exception_ptr error);
 
