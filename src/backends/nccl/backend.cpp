@@ -127,6 +127,13 @@ void NcclProcessGroup::check_device(const Call& call, const at::Tensor& t) const
                    " (the current CUDA device when it was created)");
 }
 
+std::vector<at::Tensor> NcclProcessGroup::checked(const Call& call, std::vector<at::Tensor> list,
+                                                  const at::Tensor& one) const {
+  list.push_back(one);
+  for (const auto& t : list) check_device(call, t);
+  return list;
+}
+
 void NcclProcessGroup::settle(const Call& call, int status, const char* what) {
   comm_->settle(static_cast<ncclResult_t>(status), what, Clock::now() + call.timeout,
                 call.description);
@@ -302,11 +309,8 @@ WorkPtr NcclProcessGroup::do_all_gather_into_tensor(const Call& call, at::Tensor
 
 WorkPtr NcclProcessGroup::do_all_gather(const Call& call, std::vector<at::Tensor> outputs,
                                         at::Tensor input) {
-  check_device(call, input);
-  for (const auto& t : outputs) check_device(call, t);
+  auto keep = checked(call, outputs, input);
   const auto type = nccl_type(call.op, input.scalar_type(), false);
-  auto keep = outputs;
-  keep.push_back(input);
   return launch(call, std::move(keep), [&] {
     // Allocated on the group's stream (StreamScope), reused only behind it.
     auto flat = at::empty({size() * input.numel()}, input.options());
@@ -334,11 +338,8 @@ WorkPtr NcclProcessGroup::do_reduce_scatter_tensor(const Call& call, at::Tensor 
 
 WorkPtr NcclProcessGroup::do_reduce_scatter(const Call& call, at::Tensor output,
                                             std::vector<at::Tensor> inputs, ReduceOp op) {
-  check_device(call, output);
-  for (const auto& t : inputs) check_device(call, t);
+  auto keep = checked(call, inputs, output);
   const auto type = nccl_type(call.op, output.scalar_type(), true);
-  auto keep = inputs;
-  keep.push_back(output);
   return launch(call, std::move(keep), [&] {
     std::vector<at::Tensor> flat_inputs;
     for (const auto& t : inputs) flat_inputs.push_back(t.reshape({-1}));
@@ -370,11 +371,8 @@ void NcclProcessGroup::recv_from(const at::Tensor& t, int peer, int type) {
 
 WorkPtr NcclProcessGroup::do_gather(const Call& call, std::vector<at::Tensor> outputs,
                                     at::Tensor input, int root) {
-  check_device(call, input);
-  for (const auto& t : outputs) check_device(call, t);
+  auto keep = checked(call, outputs, input);
   const auto type = nccl_type(call.op, input.scalar_type(), false);
-  auto keep = outputs;
-  keep.push_back(input);
   return launch(call, std::move(keep), [&] {
     grouped(call, [&] {
       for (int r = 0; r < size() && rank() == root; ++r)
@@ -387,11 +385,8 @@ WorkPtr NcclProcessGroup::do_gather(const Call& call, std::vector<at::Tensor> ou
 
 WorkPtr NcclProcessGroup::do_scatter(const Call& call, at::Tensor output,
                                      std::vector<at::Tensor> inputs, int root) {
-  check_device(call, output);
-  for (const auto& t : inputs) check_device(call, t);
+  auto keep = checked(call, inputs, output);
   const auto type = nccl_type(call.op, output.scalar_type(), false);
-  auto keep = inputs;
-  keep.push_back(output);
   return launch(call, std::move(keep), [&] {
     grouped(call, [&] {
       for (int r = 0; r < size() && rank() == root; ++r)

@@ -83,6 +83,9 @@ class NcclProcessGroup final : public ProcessGroup {
   // Settles a non-blocking NCCL call's status under the call's deadline.
   void settle(const Call& call, int status, const char* what);
   void check_device(const Call& call, const at::Tensor& t) const;
+  // `list` and `one`, each checked with check_device: the tensors to hold.
+  std::vector<at::Tensor> checked(const Call& call, std::vector<at::Tensor> list,
+                                  const at::Tensor& one) const;
   // One grouped ncclSend / ncclRecv (type: an ncclDataType_t), skipped when empty.
   void send_to(const at::Tensor& t, int peer, int type);
   void recv_from(const at::Tensor& t, int peer, int type);
