@@ -103,8 +103,13 @@ std::vector<at::Tensor> contiguous(const std::vector<at::Tensor>& ts) {
 WorkPtr write_back(WorkPtr work, std::vector<std::pair<at::Tensor, at::Tensor>> back) {
   if (!back.empty() && work->on_device()) {
     // Device work: the copies are queued on the caller's stream behind the
-    // work's end, so what the caller queues next sees them.
-    work->wait();
+    // work's end, so what the caller queues next sees them. A work that has
+    // already failed keeps its error for the caller's wait().
+    try {
+      work->wait();
+    } catch (const Error&) {
+      return work;
+    }
     for (const auto& [orig, staged] : back) orig.copy_(staged);
   } else if (!back.empty()) {
     work->on_success([back = std::move(back)] {
