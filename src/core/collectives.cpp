@@ -113,6 +113,9 @@ int recv(at::Tensor tensor, int src, const P2POptions& o) {
   auto g = pick(o.group());
   auto work = irecv(std::move(tensor), src, o);
   work->wait();
+  // A named source is the answer; only a receive from any rank asks the work
+  // (on device work wait() returns before the work has finished).
+  if (src != kAnySource) return src;
   const int r = work->source_rank();
   return g->global_ranks()[static_cast<size_t>(r)];
 }

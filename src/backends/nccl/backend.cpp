@@ -149,6 +149,9 @@ WorkPtr NcclProcessGroup::launch(const Call& call, std::vector<at::Tensor> tenso
                                  const std::function<void()>& body, Launch how) {
   auto work = std::make_shared<Work>(call.description);
   if (how.source_rank >= 0) work->set_source_rank(how.source_rank);
+  // Under the issue lock the watchdog cannot abort the communicator while
+  // this operation is being queued on it (it takes the same lock first).
+  std::lock_guard<std::mutex> issue(issue_mutex_);
   {
     std::lock_guard<std::mutex> lock(watch_mutex_);
     if (broken_) {
@@ -156,9 +159,9 @@ WorkPtr NcclProcessGroup::launch(const Call& call, std::vector<at::Tensor> tenso
       return work;
     }
   }
-  std::lock_guard<std::mutex> issue(issue_mutex_);
   DeviceScope on_device(device_);
-  auto item = std::make_unique<InFlight>();
+  auto item = std::make_shared<InFlight>();
+  item->tensors = std::move(tensors);
   try {
     Event ready(device_);
     ready.record(current_stream(device_));
@@ -173,10 +176,11 @@ WorkPtr NcclProcessGroup::launch(const Call& call, std::vector<at::Tensor> tenso
     throw;  // refused before anything was queued (every rank refuses alike)
   } catch (...) {
     // NCCL or CUDA failed while queuing: the communicator is in an unknown
-    // state on this rank, so it breaks like a timeout.
-    comm_->abort();
-    fail_all(std::current_exception());
-    work->finish(std::current_exception());
+    // state on this rank, so it breaks like a timeout. The tensors stay held
+    // until the stream has drained (break_group).
+    const auto error = std::current_exception();
+    break_group(error);
+    work->finish(error);
     return work;
   }
   if (!how.host_blocking) {
@@ -186,7 +190,6 @@ WorkPtr NcclProcessGroup::launch(const Call& call, std::vector<at::Tensor> tenso
     });
   }
   item->work = work;
-  item->tensors = std::move(tensors);
   item->timeout = call.timeout;
   item->deadline = Clock::now() + call.timeout;
   {
@@ -197,11 +200,21 @@ WorkPtr NcclProcessGroup::launch(const Call& call, std::vector<at::Tensor> tenso
   return work;
 }
 
-void NcclProcessGroup::fail_all(std::exception_ptr error) {
-  std::deque<std::unique_ptr<InFlight>> failed;
+// The caller holds issue_mutex_. The group is marked broken first (launch
+// refuses new work from then on), the communicator aborted (NCCL's kernels
+// return), the stream drained, and only then are the operations in flight
+// failed and their tensors released: nothing queued may still touch them.
+void NcclProcessGroup::break_group(std::exception_ptr error) {
   {
     std::lock_guard<std::mutex> lock(watch_mutex_);
     if (!broken_) broken_ = error;
+  }
+  comm_->abort();
+  cudaStreamSynchronize(stream_->get());  // errors here change nothing: the group is broken
+  cudaGetLastError();
+  std::deque<std::shared_ptr<InFlight>> failed;
+  {
+    std::lock_guard<std::mutex> lock(watch_mutex_);
     failed.swap(in_flight_);
   }
   for (auto& f : failed) f->work->finish(error);
@@ -209,7 +222,8 @@ void NcclProcessGroup::fail_all(std::exception_ptr error) {
 
 // The watchdog. Operations run on one stream, so they finish in issue
 // order: only the oldest needs watching. NCCL's asynchronous errors are
-// polled alongside.
+// polled alongside. An entry is shared, so a break_group on another thread
+// cannot free it under the watchdog; it is popped only if still the oldest.
 void NcclProcessGroup::watch() {
   std::unique_lock<std::mutex> lock(watch_mutex_);
   for (;;) {
@@ -218,7 +232,7 @@ void NcclProcessGroup::watch() {
       watch_cv_.wait_for(lock, std::chrono::milliseconds(100));
       continue;
     }
-    InFlight* oldest = in_flight_.front().get();
+    const std::shared_ptr<InFlight> oldest = in_flight_.front();
     lock.unlock();
     std::exception_ptr error;
     bool done = false;
@@ -237,23 +251,27 @@ void NcclProcessGroup::watch() {
       error = std::current_exception();
     }
     if (error) {
-      comm_->abort();
-      fail_all(error);
+      std::lock_guard<std::mutex> issue(issue_mutex_);
+      break_group(error);
       lock.lock();
       continue;
     }
-    if (done) {
-      lock.lock();
-      auto finished = std::move(in_flight_.front());
-      in_flight_.pop_front();
-      lock.unlock();
-      finished->work->finish();
-      finished.reset();  // the tensors go now, on this thread
-      lock.lock();
-      continue;
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
     lock.lock();
+    if (done && !in_flight_.empty() && in_flight_.front() == oldest) {
+      in_flight_.pop_front();
+      // After an abort an end event completes too: that is not a success.
+      const auto broken = broken_;
+      lock.unlock();
+      oldest->work->finish(broken ? broken_group_error(oldest->work->description(), broken)
+                                  : nullptr);
+      lock.lock();
+      continue;
+    }
+    if (!done) {
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      lock.lock();
+    }
   }
 }
 

@@ -90,7 +90,8 @@ class NcclProcessGroup final : public ProcessGroup {
   void send_to(const at::Tensor& t, int peer, int type);
   void recv_from(const at::Tensor& t, int peer, int type);
   void watch();
-  void fail_all(std::exception_ptr error);
+  // Breaks the group after a timeout or an NCCL/CUDA error (see the .cpp).
+  void break_group(std::exception_ptr error);
 
   int device_;
   std::unique_ptr<Communicator> comm_;
@@ -99,7 +100,7 @@ class NcclProcessGroup final : public ProcessGroup {
 
   std::mutex watch_mutex_;
   std::condition_variable watch_cv_;
-  std::deque<std::unique_ptr<InFlight>> in_flight_;
+  std::deque<std::shared_ptr<InFlight>> in_flight_;
   std::exception_ptr broken_;
   bool stop_ = false;
   std::thread watchdog_;
