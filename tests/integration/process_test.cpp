@@ -163,18 +163,21 @@ long faults_with_cpu_memory(const std::string& policy) {
 }
 
 TEST(CpuMemory, TrainingStepsReuseFreedMemoryWithoutPageFaults) {
-  // glibc's defaults map large blocks afresh: ~4,000 faults a step here (in
+  // glibc's defaults map large blocks afresh: ~2,000 faults a step here (in
   // 4 KiB pages). The cache serves them from memory the process kept (0
-  // faults measured); a rare heap extension may still fault in 16 MiB.
+  // faults measured), but a heap extension may still fault in one 16 MiB
+  // tensor during the measured steps (seen on CI: 4,096 faults against
+  // 40,896), so the bound allows one tensor's pages and no more.
+  const long tensor_pages = (16L << 20) / sysconf(_SC_PAGESIZE);
   const long system = faults_with_cpu_memory("system");
   const long cached = faults_with_cpu_memory("");  // the default: cache
-  EXPECT_GT(system, 20000) << "DTRAIN_CPU_MEMORY=system must leave malloc as glibc has it";
+  EXPECT_GT(system, 5 * tensor_pages) << "DTRAIN_CPU_MEMORY=system must leave malloc as glibc has it";
   EXPECT_GE(cached, 0);
-  EXPECT_LT(cached * 10, system) << "DTRAIN_CPU_MEMORY=cache (the default): " << cached
-                                 << " page faults in 20 steps, against " << system
-                                 << " with system";
+  EXPECT_LE(cached, tensor_pages + tensor_pages / 8)
+      << "DTRAIN_CPU_MEMORY=cache (the default): " << cached << " page faults in 20 steps, against "
+      << system << " with system";
   const long explicit_cache = faults_with_cpu_memory("cache");
-  EXPECT_LT(explicit_cache * 10, system);
+  EXPECT_LE(explicit_cache, tensor_pages + tensor_pages / 8);
 }
 
 TEST(ProcessFailures, MissingRankIsNamedWhenJoinTimesOut) {
