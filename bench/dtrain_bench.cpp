@@ -18,6 +18,10 @@
 //   dtrain-bench dp       [--replicas 2] [--steps 20] [--batch 128] [--runs 5]
 //       One process: MNIST convnet training with DataParallel on --replicas CPU
 //       replicas vs one module with as many intra-op threads (and with one).
+//   dtrain-bench syncbn   [--world 2] [--steps 20] [--batch 16] [--runs 3] [--blocks 2] [--width 32]
+//       Step time of a small ResNet-style convnet (3x32x32 images) under DDP
+//       with SyncBatchNorm2d vs with plain BatchNorm2d, interleaved runs:
+//       SyncBatchNorm's overhead.
 //   dtrain-bench collectives [--backend auto] [--op all_reduce] ... (run under dtrain-run)
 //       nccl-tests-style sweep of one collective; see collectives.cpp.
 //
@@ -152,6 +156,17 @@ int rank_main(const std::string& mode, const Args& a) {
         opt.step();
       });
     }
+  } else if (mode == "syncbn" || mode == "plainbn") {
+    auto net = dtrain::bench::ResNet(a.num("blocks", 2), a.num("width", 32), mode == "syncbn");
+    auto x = torch::randn({batch, 3, 32, 32});
+    auto y = torch::randint(0, 10, {batch});
+    dtrain::DistributedDataParallel ddp(net.ptr());
+    torch::optim::SGD opt(ddp.parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+    seconds = time_steps(steps, [&] {
+      opt.zero_grad();
+      torch::nll_loss(ddp.forward(x), y).backward();
+      opt.step();
+    });
   } else {
     auto net = dtrain::bench::DeepMlp(a.num("layers", 8), a.num("width", 1024));
     auto x = torch::randn({batch, a.num("width", 1024)});
@@ -287,6 +302,34 @@ int bench_overlap(const Args& a) {
   return 0;
 }
 
+int bench_syncbn(const Args& a) {
+  const int world = a.num("world", 2), runs = a.num("runs", 3);
+  Args rank_args;
+  rank_args.flags = {{"steps", a.get("steps", "20")}, {"batch", a.get("batch", "16")},
+                     {"blocks", a.get("blocks", "2")}, {"width", a.get("width", "32")},
+                     {"backend", a.get("backend", "auto")}};
+  std::vector<double> plain, sync, overhead;
+  std::printf("%-4s %14s %14s %10s\n", "run", "batchnorm_ms", "syncbn_ms", "overhead");
+  for (int r = 0; r < runs; ++r) {
+    // Alternating order, so drift hits both alike.
+    double p = 0, s = 0;
+    for (int k = 0; k < 2; ++k) {
+      if ((r + k) % 2 == 0) p = field(run_ranks(world, "plainbn", rank_args), "step_ms");
+      else s = field(run_ranks(world, "syncbn", rank_args), "step_ms");
+    }
+    plain.push_back(p), sync.push_back(s), overhead.push_back(s / p - 1);
+    std::printf("%-4d %14.2f %14.2f %9.1f%%\n", r, p, s, 100 * (s / p - 1));
+    std::fflush(stdout);
+  }
+  std::printf("median step: BatchNorm2d %.2f ms, SyncBatchNorm2d %.2f ms -> SyncBatchNorm overhead "
+              "%.1f%% (DDP, %d ranks, backend %s, ResNet-style convnet of %s blocks x %s channels, "
+              "batch %s/rank of 3x32x32)\n",
+              median(plain), median(sync), 100 * median(overhead), world,
+              rank_args.get("backend", "").c_str(), rank_args.get("blocks", "").c_str(),
+              rank_args.get("width", "").c_str(), rank_args.get("batch", "").c_str());
+  return 0;
+}
+
 // SGD steps per second x batch, after 3 warm-up steps.
 template <typename Forward>
 double train_samples_per_s(torch::nn::Module& net, Forward&& forward, const torch::Tensor& x,
@@ -358,11 +401,12 @@ int main(int argc, char** argv) {
     if (cmd == "ddp") return bench_ddp(parse(argc, argv, 2));
     if (cmd == "overlap") return bench_overlap(parse(argc, argv, 2));
     if (cmd == "dp") return bench_dp(parse(argc, argv, 2));
+    if (cmd == "syncbn") return bench_syncbn(parse(argc, argv, 2));
     if (cmd == "collectives") return bench_collectives(parse(argc, argv, 2));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dtrain-bench: %s\n", e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: dtrain-bench ddp|overlap|dp|collectives [--flag value ...] (see the source header)\n");
+  std::fprintf(stderr, "usage: dtrain-bench ddp|overlap|dp|syncbn|collectives [--flag value ...] (see the source header)\n");
   return 2;
 }

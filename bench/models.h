@@ -4,6 +4,10 @@
 
 #include <torch/torch.h>
 
+#include <array>
+
+#include "dtrain/nn/sync_batch_norm.h"
+
 namespace dtrain::bench {
 
 // The classic MNIST convnet (the same as ../shared/baselines/py_ddp_train.py):
@@ -39,5 +43,45 @@ struct DeepMlpImpl : torch::nn::Module {
   torch::nn::Sequential stack;
 };
 TORCH_MODULE(DeepMlp);
+
+// A small ResNet-style convnet for 3x32x32 images: a stem convolution and
+// `blocks` residual blocks (conv-norm-relu-conv-norm plus the input), each
+// norm a torch::nn::BatchNorm2d or, with `sync`, a dtrain::SyncBatchNorm2d.
+struct ResNetImpl : torch::nn::Module {
+  ResNetImpl(int blocks, int width, bool sync) {
+    auto norm = [&](const std::string& name) {
+      torch::nn::BatchNormOptions o(width);
+      auto m = sync ? torch::nn::AnyModule(dtrain::SyncBatchNorm2d(o))
+                    : torch::nn::AnyModule(torch::nn::BatchNorm2d(o));
+      register_module(name, m.ptr());
+      return m;
+    };
+    auto conv = [&](const std::string& name, int in) {
+      return register_module(name, torch::nn::Conv2d(torch::nn::Conv2dOptions(in, width, 3).padding(1)));
+    };
+    stem = conv("stem", 3);
+    stem_norm = norm("stem_norm");
+    for (int b = 0; b < blocks; ++b) {
+      const auto id = std::to_string(b);
+      convs.push_back({conv("conv" + id + "a", width), conv("conv" + id + "b", width)});
+      norms.push_back({norm("norm" + id + "a"), norm("norm" + id + "b")});
+    }
+    fc = register_module("fc", torch::nn::Linear(width, 10));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(stem_norm.forward(stem(x)));
+    for (size_t b = 0; b < convs.size(); ++b) {
+      auto h = torch::relu(norms[b][0].forward(convs[b][0](x)));
+      x = torch::relu(x + norms[b][1].forward(convs[b][1](h)));
+    }
+    return torch::log_softmax(fc(x.mean({2, 3})), 1);
+  }
+  torch::nn::Conv2d stem{nullptr};
+  torch::nn::AnyModule stem_norm;
+  std::vector<std::array<torch::nn::Conv2d, 2>> convs;
+  std::vector<std::array<torch::nn::AnyModule, 2>> norms;
+  torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(ResNet);
 
 }  // namespace dtrain::bench

@@ -10,6 +10,7 @@
 #include "dtrain/errors.h"
 #include "dtrain/launch_env.h"
 #include "dtrain/objects.h"
+#include "dtrain/nn/sync_batch_norm.h"
 #include "dtrain/optim/zero_redundancy_optimizer.h"
 #include "dtrain/process_group.h"
 #include "dtrain/store/file_store.h"
