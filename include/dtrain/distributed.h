@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dtrain/arg.h"
@@ -71,6 +72,19 @@ struct NewGroupOptions {
 // whose rank() is -1 and whose collectives throw InvalidArgument.
 std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks,
                                         const NewGroupOptions& options = NewGroupOptions());
+
+// torch.distributed.new_subgroups: the ranks of the default group cut into
+// consecutive groups of `group_size` ([0..k), [k..2k), ...); it must divide
+// the world size. Every rank builds every subgroup; returns this rank's and
+// all of them (the others as non-member handles, whose rank() is -1).
+std::pair<std::shared_ptr<ProcessGroup>, std::vector<std::shared_ptr<ProcessGroup>>> new_subgroups(
+    int group_size, const NewGroupOptions& options = NewGroupOptions());
+// torch.distributed.new_subgroups_by_enumeration: one subgroup per list of
+// global ranks; the lists must not overlap. This rank's subgroup is null
+// when no list holds it.
+std::pair<std::shared_ptr<ProcessGroup>, std::vector<std::shared_ptr<ProcessGroup>>>
+new_subgroups_by_enumeration(const std::vector<std::vector<int>>& ranks_per_subgroup,
+                             const NewGroupOptions& options = NewGroupOptions());
 
 // Backends are looked up by name; register your own before init.
 using BackendFactory = std::function<std::shared_ptr<ProcessGroup>(
@@ -127,6 +141,15 @@ WorkPtr reduce_scatter_tensor(at::Tensor output, at::Tensor input,
                               const ReduceScatterOptions& options = ReduceScatterOptions());
 WorkPtr all_to_all(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
                    const CollectiveOptions& options = CollectiveOptions());
+// torch.distributed.all_to_all_single: rank r sends input's dim-0 rows
+// [sum(input_split_sizes[0..j)), +input_split_sizes[j]) to rank j and
+// receives rank j's rows for it into output at sum(output_split_sizes[0..j)).
+// Empty split sizes: dim 0 divided equally (it must divide by the group
+// size). Split sizes are rows, one per rank of the group.
+WorkPtr all_to_all_single(at::Tensor output, at::Tensor input,
+                          const std::vector<int64_t>& output_split_sizes = {},
+                          const std::vector<int64_t>& input_split_sizes = {},
+                          const CollectiveOptions& options = CollectiveOptions());
 WorkPtr barrier(const CollectiveOptions& options = CollectiveOptions());
 // torch.distributed.monitored_barrier: blocks; on rank 0 a TimeoutError names
 // the rank that did not arrive in time (every such rank with

@@ -29,7 +29,14 @@
 
 namespace dtrain {
 
-enum class ReduceOp { SUM, AVG, PRODUCT, MIN, MAX };
+// torch.distributed.ReduceOp. BAND, BOR and BXOR (bitwise and, or, xor) are
+// for integer tensors only (InvalidArgument otherwise, before anything is
+// sent); nccl has no bitwise reductions and refuses them.
+enum class ReduceOp { SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR };
+// Whether `op` is one of the bitwise reductions.
+inline bool is_bitwise(ReduceOp op) {
+  return op == ReduceOp::BAND || op == ReduceOp::BOR || op == ReduceOp::BXOR;
+}
 const char* to_string(ReduceOp op);
 
 // Everything a backend needs to build one group.

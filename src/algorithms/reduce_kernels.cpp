@@ -52,6 +52,32 @@ struct Max {
   T operator()(T a, T b) const { return a < b ? b : a; }
 };
 
+struct BitAnd {
+  template <typename T>
+  T operator()(T a, T b) const { return static_cast<T>(a & b); }
+};
+struct BitOr {
+  template <typename T>
+  T operator()(T a, T b) const { return static_cast<T>(a | b); }
+};
+struct BitXor {
+  template <typename T>
+  T operator()(T a, T b) const { return static_cast<T>(a ^ b); }
+};
+
+// Calls fn(functor) with the bitwise functor of `op` for integer T; other
+// types were refused at the collective's entry (TensorChecks::reduce_op).
+template <typename T, typename Fn>
+void with_bitwise(ReduceOp op, Fn&& fn) {
+  if constexpr (std::is_integral_v<T>) {
+    if (op == ReduceOp::BAND) return fn(BitAnd{});
+    if (op == ReduceOp::BOR) return fn(BitOr{});
+    return fn(BitXor{});
+  } else {
+    throw InvalidArgument(detail::cat("ReduceOp::", to_string(op), " is for integer tensors"));
+  }
+}
+
 template <typename T, typename F>
 DTRAIN_VECTOR_CLONES void combine(T* __restrict out, const T* __restrict a,
                                   const T* __restrict b, size_t n, F f) {
@@ -164,6 +190,12 @@ void reduce_op(ReduceOp op, void* dst, void* dst2, const void* const* srcs, int 
       return reduce_typed<T>(dst, dst2, srcs, nsrcs, count, Product{}, false, 1);
     case ReduceOp::MIN: return reduce_typed<T>(dst, dst2, srcs, nsrcs, count, Min{}, false, 1);
     case ReduceOp::MAX: return reduce_typed<T>(dst, dst2, srcs, nsrcs, count, Max{}, false, 1);
+    case ReduceOp::BAND:
+    case ReduceOp::BOR:
+    case ReduceOp::BXOR:
+      return with_bitwise<T>(op, [&](auto f) {
+        reduce_typed<T>(dst, dst2, srcs, nsrcs, count, f, false, 1);
+      });
   }
   throw InternalError(detail::cat("unknown reduce op ", static_cast<int>(op)));
 }
@@ -188,6 +220,10 @@ void accumulate_op(ReduceOp op, void* acc, const void* src, size_t count) {
     case ReduceOp::PRODUCT: return accumulate_typed<T>(acc, src, count, Product{});
     case ReduceOp::MIN: return accumulate_typed<T>(acc, src, count, Min{});
     case ReduceOp::MAX: return accumulate_typed<T>(acc, src, count, Max{});
+    case ReduceOp::BAND:
+    case ReduceOp::BOR:
+    case ReduceOp::BXOR:
+      return with_bitwise<T>(op, [&](auto f) { accumulate_typed<T>(acc, src, count, f); });
   }
   throw InternalError(detail::cat("unknown reduce op ", static_cast<int>(op)));
 }

@@ -92,6 +92,51 @@ WorkPtr all_to_all(const std::vector<at::Tensor>& outputs, const std::vector<at:
   return finish(pick(o.group())->all_to_all(outputs, inputs, o.timeout()), o.async_op());
 }
 
+namespace {
+
+// `t`'s dim-0 rows cut by `splits` (equal parts when empty): views.
+std::vector<at::Tensor> split_rows(const at::Tensor& t, const std::vector<int64_t>& splits,
+                                   int parts, const char* what) {
+  DTRAIN_CHECK_ARG(t.defined() && t.dim() >= 1, "all_to_all_single: ", what,
+                   " must be a tensor of at least one dimension");
+  const int64_t rows = t.size(0);
+  std::vector<int64_t> sizes = splits;
+  if (sizes.empty()) {
+    DTRAIN_CHECK_ARG(rows % parts == 0, "all_to_all_single: ", what, "'s dim 0 (", rows,
+                     ") does not divide into ", parts, " equal parts; pass ", what,
+                     "_split_sizes");
+    sizes.assign(parts, rows / parts);
+  }
+  DTRAIN_CHECK_ARG(static_cast<int>(sizes.size()) == parts, "all_to_all_single: ", what,
+                   "_split_sizes has ", sizes.size(), " entries for a group of ", parts);
+  int64_t sum = 0;
+  for (auto n : sizes) {
+    DTRAIN_CHECK_ARG(n >= 0, "all_to_all_single: ", what, "_split_sizes [", detail::join(sizes),
+                     "] has a negative size");
+    sum += n;
+  }
+  DTRAIN_CHECK_ARG(sum == rows, "all_to_all_single: ", what, "_split_sizes [",
+                   detail::join(sizes), "] sum to ", sum, " but ", what, " has ", rows,
+                   " rows (dim 0)");
+  std::vector<at::Tensor> out;
+  int64_t at_row = 0;
+  for (auto n : sizes) out.push_back(t.narrow(0, at_row, n)), at_row += n;
+  return out;
+}
+
+}  // namespace
+
+WorkPtr all_to_all_single(at::Tensor output, at::Tensor input,
+                          const std::vector<int64_t>& output_split_sizes,
+                          const std::vector<int64_t>& input_split_sizes,
+                          const CollectiveOptions& o) {
+  auto g = pick(o.group());
+  const int n = g->size();
+  auto outputs = split_rows(output, output_split_sizes, n, "output");
+  auto inputs = split_rows(input, input_split_sizes, n, "input");
+  return finish(g->all_to_all(outputs, inputs, o.timeout()), o.async_op());
+}
+
 WorkPtr barrier(const CollectiveOptions& o) {
   return finish(pick(o.group())->barrier(o.timeout()), o.async_op());
 }

@@ -23,6 +23,9 @@ const char* to_string(ReduceOp op) {
     case ReduceOp::PRODUCT: return "PRODUCT";
     case ReduceOp::MIN: return "MIN";
     case ReduceOp::MAX: return "MAX";
+    case ReduceOp::BAND: return "BAND";
+    case ReduceOp::BOR: return "BOR";
+    case ReduceOp::BXOR: return "BXOR";
   }
   return "?";
 }
@@ -125,6 +128,7 @@ WorkPtr ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op, Timeout timeout
   check_member("all_reduce");
   TensorChecks c("all_reduce", *this);
   c.tensor("tensor", tensor);
+  c.reduce_op(op, tensor);
   std::lock_guard<std::mutex> lock(issue_mutex_);
   auto call = next_call("all_reduce", timeout, true);
   fingerprint(call, tensor, -1, static_cast<int64_t>(op));
@@ -151,6 +155,7 @@ WorkPtr ProcessGroup::reduce(at::Tensor tensor, int root, ReduceOp op, Timeout t
   TensorChecks c("reduce", *this);
   c.tensor("tensor", tensor);
   c.root(root);
+  c.reduce_op(op, tensor);
   std::lock_guard<std::mutex> lock(issue_mutex_);
   auto call = next_call("reduce", timeout, true);
   fingerprint(call, tensor, root, static_cast<int64_t>(op));
@@ -217,6 +222,7 @@ WorkPtr ProcessGroup::reduce_scatter(at::Tensor output, const std::vector<at::Te
   TensorChecks c("reduce_scatter", *this);
   c.tensor("output", output);
   c.list_like("inputs", inputs, output, size_);
+  c.reduce_op(op, output);
   std::lock_guard<std::mutex> lock(issue_mutex_);
   auto call = next_call("reduce_scatter", timeout, true);
   fingerprint(call, output, -1, static_cast<int64_t>(op));
@@ -260,6 +266,7 @@ WorkPtr ProcessGroup::reduce_scatter_tensor(at::Tensor output, at::Tensor input,
   c.tensor("output", output);
   c.tensor("input", input);
   c.flat_of("input", input, "output", output, size_);
+  c.reduce_op(op, output);
   std::lock_guard<std::mutex> lock(issue_mutex_);
   auto call = next_call("reduce_scatter_tensor", timeout, true);
   fingerprint(call, output, -1, static_cast<int64_t>(op));

@@ -32,6 +32,12 @@ void TensorChecks::root(int root) const {
                    " (expected 0..", group_.size() - 1, ")");
 }
 
+void TensorChecks::reduce_op(ReduceOp op, const at::Tensor& t) const {
+  DTRAIN_CHECK_ARG(!is_bitwise(op) || at::isIntegralType(t.scalar_type(), /*includeBool=*/false),
+                   op_, ": ReduceOp::", to_string(op), " is for integer tensors, got dtype ",
+                   c10::toString(t.scalar_type()));
+}
+
 void TensorChecks::peer(const char* what, int peer) const {
   DTRAIN_CHECK_ARG(peer >= 0 && peer < group_.size(), op_, ": ", what, " rank ", peer,
                    " is out of range for group '", group_.name(), "' of size ", group_.size());

@@ -36,6 +36,9 @@ class TensorChecks {
   void flat_of(const char* what_flat, const at::Tensor& flat, const char* what_piece,
                const at::Tensor& piece, int n) const;
 
+  // `op` can reduce `t`'s dtype (the bitwise ops only integers).
+  void reduce_op(ReduceOp op, const at::Tensor& t) const;
+
   static bool dtype_supported(at::ScalarType type);
 
  private:

@@ -209,4 +209,36 @@ std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks,
                               static_cast<int>(sorted.size()), opts);
 }
 
+std::pair<std::shared_ptr<ProcessGroup>, std::vector<std::shared_ptr<ProcessGroup>>> new_subgroups(
+    int group_size, const NewGroupOptions& options) {
+  const int world_size = get_world_size();
+  DTRAIN_CHECK_ARG(group_size > 0 && group_size <= world_size, "new_subgroups: group_size ",
+                   group_size, " must lie in 1..", world_size, " (the world size)");
+  DTRAIN_CHECK_ARG(world_size % group_size == 0, "new_subgroups: the world size ", world_size,
+                   " is not divisible by group_size ", group_size);
+  std::vector<std::vector<int>> lists(world_size / group_size);
+  for (int r = 0; r < world_size; ++r) lists[r / group_size].push_back(r);
+  return new_subgroups_by_enumeration(lists, options);
+}
+
+std::pair<std::shared_ptr<ProcessGroup>, std::vector<std::shared_ptr<ProcessGroup>>>
+new_subgroups_by_enumeration(const std::vector<std::vector<int>>& ranks_per_subgroup,
+                             const NewGroupOptions& options) {
+  DTRAIN_CHECK_ARG(!ranks_per_subgroup.empty(),
+                   "new_subgroups_by_enumeration: ranks_per_subgroup is empty");
+  std::set<int> seen;
+  for (const auto& list : ranks_per_subgroup)
+    for (int r : list)
+      DTRAIN_CHECK_ARG(seen.insert(r).second, "new_subgroups_by_enumeration: rank ", r,
+                       " is in more than one subgroup");
+  const int me = get_rank();
+  std::shared_ptr<ProcessGroup> mine;
+  std::vector<std::shared_ptr<ProcessGroup>> all;
+  for (const auto& list : ranks_per_subgroup) {
+    all.push_back(new_group(list, options));
+    if (std::find(list.begin(), list.end(), me) != list.end()) mine = all.back();
+  }
+  return {mine, all};
+}
+
 }  // namespace dtrain

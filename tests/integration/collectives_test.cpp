@@ -22,6 +22,14 @@ const std::vector<int64_t> kSizes = {0, 1, 5, 1031, 300000};
 const std::vector<ReduceOp> kOps = {ReduceOp::SUM, ReduceOp::AVG, ReduceOp::PRODUCT, ReduceOp::MIN,
                                     ReduceOp::MAX};
 
+// kOps, and for integer dtypes the bitwise ones too.
+std::vector<ReduceOp> ops_for(at::ScalarType dtype) {
+  auto ops = kOps;
+  if (at::isIntegralType(dtype, false))
+    ops.insert(ops.end(), {ReduceOp::BAND, ReduceOp::BOR, ReduceOp::BXOR});
+  return ops;
+}
+
 // Rank r's element i: small integers, exact in every dtype.
 at::Tensor input(int rank, int64_t n, at::ScalarType dtype) {
   auto i = at::arange(n, at::kDouble);
@@ -37,6 +45,9 @@ at::Tensor expected_reduction(int world, int64_t n, at::ScalarType dtype, Reduce
       case ReduceOp::PRODUCT: acc = acc * x; break;
       case ReduceOp::MIN: acc = at::minimum(acc, x); break;
       case ReduceOp::MAX: acc = at::maximum(acc, x); break;
+      case ReduceOp::BAND: acc = acc.to(at::kLong).bitwise_and(x.to(at::kLong)).to(at::kDouble); break;
+      case ReduceOp::BOR: acc = acc.to(at::kLong).bitwise_or(x.to(at::kLong)).to(at::kDouble); break;
+      case ReduceOp::BXOR: acc = acc.to(at::kLong).bitwise_xor(x.to(at::kLong)).to(at::kDouble); break;
     }
   }
   if (op != ReduceOp::AVG) return acc.to(dtype);
@@ -67,7 +78,7 @@ TEST_P(Collectives, AllReduceEveryOpAndSize) {
   const int W = world();
   const auto dt = dtype();
   expect_no_errors(run_ranks(W, [&](ProcessGroup& g) {
-    for (auto op : kOps) {
+    for (auto op : ops_for(dt)) {
       for (auto n : kSizes) {
         auto t = input(g.rank(), n, dt);
         g.all_reduce(t, op)->wait();
@@ -116,7 +127,7 @@ TEST_P(Collectives, ReduceToEveryRootLeavesOthersUnchanged) {
   const auto dt = dtype();
   expect_no_errors(run_ranks(W, [&](ProcessGroup& g) {
     for (int root = 0; root < W; ++root) {
-      for (auto op : kOps) {
+      for (auto op : ops_for(dt)) {
         const int64_t n = 1031;
         auto t = input(g.rank(), n, dt);
         g.reduce(t, root, op)->wait();
@@ -162,7 +173,7 @@ TEST_P(Collectives, ReduceScatterEveryOp) {
   const auto dt = dtype();
   expect_no_errors(run_ranks(W, [&](ProcessGroup& g) {
     const int64_t n = 257;
-    for (auto op : kOps) {
+    for (auto op : ops_for(dt)) {
       // inputs[j] on rank r is chunk j of rank r's full input.
       auto full = input(g.rank(), n * W, dt);
       auto chunks = full.chunk(W);
@@ -183,7 +194,7 @@ TEST_P(Collectives, ReduceScatterOutputAliasingOwnInput) {
   const auto dt = dtype();
   expect_no_errors(run_ranks(W, [&](ProcessGroup& g) {
     for (int64_t n : {int64_t(0), int64_t(1), int64_t(257), int64_t(70001)}) {
-      for (auto op : kOps) {
+      for (auto op : ops_for(dt)) {
         auto full = input(g.rank(), n * W, dt);
         std::vector<at::Tensor> inputs;
         for (int j = 0; j < W; ++j) inputs.push_back(full.narrow(0, j * n, n));
@@ -269,7 +280,7 @@ TEST_P(Collectives, FlatFormsEqualTheListForms) {
         expect_equal(concatenated.narrow(0, 2 * r, 2), outs[r], "all_gather_into_tensor cat");
         expect_equal(stacked[r], outs[r], "all_gather_into_tensor stacked");
       }
-      for (auto op : kOps) {
+      for (auto op : ops_for(dt)) {
         auto full = input(g.rank(), W * n, dt);
         const auto before = full.clone();
         auto chunks = full.chunk(W);
@@ -280,6 +291,43 @@ TEST_P(Collectives, FlatFormsEqualTheListForms) {
         expect_equal(full, before, "reduce_scatter_tensor's input");
       }
     }
+  }));
+}
+
+// Rank `src`'s row k for rank `dst`: small values, exact in every dtype.
+at::Tensor a2a_rows(int src, int dst, int64_t rows, at::ScalarType dt) {
+  auto k = at::arange(rows, at::kDouble).unsqueeze(1).expand({rows, 2});
+  return at::fmod(k + src * 7 + dst * 3 + at::arange(2, at::kDouble), 50).to(dt).contiguous();
+}
+
+TEST_P(Collectives, AllToAllSingleUnevenAndEqualSplits) {
+  const int W = world();
+  const auto dt = dtype();
+  expect_no_errors(run_ranks(W, [&](ProcessGroup& g) {
+    const int r = g.rank();
+    auto sends = [](int src, int dst) { return int64_t((src + dst) % 3); };  // 0..2 rows
+    std::vector<int64_t> in_splits, out_splits;
+    std::vector<at::Tensor> in_parts, want_parts;
+    for (int j = 0; j < W; ++j) {
+      in_splits.push_back(sends(r, j)), out_splits.push_back(sends(j, r));
+      in_parts.push_back(a2a_rows(r, j, sends(r, j), dt));
+      want_parts.push_back(a2a_rows(j, r, sends(j, r), dt));
+    }
+    auto input = at::cat(in_parts), want = at::cat(want_parts);
+    auto output = at::full_like(want, 99);
+    all_to_all_single(output, input, out_splits, in_splits, CollectiveOptions().group(
+        std::shared_ptr<ProcessGroup>(&g, [](ProcessGroup*) {})));
+    expect_equal(output, want, "all_to_all_single uneven");
+    // Empty split sizes: 2 rows to every rank.
+    std::vector<at::Tensor> equal_in, equal_want;
+    for (int j = 0; j < W; ++j) {
+      equal_in.push_back(a2a_rows(r, j, 2, dt));
+      equal_want.push_back(a2a_rows(j, r, 2, dt));
+    }
+    auto out2 = at::zeros({2 * W, 2}, dt);
+    all_to_all_single(out2, at::cat(equal_in), {}, {}, CollectiveOptions().group(
+        std::shared_ptr<ProcessGroup>(&g, [](ProcessGroup*) {})));
+    expect_equal(out2, at::cat(equal_want), "all_to_all_single equal");
   }));
 }
 
@@ -323,6 +371,41 @@ TEST(CollectivesLayout, FlatFormsNameAWrongLayout) {
     auto t = base.t();  // [4, 3], stacked [2, 2, 3] would need 12: use concatenated [4, 3]
     g.all_gather_into_tensor(t, at::full({2, 3}, float(g.rank())))->wait();
     expect_equal(t.narrow(0, 2, 2), at::ones({2, 3}), "non-contiguous output");
+  }));
+}
+
+TEST(CollectivesLayout, BitwiseOpsOnFloatsAreRefusedBeforeSending) {
+  for (const std::string backend : {"tcp", "shm"}) {
+    expect_no_errors(testing::run_ranks(2, [](ProcessGroup& g) {
+      auto t = at::ones({4});
+      auto what = testing::what_thrown<InvalidArgument>([&] { g.all_reduce(t, ReduceOp::BXOR); });
+      EXPECT_TRUE(testing::Contains(what, "all_reduce: ReduceOp::BXOR is for integer tensors, got dtype Float"));
+      what = testing::what_thrown<InvalidArgument>(
+          [&] { g.reduce_scatter_tensor(at::ones({2}, at::kHalf), at::ones({4}, at::kHalf), ReduceOp::BAND); });
+      EXPECT_TRUE(testing::Contains(what, "reduce_scatter_tensor: ReduceOp::BAND is for integer tensors, got dtype Half"));
+      // Nothing was sent: the group still works.
+      auto n = at::full({3}, g.rank() + 1, at::kInt);
+      g.all_reduce(n, ReduceOp::BOR)->wait();
+      expect_equal(n, at::full({3}, 3, at::kInt), "BOR after refusals");
+    }, std::chrono::seconds(30), GroupOptions(), backend));
+  }
+}
+
+TEST(CollectivesLayout, AllToAllSingleNamesBadSplits) {
+  expect_no_errors(run_ranks(2, [](ProcessGroup& g) {
+    auto group = std::shared_ptr<ProcessGroup>(&g, [](ProcessGroup*) {});
+    auto o = CollectiveOptions().group(group);
+    auto what = testing::what_thrown<InvalidArgument>(
+        [&] { all_to_all_single(at::zeros({3}), at::zeros({3}), {}, {}, o); });
+    EXPECT_TRUE(testing::Contains(what, "all_to_all_single: output's dim 0 (3) does not divide "
+                                        "into 2 equal parts; pass output_split_sizes"));
+    what = testing::what_thrown<InvalidArgument>(
+        [&] { all_to_all_single(at::zeros({4}), at::zeros({4}), {2, 2}, {1, 2}, o); });
+    EXPECT_TRUE(testing::Contains(what, "all_to_all_single: input_split_sizes [1, 2] sum to 3 but "
+                                        "input has 4 rows (dim 0)"));
+    what = testing::what_thrown<InvalidArgument>(
+        [&] { all_to_all_single(at::zeros({4}), at::zeros({4}), {4}, {2, 2}, o); });
+    EXPECT_TRUE(testing::Contains(what, "output_split_sizes has 1 entries for a group of 2"));
   }));
 }
 

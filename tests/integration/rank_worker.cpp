@@ -116,6 +116,33 @@ int check_recv_from_any_rank(int rank, int world) {
   return 0;
 }
 
+// new_subgroups of 1 and of the whole world (every world divides), and by
+// enumeration: pairs, and a list that leaves the last rank out.
+int check_subgroups(int rank, int world) {
+  for (int size : {1, world}) {
+    auto [mine, all] = dtrain::new_subgroups(size);
+    if (static_cast<int>(all.size()) != world / size) return fail("new_subgroups count");
+    auto t = at::full({4}, rank, at::kLong);
+    dtrain::all_reduce(t, dtrain::AllReduceOptions().group(mine));
+    const int first = rank / size * size;
+    const int64_t want = size * first + size * (size - 1) / 2;
+    if (!at::equal(t, at::full({4}, want, at::kLong))) return fail("new_subgroups all_reduce");
+  }
+  std::vector<std::vector<int>> pairs;
+  for (int r = 0; r + 1 < world; r += 2) pairs.push_back({r, r + 1});
+  if (pairs.empty()) return 0;
+  auto [mine, all] = dtrain::new_subgroups_by_enumeration(pairs);
+  const bool listed = rank < static_cast<int>(pairs.size()) * 2;
+  if (static_cast<bool>(mine) != listed) return fail("new_subgroups_by_enumeration membership");
+  if (mine) {
+    auto t = at::full({2}, rank, at::kInt);
+    dtrain::all_reduce(t, dtrain::AllReduceOptions().group(mine).op(dtrain::ReduceOp::BXOR));
+    if (!at::equal(t, at::full({2}, rank ^ (rank ^ 1), at::kInt))) return fail("pair BXOR");
+  }
+  std::cout << "rank " << rank << " subgroups ok" << std::endl;
+  return 0;
+}
+
 int check_matrix(const std::string& backend) {
   dtrain::init_process_group(dtrain::InitOptions().backend(backend));
   const int rank = dtrain::get_rank(), world = dtrain::get_world_size();
@@ -124,12 +151,19 @@ int check_matrix(const std::string& backend) {
                   at::kByte, at::kChar}) {
     const auto name = std::string(c10::toString(dt));
     for (int64_t n : {0, 1, 1031, 70000}) {
-      for (auto op : {ReduceOp::SUM, ReduceOp::AVG, ReduceOp::PRODUCT, ReduceOp::MIN,
-                      ReduceOp::MAX}) {
+      std::vector<ReduceOp> ops = {ReduceOp::SUM, ReduceOp::AVG, ReduceOp::PRODUCT,
+                                   ReduceOp::MIN, ReduceOp::MAX};
+      if (at::isIntegralType(dt, false))
+        ops.insert(ops.end(), {ReduceOp::BAND, ReduceOp::BOR, ReduceOp::BXOR});
+      for (auto op : ops) {
         auto acc = pattern(0, n, at::kDouble);
         for (int r = 1; r < world; ++r) {
           auto x = pattern(r, n, at::kDouble);
-          if (op == ReduceOp::PRODUCT) acc = acc * x;
+          const auto a = acc.to(at::kLong), b = x.to(at::kLong);
+          if (op == ReduceOp::BAND) acc = a.bitwise_and(b).to(at::kDouble);
+          else if (op == ReduceOp::BOR) acc = a.bitwise_or(b).to(at::kDouble);
+          else if (op == ReduceOp::BXOR) acc = a.bitwise_xor(b).to(at::kDouble);
+          else if (op == ReduceOp::PRODUCT) acc = acc * x;
           else if (op == ReduceOp::MIN) acc = at::minimum(acc, x);
           else if (op == ReduceOp::MAX) acc = at::maximum(acc, x);
           else acc = acc + x;
@@ -308,6 +342,7 @@ int check_collectives(const std::string& init_method, const std::string& backend
   }
   w1->wait();
   if (!at::equal(big, at::full({1 << 18}, world, at::kFloat))) return fail("async all_reduce");
+  if (int rc = check_subgroups(rank, world)) return rc;
   dtrain::barrier();
   std::cout << "rank " << rank << " ok" << std::endl;
   dtrain::destroy_process_group();

@@ -58,6 +58,7 @@ int op_index(ReduceOp op) {
     case ReduceOp::PRODUCT: return 1;
     case ReduceOp::MIN: return 2;
     case ReduceOp::MAX: return 3;
+    default: break;  // bitwise: integers only, never 16-bit floats
   }
   throw InternalError("mpi: unknown reduce op");
 }
@@ -111,6 +112,12 @@ MPI_Op reduction(c10::ScalarType dtype, ReduceOp op) {
   if (dtype == c10::ScalarType::Half || dtype == c10::ScalarType::BFloat16) {
     static HalfOps* half_ops = new HalfOps;  // lives until exit, like MPI itself
     return half_ops->ops[dtype == c10::ScalarType::Half ? 0 : 1][op_index(op)];
+  }
+  switch (op) {
+    case ReduceOp::BAND: return MPI_BAND;
+    case ReduceOp::BOR: return MPI_BOR;
+    case ReduceOp::BXOR: return MPI_BXOR;
+    default: break;
   }
   static const MPI_Op builtin[4] = {MPI_SUM, MPI_PROD, MPI_MIN, MPI_MAX};
   return builtin[op_index(op)];

@@ -64,6 +64,11 @@ ncclRedOp_t nccl_op(ReduceOp op, at::ScalarType t) {
     case ReduceOp::PRODUCT: return ncclProd;
     case ReduceOp::MIN: return ncclMin;
     case ReduceOp::MAX: return ncclMax;
+    case ReduceOp::BAND:
+    case ReduceOp::BOR:
+    case ReduceOp::BXOR:
+      throw InvalidArgument(detail::cat("nccl: ReduceOp::", to_string(op),
+                                        " is not supported (NCCL has no bitwise reductions)"));
   }
   throw InternalError("nccl: unknown ReduceOp");
 }
