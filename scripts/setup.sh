@@ -11,6 +11,7 @@ packages=(
   libssl-dev        # libcrypto: HMAC-SHA256 for the store's job token
   dataset-fashion-mnist  # Fashion-MNIST IDX files (training example, data tests)
   libcli11-dev      # launcher flags
+  nlohmann-json3-dev  # dtrain-trace reads flight recorder dumps
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch     # PyTorch's torchrun and the Python baselines
   openmpi-bin libopenmpi-dev  # the mpi backend, and mpirun to test it

@@ -156,6 +156,14 @@ WorkPtr barrier(const CollectiveOptions& options = CollectiveOptions());
 // wait_all_ranks). See ProcessGroup::monitored_barrier.
 void monitored_barrier(const std::shared_ptr<ProcessGroup>& group = nullptr, Timeout timeout = {},
                        bool wait_all_ranks = false);
+// The flight recorder: writes the last operations of every process group of
+// this process (DTRAIN_TRACE_BUFFER_SIZE of each) to DIR/rank-<rank>.json,
+// DIR being `dir` or else DTRAIN_TRACE_DIR (InvalidArgument when neither is
+// given), and returns the file's path. With DTRAIN_TRACE_DIR set the same
+// happens on the first failed operation and on SIGUSR2;
+// `dtrain-trace analyze DIR` reads the files. See docs/debugging.md.
+std::string dump_flight_recorder(const std::string& dir = "");
+
 // Blocking point to point, and their asynchronous forms. recv returns the
 // sender's global rank: `src`, or for src = kAnySource the rank whose
 // message it took (torch.distributed.recv with src=None); irecv's work

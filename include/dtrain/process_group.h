@@ -28,6 +28,9 @@
 #include "dtrain/work.h"
 
 namespace dtrain {
+namespace detail {
+class FlightRecorder;
+}
 
 // torch.distributed.ReduceOp. BAND, BOR and BXOR (bitwise and, or, xor) are
 // for integer tensors only (InvalidArgument otherwise, before anything is
@@ -142,6 +145,7 @@ class ProcessGroup {
     uint64_t seq;             // per group, counts collectives (not p2p)
     std::chrono::milliseconds timeout;
     std::string description;  // "all_reduce #3 on group 'default' (rank 1/4)"
+    bool collective = true;   // false for send and recv (numbered apart)
   };
 
   // Backend hooks. Tensors are dense, contiguous, of one dtype and on a
@@ -176,6 +180,12 @@ class ProcessGroup {
   Call next_call(const char* op, Timeout timeout, bool collective);
   void check_member(const char* op) const;
   void fingerprint(const Call& call, const at::Tensor& tensor, int64_t root, int64_t reduce_op);
+  // The flight recorder (core/flight_recorder.h): record() notes an
+  // operation as issued, begin() records and fingerprints a collective,
+  // tracked() marks it finished when its work does.
+  uint64_t record(const Call& call, const at::Tensor& tensor, int64_t root, int64_t reduce_op);
+  uint64_t begin(const Call& call, const at::Tensor& tensor, int64_t root, int64_t reduce_op);
+  WorkPtr tracked(uint64_t id, WorkPtr work);
 
   int rank_;
   int size_;
@@ -185,6 +195,8 @@ class ProcessGroup {
   std::mutex issue_mutex_;  // numbering + handing over happen as one step
   uint64_t next_seq_ = 0;
   uint64_t next_p2p_ = 0;
+  std::shared_ptr<detail::FlightRecorder> recorder_;
+  bool recorder_made_ = false;
 };
 
 }  // namespace dtrain

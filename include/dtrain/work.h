@@ -89,6 +89,11 @@ class Work {
   // out of staging buffers.
   void on_success(std::function<void()> fn);
 
+  // Runs `fn(error)` once the work has finished, successfully (null error)
+  // or not, after its waiters are woken, on the thread that finished it (at
+  // once if it already has). `fn` must not throw.
+  void on_finish(std::function<void(const std::exception_ptr&)> fn);
+
   // A Work that is already completed successfully.
   static std::shared_ptr<Work> completed(std::string description = "");
 
@@ -101,6 +106,7 @@ class Work {
   int source_rank_ = -1;
   std::exception_ptr error_;
   std::vector<std::function<void()>> then_;
+  std::vector<std::function<void(const std::exception_ptr&)>> finished_;
   std::function<void()> device_wait_;
 };
 

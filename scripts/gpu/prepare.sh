@@ -11,7 +11,7 @@ mkdir -p .gpu/debs .gpu/baselines
 cp scripts/gpu/build.sh scripts/gpu/part-b.sh .gpu/
 baselines=${DTRAIN_BASELINES:-../shared/baselines}
 cp "$baselines"/*.py .gpu/baselines/ 2>/dev/null || echo "prepare: no baselines in $baselines (set DTRAIN_BASELINES)"
-pkgs="libcli11-dev dataset-fashion-mnist libssl-dev libssl3"
+pkgs="libcli11-dev nlohmann-json3-dev dataset-fashion-mnist libssl-dev libssl3"
 (cd .gpu/debs && apt-get download $pkgs >/dev/null 2>&1) ||
   { apt-get update -qq && (cd .gpu/debs && apt-get download $pkgs >/dev/null); }
 du -sh .gpu

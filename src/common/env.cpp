@@ -75,13 +75,20 @@ const Var kLauncher{"DTRAIN_LAUNCHER", nullptr,
                     "Set to dtrain-run by dtrain-run for its workers: its agent store then "
                     "speaks dtrain's own protocol to them, which proves the job token."};
 
+const Var kTraceDir{"DTRAIN_TRACE_DIR", nullptr,
+                    "Directory for flight recorder dumps (rank-R.json): written on the first "
+                    "failed operation, on SIGUSR2 and on dump_flight_recorder()."};
+
+const Var kTraceBufferSize{"DTRAIN_TRACE_BUFFER_SIZE", "2000",
+                           "Operations each process group's flight recorder keeps (0: off)."};
+
 const std::vector<const Var*>& all() {
   static const std::vector<const Var*> vars{
       &kRank,      &kWorldSize, &kLocalRank,    &kMasterAddr,   &kMasterPort,
       &kUseAgentStore, &kRestartCount, &kOmpiRank, &kOmpiSize, &kSlurmProcId,
       &kSlurmNTasks, &kDebug,   &kSocketIfname, &kGlooSocketIfname, &kTimeout, &kTty,
       &kShmChunkBytes, &kCpuMemory, &kTcpStreams, &kStoreMaxBytes, &kStoreMaxKeys,
-      &kStoreToken, &kStoreTokenFile, &kLauncher};
+      &kStoreToken, &kStoreTokenFile, &kLauncher, &kTraceDir, &kTraceBufferSize};
   return vars;
 }
 

@@ -2,6 +2,7 @@
 // ranks to group ranks, run, and wait unless async_op.
 
 #include "common/enforce.h"
+#include "core/flight_recorder.h"
 #include "dtrain/distributed.h"
 
 namespace dtrain {
@@ -135,6 +136,10 @@ WorkPtr all_to_all_single(at::Tensor output, at::Tensor input,
   auto outputs = split_rows(output, output_split_sizes, n, "output");
   auto inputs = split_rows(input, input_split_sizes, n, "input");
   return finish(g->all_to_all(outputs, inputs, o.timeout()), o.async_op());
+}
+
+std::string dump_flight_recorder(const std::string& dir) {
+  return detail::dump_all("dump_flight_recorder()", dir);
 }
 
 WorkPtr barrier(const CollectiveOptions& o) {

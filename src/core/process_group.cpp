@@ -12,6 +12,7 @@
 #include "common/enforce.h"
 #include "common/logging.h"
 #include "core/fingerprint.h"
+#include "core/flight_recorder.h"
 #include "core/tensor_checks.h"
 
 namespace dtrain {
@@ -62,7 +63,38 @@ ProcessGroup::Call ProcessGroup::next_call(const char* op, Timeout timeout, bool
   uint64_t seq = collective ? next_seq_++ : next_p2p_++;
   return Call{op, seq, t,
               detail::cat(op, " #", seq, " on group '", name(), "' (rank ", rank_, "/", size_,
-                          ", backend ", backend_name(), ")")};
+                          ", backend ", backend_name(), ")"),
+              collective};
+}
+
+uint64_t ProcessGroup::record(const Call& call, const at::Tensor& tensor, int64_t root,
+                              int64_t reduce_op) {
+  if (!recorder_made_) {  // here, not in the constructor: backend_name() is virtual
+    recorder_ = detail::FlightRecorder::create(*this);
+    recorder_made_ = true;
+  }
+  if (!recorder_) return 0;
+  return recorder_->issued(call.op, call.collective, call.seq, tensor, root, reduce_op);
+}
+
+WorkPtr ProcessGroup::tracked(uint64_t id, WorkPtr work) {
+  if (recorder_ && id != 0)
+    work->on_finish([recorder = recorder_, id](const std::exception_ptr& error) {
+      recorder->finished(id, error);
+    });
+  return work;
+}
+
+uint64_t ProcessGroup::begin(const Call& call, const at::Tensor& tensor, int64_t root,
+                             int64_t reduce_op) {
+  const auto id = record(call, tensor, root, reduce_op);
+  try {
+    fingerprint(call, tensor, root, reduce_op);
+  } catch (...) {
+    if (recorder_ && id != 0) recorder_->finished(id, std::current_exception());
+    throw;
+  }
+  return id;
 }
 
 void ProcessGroup::fingerprint(const Call& call, const at::Tensor& tensor, int64_t root,
@@ -131,10 +163,10 @@ WorkPtr ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op, Timeout timeout
   c.reduce_op(op, tensor);
   std::lock_guard<std::mutex> lock(issue_mutex_);
   auto call = next_call("all_reduce", timeout, true);
-  fingerprint(call, tensor, -1, static_cast<int64_t>(op));
+  const auto id = begin(call, tensor, -1, static_cast<int64_t>(op));
   std::vector<std::pair<at::Tensor, at::Tensor>> back;
   auto staged = stage_output(tensor, back);
-  return write_back(do_all_reduce(call, staged, op), std::move(back));
+  return tracked(id, write_back(do_all_reduce(call, staged, op), std::move(back)));
 }
 
 WorkPtr ProcessGroup::broadcast(at::Tensor tensor, int root, Timeout timeout) {
@@ -144,10 +176,10 @@ WorkPtr ProcessGroup::broadcast(at::Tensor tensor, int root, Timeout timeout) {
   c.root(root);
   std::lock_guard<std::mutex> lock(issue_mutex_);
   auto call = next_call("broadcast", timeout, true);
-  fingerprint(call, tensor, root, -1);
+  const auto id = begin(call, tensor, root, -1);
   std::vector<std::pair<at::Tensor, at::Tensor>> back;
   auto staged = stage_output(tensor, back);
-  return write_back(do_broadcast(call, staged, root), std::move(back));
+  return tracked(id, write_back(do_broadcast(call, staged, root), std::move(back)));
 }
 
 WorkPtr ProcessGroup::reduce(at::Tensor tensor, int root, ReduceOp op, Timeout timeout) {
@@ -158,10 +190,10 @@ WorkPtr ProcessGroup::reduce(at::Tensor tensor, int root, ReduceOp op, Timeout t
   c.reduce_op(op, tensor);
   std::lock_guard<std::mutex> lock(issue_mutex_);
   auto call = next_call("reduce", timeout, true);
-  fingerprint(call, tensor, root, static_cast<int64_t>(op));
+  const auto id = begin(call, tensor, root, static_cast<int64_t>(op));
   std::vector<std::pair<at::Tensor, at::Tensor>> back;
   auto staged = stage_output(tensor, back);
-  return write_back(do_reduce(call, staged, root, op), std::move(back));
+  return tracked(id, write_back(do_reduce(call, staged, root, op), std::move(back)));
 }
 
 WorkPtr ProcessGroup::all_gather(const std::vector<at::Tensor>& outputs, at::Tensor input,
@@ -172,10 +204,10 @@ WorkPtr ProcessGroup::all_gather(const std::vector<at::Tensor>& outputs, at::Ten
   c.list_like("outputs", outputs, input, size_);
   std::lock_guard<std::mutex> lock(issue_mutex_);
   auto call = next_call("all_gather", timeout, true);
-  fingerprint(call, input, -1, -1);
+  const auto id = begin(call, input, -1, -1);
   std::vector<std::pair<at::Tensor, at::Tensor>> back;
   auto staged = stage_outputs(outputs, back);
-  return write_back(do_all_gather(call, staged, input.contiguous()), std::move(back));
+  return tracked(id, write_back(do_all_gather(call, staged, input.contiguous()), std::move(back)));
 }
 
 WorkPtr ProcessGroup::gather(const std::vector<at::Tensor>& outputs, at::Tensor input, int root,
@@ -191,10 +223,10 @@ WorkPtr ProcessGroup::gather(const std::vector<at::Tensor>& outputs, at::Tensor 
   }
   std::lock_guard<std::mutex> lock(issue_mutex_);
   auto call = next_call("gather", timeout, true);
-  fingerprint(call, input, root, -1);
+  const auto id = begin(call, input, root, -1);
   std::vector<std::pair<at::Tensor, at::Tensor>> back;
   auto staged = stage_outputs(outputs, back);
-  return write_back(do_gather(call, staged, input.contiguous(), root), std::move(back));
+  return tracked(id, write_back(do_gather(call, staged, input.contiguous(), root), std::move(back)));
 }
 
 WorkPtr ProcessGroup::scatter(at::Tensor output, const std::vector<at::Tensor>& inputs, int root,
@@ -210,10 +242,10 @@ WorkPtr ProcessGroup::scatter(at::Tensor output, const std::vector<at::Tensor>& 
   }
   std::lock_guard<std::mutex> lock(issue_mutex_);
   auto call = next_call("scatter", timeout, true);
-  fingerprint(call, output, root, -1);
+  const auto id = begin(call, output, root, -1);
   std::vector<std::pair<at::Tensor, at::Tensor>> back;
   auto staged = stage_output(output, back);
-  return write_back(do_scatter(call, staged, contiguous(inputs), root), std::move(back));
+  return tracked(id, write_back(do_scatter(call, staged, contiguous(inputs), root), std::move(back)));
 }
 
 WorkPtr ProcessGroup::reduce_scatter(at::Tensor output, const std::vector<at::Tensor>& inputs,
@@ -225,10 +257,10 @@ WorkPtr ProcessGroup::reduce_scatter(at::Tensor output, const std::vector<at::Te
   c.reduce_op(op, output);
   std::lock_guard<std::mutex> lock(issue_mutex_);
   auto call = next_call("reduce_scatter", timeout, true);
-  fingerprint(call, output, -1, static_cast<int64_t>(op));
+  const auto id = begin(call, output, -1, static_cast<int64_t>(op));
   std::vector<std::pair<at::Tensor, at::Tensor>> back;
   auto staged = stage_output(output, back);
-  return write_back(do_reduce_scatter(call, staged, contiguous(inputs), op), std::move(back));
+  return tracked(id, write_back(do_reduce_scatter(call, staged, contiguous(inputs), op), std::move(back)));
 }
 
 namespace {
@@ -253,10 +285,10 @@ WorkPtr ProcessGroup::all_gather_into_tensor(at::Tensor output, at::Tensor input
   c.flat_of("output", output, "input", input, size_);
   std::lock_guard<std::mutex> lock(issue_mutex_);
   auto call = next_call("all_gather_into_tensor", timeout, true);
-  fingerprint(call, input, -1, -1);
+  const auto id = begin(call, input, -1, -1);
   std::vector<std::pair<at::Tensor, at::Tensor>> back;
   auto staged = stage_output(output, back);
-  return write_back(do_all_gather_into_tensor(call, staged, input.contiguous()), std::move(back));
+  return tracked(id, write_back(do_all_gather_into_tensor(call, staged, input.contiguous()), std::move(back)));
 }
 
 WorkPtr ProcessGroup::reduce_scatter_tensor(at::Tensor output, at::Tensor input, ReduceOp op,
@@ -269,11 +301,11 @@ WorkPtr ProcessGroup::reduce_scatter_tensor(at::Tensor output, at::Tensor input,
   c.reduce_op(op, output);
   std::lock_guard<std::mutex> lock(issue_mutex_);
   auto call = next_call("reduce_scatter_tensor", timeout, true);
-  fingerprint(call, output, -1, static_cast<int64_t>(op));
+  const auto id = begin(call, output, -1, static_cast<int64_t>(op));
   std::vector<std::pair<at::Tensor, at::Tensor>> back;
   auto staged = stage_output(output, back);
-  return write_back(do_reduce_scatter_tensor(call, staged, input.contiguous(), op),
-                    std::move(back));
+  return tracked(id, write_back(do_reduce_scatter_tensor(call, staged, input.contiguous(), op),
+                    std::move(back)));
 }
 
 WorkPtr ProcessGroup::do_all_gather_into_tensor(const Call& call, at::Tensor output,
@@ -298,18 +330,18 @@ WorkPtr ProcessGroup::all_to_all(const std::vector<at::Tensor>& outputs,
   std::lock_guard<std::mutex> lock(issue_mutex_);
   auto call = next_call("all_to_all", timeout, true);
   // Peers may send different sizes; the fingerprint covers dtype only.
-  fingerprint(call, inputs[0].flatten().narrow(0, 0, 0), -1, -1);
+  const auto id = begin(call, inputs[0].flatten().narrow(0, 0, 0), -1, -1);
   std::vector<std::pair<at::Tensor, at::Tensor>> back;
   auto staged = stage_outputs(outputs, back);
-  return write_back(do_all_to_all(call, staged, contiguous(inputs)), std::move(back));
+  return tracked(id, write_back(do_all_to_all(call, staged, contiguous(inputs)), std::move(back)));
 }
 
 WorkPtr ProcessGroup::barrier(Timeout timeout) {
   check_member("barrier");
   std::lock_guard<std::mutex> lock(issue_mutex_);
   auto call = next_call("barrier", timeout, true);
-  fingerprint(call, at::Tensor(), -1, -1);
-  return do_barrier(call);
+  const auto id = begin(call, at::Tensor(), -1, -1);
+  return tracked(id, do_barrier(call));
 }
 
 // No fingerprint: its check would itself wait for the missing rank.
@@ -317,8 +349,9 @@ WorkPtr ProcessGroup::monitored_barrier(Timeout timeout, bool wait_all_ranks) {
   check_member("monitored_barrier");
   std::lock_guard<std::mutex> lock(issue_mutex_);
   auto call = next_call("monitored_barrier", timeout, true);
-  if (size_ == 1) return Work::completed(call.description);
-  return do_monitored_barrier(call, wait_all_ranks);
+  const auto id = record(call, at::Tensor(), -1, -1);
+  if (size_ == 1) return tracked(id, Work::completed(call.description));
+  return tracked(id, do_monitored_barrier(call, wait_all_ranks));
 }
 
 WorkPtr ProcessGroup::send(at::Tensor tensor, int dst, int tag, Timeout timeout) {
@@ -329,7 +362,8 @@ WorkPtr ProcessGroup::send(at::Tensor tensor, int dst, int tag, Timeout timeout)
   DTRAIN_CHECK_ARG(tag >= 0, "send: tag must be >= 0, got ", tag);
   std::lock_guard<std::mutex> lock(issue_mutex_);
   auto call = next_call("send", timeout, false);
-  return do_send(call, tensor.contiguous(), dst, tag);
+  const auto id = record(call, tensor, dst, -1);
+  return tracked(id, do_send(call, tensor.contiguous(), dst, tag));
 }
 
 WorkPtr ProcessGroup::recv(at::Tensor tensor, int src, int tag, Timeout timeout) {
@@ -342,11 +376,12 @@ WorkPtr ProcessGroup::recv(at::Tensor tensor, int src, int tag, Timeout timeout)
   DTRAIN_CHECK_ARG(tag >= 0, "recv: tag must be >= 0, got ", tag);
   std::lock_guard<std::mutex> lock(issue_mutex_);
   auto call = next_call("recv", timeout, false);
+  const auto id = record(call, tensor, src, -1);
   std::vector<std::pair<at::Tensor, at::Tensor>> back;
   auto staged = stage_output(tensor, back);
   auto work = do_recv(call, staged, src, tag);
   if (src != kAnySource) work->set_source_rank(src);
-  return write_back(std::move(work), std::move(back));
+  return tracked(id, write_back(std::move(work), std::move(back)));
 }
 
 }  // namespace dtrain

@@ -80,12 +80,26 @@ void Work::finish(std::exception_ptr error) {
       error = std::current_exception();
     }
   }
+  std::vector<std::function<void(const std::exception_ptr&)>> finished;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     done_ = true;
-    error_ = std::move(error);
+    error_ = error;
+    finished.swap(finished_);
   }
   done_cv_.notify_all();
+  for (auto& fn : finished) fn(error);
+}
+
+void Work::on_finish(std::function<void(const std::exception_ptr&)> fn) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!done_) {
+    finished_.push_back(std::move(fn));
+    return;
+  }
+  auto error = error_;
+  lock.unlock();
+  fn(error);
 }
 
 void Work::on_success(std::function<void()> fn) {

@@ -27,6 +27,15 @@
 //   rank_worker page-faults   init, then 20 SGD steps on 16 MiB tensors;
 //                             prints "faults N": the minor page faults of
 //                             the last 10 (DTRAIN_CPU_MEMORY)
+//   rank_worker trace BACKEND FAULT
+//                             5 all_reduces and a barrier with one fault:
+//                             stop (rank 1 SIGSTOPs itself before #3), exit
+//                             (rank 1 exits before #3), skip (rank 1 skips
+//                             #2), shape (rank 2's #3 has 5 elements, not 4),
+//                             exit-idle (rank 1 exits before #3, the others
+//                             sleep 30 s there);
+//                             prints "rank R fault at <epoch ms>" before #3
+//                             (for DTRAIN_TRACE_DIR tests)
 //   rank_worker mismatch      even ranks all_reduce, odd ranks broadcast:
 //                             under DTRAIN_DEBUG=DETAIL every rank exits 3
 //                             with "caught CollectiveMismatch: ..."
@@ -34,6 +43,7 @@
 #include <ATen/ATen.h>
 #include <torch/torch.h>
 
+#include <signal.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -428,6 +438,28 @@ int mismatch() {
   return 0;
 }
 
+int trace_fault(const std::string& backend, const std::string& fault) {
+  dtrain::init_process_group(dtrain::InitOptions().backend(backend));
+  const int rank = dtrain::get_rank();
+  for (int i = 0; i < 5; ++i) {
+    if (i == 3) {
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::system_clock::now().time_since_epoch());
+      std::cout << "rank " << rank << " fault at " << ms.count() << std::endl;
+      if (rank == 1 && fault == "stop") raise(SIGSTOP);
+      if (rank == 1 && (fault == "exit" || fault == "exit-idle")) std::_Exit(5);
+      // The others compute for a while: only a launcher's SIGUSR2 dumps them.
+      if (fault == "exit-idle") std::this_thread::sleep_for(std::chrono::seconds(30));
+    }
+    if (rank == 1 && fault == "skip" && i == 2) continue;
+    auto t = at::ones({rank == 2 && fault == "shape" && i == 3 ? 5 : 4});
+    dtrain::all_reduce(t);
+  }
+  dtrain::barrier();
+  std::cout << "rank " << rank << " finished without noticing the fault" << std::endl;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -440,6 +472,7 @@ int main(int argc, char** argv) {
     if (mode == "ddp-equivalence") return ddp_equivalence(argc > 2 ? argv[2] : "auto");
     if (mode == "monitored") return monitored(argc > 2 ? argv[2] : "auto");
     if (mode == "mismatch") return mismatch();
+    if (mode == "trace" && argc > 3) return trace_fault(argv[2], argv[3]);
     if (mode == "page-faults") return page_faults();
     if (mode == "ddp") return ddp_training();
     if (mode == "init") {

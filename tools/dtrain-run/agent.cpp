@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <iostream>
@@ -129,6 +130,20 @@ int finish_succeeded(const Options& o, Rendezvous& rdzv, const Round& round) {
   return 0;
 }
 
+// With DTRAIN_TRACE_DIR set (workers inherit it), a failed round's
+// surviving workers write their flight recorders there before they are
+// stopped; says where they are and how to read them.
+void collect_traces(WorkerGroup& group) {
+  const char* dir = std::getenv("DTRAIN_TRACE_DIR");
+  if (!dir || !*dir) return;
+  const auto ranks = group.collect_traces(dir, std::chrono::seconds(3));
+  std::ostringstream list;
+  for (size_t i = 0; i < ranks.size(); ++i) list << (i ? ", " : "") << ranks[i];
+  std::cerr << "dtrain-run: flight recorder dumps of this node's "
+            << (ranks.size() == 1 ? "rank " : "ranks ") << (ranks.empty() ? "(none)" : list.str())
+            << " are in " << dir << "; read them with: dtrain-trace analyze " << dir << std::endl;
+}
+
 // Runs one round's workers until they succeed (0), the job must end
 // (its exit code), or the round failed and may restart (-1).
 int run_round(const Options& o, Rendezvous& rdzv, const Round& round) {
@@ -164,6 +179,7 @@ int run_round(const Options& o, Rendezvous& rdzv, const Round& round) {
     }
     return 1;
   }
+  collect_traces(group);
   group.stop(SIGTERM, o.close_timeout);
   if (int sig = pending_signal())  // arrived while the workers were being stopped
     return stop_for_signal(o, &round, &rdzv, &group, sig, "while stopping the workers");

@@ -248,6 +248,39 @@ WorkerGroup::State WorkerGroup::poll(WorkerExit* failure) {
   return all_done ? State::Succeeded : State::Running;
 }
 
+namespace {
+
+// Modification time of `path` (0 when it does not exist), in ns.
+int64_t modified_ns(const std::string& path) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) return 0;
+  return int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+}
+
+}  // namespace
+
+std::vector<int> WorkerGroup::collect_traces(const std::string& dir,
+                                             std::chrono::milliseconds wait) {
+  auto dump_of = [&](const Worker& w) { return dir + "/rank-" + std::to_string(w.spec.rank) + ".json"; };
+  std::vector<std::pair<const Worker*, int64_t>> asked;  // worker, its dump's time before
+  for (auto& w : workers_) {
+    if (note_exit(*w) || w->reaped) continue;
+    asked.emplace_back(w.get(), modified_ns(dump_of(*w)));
+    kill(w->pid, SIGUSR2);  // the worker only: its children are not dtrain ranks
+  }
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  for (;;) {
+    bool all = true;
+    for (const auto& [w, before] : asked) all = all && modified_ns(dump_of(*w)) > before;
+    if (all || std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::vector<int> ranks;
+  for (auto& w : workers_)
+    if (modified_ns(dump_of(*w)) > 0) ranks.push_back(w->spec.rank);
+  return ranks;
+}
+
 void WorkerGroup::stop(int sig, std::chrono::milliseconds grace) {
   using Steady = std::chrono::steady_clock;
   // An unreaped worker (running, or a zombie) still owns its pid, so its

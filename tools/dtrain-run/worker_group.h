@@ -58,6 +58,10 @@ class WorkerGroup {
   // will not die even of SIGKILL, or a grandchild that keeps an output pipe
   // open, costs at most a few seconds more, never a hang.
   void stop(int sig, std::chrono::milliseconds grace);
+  // The flight recorder after a failure: sends SIGUSR2 to every worker
+  // still running (dtrain writes its dump to `dir` on it), waits up to
+  // `wait` for their dumps, and returns the ranks with a dump in `dir`.
+  std::vector<int> collect_traces(const std::string& dir, std::chrono::milliseconds wait);
   // The last lines a worker printed (complete once stop() has returned).
   std::vector<std::string> last_lines(int local_rank);
 

@@ -1,0 +1,268 @@
+#include "core/flight_recorder.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <sstream>
+#include <thread>
+
+#include "common/durable_file.h"
+#include "common/enforce.h"
+#include "common/env.h"
+#include "common/logging.h"
+#include "dtrain/process_group.h"
+
+namespace dtrain::detail {
+namespace {
+
+constexpr int kMaxDims = 6;
+const char* const kStates[] = {"issued", "completed", "failed"};
+const char* const kReduceOps[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"};
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string escaped(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+std::string error_text(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+// Every live recorder of the process.
+struct Registry {
+  std::mutex mutex;
+  std::vector<std::weak_ptr<FlightRecorder>> recorders;
+  std::atomic<bool> failure_dumped{false};
+  int global_rank = -1;
+  int world_size = -1;
+};
+
+Registry& registry() {
+  static auto* r = new Registry;  // used from signal-driven and exiting threads: never destroyed
+  return *r;
+}
+
+// SIGUSR2 -> a byte on a pipe -> a thread that dumps (a signal handler may
+// not allocate or lock). Installed once, only where SIGUSR2 still has its
+// default action, so a program's own handler is left alone.
+int signal_pipe[2] = {-1, -1};
+
+void on_sigusr2(int) {
+  const char byte = 1;
+  [[maybe_unused]] auto n = ::write(signal_pipe[1], &byte, 1);
+}
+
+void install_signal_dump() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction old {};
+    if (sigaction(SIGUSR2, nullptr, &old) != 0 || old.sa_handler != SIG_DFL) return;
+    if (pipe2(signal_pipe, O_CLOEXEC) != 0) return;
+    fcntl(signal_pipe[1], F_SETFL, O_NONBLOCK);
+    std::thread([] {
+      char byte;
+      while (::read(signal_pipe[0], &byte, 1) == 1) {
+        try {
+          log_warning(cat("flight recorder written to ", dump_all("SIGUSR2")));
+        } catch (const std::exception& e) {
+          log_warning(cat("flight recorder dump on SIGUSR2 failed: ", e.what()));
+        }
+      }
+    }).detach();
+    struct sigaction action {};
+    action.sa_handler = on_sigusr2;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    sigaction(SIGUSR2, &action, nullptr);
+  });
+}
+
+size_t ring_size() {
+  static const size_t size =
+      static_cast<size_t>(env::get_int(env::kTraceBufferSize, 0, 1000000).value_or(2000));
+  return size;
+}
+
+}  // namespace
+
+std::shared_ptr<FlightRecorder> FlightRecorder::create(const ProcessGroup& group) {
+  const size_t capacity = ring_size();
+  if (capacity == 0 || group.rank() < 0) return nullptr;
+  std::shared_ptr<FlightRecorder> recorder(new FlightRecorder(group, capacity));
+  auto& r = registry();
+  {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    r.recorders.erase(std::remove_if(r.recorders.begin(), r.recorders.end(),
+                                     [](const auto& w) { return w.expired(); }),
+                      r.recorders.end());
+    r.recorders.push_back(recorder);
+    if (r.global_rank < 0 || group.name() == "default") {
+      r.global_rank = group.global_ranks()[static_cast<size_t>(group.rank())];
+      if (group.name() == "default") r.world_size = group.size();
+    }
+  }
+  if (env::get(env::kTraceDir)) install_signal_dump();
+  return recorder;
+}
+
+FlightRecorder::FlightRecorder(const ProcessGroup& group, size_t capacity)
+    : group_name_(group.name()),
+      group_rank_(group.rank()),
+      group_size_(group.size()),
+      global_ranks_(group.global_ranks()),
+      backend_(group.backend_name()),
+      ring_(capacity) {}
+
+FlightRecorder::~FlightRecorder() = default;
+
+uint64_t FlightRecorder::issued(const char* op, bool collective, uint64_t seq,
+                                const at::Tensor& tensor, int64_t root_or_peer,
+                                int64_t reduce_op) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const uint64_t id = next_id_++;
+  Entry& e = ring_[id % ring_.size()];
+  e.id = id;
+  e.seq = seq;
+  e.op = op;
+  e.collective = collective;
+  e.root_or_peer = root_or_peer;
+  e.reduce_op = reduce_op;
+  e.state = 0;
+  e.issued_ns = now_ns();
+  e.finished_ns = 0;
+  e.error.clear();
+  if (tensor.defined()) {
+    e.dtype = static_cast<int8_t>(tensor.scalar_type());
+    e.ndim = static_cast<int8_t>(std::min<int64_t>(tensor.dim(), kMaxDims));
+    for (int d = 0; d < e.ndim; ++d) e.sizes[d] = tensor.size(d);
+    e.numel = tensor.numel();
+  } else {
+    e.dtype = -1;
+    e.ndim = 0;
+    e.numel = 0;
+  }
+  return id;
+}
+
+void FlightRecorder::finished(uint64_t id, const std::exception_ptr& error) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Entry& e = ring_[id % ring_.size()];
+    if (e.id != id) return;  // overwritten: the ring wrapped meanwhile
+    e.state = error ? 2 : 1;
+    e.finished_ns = now_ns();
+    if (error) e.error = error_text(error);
+  }
+  if (!error || !env::get(env::kTraceDir)) return;
+  if (registry().failure_dumped.exchange(true)) return;
+  try {
+    log_warning(cat("flight recorder written to ", dump_all("failure: " + error_text(error))));
+  } catch (const std::exception& e) {
+    log_warning(cat("flight recorder dump after a failure failed: ", e.what()));
+  }
+}
+
+std::string FlightRecorder::json() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Steady-clock times become wall-clock microseconds since the epoch.
+  const int64_t wall_minus_steady_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(
+          std::chrono::system_clock::now().time_since_epoch())
+          .count() -
+      now_ns();
+  auto wall_us = [&](int64_t steady) {
+    return steady == 0 ? 0 : (steady + wall_minus_steady_ns) / 1000;
+  };
+  std::ostringstream out;
+  out << "{\"name\": \"" << escaped(group_name_) << "\", \"rank\": " << group_rank_
+      << ", \"size\": " << group_size_ << ", \"backend\": \"" << escaped(backend_)
+      << "\", \"global_ranks\": [" << join(global_ranks_) << "], \"entries\": [";
+  // One operation of each kind runs at a time: the oldest unfinished one
+  // has started, the ones behind it are queued.
+  bool started[2] = {false, false};
+  bool first = true;
+  const size_t n = ring_.size();
+  const uint64_t begin = next_id_ > n ? next_id_ - n : 1;
+  for (uint64_t id = begin; id < next_id_; ++id) {
+    const Entry& e = ring_[id % n];
+    if (e.id != id) continue;
+    std::string state = kStates[e.state];
+    if (e.state == 0 && !started[e.collective]) {
+      started[e.collective] = true;
+      state = "started";
+    }
+    out << (first ? "\n" : ",\n") << "  {\"seq\": " << e.seq << ", \"op\": \"" << e.op
+        << "\", \"kind\": \"" << (e.collective ? "collective" : "p2p") << "\", \"dtype\": \""
+        << (e.dtype >= 0 ? c10::toString(static_cast<c10::ScalarType>(e.dtype)) : "")
+        << "\", \"shape\": [" << join(std::vector<int64_t>(e.sizes, e.sizes + e.ndim))
+        << "], \"numel\": " << e.numel << ", \"root\": " << e.root_or_peer
+        << ", \"reduce_op\": \""
+        << (e.reduce_op >= 0 && e.reduce_op < 8 ? kReduceOps[e.reduce_op] : "")
+        << "\", \"state\": \"" << state << "\", \"issued_us\": " << wall_us(e.issued_ns)
+        << ", \"finished_us\": " << wall_us(e.finished_ns) << ", \"error\": \""
+        << escaped(e.error) << "\"}";
+    first = false;
+  }
+  out << "]}";
+  return out.str();
+}
+
+std::string dump_all(const std::string& reason, const std::string& dir_arg) {
+  std::string dir = dir_arg.empty() ? env::get(env::kTraceDir).value_or("") : dir_arg;
+  DTRAIN_CHECK_ARG(!dir.empty(),
+                   "dump_flight_recorder: no directory given and DTRAIN_TRACE_DIR is not set");
+  auto& r = registry();
+  std::vector<std::shared_ptr<FlightRecorder>> live;
+  int rank, world;
+  {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    for (const auto& w : r.recorders)
+      if (auto p = w.lock()) live.push_back(std::move(p));
+    rank = r.global_rank;
+    world = r.world_size;
+  }
+  std::ostringstream out;
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  out << "{\"format\": \"dtrain-flight-recorder\", \"version\": 1, \"rank\": " << rank
+      << ", \"world_size\": " << world << ", \"pid\": " << ::getpid() << ", \"host\": \""
+      << escaped(host) << "\", \"reason\": \"" << escaped(reason) << "\", \"groups\": [";
+  for (size_t i = 0; i < live.size(); ++i) out << (i ? ",\n" : "\n") << live[i]->json();
+  out << "]}\n";
+  const std::string text = out.str();
+  const std::string path = dir + "/rank-" + std::to_string(rank) + ".json";
+  files::replace_durably(path, text.size(), [&](files::Sink& sink) {
+    sink.write(text.data(), text.size());
+  });
+  return path;
+}
+
+}  // namespace dtrain::detail

@@ -1,0 +1,78 @@
+#pragma once
+
+// The flight recorder: each process group keeps its last N operations
+// (DTRAIN_TRACE_BUFFER_SIZE, default 2000; 0 turns it off) in a ring —
+// sequence number, op, dtype, shape, root or peer, reduce op, state and
+// times. When DTRAIN_TRACE_DIR is set, the process writes every group's
+// ring to DIR/rank-<global rank>.json on its first failed operation
+// (timeout, peer failure, mismatch), on SIGUSR2, and on
+// dtrain::dump_flight_recorder(); `dtrain-trace analyze DIR` reads them.
+// Recording costs one uncontended lock and a fixed-size copy per operation.
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace dtrain {
+class ProcessGroup;
+}
+
+namespace dtrain::detail {
+
+class FlightRecorder {
+ public:
+  // A recorder for `group` (null when the ring size is 0).
+  static std::shared_ptr<FlightRecorder> create(const ProcessGroup& group);
+  ~FlightRecorder();
+
+  // Records an operation as issued; returns its slot id for finished().
+  uint64_t issued(const char* op, bool collective, uint64_t seq, const at::Tensor& tensor,
+                  int64_t root_or_peer, int64_t reduce_op);
+  // Marks slot `id` completed, or failed with `error`; a failure triggers
+  // the process's failure dump (once) when DTRAIN_TRACE_DIR is set.
+  void finished(uint64_t id, const std::exception_ptr& error);
+
+  // This group's ring as a JSON object (oldest first).
+  std::string json() const;
+
+ private:
+  explicit FlightRecorder(const ProcessGroup& group, size_t capacity);
+
+  struct Entry {
+    uint64_t id = 0;  // 1-based position in the stream of records; 0: empty
+    uint64_t seq = 0;
+    const char* op = "";
+    bool collective = true;
+    int8_t dtype = -1;  // c10::ScalarType, -1 for none
+    int8_t ndim = 0;    // dims kept in `sizes` (at most kMaxDims)
+    int8_t state = 0;   // 0 issued, 1 completed, 2 failed
+    int64_t root_or_peer = -1;
+    int64_t reduce_op = -1;
+    int64_t numel = 0;
+    int64_t sizes[6] = {};
+    int64_t issued_ns = 0, finished_ns = 0;  // steady clock
+    std::string error;
+  };
+
+  const std::string group_name_;
+  const int group_rank_;
+  const int group_size_;
+  const std::vector<int> global_ranks_;
+  const std::string backend_;
+  mutable std::mutex mutex_;
+  std::vector<Entry> ring_;
+  uint64_t next_id_ = 1;
+};
+
+// Writes every live group's ring to DIR/rank-<global rank>.json (DIR:
+// `dir`, else DTRAIN_TRACE_DIR) atomically; returns the file's path.
+// Throws InvalidArgument when neither names a directory.
+std::string dump_all(const std::string& reason, const std::string& dir = "");
+
+}  // namespace dtrain::detail

@@ -1,0 +1,168 @@
+// The flight recorder through real failures: three ranks over env://, one
+// of them faulty (stopped, exited, skipping an all_reduce, or calling it
+// with another shape), DTRAIN_TRACE_DIR set. Every survivor writes its dump
+// within the timeout + 1 s of the faulty collective, and `dtrain-trace
+// analyze` names the faulty rank and the collective.
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+
+#include "harness/assertions.h"
+#include "harness/process_ranks.h"
+
+namespace dtrain::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+const char* const kWorker = DTRAIN_TEST_WORKER;
+const char* const kTrace = DTRAIN_TRACE_EXECUTABLE;
+constexpr int kWorld = 3;
+constexpr int64_t kTimeoutMs = 2000;
+
+struct FaultCase {
+  std::string backend, fault;
+  int culprit;
+  bool culprit_survives;  // skip and shape: the faulty rank fails too, and dumps
+  std::string verdict;
+};
+
+void PrintTo(const FaultCase& c, std::ostream* os) { *os << c.backend << " " << c.fault; }
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/dtrain-trace-XXXXXX";
+    path_ = mkdtemp(tmpl) ? tmpl : "";
+  }
+  ~TempDir() { std::system(("rm -rf " + path_).c_str()); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+int64_t mtime_ms(const std::string& path) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) return -1;
+  return int64_t(st.st_mtim.tv_sec) * 1000 + st.st_mtim.tv_nsec / 1000000;
+}
+
+int64_t fault_at(const RankProcess& p, int rank) {
+  const std::string tag = "rank " + std::to_string(rank) + " fault at ";
+  const auto out = p.output();
+  const auto at = out.find(tag);
+  return at == std::string::npos ? -1 : std::stoll(out.substr(at + tag.size()));
+}
+
+class FlightRecorderFaults : public ::testing::TestWithParam<FaultCase> {};
+
+TEST_P(FlightRecorderFaults, EverySurvivorDumpsAndTheAnalyzerNamesTheRankAndOp) {
+  const auto c = GetParam();
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const int port = free_port();
+  ProcessRanks procs;
+  for (int r = 0; r < kWorld; ++r) {
+    auto env = rank_env(r, kWorld, port, std::to_string(kTimeoutMs / 1000));
+    env["DTRAIN_TRACE_DIR"] = dir.path();
+    procs.spawn({kWorker, "trace", c.backend, c.fault}, env);
+  }
+  for (int r = 0; r < kWorld; ++r) {
+    if (r == c.culprit && !c.culprit_survives) continue;
+    auto& p = procs.ranks()[r];
+    ASSERT_TRUE(procs.wait(p, Clock::now() + 30s)) << "rank " << r << " hung: " << p.output();
+    EXPECT_EQ(p.exit_code, 3) << "rank " << r << " should fail: " << p.output();
+    const auto dump = dir.path() + "/rank-" + std::to_string(r) + ".json";
+    const int64_t written = mtime_ms(dump), fault = fault_at(p, r);
+    ASSERT_GE(written, 0) << "rank " << r << " wrote no dump: " << p.output();
+    ASSERT_GE(fault, 0) << p.output();
+    EXPECT_LE(written, fault + kTimeoutMs + 1000)
+        << "rank " << r << " dumped " << written - fault << " ms after the faulty collective";
+  }
+  auto& analyzer = procs.spawn({kTrace, "analyze", dir.path()}, {});
+  ASSERT_TRUE(procs.wait(analyzer, Clock::now() + 30s));
+  EXPECT_EQ(analyzer.exit_code, 1) << analyzer.output();
+  EXPECT_TRUE(Contains(analyzer.output(), c.verdict));
+}
+
+const std::string kNeverArrived =
+    "verdict: rank 1 never arrived (no dump: exited, killed or stopped): rank 1 of group "
+    "'default' left no dump while ranks 0, 2 reached #3 all_reduce (Float [4], SUM) (failed";
+
+INSTANTIATE_TEST_SUITE_P(
+    Faults, FlightRecorderFaults,
+    ::testing::Values(
+        FaultCase{"tcp", "stop", 1, false, kNeverArrived},
+        FaultCase{"shm", "stop", 1, false, kNeverArrived},
+        FaultCase{"tcp", "exit", 1, false, kNeverArrived},
+        FaultCase{"shm", "exit", 1, false, kNeverArrived},
+        FaultCase{"tcp", "skip", 1, true,
+                  "verdict: rank 1 called a different collective: rank 1 called barrier at "
+                  "collective #4 of group 'default' where ranks 0, 2 called all_reduce (Float "
+                  "[4], SUM)"},
+        FaultCase{"shm", "skip", 1, true,
+                  "verdict: rank 1 called a different collective: rank 1 called barrier at "
+                  "collective #4 of group 'default' where ranks 0, 2 called all_reduce (Float "
+                  "[4], SUM)"},
+        FaultCase{"tcp", "shape", 2, true,
+                  "verdict: rank 2 called a different collective: rank 2 called all_reduce "
+                  "(Float [5], SUM) at collective #3 of group 'default' where ranks 0, 1 called "
+                  "all_reduce (Float [4], SUM)"},
+        FaultCase{"shm", "shape", 2, true,
+                  "verdict: rank 2 called a different collective: rank 2 called all_reduce "
+                  "(Float [5], SUM) at collective #3 of group 'default' where ranks 0, 1 called "
+                  "all_reduce (Float [4], SUM)"}),
+    [](const auto& info) { return info.param.backend + "_" + info.param.fault; });
+
+// dtrain-run, after rank 1 exits while the others compute: it asks the
+// survivors for their flight recorders (SIGUSR2) before stopping them, says
+// where they are, and the analyzer names rank 1.
+TEST(FlightRecorderLauncher, CollectsTheSurvivorsDumpsAfterAFailure) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  ProcessRanks procs;
+  auto& run = procs.spawn({DTRAIN_RUN_EXECUTABLE, "--nproc-per-node", "3", "--master-port",
+                           std::to_string(free_port()), kWorker, "trace", "tcp", "exit-idle"},
+                          {{"DTRAIN_TRACE_DIR", dir.path()}});
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(procs.wait(run, Clock::now() + 25s)) << "dtrain-run did not stop the survivors: "
+                                                    << run.output();
+  EXPECT_LT(Clock::now() - t0, 20s) << "the survivors were not stopped, they slept on";
+  EXPECT_EQ(run.exit_code, 1) << run.output();
+  EXPECT_TRUE(Contains(run.output(), "dtrain-run: flight recorder dumps of this node's ranks 0, 2 are in " +
+                                         dir.path() + "; read them with: dtrain-trace analyze " + dir.path()));
+  auto& analyzer = procs.spawn({kTrace, "analyze", dir.path()}, {});
+  ASSERT_TRUE(procs.wait(analyzer, Clock::now() + 30s));
+  EXPECT_EQ(analyzer.exit_code, 1) << analyzer.output();
+  EXPECT_TRUE(Contains(analyzer.output(), "verdict: rank 1 never arrived (no dump: exited, killed or "
+                                          "stopped): rank 1 of group 'default' left no dump while "
+                                          "ranks 0, 2 reached #2 all_reduce (Float [4], SUM) (completed)"));
+  EXPECT_TRUE(Contains(analyzer.output(), "dumped on SIGUSR2"));
+}
+
+TEST(FlightRecorderLauncher, AnalyzerRefusesWhatIsNotADump) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  std::ofstream(dir.path() + "/rank-0.json") << "{\"format\": \"dtrain-flight-recorder\", \"version\": 1, \"rank\": 0";
+  ProcessRanks procs;
+  auto& analyzer = procs.spawn({kTrace, "analyze", dir.path()}, {});
+  ASSERT_TRUE(procs.wait(analyzer, Clock::now() + 30s));
+  EXPECT_EQ(analyzer.exit_code, 2);
+  EXPECT_TRUE(Contains(analyzer.output(), "dtrain-trace: " + dir.path() + "/rank-0.json: not a valid dump: "));
+  auto& empty = procs.spawn({kTrace, "analyze", "/nonexistent-dir"}, {});
+  ASSERT_TRUE(procs.wait(empty, Clock::now() + 30s));
+  EXPECT_EQ(empty.exit_code, 2);
+  EXPECT_TRUE(Contains(empty.output(), "dtrain-trace: /nonexistent-dir: cannot open the directory"));
+}
+
+}  // namespace
+}  // namespace dtrain::testing

@@ -1,0 +1,22 @@
+#pragma once
+
+// The verdict on a set of flight recorder dumps: which rank called a
+// different collective, which never arrived, which is behind, and where
+// each rank failed.
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dumps.h"
+
+namespace dtrain::trace {
+
+struct Report {
+  std::string verdict;                // one line, naming the rank and the op at fault
+  std::vector<std::string> findings;  // every observation, group by group
+};
+
+Report analyze(const std::map<int, Dump>& dumps);
+
+}  // namespace dtrain::trace
