@@ -5,8 +5,9 @@
 //       MNIST convnet DDP throughput vs PyTorch's Python DDP (PATH defaults to
 //       ../shared/baselines/py_ddp_train.py), 2-rank scaling vs one process
 //       (and, as its ceiling, 2 independent processes vs one), dtrain's
-//       default backend (auto: shm here) vs tcp, and DTRAIN_CPU_MEMORY=cache
-//       (the default) vs system.
+//       default backend (auto: shm here) vs tcp, DTRAIN_CPU_MEMORY=cache
+//       (the default) vs system, and the flight recorder on (the default) vs
+//       off (DTRAIN_TRACE_BUFFER_SIZE=0).
 //   dtrain-bench overlap  [--steps 10] [--batch 32] [--runs 3] [--layers 8] [--width 1024]
 //                         [--backend auto|shm|tcp]
 //       Deep MLP step time: compute alone, compute then communication, and DDP
@@ -227,10 +228,11 @@ int bench_ddp(const Args& a) {
     b.flags["backend"] = backend;
     return b;
   };
-  std::vector<double> ratio, scaling, ceiling, vs_tcp, memory;
-  std::printf("%-4s %13s %13s %13s %13s %13s %13s %7s %7s %7s %9s %9s\n", "run", "pytorch_ddp/s",
-              "dtrain_auto/s", "dtrain_tcp/s", "auto_sysmem/s", "dtrain_1proc/s", "Nx_indep/s",
-              "ratio", "scaling", "ceiling", "auto/tcp", "cache/sys");
+  std::vector<double> ratio, scaling, ceiling, vs_tcp, memory, recorder;
+  std::printf("%-4s %13s %13s %13s %13s %13s %13s %13s %7s %7s %7s %9s %9s %9s\n", "run",
+              "pytorch_ddp/s", "dtrain_auto/s", "dtrain_tcp/s", "auto_sysmem/s", "auto_norec/s",
+              "dtrain_1proc/s", "Nx_indep/s", "ratio", "scaling", "ceiling", "auto/tcp",
+              "cache/sys", "rec/norec");
   for (int r = 0; r < runs; ++r) {
     const double p = field(capture(python_of(a) + " " + baseline + " " + std::to_string(world) +
                                    " " + std::to_string(steps) + " " + std::to_string(batch) +
@@ -243,23 +245,29 @@ int bench_ddp(const Args& a) {
     const double m = field(run_ranks(world, "ddp", with_backend("auto"), nullptr,
                                      "DTRAIN_CPU_MEMORY=system"),
                            "samples_per_s");
+    // The flight recorder off: what recording every collective costs.
+    const double f = field(run_ranks(world, "ddp", with_backend("auto"), nullptr,
+                                     "DTRAIN_TRACE_BUFFER_SIZE=0"),
+                           "samples_per_s");
     const double s = field(run_ranks(1, "local", rank_args), "samples_per_s");
     // `world` processes training without DDP at the same time: what the
     // machine gives N busy cores (shared caches, memory bandwidth, other
     // tenants), the ceiling of any scaling efficiency here.
     const double n = field(run_ranks(world, "local", rank_args), "samples_per_s");
     ratio.push_back(d / p), scaling.push_back(d / (world * s)), ceiling.push_back(n / (world * s));
-    vs_tcp.push_back(d / g), memory.push_back(d / m);
-    std::printf("%-4d %13.1f %13.1f %13.1f %13.1f %13.1f %13.1f %7.3f %7.3f %7.3f %9.3f %9.3f\n", r,
-                p, d, g, m, s, n, d / p, d / (world * s), n / (world * s), d / g, d / m);
+    vs_tcp.push_back(d / g), memory.push_back(d / m), recorder.push_back(d / f);
+    std::printf("%-4d %13.1f %13.1f %13.1f %13.1f %13.1f %13.1f %13.1f %7.3f %7.3f %7.3f %9.3f "
+                "%9.3f %9.3f\n",
+                r, p, d, g, m, f, s, n, d / p, d / (world * s), n / (world * s), d / g, d / m,
+                d / f);
     std::fflush(stdout);
   }
   std::printf("median: dtrain (auto: shm on one machine) / pytorch DDP samples/s = %.3f, %d-rank "
               "scaling efficiency = %.3f (%d independent processes without DDP reach %.3f), "
-              "dtrain auto / dtrain tcp = %.3f, DTRAIN_CPU_MEMORY cache / system = %.3f (world "
-              "%d, batch %d/rank, %d steps, 1 thread/rank)\n",
+              "dtrain auto / dtrain tcp = %.3f, DTRAIN_CPU_MEMORY cache / system = %.3f, flight "
+              "recorder on / off = %.3f (world %d, batch %d/rank, %d steps, 1 thread/rank)\n",
               median(ratio), world, median(scaling), world, median(ceiling), median(vs_tcp),
-              median(memory), world, batch, steps);
+              median(memory), median(recorder), world, batch, steps);
   return 0;
 }
 

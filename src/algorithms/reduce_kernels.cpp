@@ -74,7 +74,7 @@ void with_bitwise(ReduceOp op, Fn&& fn) {
     if (op == ReduceOp::BOR) return fn(BitOr{});
     return fn(BitXor{});
   } else {
-    throw InvalidArgument(detail::cat("ReduceOp::", to_string(op), " is for integer tensors"));
+    throw InvalidArgument("the bitwise reductions (BAND, BOR, BXOR) are for integer tensors");
   }
 }
 

@@ -14,6 +14,7 @@ namespace {
 using nlohmann::json;
 
 constexpr off_t kMaxDumpBytes = 256L << 20;  // 2000 entries x groups: far below
+constexpr int kMaxRanks = 1 << 20;           // bounds every per-rank loop and list
 
 template <typename T>
 T field(const json& j, const char* key) {
@@ -44,9 +45,11 @@ Group parse_group(const json& j) {
   g.rank = field<int>(j, "rank");
   g.size = field<int>(j, "size");
   g.global_ranks = field<std::vector<int>>(j, "global_ranks");
-  if (g.size <= 0 || static_cast<int>(g.global_ranks.size()) != g.size || g.rank < 0 ||
-      g.rank >= g.size)
+  if (g.size <= 0 || g.size > kMaxRanks || static_cast<int>(g.global_ranks.size()) != g.size ||
+      g.rank < 0 || g.rank >= g.size)
     throw BadDump("group '" + g.name + "' has inconsistent rank, size and global_ranks");
+  for (int r : g.global_ranks)
+    if (r < 0 || r >= kMaxRanks) throw BadDump("group '" + g.name + "' names global rank " + std::to_string(r));
   for (const auto& e : j.at("entries")) g.entries.push_back(parse_entry(e));
   return g;
 }
@@ -81,6 +84,10 @@ Dump parse_dump(const std::string& text, const std::string& path) {
     d.pid = field<long>(j, "pid");
     d.host = field<std::string>(j, "host");
     d.reason = field<std::string>(j, "reason");
+    if (d.world_size != -1 && (d.world_size < 1 || d.world_size > kMaxRanks))
+      throw BadDump("world_size " + std::to_string(d.world_size) + " is out of range");
+    if (d.rank < 0 || d.rank >= (d.world_size > 0 ? d.world_size : kMaxRanks))
+      throw BadDump("rank " + std::to_string(d.rank) + " is out of range");
     for (const auto& g : j.at("groups")) d.groups.push_back(parse_group(g));
     return d;
   } catch (const BadDump& e) {
