@@ -4,6 +4,8 @@
 #include <sys/stat.h>
 
 #include <fstream>
+#include <limits>
+#include <type_traits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -16,9 +18,38 @@ using nlohmann::json;
 constexpr off_t kMaxDumpBytes = 256L << 20;  // 2000 entries x groups: far below
 constexpr int kMaxRanks = 1 << 20;           // bounds every per-rank loop and list
 
+// An integer of type T, checked: a JSON float or an out-of-range number
+// would be converted with undefined behaviour by json::get<T>().
+template <typename T>
+T as_int(const json& v, const char* key) {
+  static_assert(std::is_integral_v<T>);
+  if (v.is_number_unsigned()) {
+    const auto u = v.get<uint64_t>();
+    if (u <= static_cast<uint64_t>(std::numeric_limits<T>::max())) return static_cast<T>(u);
+  } else if (v.is_number_integer()) {
+    const auto i = v.get<int64_t>();
+    if (i >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+        (i < 0 || static_cast<uint64_t>(i) <= static_cast<uint64_t>(std::numeric_limits<T>::max())))
+      return static_cast<T>(i);
+  } else {
+    throw BadDump(std::string("'") + key + "' is not an integer");
+  }
+  throw BadDump(std::string("'") + key + "' is out of range");
+}
+
 template <typename T>
 T field(const json& j, const char* key) {
-  return j.at(key).get<T>();
+  if constexpr (std::is_integral_v<T>) return as_int<T>(j.at(key), key);
+  else return j.at(key).get<T>();
+}
+
+template <typename T>
+std::vector<T> int_list(const json& j, const char* key) {
+  const json& list = j.at(key);
+  if (!list.is_array()) throw BadDump(std::string("'") + key + "' is not a list");
+  std::vector<T> out;
+  for (const auto& v : list) out.push_back(as_int<T>(v, key));
+  return out;
 }
 
 Entry parse_entry(const json& j) {
@@ -27,7 +58,7 @@ Entry parse_entry(const json& j) {
   e.op = field<std::string>(j, "op");
   e.kind = field<std::string>(j, "kind");
   e.dtype = field<std::string>(j, "dtype");
-  e.shape = field<std::vector<int64_t>>(j, "shape");
+  e.shape = int_list<int64_t>(j, "shape");
   e.root = field<int64_t>(j, "root");
   e.reduce_op = field<std::string>(j, "reduce_op");
   e.state = field<std::string>(j, "state");
@@ -44,7 +75,7 @@ Group parse_group(const json& j) {
   g.backend = field<std::string>(j, "backend");
   g.rank = field<int>(j, "rank");
   g.size = field<int>(j, "size");
-  g.global_ranks = field<std::vector<int>>(j, "global_ranks");
+  g.global_ranks = int_list<int>(j, "global_ranks");
   if (g.size <= 0 || g.size > kMaxRanks || static_cast<int>(g.global_ranks.size()) != g.size ||
       g.rank < 0 || g.rank >= g.size)
     throw BadDump("group '" + g.name + "' has inconsistent rank, size and global_ranks");
