@@ -34,7 +34,7 @@ check installed "$work/installed"
 (
   unset LD_LIBRARY_PATH
   cd "$work"
-  for tool in dtrain-run dtrain-bench dtrain-fashion-mnist collectives_demo; do
+  for tool in dtrain-run dtrain-trace dtrain-bench dtrain-fashion-mnist collectives_demo; do
     test -x "moved-prefix/bin/$tool" || { echo "package: $tool was not installed"; exit 1; }
   done
   moved-prefix/bin/dtrain-run --standalone --nproc-per-node 2 moved-prefix/bin/collectives_demo \
@@ -42,6 +42,8 @@ check installed "$work/installed"
   cat "$work/demo.out"
   grep -q "rank 1/2: sent \[10, 11, 12, 13\] | all_reduce(SUM) -> \[10, 12, 14, 16\]" "$work/demo.out"
   moved-prefix/bin/dtrain-fashion-mnist --help >/dev/null
+  usage=$(moved-prefix/bin/dtrain-trace 2>&1 || true)
+  grep -q "usage: dtrain-trace analyze DIR" <<<"$usage" || { echo "package: dtrain-trace: $usage"; exit 1; }
 )
 echo "package: installed dtrain-run with an installed example ok"
 
