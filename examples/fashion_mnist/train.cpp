@@ -244,7 +244,10 @@ int main(int argc, char** argv) {
         auto loss = torch::nn::functional::cross_entropy(ddp.forward(batch.data.to(device)),
                                                          batch.target.to(device));
         loss.backward();
-        opt.step();
+        {
+          dtrain::TimelineSpan span("optimizer.step");  // DTRAIN_TIMELINE
+          opt.step();
+        }
         ++step, ++trained, ++state.global_step;
         loss_sum += loss.item<double>();
         if (first_attempt && state.global_step == f.crash_at_step && rank == world - 1) raise(SIGKILL);

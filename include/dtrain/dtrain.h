@@ -18,4 +18,5 @@
 #include "dtrain/store/prefix_store.h"
 #include "dtrain/store/store.h"
 #include "dtrain/store/tcp_store.h"
+#include "dtrain/timeline.h"
 #include "dtrain/work.h"

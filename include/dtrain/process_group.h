@@ -185,7 +185,9 @@ class ProcessGroup {
   // tracked() marks it finished when its work does.
   uint64_t record(const Call& call, const at::Tensor& tensor, int64_t root, int64_t reduce_op);
   uint64_t begin(const Call& call, const at::Tensor& tensor, int64_t root, int64_t reduce_op);
-  WorkPtr tracked(uint64_t id, WorkPtr work);
+  WorkPtr tracked(uint64_t id, const Call& call, WorkPtr work);
+  // DTRAIN_TIMELINE: draws `work` on this group's collectives track.
+  void timeline_span(const Call& call, Work& work);
 
   int rank_;
   int size_;
@@ -197,6 +199,7 @@ class ProcessGroup {
   uint64_t next_p2p_ = 0;
   std::shared_ptr<detail::FlightRecorder> recorder_;
   bool recorder_made_ = false;
+  std::shared_ptr<void> timeline_track_;  // core/timeline.h, created on first use
 };
 
 }  // namespace dtrain

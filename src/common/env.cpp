@@ -82,13 +82,17 @@ const Var kTraceDir{"DTRAIN_TRACE_DIR", nullptr,
 const Var kTraceBufferSize{"DTRAIN_TRACE_BUFFER_SIZE", "2000",
                            "Operations each process group's flight recorder keeps (0: off)."};
 
+const Var kTimeline{"DTRAIN_TIMELINE", nullptr,
+                    "Path of a Chrome-trace timeline: each rank writes PATH.rank-R.json, "
+                    "dtrain-run merges them into PATH."};
+
 const std::vector<const Var*>& all() {
   static const std::vector<const Var*> vars{
       &kRank,      &kWorldSize, &kLocalRank,    &kMasterAddr,   &kMasterPort,
       &kUseAgentStore, &kRestartCount, &kOmpiRank, &kOmpiSize, &kSlurmProcId,
       &kSlurmNTasks, &kDebug,   &kSocketIfname, &kGlooSocketIfname, &kTimeout, &kTty,
       &kShmChunkBytes, &kCpuMemory, &kTcpStreams, &kStoreMaxBytes, &kStoreMaxKeys,
-      &kStoreToken, &kStoreTokenFile, &kLauncher, &kTraceDir, &kTraceBufferSize};
+      &kStoreToken, &kStoreTokenFile, &kLauncher, &kTraceDir, &kTraceBufferSize, &kTimeline};
   return vars;
 }
 

@@ -25,7 +25,7 @@ extern const Var kOmpiRank, kOmpiSize, kSlurmProcId, kSlurmNTasks;
 // dtrain's own.
 extern const Var kDebug, kSocketIfname, kGlooSocketIfname, kTimeout, kTty;
 extern const Var kShmChunkBytes, kCpuMemory, kTcpStreams, kStoreMaxBytes, kStoreMaxKeys,
-    kStoreToken, kStoreTokenFile, kLauncher, kTraceDir, kTraceBufferSize;
+    kStoreToken, kStoreTokenFile, kLauncher, kTraceDir, kTraceBufferSize, kTimeline;
 
 const std::vector<const Var*>& all();
 

@@ -7,12 +7,14 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <atomic>
 #include <numeric>
 
 #include "common/enforce.h"
 #include "common/logging.h"
 #include "core/fingerprint.h"
 #include "core/flight_recorder.h"
+#include "core/timeline.h"
 #include "core/tensor_checks.h"
 
 namespace dtrain {
@@ -77,12 +79,43 @@ uint64_t ProcessGroup::record(const Call& call, const at::Tensor& tensor, int64_
   return recorder_->issued(call.op, call.collective, call.seq, tensor, root, reduce_op);
 }
 
-WorkPtr ProcessGroup::tracked(uint64_t id, WorkPtr work) {
+WorkPtr ProcessGroup::tracked(uint64_t id, const Call& call, WorkPtr work) {
   if (recorder_ && id != 0)
     work->on_finish([recorder = recorder_, id](const std::exception_ptr& error) {
       recorder->finished(id, error);
     });
+  if (detail::timeline::enabled()) timeline_span(call, *work);
   return work;
+}
+
+void ProcessGroup::timeline_span(const Call& call, Work& work) {
+  namespace tl = detail::timeline;
+  struct Track {
+    int id;
+    std::mutex mutex;
+    tl::Clock::time_point last_end;
+  };
+  if (!timeline_track_) {
+    static std::atomic<int> next_id{0};
+    auto track = std::make_shared<Track>();
+    track->id = tl::kCollectiveTrack + next_id++;
+    tl::name_track(track->id, "group '" + name() + "' (" + backend_name() + ")");
+    timeline_track_ = track;
+  }
+  // A group runs its operations one after another: each is drawn from when
+  // it was issued or the previous one ended, whichever is later, to its end.
+  const auto issued = tl::Clock::now();
+  work.on_finish([track = std::static_pointer_cast<Track>(timeline_track_), issued,
+                  name = std::string(call.op), seq = call.seq,
+                  collective = call.collective](const std::exception_ptr& error) {
+    std::lock_guard<std::mutex> lock(track->mutex);
+    const auto end = tl::Clock::now();
+    const auto begin = std::max(issued, track->last_end);
+    track->last_end = end;
+    tl::span(name, track->id, begin, end,
+             detail::cat("\"seq\": ", seq, ", \"kind\": \"", collective ? "collective" : "p2p",
+                         "\", \"ok\": ", error ? "false" : "true"));
+  });
 }
 
 uint64_t ProcessGroup::begin(const Call& call, const at::Tensor& tensor, int64_t root,
@@ -166,7 +199,7 @@ WorkPtr ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op, Timeout timeout
   const auto id = begin(call, tensor, -1, static_cast<int64_t>(op));
   std::vector<std::pair<at::Tensor, at::Tensor>> back;
   auto staged = stage_output(tensor, back);
-  return tracked(id, write_back(do_all_reduce(call, staged, op), std::move(back)));
+  return tracked(id, call, write_back(do_all_reduce(call, staged, op), std::move(back)));
 }
 
 WorkPtr ProcessGroup::broadcast(at::Tensor tensor, int root, Timeout timeout) {
@@ -179,7 +212,7 @@ WorkPtr ProcessGroup::broadcast(at::Tensor tensor, int root, Timeout timeout) {
   const auto id = begin(call, tensor, root, -1);
   std::vector<std::pair<at::Tensor, at::Tensor>> back;
   auto staged = stage_output(tensor, back);
-  return tracked(id, write_back(do_broadcast(call, staged, root), std::move(back)));
+  return tracked(id, call, write_back(do_broadcast(call, staged, root), std::move(back)));
 }
 
 WorkPtr ProcessGroup::reduce(at::Tensor tensor, int root, ReduceOp op, Timeout timeout) {
@@ -193,7 +226,7 @@ WorkPtr ProcessGroup::reduce(at::Tensor tensor, int root, ReduceOp op, Timeout t
   const auto id = begin(call, tensor, root, static_cast<int64_t>(op));
   std::vector<std::pair<at::Tensor, at::Tensor>> back;
   auto staged = stage_output(tensor, back);
-  return tracked(id, write_back(do_reduce(call, staged, root, op), std::move(back)));
+  return tracked(id, call, write_back(do_reduce(call, staged, root, op), std::move(back)));
 }
 
 WorkPtr ProcessGroup::all_gather(const std::vector<at::Tensor>& outputs, at::Tensor input,
@@ -207,7 +240,7 @@ WorkPtr ProcessGroup::all_gather(const std::vector<at::Tensor>& outputs, at::Ten
   const auto id = begin(call, input, -1, -1);
   std::vector<std::pair<at::Tensor, at::Tensor>> back;
   auto staged = stage_outputs(outputs, back);
-  return tracked(id, write_back(do_all_gather(call, staged, input.contiguous()), std::move(back)));
+  return tracked(id, call, write_back(do_all_gather(call, staged, input.contiguous()), std::move(back)));
 }
 
 WorkPtr ProcessGroup::gather(const std::vector<at::Tensor>& outputs, at::Tensor input, int root,
@@ -226,7 +259,7 @@ WorkPtr ProcessGroup::gather(const std::vector<at::Tensor>& outputs, at::Tensor 
   const auto id = begin(call, input, root, -1);
   std::vector<std::pair<at::Tensor, at::Tensor>> back;
   auto staged = stage_outputs(outputs, back);
-  return tracked(id, write_back(do_gather(call, staged, input.contiguous(), root), std::move(back)));
+  return tracked(id, call, write_back(do_gather(call, staged, input.contiguous(), root), std::move(back)));
 }
 
 WorkPtr ProcessGroup::scatter(at::Tensor output, const std::vector<at::Tensor>& inputs, int root,
@@ -245,7 +278,7 @@ WorkPtr ProcessGroup::scatter(at::Tensor output, const std::vector<at::Tensor>& 
   const auto id = begin(call, output, root, -1);
   std::vector<std::pair<at::Tensor, at::Tensor>> back;
   auto staged = stage_output(output, back);
-  return tracked(id, write_back(do_scatter(call, staged, contiguous(inputs), root), std::move(back)));
+  return tracked(id, call, write_back(do_scatter(call, staged, contiguous(inputs), root), std::move(back)));
 }
 
 WorkPtr ProcessGroup::reduce_scatter(at::Tensor output, const std::vector<at::Tensor>& inputs,
@@ -260,7 +293,7 @@ WorkPtr ProcessGroup::reduce_scatter(at::Tensor output, const std::vector<at::Te
   const auto id = begin(call, output, -1, static_cast<int64_t>(op));
   std::vector<std::pair<at::Tensor, at::Tensor>> back;
   auto staged = stage_output(output, back);
-  return tracked(id, write_back(do_reduce_scatter(call, staged, contiguous(inputs), op), std::move(back)));
+  return tracked(id, call, write_back(do_reduce_scatter(call, staged, contiguous(inputs), op), std::move(back)));
 }
 
 namespace {
@@ -288,7 +321,7 @@ WorkPtr ProcessGroup::all_gather_into_tensor(at::Tensor output, at::Tensor input
   const auto id = begin(call, input, -1, -1);
   std::vector<std::pair<at::Tensor, at::Tensor>> back;
   auto staged = stage_output(output, back);
-  return tracked(id, write_back(do_all_gather_into_tensor(call, staged, input.contiguous()), std::move(back)));
+  return tracked(id, call, write_back(do_all_gather_into_tensor(call, staged, input.contiguous()), std::move(back)));
 }
 
 WorkPtr ProcessGroup::reduce_scatter_tensor(at::Tensor output, at::Tensor input, ReduceOp op,
@@ -304,7 +337,7 @@ WorkPtr ProcessGroup::reduce_scatter_tensor(at::Tensor output, at::Tensor input,
   const auto id = begin(call, output, -1, static_cast<int64_t>(op));
   std::vector<std::pair<at::Tensor, at::Tensor>> back;
   auto staged = stage_output(output, back);
-  return tracked(id, write_back(do_reduce_scatter_tensor(call, staged, input.contiguous(), op),
+  return tracked(id, call, write_back(do_reduce_scatter_tensor(call, staged, input.contiguous(), op),
                     std::move(back)));
 }
 
@@ -333,7 +366,7 @@ WorkPtr ProcessGroup::all_to_all(const std::vector<at::Tensor>& outputs,
   const auto id = begin(call, inputs[0].flatten().narrow(0, 0, 0), -1, -1);
   std::vector<std::pair<at::Tensor, at::Tensor>> back;
   auto staged = stage_outputs(outputs, back);
-  return tracked(id, write_back(do_all_to_all(call, staged, contiguous(inputs)), std::move(back)));
+  return tracked(id, call, write_back(do_all_to_all(call, staged, contiguous(inputs)), std::move(back)));
 }
 
 WorkPtr ProcessGroup::barrier(Timeout timeout) {
@@ -341,7 +374,7 @@ WorkPtr ProcessGroup::barrier(Timeout timeout) {
   std::lock_guard<std::mutex> lock(issue_mutex_);
   auto call = next_call("barrier", timeout, true);
   const auto id = begin(call, at::Tensor(), -1, -1);
-  return tracked(id, do_barrier(call));
+  return tracked(id, call, do_barrier(call));
 }
 
 // No fingerprint: its check would itself wait for the missing rank.
@@ -350,8 +383,8 @@ WorkPtr ProcessGroup::monitored_barrier(Timeout timeout, bool wait_all_ranks) {
   std::lock_guard<std::mutex> lock(issue_mutex_);
   auto call = next_call("monitored_barrier", timeout, true);
   const auto id = record(call, at::Tensor(), -1, -1);
-  if (size_ == 1) return tracked(id, Work::completed(call.description));
-  return tracked(id, do_monitored_barrier(call, wait_all_ranks));
+  if (size_ == 1) return tracked(id, call, Work::completed(call.description));
+  return tracked(id, call, do_monitored_barrier(call, wait_all_ranks));
 }
 
 WorkPtr ProcessGroup::send(at::Tensor tensor, int dst, int tag, Timeout timeout) {
@@ -363,7 +396,7 @@ WorkPtr ProcessGroup::send(at::Tensor tensor, int dst, int tag, Timeout timeout)
   std::lock_guard<std::mutex> lock(issue_mutex_);
   auto call = next_call("send", timeout, false);
   const auto id = record(call, tensor, dst, -1);
-  return tracked(id, do_send(call, tensor.contiguous(), dst, tag));
+  return tracked(id, call, do_send(call, tensor.contiguous(), dst, tag));
 }
 
 WorkPtr ProcessGroup::recv(at::Tensor tensor, int src, int tag, Timeout timeout) {
@@ -381,7 +414,7 @@ WorkPtr ProcessGroup::recv(at::Tensor tensor, int src, int tag, Timeout timeout)
   auto staged = stage_output(tensor, back);
   auto work = do_recv(call, staged, src, tag);
   if (src != kAnySource) work->set_source_rank(src);
-  return tracked(id, write_back(std::move(work), std::move(back)));
+  return tracked(id, call, write_back(std::move(work), std::move(back)));
 }
 
 }  // namespace dtrain

@@ -7,6 +7,7 @@
 #include "common/cpu_memory.h"
 #include "common/enforce.h"
 #include "core/control_tensors.h"
+#include "core/timeline.h"
 #include "common/logging.h"
 #include "ddp/model_sync.h"
 #include "ddp/reducer.h"
@@ -17,6 +18,7 @@ namespace dtrain::detail {
 
 struct DDPCore::Impl {
   std::shared_ptr<ProcessGroup> group;
+  std::chrono::steady_clock::time_point forward_start;  // DTRAIN_TIMELINE
   DDPOptions options;
   std::vector<at::Tensor> params;
   std::vector<at::Tensor> buffers;
@@ -105,6 +107,7 @@ DDPCore::~DDPCore() = default;
 
 void DDPCore::pre_forward() {
   auto& s = *impl_;
+  if (detail::timeline::enabled()) s.forward_start = std::chrono::steady_clock::now();
   if (s.joining) {
     auto [active, syncing] = s.join_round(true, s.sync && at::GradMode::is_enabled());
     (void)syncing;
@@ -117,6 +120,11 @@ void DDPCore::pre_forward() {
 
 void DDPCore::post_forward() {
   auto& s = *impl_;
+  if (detail::timeline::enabled()) {
+    detail::timeline::name_track(detail::timeline::kStepTrack, "step");
+    detail::timeline::span("forward", detail::timeline::kStepTrack, s.forward_start,
+                           std::chrono::steady_clock::now());
+  }
   if (s.sync && at::GradMode::is_enabled()) s.reducer->prepare_for_backward();
 }
 

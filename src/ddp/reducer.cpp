@@ -10,12 +10,14 @@
 
 #include "common/enforce.h"
 #include "core/control_tensors.h"
+#include "core/timeline.h"
 #include "common/logging.h"
 #include "ddp/bucket_assignment.h"
 
 namespace dtrain::ddp {
 
 using Clock = std::chrono::steady_clock;
+namespace timeline = detail::timeline;
 
 struct Reducer::Bucket {
   std::vector<size_t> members;  // parameter indices, in slot order
@@ -351,6 +353,30 @@ void Reducer::fail_missing_gradients(const std::vector<size_t>& missing) {
       "DDPOptions().find_unused_parameters(true)."));
 }
 
+// DTRAIN_TIMELINE: backward and the wait for the buckets on the step
+// track, each bucket's launch to done on its own track (the sum of these is
+// DDPStats::communication_ms).
+void Reducer::draw_timeline(Clock::time_point backward_end, Clock::time_point wait_start,
+                            Clock::time_point wait_end) {
+  if (backward_started_) {
+    timeline::name_track(timeline::kStepTrack, "step");
+    timeline::span("backward", timeline::kStepTrack, backward_start_, backward_end,
+                   detail::cat("\"iteration\": ", iteration_));
+    timeline::span("wait for buckets", timeline::kStepTrack, wait_start, wait_end);
+  }
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    const auto& b = *buckets_[k];
+    if (!b.work) continue;
+    timeline::name_track(timeline::kBucketTrack + static_cast<int>(k),
+                         detail::cat("DDP bucket ", k));
+    timeline::span(detail::cat("bucket ", k), timeline::kBucketTrack + static_cast<int>(k),
+                   b.launched, b.done,
+                   detail::cat("\"iteration\": ", iteration_, ", \"bytes\": ",
+                               b.grad.buffer.numel() * b.grad.buffer.element_size()));
+  }
+  timeline::flush();
+}
+
 void Reducer::finalize(bool shadow) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto backward_end = Clock::now();
@@ -388,6 +414,7 @@ void Reducer::finalize(bool shadow) {
       stats_.communication_ms > 0
           ? std::clamp(1.0 - stats_.exposed_ms / stats_.communication_ms, 0.0, 1.0)
           : 0.0;
+  if (timeline::enabled()) draw_timeline(backward_end, wait_start, wait_end);  // before a rebuild
   stats_.buckets_rebuilt = false;
   if (!rebuilt_ && iteration_ == 0 && (!options_.find_unused_parameters || options_.static_graph))
     rebuild_from_observed_order();

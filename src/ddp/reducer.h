@@ -72,6 +72,9 @@ class Reducer {
   void mark_ready(size_t index, bool has_grad);
   void launch_ready_buckets();
   void finalize(bool shadow);
+  void draw_timeline(std::chrono::steady_clock::time_point backward_end,
+                     std::chrono::steady_clock::time_point wait_start,
+                     std::chrono::steady_clock::time_point wait_end);
   void wait_for_buckets();
   std::vector<bool> globally_used();
   void write_back(const std::vector<bool>& used);

@@ -36,6 +36,9 @@
 //                             sleep 30 s there);
 //                             prints "rank R fault at <epoch ms>" before #3
 //                             (for DTRAIN_TRACE_DIR tests)
+//   rank_worker timeline      6 DDP steps (small buckets), the optimizer step
+//                             a TimelineSpan; prints "rank R comm_ms X", the
+//                             sum of DDPStats::communication_ms
 //   rank_worker mismatch      even ranks all_reduce, odd ranks broadcast:
 //                             under DTRAIN_DEBUG=DETAIL every rank exits 3
 //                             with "caught CollectiveMismatch: ..."
@@ -438,6 +441,32 @@ int mismatch() {
   return 0;
 }
 
+// DDP over small buckets for 6 steps with the optimizer step as a timeline
+// span; prints the sum of DDPStats::communication_ms over the steps.
+int timeline_training() {
+  dtrain::init_process_group();
+  const int rank = dtrain::get_rank();
+  torch::manual_seed(0);
+  auto net = torch::nn::Sequential(torch::nn::Linear(10, 256), torch::nn::ReLU(),
+                                   torch::nn::Linear(256, 256), torch::nn::ReLU(),
+                                   torch::nn::Linear(256, 4));
+  dtrain::DistributedDataParallel ddp(net.ptr(), dtrain::DDPOptions().bucket_cap_mb(0.1));
+  torch::optim::SGD opt(ddp.parameters(), torch::optim::SGDOptions(0.01));
+  auto x = torch::randn({32, 10}), y = torch::randn({32, 4});
+  double comm_ms = 0;
+  for (int step = 0; step < 6; ++step) {
+    opt.zero_grad();
+    torch::mse_loss(ddp.forward(x), y).backward();
+    comm_ms += ddp.stats().communication_ms;
+    dtrain::TimelineSpan span("optimizer.step");
+    opt.step();
+  }
+  std::printf("rank %d comm_ms %.6f\n", rank, comm_ms);
+  std::fflush(stdout);
+  dtrain::destroy_process_group();
+  return 0;
+}
+
 int trace_fault(const std::string& backend, const std::string& fault) {
   dtrain::init_process_group(dtrain::InitOptions().backend(backend));
   const int rank = dtrain::get_rank();
@@ -473,6 +502,7 @@ int main(int argc, char** argv) {
     if (mode == "monitored") return monitored(argc > 2 ? argv[2] : "auto");
     if (mode == "mismatch") return mismatch();
     if (mode == "trace" && argc > 3) return trace_fault(argv[2], argv[3]);
+    if (mode == "timeline") return timeline_training();
     if (mode == "page-faults") return page_faults();
     if (mode == "ddp") return ddp_training();
     if (mode == "init") {

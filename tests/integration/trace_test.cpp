@@ -10,8 +10,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <map>
+#include <set>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "harness/assertions.h"
@@ -162,6 +166,68 @@ TEST(FlightRecorderLauncher, AnalyzerRefusesWhatIsNotADump) {
   ASSERT_TRUE(procs.wait(empty, Clock::now() + 30s));
   EXPECT_EQ(empty.exit_code, 2);
   EXPECT_TRUE(Contains(empty.output(), "dtrain-trace: /nonexistent-dir: cannot open the directory"));
+}
+
+// DTRAIN_TIMELINE through dtrain-run: one valid trace file with a track
+// group per rank, each DDP step's forward, backward, optimizer span and
+// buckets; spans on a track nest; the buckets' time is DDPStats'.
+TEST(Timeline, DtrainRunMergesTheRanksIntoOneValidTrace) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::string path = dir.path() + "/timeline.json";
+  ProcessRanks procs;
+  auto& run = procs.spawn({DTRAIN_RUN_EXECUTABLE, "--nproc-per-node", "2", "--master-port",
+                           std::to_string(free_port()), kWorker, "timeline"},
+                          {{"DTRAIN_TIMELINE", path}});
+  ASSERT_TRUE(procs.wait(run, Clock::now() + 60s)) << run.output();
+  ASSERT_EQ(run.exit_code, 0) << run.output();
+  EXPECT_TRUE(Contains(run.output(), "dtrain-run: timeline of 2 ranks written to " + path));
+  for (int r = 0; r < 2; ++r)
+    EXPECT_NE(access((path + ".rank-" + std::to_string(r) + ".json").c_str(), F_OK), 0)
+        << "the parts are removed once merged";
+  std::ifstream in(path);
+  nlohmann::json trace;
+  ASSERT_NO_THROW(trace = nlohmann::json::parse(in)) << "not valid JSON";
+  const auto& events = trace.at("traceEvents");
+  for (int r = 0; r < 2; ++r) {
+    std::map<std::string, int> count;
+    std::map<int, std::vector<std::pair<int64_t, int64_t>>> tracks;  // tid -> [ts, end)
+    double bucket_us = 0;
+    std::set<std::string> bucket_names;
+    for (const auto& e : events) {
+      if (e.at("pid").get<int>() != r || e.at("ph") != "X") continue;
+      const auto name = e.at("name").get<std::string>();
+      const auto ts = e.at("ts").get<int64_t>(), dur = e.at("dur").get<int64_t>();
+      ++count[name.rfind("bucket ", 0) == 0 ? "bucket" : name];
+      if (name.rfind("bucket ", 0) == 0) bucket_us += dur, bucket_names.insert(name);
+      tracks[e.at("tid").get<int>()].push_back({ts, ts + dur});
+    }
+    EXPECT_EQ(count["forward"], 6) << "rank " << r;
+    EXPECT_EQ(count["backward"], 6) << "rank " << r;
+    EXPECT_EQ(count["optimizer.step"], 6) << "rank " << r;
+    EXPECT_GE(count["bucket"], 6) << "rank " << r << ": a bucket each step at least";
+    EXPECT_GE(bucket_names.size(), 2u) << "rank " << r << ": buckets have tracks of their own";
+    EXPECT_GE(count["all_reduce"], count["bucket"]) << "rank " << r;
+    for (auto& [tid, spans] : tracks) {
+      std::sort(spans.begin(), spans.end(),
+                [](auto a, auto b) { return a.first < b.first || (a.first == b.first && a.second > b.second); });
+      std::vector<int64_t> open;  // ends of the enclosing spans
+      for (const auto& [b, e] : spans) {
+        while (!open.empty() && open.back() <= b) open.pop_back();
+        EXPECT_TRUE(open.empty() || e <= open.back())
+            << "rank " << r << " track " << tid << ": [" << b << ", " << e
+            << ") overlaps a span that ends at " << open.back() << " without nesting in it";
+        open.push_back(e);
+      }
+    }
+    const std::string tag = "rank " + std::to_string(r) + " comm_ms ";
+    const auto at = run.output().find(tag);
+    ASSERT_NE(at, std::string::npos) << run.output();
+    const double stats_us = std::stod(run.output().substr(at + tag.size())) * 1000;
+    EXPECT_NEAR(bucket_us, stats_us, 0.1 * stats_us + 50)
+        << "rank " << r << ": the buckets' spans sum to " << bucket_us << " us, DDPStats to "
+        << stats_us;
+  }
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "dtrain/errors.h"
 #include "rendezvous.h"
 #include "signals.h"
+#include "timeline_merge.h"
 #include "worker_group.h"
 
 extern char** environ;
@@ -144,6 +145,20 @@ void collect_traces(WorkerGroup& group) {
             << " are in " << dir << "; read them with: dtrain-trace analyze " << dir << std::endl;
 }
 
+// DTRAIN_TIMELINE: merges this node's workers' timelines into one file.
+void merge_timelines(const WorkerGroup& group) {
+  const char* path = std::getenv("DTRAIN_TIMELINE");
+  if (!path || !*path) return;
+  try {
+    const auto merged = merge_timeline(path, group.ranks());
+    std::cerr << "dtrain-run: timeline of " << merged.size() << " rank"
+              << (merged.size() == 1 ? "" : "s") << " written to " << path
+              << " (open it in ui.perfetto.dev or chrome://tracing)" << std::endl;
+  } catch (const std::exception& e) {
+    std::cerr << "dtrain-run: DTRAIN_TIMELINE: " << e.what() << std::endl;
+  }
+}
+
 // Runs one round's workers until they succeed (0), the job must end
 // (its exit code), or the round failed and may restart (-1).
 int run_round(const Options& o, Rendezvous& rdzv, const Round& round) {
@@ -156,7 +171,10 @@ int run_round(const Options& o, Rendezvous& rdzv, const Round& round) {
       if (int sig = wait_signal(o.monitor_interval))
         return stop_for_signal(o, &round, &rdzv, &group, sig, "while the workers ran");
       auto state = group.poll(&failure);
-      if (state == WorkerGroup::State::Succeeded) return finish_succeeded(o, rdzv, round);
+      if (state == WorkerGroup::State::Succeeded) {
+        merge_timelines(group);
+        return finish_succeeded(o, rdzv, round);
+      }
       if (state == WorkerGroup::State::Failed) {
         std::ostringstream why;
         why << "rank " << failure.rank << " on node " << round.node_rank << " "
@@ -181,6 +199,7 @@ int run_round(const Options& o, Rendezvous& rdzv, const Round& round) {
   }
   collect_traces(group);
   group.stop(SIGTERM, o.close_timeout);
+  merge_timelines(group);
   if (int sig = pending_signal())  // arrived while the workers were being stopped
     return stop_for_signal(o, &round, &rdzv, &group, sig, "while stopping the workers");
   if (!remote.empty())

@@ -259,6 +259,12 @@ int64_t modified_ns(const std::string& path) {
 
 }  // namespace
 
+std::vector<int> WorkerGroup::ranks() const {
+  std::vector<int> out;
+  for (const auto& w : workers_) out.push_back(w->spec.rank);
+  return out;
+}
+
 std::vector<int> WorkerGroup::collect_traces(const std::string& dir,
                                              std::chrono::milliseconds wait) {
   auto dump_of = [&](const Worker& w) { return dir + "/rank-" + std::to_string(w.spec.rank) + ".json"; };

@@ -62,6 +62,8 @@ class WorkerGroup {
   // still running (dtrain writes its dump to `dir` on it), waits up to
   // `wait` for their dumps, and returns the ranks with a dump in `dir`.
   std::vector<int> collect_traces(const std::string& dir, std::chrono::milliseconds wait);
+  // The global ranks of this node's workers.
+  std::vector<int> ranks() const;
   // The last lines a worker printed (complete once stop() has returned).
   std::vector<std::string> last_lines(int local_rank);
 
