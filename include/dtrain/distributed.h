@@ -101,6 +101,9 @@ std::shared_ptr<ProcessGroup> create_process_group(const std::string& backend,
 // --- collectives ---------------------------------------------------------
 struct ReduceOptions {
   DTRAIN_ARG(ReduceOp, op) = ReduceOp::SUM;
+  // ReduceOp::PREMUL_SUM's factor: each rank's input is multiplied by it
+  // (inputs that are not outputs are copied first), then summed.
+  DTRAIN_ARG(double, premul_factor) = 1.0;
   DTRAIN_ARG(bool, async_op) = false;
   DTRAIN_ARG(std::shared_ptr<ProcessGroup>, group) = nullptr;  // null: default group
   DTRAIN_ARG(Timeout, timeout) = std::nullopt;                 // unset: the group's

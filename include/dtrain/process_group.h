@@ -34,8 +34,12 @@ class FlightRecorder;
 
 // torch.distributed.ReduceOp. BAND, BOR and BXOR (bitwise and, or, xor) are
 // for integer tensors only (InvalidArgument otherwise, before anything is
-// sent); nccl has no bitwise reductions and refuses them.
-enum class ReduceOp { SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR };
+// sent); nccl has no bitwise reductions and refuses them. PREMUL_SUM (the
+// sum of each rank's input times a factor, PyTorch's
+// _make_nccl_premul_sum) is for floating tensors, through the free
+// functions with ReduceOptions::premul_factor, on every backend; a
+// ProcessGroup method given it refuses it.
+enum class ReduceOp { SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR, PREMUL_SUM };
 // Whether `op` is one of the bitwise reductions.
 inline bool is_bitwise(ReduceOp op) {
   return op == ReduceOp::BAND || op == ReduceOp::BOR || op == ReduceOp::BXOR;

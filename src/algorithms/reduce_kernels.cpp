@@ -196,6 +196,8 @@ void reduce_op(ReduceOp op, void* dst, void* dst2, const void* const* srcs, int 
       return with_bitwise<T>(op, [&](auto f) {
         reduce_typed<T>(dst, dst2, srcs, nsrcs, count, f, false, 1);
       });
+    case ReduceOp::PREMUL_SUM:
+      break;  // turned into SUM before it reaches a backend
   }
   throw InternalError(detail::cat("unknown reduce op ", static_cast<int>(op)));
 }
@@ -224,6 +226,8 @@ void accumulate_op(ReduceOp op, void* acc, const void* src, size_t count) {
     case ReduceOp::BOR:
     case ReduceOp::BXOR:
       return with_bitwise<T>(op, [&](auto f) { accumulate_typed<T>(acc, src, count, f); });
+    case ReduceOp::PREMUL_SUM:
+      break;  // turned into SUM before it reaches a backend
   }
   throw InternalError(detail::cat("unknown reduce op ", static_cast<int>(op)));
 }

@@ -1,6 +1,8 @@
 // torch.distributed-style free functions: pick the group, translate global
 // ranks to group ranks, run, and wait unless async_op.
 
+#include <ATen/core/grad_mode.h>  // at::NoGradGuard (its own header on libtorch 2.x)
+
 #include "common/enforce.h"
 #include "core/flight_recorder.h"
 #include "dtrain/distributed.h"
@@ -24,10 +26,33 @@ WorkPtr finish(WorkPtr work, bool async_op) {
   return work;
 }
 
+// ReduceOp::PREMUL_SUM is SUM over inputs scaled by the factor first
+// (done here, so every backend has it); true when `o` asks for it.
+bool premul_sum(const ReduceOptions& o, const at::Tensor& t, const char* op) {
+  if (o.op() != ReduceOp::PREMUL_SUM) return false;
+  DTRAIN_CHECK_ARG(t.defined() && at::isFloatingType(t.scalar_type()), op,
+                   ": ReduceOp::PREMUL_SUM is for floating tensors, got dtype ",
+                   t.defined() ? c10::toString(t.scalar_type()) : "undefined");
+  return true;
+}
+
+at::Tensor scaled(const at::Tensor& t, double factor) {
+  at::NoGradGuard no_grad;
+  return t * factor;
+}
+
 }  // namespace
 
 WorkPtr all_reduce(at::Tensor tensor, const AllReduceOptions& o) {
-  return finish(pick(o.group())->all_reduce(std::move(tensor), o.op(), o.timeout()), o.async_op());
+  auto g = pick(o.group());
+  if (premul_sum(o, tensor, "all_reduce")) {
+    {
+      at::NoGradGuard no_grad;
+      tensor.mul_(o.premul_factor());  // it is the output anyway
+    }
+    return finish(g->all_reduce(std::move(tensor), ReduceOp::SUM, o.timeout()), o.async_op());
+  }
+  return finish(g->all_reduce(std::move(tensor), o.op(), o.timeout()), o.async_op());
 }
 
 WorkPtr broadcast(at::Tensor tensor, int src, const CollectiveOptions& o) {
@@ -39,6 +64,14 @@ WorkPtr broadcast(at::Tensor tensor, int src, const CollectiveOptions& o) {
 
 WorkPtr reduce(at::Tensor tensor, int dst, const ReduceOptions& o) {
   auto g = pick(o.group());
+  if (premul_sum(o, tensor, "reduce")) {
+    // Other ranks' tensors stay as they are: reduce a scaled copy.
+    const int root = to_group_rank(*g, dst, "reduce", "dst");
+    auto copy = scaled(tensor, o.premul_factor());
+    auto work = g->reduce(copy, root, ReduceOp::SUM, o.timeout());
+    if (g->rank() == root) work->on_success([tensor, copy]() mutable { tensor.copy_(copy); });
+    return finish(std::move(work), o.async_op());
+  }
   return finish(g->reduce(std::move(tensor), to_group_rank(*g, dst, "reduce", "dst"), o.op(),
                           o.timeout()),
                 o.async_op());
@@ -67,6 +100,13 @@ WorkPtr scatter(at::Tensor output, const std::vector<at::Tensor>& inputs, int sr
 
 WorkPtr reduce_scatter(at::Tensor output, const std::vector<at::Tensor>& inputs,
                        const ReduceScatterOptions& o) {
+  if (premul_sum(o, output, "reduce_scatter")) {
+    std::vector<at::Tensor> copies;
+    for (const auto& t : inputs) copies.push_back(t.defined() ? scaled(t, o.premul_factor()) : t);
+    return finish(pick(o.group())->reduce_scatter(std::move(output), copies, ReduceOp::SUM,
+                                                  o.timeout()),
+                  o.async_op());
+  }
   return finish(pick(o.group())->reduce_scatter(std::move(output), inputs, o.op(), o.timeout()),
                 o.async_op());
 }
@@ -83,6 +123,12 @@ WorkPtr all_gather_into_tensor(at::Tensor output, at::Tensor input, const Collec
 }
 
 WorkPtr reduce_scatter_tensor(at::Tensor output, at::Tensor input, const ReduceScatterOptions& o) {
+  if (premul_sum(o, input, "reduce_scatter_tensor")) {
+    return finish(pick(o.group())->reduce_scatter_tensor(
+                      std::move(output), scaled(input, o.premul_factor()), ReduceOp::SUM,
+                      o.timeout()),
+                  o.async_op());
+  }
   return finish(pick(o.group())->reduce_scatter_tensor(std::move(output), std::move(input),
                                                        o.op(), o.timeout()),
                 o.async_op());

@@ -13,7 +13,7 @@ constexpr int kWidth = 16;
 constexpr int kMaxDims = 7;
 const char* const kOps[] = {"all_reduce", "broadcast",      "reduce",     "all_gather", "gather",
                             "scatter",    "reduce_scatter", "all_to_all", "barrier"};
-const char* const kReduceOps[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"};
+const char* const kReduceOps[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"};
 
 int64_t op_index(const char* op) {
   for (size_t i = 0; i < sizeof(kOps) / sizeof(kOps[0]); ++i)

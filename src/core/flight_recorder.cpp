@@ -21,7 +21,7 @@ namespace {
 
 constexpr int kMaxDims = 6;
 const char* const kStates[] = {"issued", "completed", "failed"};
-const char* const kReduceOps[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"};
+const char* const kReduceOps[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"};
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -225,7 +225,7 @@ std::string FlightRecorder::json() const {
         << "\", \"shape\": [" << join(std::vector<int64_t>(e.sizes, e.sizes + e.ndim))
         << "], \"numel\": " << e.numel << ", \"root\": " << e.root_or_peer
         << ", \"reduce_op\": \""
-        << (e.reduce_op >= 0 && e.reduce_op < 8 ? kReduceOps[e.reduce_op] : "")
+        << (e.reduce_op >= 0 && e.reduce_op < 9 ? kReduceOps[e.reduce_op] : "")
         << "\", \"state\": \"" << state << "\", \"issued_us\": " << wall_us(e.issued_ns)
         << ", \"finished_us\": " << wall_us(e.finished_ns) << ", \"error\": \""
         << escaped(e.error) << "\"}";

@@ -29,6 +29,7 @@ const char* to_string(ReduceOp op) {
     case ReduceOp::BAND: return "BAND";
     case ReduceOp::BOR: return "BOR";
     case ReduceOp::BXOR: return "BXOR";
+    case ReduceOp::PREMUL_SUM: return "PREMUL_SUM";
   }
   return "?";
 }

@@ -33,6 +33,8 @@ void TensorChecks::root(int root) const {
 }
 
 void TensorChecks::reduce_op(ReduceOp op, const at::Tensor& t) const {
+  DTRAIN_CHECK_ARG(op != ReduceOp::PREMUL_SUM, op_, ": ReduceOp::PREMUL_SUM needs its factor: call ",
+                   "dtrain::", op_, " with ReduceOptions().op(ReduceOp::PREMUL_SUM).premul_factor(f)");
   DTRAIN_CHECK_ARG(!is_bitwise(op) || at::isIntegralType(t.scalar_type(), /*includeBool=*/false),
                    op_, ": ReduceOp::", to_string(op), " is for integer tensors, got dtype ",
                    c10::toString(t.scalar_type()));

@@ -25,7 +25,7 @@ struct Reducer::Bucket {
   size_t pending = 0;           // members not ready yet this iteration
   bool ready = false;
   WorkPtr work;
-  Clock::time_point launched, done;
+  Clock::time_point readied, launched, done;
 };
 
 namespace {
@@ -196,6 +196,7 @@ void Reducer::mark_ready(size_t index, bool has_grad) {
   DTRAIN_ENFORCE(bucket.pending > 0);
   if (--bucket.pending == 0) {
     bucket.ready = true;
+    bucket.readied = Clock::now();
     launch_ready_buckets();
   }
 }
@@ -369,6 +370,10 @@ void Reducer::draw_timeline(Clock::time_point backward_end, Clock::time_point wa
     if (!b.work) continue;
     timeline::name_track(timeline::kBucketTrack + static_cast<int>(k),
                          detail::cat("DDP bucket ", k));
+    // Ready, but an earlier bucket was not yet: launches keep bucket order.
+    if (b.launched > b.readied + std::chrono::microseconds(1))
+      timeline::span(detail::cat("bucket ", k, " ready"), timeline::kBucketTrack + static_cast<int>(k),
+                     b.readied, b.launched, detail::cat("\"iteration\": ", iteration_));
     timeline::span(detail::cat("bucket ", k), timeline::kBucketTrack + static_cast<int>(k),
                    b.launched, b.done,
                    detail::cat("\"iteration\": ", iteration_, ", \"bytes\": ",

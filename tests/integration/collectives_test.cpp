@@ -294,6 +294,49 @@ TEST_P(Collectives, FlatFormsEqualTheListForms) {
   }));
 }
 
+// PREMUL_SUM through the free functions: the sum of each rank's input times
+// 0.5 (exact in every floating dtype for these inputs); other ranks' reduce
+// inputs and every reduce_scatter input are left unchanged; integers and
+// the group method without a factor are refused.
+TEST_P(Collectives, PremulSumScalesEachRanksInput) {
+  const int W = world();
+  const auto dt = dtype();
+  expect_no_errors(run_ranks(W, [&](ProcessGroup& g) {
+    auto group = std::shared_ptr<ProcessGroup>(&g, [](ProcessGroup*) {});
+    const auto o = ReduceOptions().op(ReduceOp::PREMUL_SUM).premul_factor(0.5).group(group);
+    const int64_t n = 1031;
+    if (!at::isFloatingType(dt)) {
+      auto t = input(g.rank(), n, dt);
+      EXPECT_TRUE(testing::Contains(
+          testing::what_thrown<InvalidArgument>([&] { all_reduce(t, o); }),
+          "all_reduce: ReduceOp::PREMUL_SUM is for floating tensors, got dtype"));
+      return;
+    }
+    const auto want = (expected_reduction(W, n, at::kDouble, ReduceOp::SUM) * 0.5).to(dt);
+    auto t = input(g.rank(), n, dt);
+    all_reduce(t, o);
+    expect_equal(t, want, "all_reduce PREMUL_SUM");
+    auto r = input(g.rank(), n, dt);
+    reduce(r, W - 1, o);
+    expect_equal(r, g.rank() == W - 1 ? want : input(g.rank(), n, dt), "reduce PREMUL_SUM");
+    auto full = input(g.rank(), n * W, dt);
+    const auto before = full.clone();
+    auto out = at::zeros({n}, dt);
+    reduce_scatter_tensor(out, full, o);
+    const auto want_rs =
+        (expected_reduction(W, n * W, at::kDouble, ReduceOp::SUM) * 0.5).to(dt).narrow(0, g.rank() * n, n);
+    expect_equal(out, want_rs, "reduce_scatter_tensor PREMUL_SUM");
+    expect_equal(full, before, "reduce_scatter_tensor PREMUL_SUM input");
+    auto chunks = full.chunk(W);
+    auto listed = at::zeros({n}, dt);
+    reduce_scatter(listed, std::vector<at::Tensor>(chunks.begin(), chunks.end()), o);
+    expect_equal(listed, want_rs, "reduce_scatter PREMUL_SUM");
+    EXPECT_TRUE(testing::Contains(
+        testing::what_thrown<InvalidArgument>([&] { g.all_reduce(t, ReduceOp::PREMUL_SUM); }),
+        "all_reduce: ReduceOp::PREMUL_SUM needs its factor"));
+  }));
+}
+
 // Rank `src`'s row k for rank `dst`: small values, exact in every dtype.
 at::Tensor a2a_rows(int src, int dst, int64_t rows, at::ScalarType dt) {
   auto k = at::arange(rows, at::kDouble).unsqueeze(1).expand({rows, 2});

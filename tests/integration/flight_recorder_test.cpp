@@ -64,9 +64,8 @@ TEST(FlightRecorder, DumpHoldsEveryGroupsOperationsAndStates) {
                         "\"numel\": 5, \"root\": 1"),
             1u);
   EXPECT_EQ(count(text, "\"op\": \"recv\", \"kind\": \"p2p\""), 1u);
-  // The barrier that rank 0 dumped between had not finished on every rank:
-  // completed on rank 0; the second is issued or started on each.
-  EXPECT_GE(count(text, "\"op\": \"barrier\""), 3u);
+  // Both ranks' first barrier; rank 1 may have issued its second one too.
+  EXPECT_GE(count(text, "\"op\": \"barrier\""), 2u);
 }
 
 TEST(FlightRecorder, TheRingKeepsTheLast2000Operations) {

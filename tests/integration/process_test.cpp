@@ -163,15 +163,17 @@ long faults_with_cpu_memory(const std::string& policy) {
 }
 
 TEST(CpuMemory, TrainingStepsReuseFreedMemoryWithoutPageFaults) {
-  // glibc's defaults map large blocks afresh: ~2,000 faults a step here (in
-  // 4 KiB pages). The cache serves them from memory the process kept (0
-  // faults measured), but a heap extension may still fault in one 16 MiB
-  // tensor during the measured steps (seen on CI: 4,096 faults against
-  // 40,896), so the bound allows one tensor's pages and no more.
+  // glibc's defaults map large blocks afresh, until its dynamic mmap
+  // threshold happens to rise above them: 8,160 to 40,896 faults in these 20
+  // steps on CI and here (4 KiB pages), never less than two tensors' worth.
+  // The cache serves them from memory the process kept (0 faults measured),
+  // but a heap extension may still fault in one 16 MiB tensor during the
+  // measured steps (seen on CI: 4,096), so its bound is one tensor's pages.
   const long tensor_pages = (16L << 20) / sysconf(_SC_PAGESIZE);
   const long system = faults_with_cpu_memory("system");
   const long cached = faults_with_cpu_memory("");  // the default: cache
-  EXPECT_GT(system, 5 * tensor_pages) << "DTRAIN_CPU_MEMORY=system must leave malloc as glibc has it";
+  EXPECT_GT(system, tensor_pages + tensor_pages / 8)
+      << "DTRAIN_CPU_MEMORY=system must leave malloc as glibc has it";
   EXPECT_GE(cached, 0);
   EXPECT_LE(cached, tensor_pages + tensor_pages / 8)
       << "DTRAIN_CPU_MEMORY=cache (the default): " << cached << " page faults in 20 steps, against "

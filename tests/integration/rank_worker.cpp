@@ -33,7 +33,8 @@
 //                             (rank 1 exits before #3), skip (rank 1 skips
 //                             #2), shape (rank 2's #3 has 5 elements, not 4),
 //                             exit-idle (rank 1 exits before #3, the others
-//                             sleep 30 s there);
+//                             sleep 30 s there), slow (rank 1 sleeps 30 s
+//                             before #3);
 //                             prints "rank R fault at <epoch ms>" before #3
 //                             (for DTRAIN_TRACE_DIR tests)
 //   rank_worker timeline      6 DDP steps (small buckets), the optimizer step
@@ -479,6 +480,8 @@ int trace_fault(const std::string& backend, const std::string& fault) {
       if (rank == 1 && (fault == "exit" || fault == "exit-idle")) std::_Exit(5);
       // The others compute for a while: only a launcher's SIGUSR2 dumps them.
       if (fault == "exit-idle") std::this_thread::sleep_for(std::chrono::seconds(30));
+      // Rank 1 computes for long: the others time out waiting for it.
+      if (rank == 1 && fault == "slow") std::this_thread::sleep_for(std::chrono::seconds(30));
     }
     if (rank == 1 && fault == "skip" && i == 2) continue;
     auto t = at::ones({rank == 2 && fault == "shape" && i == 3 ? 5 : 4});

@@ -195,6 +195,27 @@ TEST(SyncBatchNorm, InsideDdpTrainsLikeBatchNormOnTheWholeBatch) {
   for (int r = 0; r < kWorld; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
 }
 
+// Four ranks in two pairs, each pair its own subgroup: a pair's statistics
+// are its two batches', not the other pair's.
+TEST(SyncBatchNorm, OnSubgroupsEachPairSyncsOnlyWithinItself) {
+  std::vector<torch::Tensor> pair_batches;
+  torch::manual_seed(11);
+  for (int p = 0; p < 2; ++p) pair_batches.push_back(batch(2, 6) * (p + 1));
+  auto errors = run_rank_contexts(4, [&](RankContext& ctx) {
+    const int pair = ctx.rank / 2, half = ctx.rank % 2;
+    auto sub = create_process_group("tcp", std::make_shared<PrefixStore>("pair" + std::to_string(pair), ctx.store),
+                                    half, 2, GroupOptions().name("pair").timeout(30s));
+    SyncBatchNorm2d sync(torch::nn::BatchNormOptions(kChannels), sub);
+    torch::nn::BatchNorm2d ref(kChannels);
+    const auto& whole = pair_batches[pair];
+    auto y = sync->forward(whole.narrow(0, half * 3, 3));
+    auto want = ref->forward(whole).narrow(0, half * 3, 3);
+    EXPECT_TRUE(close(y, want, "output")) << "rank " << ctx.rank;
+    EXPECT_TRUE(close(sync->running_mean, ref->running_mean, "running_mean")) << "rank " << ctx.rank;
+  });
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
 TEST(SyncBatchNorm, EvalModeSendsNothingAndUsesRunningStatistics) {
   auto errors = run_rank_contexts(2, [&](RankContext& ctx) {
     if (ctx.rank != 0) return;  // rank 1 never joins: any collective would time out

@@ -69,6 +69,8 @@ ncclRedOp_t nccl_op(ReduceOp op, at::ScalarType t) {
     case ReduceOp::BXOR:
       throw InvalidArgument(detail::cat("nccl: ReduceOp::", to_string(op),
                                         " is not supported (NCCL has no bitwise reductions)"));
+    case ReduceOp::PREMUL_SUM:
+      break;  // the free functions turn it into SUM; TensorChecks refuses it here
   }
   throw InternalError("nccl: unknown ReduceOp");
 }
