@@ -102,30 +102,26 @@ const std::string kNeverArrived =
     "verdict: rank 1 never arrived (no dump: exited, killed or stopped): rank 1 of group "
     "'default' left no dump while ranks 0, 2 reached #3 all_reduce (Float [4], SUM) (failed";
 
-INSTANTIATE_TEST_SUITE_P(
-    Faults, FlightRecorderFaults,
-    ::testing::Values(
-        FaultCase{"tcp", "stop", 1, false, kNeverArrived},
-        FaultCase{"shm", "stop", 1, false, kNeverArrived},
-        FaultCase{"tcp", "exit", 1, false, kNeverArrived},
-        FaultCase{"shm", "exit", 1, false, kNeverArrived},
-        FaultCase{"tcp", "skip", 1, true,
-                  "verdict: rank 1 called a different collective: rank 1 called barrier at "
-                  "collective #4 of group 'default' where ranks 0, 2 called all_reduce (Float "
-                  "[4], SUM)"},
-        FaultCase{"shm", "skip", 1, true,
-                  "verdict: rank 1 called a different collective: rank 1 called barrier at "
-                  "collective #4 of group 'default' where ranks 0, 2 called all_reduce (Float "
-                  "[4], SUM)"},
-        FaultCase{"tcp", "shape", 2, true,
-                  "verdict: rank 2 called a different collective: rank 2 called all_reduce "
-                  "(Float [5], SUM) at collective #3 of group 'default' where ranks 0, 1 called "
-                  "all_reduce (Float [4], SUM)"},
-        FaultCase{"shm", "shape", 2, true,
-                  "verdict: rank 2 called a different collective: rank 2 called all_reduce "
-                  "(Float [5], SUM) at collective #3 of group 'default' where ranks 0, 1 called "
-                  "all_reduce (Float [4], SUM)"}),
-    [](const auto& info) { return info.param.backend + "_" + info.param.fault; });
+const std::string kSkipped =
+    "verdict: rank 1 called a different collective: rank 1 called barrier at collective #4 of "
+    "group 'default' where ranks 0, 2 called all_reduce (Float [4], SUM)";
+const std::string kOtherShape =
+    "verdict: rank 2 called a different collective: rank 2 called all_reduce (Float [5], SUM) at "
+    "collective #3 of group 'default' where ranks 0, 1 called all_reduce (Float [4], SUM)";
+
+std::vector<FaultCase> fault_cases() {
+  std::vector<FaultCase> cases;
+  for (const std::string backend : {"tcp", "shm"}) {
+    cases.push_back({backend, "stop", 1, false, kNeverArrived});
+    cases.push_back({backend, "exit", 1, false, kNeverArrived});
+    cases.push_back({backend, "skip", 1, true, kSkipped});
+    cases.push_back({backend, "shape", 2, true, kOtherShape});
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Faults, FlightRecorderFaults, ::testing::ValuesIn(fault_cases()),
+                         [](const auto& info) { return info.param.backend + "_" + info.param.fault; });
 
 // dtrain-run, after rank 1 exits while the others compute: it asks the
 // survivors for their flight recorders (SIGUSR2) before stopping them, says
