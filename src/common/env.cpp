@@ -24,6 +24,14 @@ const Var kOmpiRank{"OMPI_COMM_WORLD_RANK", nullptr, "Rank under mpirun (when RA
 const Var kOmpiSize{"OMPI_COMM_WORLD_SIZE", nullptr,
                     "World size under mpirun (when WORLD_SIZE is unset)."};
 const Var kSlurmProcId{"SLURM_PROCID", nullptr, "Rank under srun (when RANK is unset)."};
+const Var kSlurmStepNodelist{"SLURM_STEP_NODELIST", nullptr,
+                             "The step's nodes under srun: its first is the rendezvous host "
+                             "when MASTER_ADDR is unset."};
+const Var kSlurmJobNodelist{"SLURM_JOB_NODELIST", nullptr,
+                            "The job's nodes: used like SLURM_STEP_NODELIST when that is unset."};
+const Var kSlurmJobId{"SLURM_JOB_ID", nullptr,
+                      "With SLURM_STEP_ID, gives the rendezvous port when MASTER_PORT is unset."};
+const Var kSlurmStepId{"SLURM_STEP_ID", nullptr, "The srun step's id (0 when unset)."};
 const Var kSlurmNTasks{"SLURM_NTASKS", nullptr,
                        "World size under srun (when WORLD_SIZE is unset)."};
 const Var kDebug{"DTRAIN_DEBUG", "OFF",
@@ -90,7 +98,7 @@ const std::vector<const Var*>& all() {
   static const std::vector<const Var*> vars{
       &kRank,      &kWorldSize, &kLocalRank,    &kMasterAddr,   &kMasterPort,
       &kUseAgentStore, &kRestartCount, &kOmpiRank, &kOmpiSize, &kSlurmProcId,
-      &kSlurmNTasks, &kDebug,   &kSocketIfname, &kGlooSocketIfname, &kTimeout, &kTty,
+      &kSlurmNTasks, &kSlurmStepNodelist, &kSlurmJobNodelist, &kSlurmJobId, &kSlurmStepId, &kDebug,   &kSocketIfname, &kGlooSocketIfname, &kTimeout, &kTty,
       &kShmChunkBytes, &kCpuMemory, &kTcpStreams, &kStoreMaxBytes, &kStoreMaxKeys,
       &kStoreToken, &kStoreTokenFile, &kLauncher, &kTraceDir, &kTraceBufferSize, &kTimeline};
   return vars;

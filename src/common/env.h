@@ -22,6 +22,8 @@ extern const Var kRank, kWorldSize, kLocalRank, kMasterAddr, kMasterPort;
 extern const Var kUseAgentStore, kRestartCount;
 // Schedulers, read when RANK/WORLD_SIZE are absent.
 extern const Var kOmpiRank, kOmpiSize, kSlurmProcId, kSlurmNTasks;
+// Slurm, read by env:// when MASTER_ADDR / MASTER_PORT are absent.
+extern const Var kSlurmStepNodelist, kSlurmJobNodelist, kSlurmJobId, kSlurmStepId;
 // dtrain's own.
 extern const Var kDebug, kSocketIfname, kGlooSocketIfname, kTimeout, kTty;
 extern const Var kShmChunkBytes, kCpuMemory, kTcpStreams, kStoreMaxBytes, kStoreMaxKeys,

@@ -14,6 +14,7 @@
 #include "common/enforce.h"
 #include "common/env.h"
 #include "common/logging.h"
+#include "common/slurm.h"
 #include "common/socket.h"
 #include "dtrain/store/file_store.h"
 #include "dtrain/store/prefix_store.h"
@@ -107,6 +108,31 @@ void join_barrier(Store& store, int rank, int world, std::chrono::milliseconds t
   }
 }
 
+// env://'s endpoint: MASTER_ADDR and MASTER_PORT, or under srun without
+// them, the step's first node and a port from the job and step ids.
+HostPort env_endpoint() {
+  auto addr = env::get(env::kMasterAddr);
+  std::string addr_from = env::kMasterAddr.name;
+  if (!addr || addr->empty()) {
+    addr = slurm::master_addr_from_slurm();
+    addr_from = env::get(env::kSlurmStepNodelist) ? "SLURM_STEP_NODELIST's first node"
+                                                  : "SLURM_JOB_NODELIST's first node";
+  }
+  DTRAIN_CHECK_ARG(addr && !addr->empty(),
+                   "init_method env:// needs MASTER_ADDR (the host of rank 0), which is unset");
+  HostPort hp;
+  hp.host = *addr;
+  if (auto port = env::get(env::kMasterPort)) {
+    hp.port = net::parse_port(*port, env::kMasterPort.name);
+  } else {
+    auto derived = slurm::master_port_from_slurm();
+    DTRAIN_CHECK_ARG(derived, "init_method env:// needs MASTER_PORT, which is unset");
+    hp.port = static_cast<uint16_t>(*derived);
+  }
+  net::check_resolves(hp.host, addr_from);
+  return hp;
+}
+
 }  // namespace
 
 Rendezvous resolve_rendezvous_inputs(const InitOptions& options) {
@@ -142,13 +168,7 @@ Rendezvous rendezvous(const InitOptions& options) {
   } else if (method == "env://" || method.rfind("tcp://", 0) == 0) {
     HostPort hp;
     if (method == "env://") {
-      auto addr = env::get(env::kMasterAddr);
-      auto port = env::get(env::kMasterPort);
-      DTRAIN_CHECK_ARG(addr && !addr->empty(),
-                       "init_method env:// needs MASTER_ADDR (the host of rank 0), which is unset");
-      DTRAIN_CHECK_ARG(port, "init_method env:// needs MASTER_PORT, which is unset");
-      hp = {*addr, net::parse_port(*port, env::kMasterPort.name)};
-      net::check_resolves(hp.host, env::kMasterAddr.name);
+      hp = env_endpoint();
     } else {
       hp = parse_tcp_url(method);
       net::check_resolves(hp.host, "init_method '" + method + "' host");

@@ -13,6 +13,7 @@
 
 #include "common/paths.h"
 #include "harness/process_ranks.h"
+#include "common/slurm.h"
 
 namespace dtrain::testing {
 namespace {
@@ -98,6 +99,27 @@ TEST(InitMethods, SlurmVariablesWithoutRank) {
   });
 }
 
+// srun without MASTER_ADDR/MASTER_PORT: the host is the step's first node
+// and the port comes from the job and step ids (the job id is chosen so
+// that the port is one that was free a moment ago).
+TEST(InitMethods, SlurmWithoutMasterAddrOrPort) {
+  int port = free_port();
+  while (port < 15000 || port >= 55000) port = free_port();
+  long long job = 1;
+  while (slurm::rendezvous_port(job, 7) != port) ++job;
+  expect_collectives_pass(2, [job](int r) {
+    auto env = rank_env(r, 2, 1);
+    for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) env.erase(name);
+    env["SLURM_PROCID"] = std::to_string(r);
+    env["SLURM_NTASKS"] = "2";
+    env["SLURM_STEP_NODELIST"] = "localhost,node-[2-9]";
+    env["SLURM_JOB_NODELIST"] = "no-such-node[1-9]";
+    env["SLURM_JOB_ID"] = std::to_string(job);
+    env["SLURM_STEP_ID"] = "7";
+    return env;
+  });
+}
+
 struct BadEnvCase {
   const char* name;
   std::map<std::string, std::string> env;
@@ -140,6 +162,13 @@ INSTANTIATE_TEST_SUITE_P(
                    "caught InvalidArgument: MASTER_ADDR=no-such-host.invalid does not resolve"},
         BadEnvCase{"MasterAddrUnset", {{"MASTER_ADDR", "<unset>"}},
                    "caught InvalidArgument: init_method env:// needs MASTER_ADDR"},
+        BadEnvCase{"SlurmNodelistMalformed",
+                   {{"MASTER_ADDR", "<unset>"}, {"SLURM_STEP_NODELIST", "n[1-"}},
+                   "caught InvalidArgument: SLURM_STEP_NODELIST='n[1-': unbalanced '[' in 'n[1-'"},
+        BadEnvCase{"SlurmNodeDoesNotResolve",
+                   {{"MASTER_ADDR", "<unset>"}, {"SLURM_STEP_NODELIST", "no-such-node[1-2].invalid"}},
+                   "caught InvalidArgument: SLURM_STEP_NODELIST's first node=no-such-node1.invalid "
+                   "does not resolve"},
         BadEnvCase{"TimeoutNotANumber", {{"DTRAIN_TIMEOUT", "soon"}},
                    "environment variable DTRAIN_TIMEOUT='soon' is not an integer"},
         BadEnvCase{"CpuMemoryUnknown", {{"DTRAIN_CPU_MEMORY", "fast"}},
