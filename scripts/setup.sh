@@ -16,6 +16,7 @@ packages=(
   python3-torch     # PyTorch's torchrun and the Python baselines
   openmpi-bin libopenmpi-dev  # the mpi backend, and mpirun to test it
   iproute2          # network namespaces for the multi-host test
+  slurm-wlm munge   # a real two-node Slurm for the srun test
   gnuplot-nox fonts-liberation  # the training example's PNG plot
 )
 

@@ -1,6 +1,7 @@
 #include "common/slurm.h"
 
 #include <cctype>
+#include <cstdio>
 
 #include "common/enforce.h"
 #include "common/env.h"
@@ -98,6 +99,29 @@ std::optional<std::string> master_addr_from_slurm() {
   if (!list) var = &env::kSlurmJobNodelist, list = env::get(*var);
   if (!list) return std::nullopt;
   return expand_hostlist(*list, std::string(var->name) + "='" + *list + "'", 1).front();
+}
+
+std::optional<std::string> node_addr(const std::string& node) {
+  // The name goes into a command line: only host-name characters.
+  if (node.empty() || node.size() > 255) return std::nullopt;
+  for (char c : node)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '.' && c != '_')
+      return std::nullopt;
+  const std::string cmd = "timeout 5 scontrol show node -o " + node + " 2>/dev/null";
+  FILE* out = popen(cmd.c_str(), "r");
+  if (!out) return std::nullopt;
+  std::string text;
+  char buf[4096];
+  size_t n;
+  while (text.size() < (1 << 16) && (n = fread(buf, 1, sizeof(buf), out)) > 0) text.append(buf, n);
+  pclose(out);
+  const auto at = text.find("NodeAddr=");
+  if (at == std::string::npos) return std::nullopt;
+  const auto begin = at + 9;
+  const auto end = text.find_first_of(" \n", begin);
+  std::string addr = text.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+  if (addr.empty() || addr == "(null)") return std::nullopt;
+  return addr;
 }
 
 std::optional<int> master_port_from_slurm() {

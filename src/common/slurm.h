@@ -28,6 +28,10 @@ int rendezvous_port(long long job_id, long long step_id);
 // nodelist, the port from SLURM_JOB_ID and SLURM_STEP_ID (0 when unset).
 // Nullopt for a part Slurm does not give.
 std::optional<std::string> master_addr_from_slurm();
+// The address Slurm knows for `node` (NodeAddr of `scontrol show node`,
+// asked with a 5 s limit): for node names that do not resolve. Nullopt
+// when scontrol is missing, fails, or the name is not a plain host name.
+std::optional<std::string> node_addr(const std::string& node);
 std::optional<int> master_port_from_slurm();
 
 }  // namespace dtrain::slurm

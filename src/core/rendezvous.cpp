@@ -129,6 +129,16 @@ HostPort env_endpoint() {
     DTRAIN_CHECK_ARG(derived, "init_method env:// needs MASTER_PORT, which is unset");
     hp.port = static_cast<uint16_t>(*derived);
   }
+  if (addr_from != env::kMasterAddr.name) {
+    // A Slurm node name need not be in DNS: Slurm knows its address.
+    try {
+      net::check_resolves(hp.host, addr_from);
+    } catch (const InvalidArgument&) {
+      auto known = slurm::node_addr(hp.host);
+      if (!known) throw;
+      hp.host = *known;
+    }
+  }
   net::check_resolves(hp.host, addr_from);
   return hp;
 }
