@@ -67,6 +67,24 @@ int64_t fault_at(const RankProcess& p, int rank) {
   return at == std::string::npos ? -1 : std::stoll(out.substr(at + tag.size()));
 }
 
+// `dtrain-trace analyze dir`'s output, which must exit 1 (a rank at fault).
+std::string analyzed(ProcessRanks& procs, const std::string& dir) {
+  auto& analyzer = procs.spawn({kTrace, "analyze", dir}, {});
+  EXPECT_TRUE(procs.wait(analyzer, Clock::now() + 30s)) << "dtrain-trace hung";
+  EXPECT_EQ(analyzer.exit_code, 1) << analyzer.output();
+  return analyzer.output();
+}
+
+// dtrain-run over 3 ranks of rank_worker's trace `fault` on tcp, with
+// DTRAIN_TRACE_DIR=dir and `env`.
+RankProcess& launch_faulty_job(ProcessRanks& procs, const std::string& fault,
+                               const std::string& dir, std::map<std::string, std::string> env = {}) {
+  env["DTRAIN_TRACE_DIR"] = dir;
+  return procs.spawn({DTRAIN_RUN_EXECUTABLE, "--nproc-per-node", "3", "--master-port",
+                      std::to_string(free_port()), kWorker, "trace", "tcp", fault},
+                     env);
+}
+
 class FlightRecorderFaults : public ::testing::TestWithParam<FaultCase> {};
 
 TEST_P(FlightRecorderFaults, EverySurvivorDumpsAndTheAnalyzerNamesTheRankAndOp) {
@@ -92,10 +110,7 @@ TEST_P(FlightRecorderFaults, EverySurvivorDumpsAndTheAnalyzerNamesTheRankAndOp) 
     EXPECT_LE(written, fault + kTimeoutMs + 1000)
         << "rank " << r << " dumped " << written - fault << " ms after the faulty collective";
   }
-  auto& analyzer = procs.spawn({kTrace, "analyze", dir.path()}, {});
-  ASSERT_TRUE(procs.wait(analyzer, Clock::now() + 30s));
-  EXPECT_EQ(analyzer.exit_code, 1) << analyzer.output();
-  EXPECT_TRUE(Contains(analyzer.output(), c.verdict));
+  EXPECT_TRUE(Contains(analyzed(procs, dir.path()), c.verdict));
 }
 
 const std::string kNeverArrived =
@@ -130,9 +145,7 @@ TEST(FlightRecorderLauncher, CollectsTheSurvivorsDumpsAfterAFailure) {
   TempDir dir;
   ASSERT_FALSE(dir.path().empty());
   ProcessRanks procs;
-  auto& run = procs.spawn({DTRAIN_RUN_EXECUTABLE, "--nproc-per-node", "3", "--master-port",
-                           std::to_string(free_port()), kWorker, "trace", "tcp", "exit-idle"},
-                          {{"DTRAIN_TRACE_DIR", dir.path()}});
+  auto& run = launch_faulty_job(procs, "exit-idle", dir.path());
   const auto t0 = Clock::now();
   ASSERT_TRUE(procs.wait(run, Clock::now() + 25s)) << "dtrain-run did not stop the survivors: "
                                                     << run.output();
@@ -140,13 +153,11 @@ TEST(FlightRecorderLauncher, CollectsTheSurvivorsDumpsAfterAFailure) {
   EXPECT_EQ(run.exit_code, 1) << run.output();
   EXPECT_TRUE(Contains(run.output(), "dtrain-run: flight recorder dumps of this node's ranks 0, 2 are in " +
                                          dir.path() + "; read them with: dtrain-trace analyze " + dir.path()));
-  auto& analyzer = procs.spawn({kTrace, "analyze", dir.path()}, {});
-  ASSERT_TRUE(procs.wait(analyzer, Clock::now() + 30s));
-  EXPECT_EQ(analyzer.exit_code, 1) << analyzer.output();
-  EXPECT_TRUE(Contains(analyzer.output(), "verdict: rank 1 never arrived (no dump: exited, killed or "
-                                          "stopped): rank 1 of group 'default' left no dump while "
-                                          "ranks 0, 2 reached #2 all_reduce (Float [4], SUM) (completed)"));
-  EXPECT_TRUE(Contains(analyzer.output(), "dumped on SIGUSR2"));
+  const auto verdict = analyzed(procs, dir.path());
+  EXPECT_TRUE(Contains(verdict, "verdict: rank 1 never arrived (no dump: exited, killed or "
+                                "stopped): rank 1 of group 'default' left no dump while "
+                                "ranks 0, 2 reached #2 all_reduce (Float [4], SUM) (completed)"));
+  EXPECT_TRUE(Contains(verdict, "dumped on SIGUSR2"));
 }
 
 // A rank that is slow, not dead: the others time out in #3 and fail;
@@ -156,15 +167,10 @@ TEST(FlightRecorderLauncher, ASlowRankIsNamedBehind) {
   TempDir dir;
   ASSERT_FALSE(dir.path().empty());
   ProcessRanks procs;
-  auto& run = procs.spawn({DTRAIN_RUN_EXECUTABLE, "--nproc-per-node", "3", "--master-port",
-                           std::to_string(free_port()), kWorker, "trace", "tcp", "slow"},
-                          {{"DTRAIN_TRACE_DIR", dir.path()}, {"DTRAIN_TIMEOUT", "2"}});
+  auto& run = launch_faulty_job(procs, "slow", dir.path(), {{"DTRAIN_TIMEOUT", "2"}});
   ASSERT_TRUE(procs.wait(run, Clock::now() + 25s)) << run.output();
   EXPECT_TRUE(Contains(run.output(), "dtrain-run: flight recorder dumps of this node's ranks 0, 1, 2"));
-  auto& analyzer = procs.spawn({kTrace, "analyze", dir.path()}, {});
-  ASSERT_TRUE(procs.wait(analyzer, Clock::now() + 30s));
-  EXPECT_EQ(analyzer.exit_code, 1) << analyzer.output();
-  EXPECT_TRUE(Contains(analyzer.output(),
+  EXPECT_TRUE(Contains(analyzed(procs, dir.path()),
                        "verdict: rank 1 is behind in group 'default': its last collective is #2 "
                        "all_reduce (Float [4], SUM) (completed), while ranks 0, 2 reached #3 "
                        "all_reduce (Float [4], SUM) (failed"));
