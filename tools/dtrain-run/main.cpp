@@ -10,6 +10,7 @@
 
 #include "agent.h"
 #include "options.h"
+#include "slurm_defaults.h"
 
 namespace {
 
@@ -51,6 +52,15 @@ static void give_the_job_a_token() {
 
 int main(int argc, char** argv) {
   dtrain::run::Options options;
+  try {
+    // Before the flags are parsed: Slurm's values fill the PET_ variables
+    // that flags fall back to.
+    const auto slurm = dtrain::run::apply_slurm_defaults();
+    if (!slurm.empty()) std::cerr << "dtrain-run: " << slurm << std::endl;
+  } catch (const std::exception& e) {
+    std::cerr << "dtrain-run: " << e.what() << std::endl;
+    return 2;
+  }
   try {
     options = dtrain::run::parse_options(argc, argv);
   } catch (const dtrain::run::UsageError& e) {
