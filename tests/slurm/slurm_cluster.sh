@@ -35,6 +35,7 @@ cpus=$(nproc)
 port=$((17000 + RANDOM % 2000))
 cat > "$dir/slurm.conf" <<CONF
 ClusterName=dtrain
+FirstJobId=$((1000 + RANDOM))
 SlurmctldHost=localhost
 SlurmctldPort=$port
 SlurmdPort=$((port + 1))
