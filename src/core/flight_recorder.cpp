@@ -13,6 +13,7 @@
 #include "common/durable_file.h"
 #include "common/enforce.h"
 #include "common/env.h"
+#include "common/json_text.h"
 #include "common/logging.h"
 #include "dtrain/process_group.h"
 
@@ -21,29 +22,11 @@ namespace {
 
 constexpr int kMaxDims = 6;
 const char* const kStates[] = {"issued", "completed", "failed"};
-const char* const kReduceOps[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"};
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
-}
-
-std::string escaped(const std::string& s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
 }
 
 std::string error_text(const std::exception_ptr& error) {
@@ -202,8 +185,8 @@ std::string FlightRecorder::json() const {
     return steady == 0 ? 0 : (steady + wall_minus_steady_ns) / 1000;
   };
   std::ostringstream out;
-  out << "{\"name\": \"" << escaped(group_name_) << "\", \"rank\": " << group_rank_
-      << ", \"size\": " << group_size_ << ", \"backend\": \"" << escaped(backend_)
+  out << "{\"name\": \"" << json_escaped(group_name_) << "\", \"rank\": " << group_rank_
+      << ", \"size\": " << group_size_ << ", \"backend\": \"" << json_escaped(backend_)
       << "\", \"global_ranks\": [" << join(global_ranks_) << "], \"entries\": [";
   // One operation of each kind runs at a time: the oldest unfinished one
   // has started, the ones behind it are queued.
@@ -225,10 +208,10 @@ std::string FlightRecorder::json() const {
         << "\", \"shape\": [" << join(std::vector<int64_t>(e.sizes, e.sizes + e.ndim))
         << "], \"numel\": " << e.numel << ", \"root\": " << e.root_or_peer
         << ", \"reduce_op\": \""
-        << (e.reduce_op >= 0 && e.reduce_op < 9 ? kReduceOps[e.reduce_op] : "")
+        << (e.reduce_op >= 0 ? to_string(static_cast<ReduceOp>(e.reduce_op)) : "")
         << "\", \"state\": \"" << state << "\", \"issued_us\": " << wall_us(e.issued_ns)
         << ", \"finished_us\": " << wall_us(e.finished_ns) << ", \"error\": \""
-        << escaped(e.error) << "\"}";
+        << json_escaped(e.error) << "\"}";
     first = false;
   }
   out << "]}";
@@ -254,7 +237,7 @@ std::string dump_all(const std::string& reason, const std::string& dir_arg) {
   ::gethostname(host, sizeof(host) - 1);
   out << "{\"format\": \"dtrain-flight-recorder\", \"version\": 1, \"rank\": " << rank
       << ", \"world_size\": " << world << ", \"pid\": " << ::getpid() << ", \"host\": \""
-      << escaped(host) << "\", \"reason\": \"" << escaped(reason) << "\", \"groups\": [";
+      << json_escaped(host) << "\", \"reason\": \"" << json_escaped(reason) << "\", \"groups\": [";
   for (size_t i = 0; i < live.size(); ++i) out << (i ? ",\n" : "\n") << live[i]->json();
   out << "]}\n";
   const std::string text = out.str();

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "common/env.h"
+#include "common/json_text.h"
 #include "common/logging.h"
 #include "dtrain/distributed.h"
 #include "dtrain/timeline.h"
@@ -60,15 +61,6 @@ Writer& writer() {
   return *w;
 }
 
-std::string quoted(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) >= 0x20) out += c;
-  }
-  return out + "\"";
-}
-
 }  // namespace
 
 bool enabled() {
@@ -82,7 +74,7 @@ void name_track(int track, const std::string& name) {
   std::lock_guard<std::mutex> lock(w.mutex);
   if (!w.open() || !w.named.insert(track).second) return;
   std::fprintf(w.file, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, "
-                       "\"args\": {\"name\": %s}},\n", w.rank, track, quoted(name).c_str());
+                       "\"args\": {\"name\": \"%s\"}},\n", w.rank, track, json_escaped(name).c_str());
   std::fprintf(w.file, "{\"name\": \"thread_sort_index\", \"ph\": \"M\", \"pid\": %d, \"tid\": "
                        "%d, \"args\": {\"sort_index\": %d}},\n", w.rank, track, track);
 }
@@ -95,9 +87,9 @@ void span(const std::string& name, int track, Clock::time_point begin, Clock::ti
   if (!w.open()) return;
   const int64_t ts = w.us(begin);
   const int64_t dur = std::max<int64_t>(0, w.us(end) - ts);
-  std::fprintf(w.file, "{\"name\": %s, \"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %lld, "
+  std::fprintf(w.file, "{\"name\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %lld, "
                        "\"dur\": %lld, \"args\": {%s}},\n",
-               quoted(name).c_str(), w.rank, track, static_cast<long long>(ts),
+               json_escaped(name).c_str(), w.rank, track, static_cast<long long>(ts),
                static_cast<long long>(dur), args.c_str());
 }
 
