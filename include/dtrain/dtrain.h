@@ -8,6 +8,7 @@
 #include "dtrain/ddp.h"
 #include "dtrain/distributed.h"
 #include "dtrain/errors.h"
+#include "dtrain/fsdp.h"
 #include "dtrain/launch_env.h"
 #include "dtrain/objects.h"
 #include "dtrain/nn/sync_batch_norm.h"

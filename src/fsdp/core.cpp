@@ -1,0 +1,254 @@
+// FSDPCore: how FullyShardedDataParallel finds its units in the module
+// tree and schedules their gathers, frees and gradient reductions around
+// forward and backward.
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/nn/module.h>
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "common/cpu_memory.h"
+#include "common/enforce.h"
+#include "ddp/model_sync.h"
+#include "dtrain/distributed.h"
+#include "dtrain/fsdp.h"
+#include "fsdp/core_impl.h"
+
+namespace dtrain::detail {
+namespace {
+
+std::string parent_path(const std::string& path) {
+  const auto dot = path.rfind('.');
+  return dot == std::string::npos ? std::string() : path.substr(0, dot);
+}
+
+std::string joined(const std::string& path, const std::string& key) {
+  return path.empty() ? key : path + "." + key;
+}
+
+}  // namespace
+
+void FSDPCore::attach(FSDPModule& module, FSDPCore* core) { module.core_ = core; }
+
+// Assigns every parameter to the nearest enclosing unit (the root unit ""
+// for those outside any FullyShard module) and builds the units, root
+// first, then in the module tree's pre-order: the same order on every rank.
+void FSDPCore::Impl::build_units(torch::nn::Module& model, FSDPCore* core) {
+  struct Owned {
+    std::vector<at::Tensor> params;
+    std::vector<std::string> names;
+  };
+  std::vector<std::string> owners{""};
+  std::unordered_map<std::string, Owned> owned;
+  std::unordered_map<std::string, std::string> owner_of_module;
+  std::unordered_map<const c10::TensorImpl*, std::pair<std::string, std::string>> seen;
+  std::unordered_map<std::string, FSDPModule*> unit_module;
+  for (const auto& item : model.named_modules("", /*include_self=*/true)) {
+    const std::string& path = item.key();
+    auto* unit = path.empty() ? nullptr : dynamic_cast<FSDPModule*>(item.value().get());
+    const std::string owner = unit ? path : owner_of_module[parent_path(path)];
+    owner_of_module[path] = owner;
+    if (unit) {
+      owners.push_back(path);
+      unit_module[path] = unit;
+    }
+    for (const auto& param : item.value()->named_parameters(/*recurse=*/false)) {
+      const std::string name = joined(path, param.key());
+      auto [it, fresh] = seen.emplace(param.value().unsafeGetTensorImpl(), std::make_pair(owner, name));
+      if (!fresh) {
+        DTRAIN_CHECK_ARG(it->second.first == owner, "FullyShardedDataParallel: parameter '", name,
+                         "' is also '", it->second.second, "': one parameter shared by units '",
+                         it->second.first, "' and '", owner,
+                         "' cannot be sharded (put the modules sharing it in one unit)");
+        continue;
+      }
+      owned[owner].params.push_back(param.value());
+      owned[owner].names.push_back(name);
+    }
+  }
+  auto on_grad = [this](fsdp::FlatUnit& unit, size_t index) { grad_ready(unit, index); };
+  for (const auto& owner : owners) {
+    auto* module = owner.empty() ? nullptr : unit_module.at(owner);
+    if (module) {
+      FSDPCore::attach(*module, core);
+      attached.push_back(module);
+    }
+    auto found = owned.find(owner);
+    if (found == owned.end() || found->second.params.empty()) continue;
+    index_of[module] = units.size();
+    units.push_back(std::make_unique<fsdp::FlatUnit>(owner, std::move(found->second.params),
+                                                     std::move(found->second.names), *group,
+                                                     options.mixed_precision(), on_grad));
+  }
+}
+
+FSDPCore::FSDPCore(torch::nn::Module& model, const FSDPOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  apply_cpu_memory_policy();
+  auto& s = *impl_;
+  s.options = options;
+  s.group = options.process_group() ? options.process_group() : default_group();
+  DTRAIN_CHECK_ARG(s.group->rank() >= 0, "FullyShardedDataParallel: this rank is not a member of group '",
+                   s.group->name(), "'");
+  const auto& mp = options.mixed_precision();
+  for (const auto& dtype : {mp.param_dtype(), mp.reduce_dtype()})
+    DTRAIN_CHECK_ARG(!dtype || at::isFloatingType(*dtype),
+                     "FullyShardedDataParallel: mixed precision dtypes must be floating point, got ",
+                     *dtype);
+  std::vector<std::string> names;
+  std::vector<at::Tensor> tensors;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    names.push_back(item.key());
+    tensors.push_back(item.value());
+  }
+  DTRAIN_CHECK_ARG(!tensors.empty(), "FullyShardedDataParallel: the module has no parameters");
+  for (const auto& item : model.named_buffers(/*recurse=*/true)) {
+    names.push_back(item.key());
+    tensors.push_back(item.value());
+    s.buffer_names.push_back(item.key());
+    s.buffers.push_back(item.value());
+  }
+  ddp::verify_same_model(*s.group, names, tensors);
+  if (!s.buffers.empty() && s.group->size() > 1) ddp::broadcast_coalesced(*s.group, s.buffers, 0);
+  s.build_units(model, this);
+  s.ran_forward.assign(s.units.size(), false);
+}
+
+FSDPCore::~FSDPCore() {
+  for (auto* module : impl_->attached) attach(*module, nullptr);
+}
+
+void FSDPCore::before_forward(const FSDPModule* module) {
+  auto& s = *impl_;
+  if (module == nullptr) s.begin_iteration();
+  const size_t index = s.unit_index(module);
+  if (index == Impl::kNone) return;
+  if (!s.ran_forward[index]) {
+    s.ran_forward[index] = true;
+    s.forward_order.push_back(index);
+  }
+  s.units[index]->wait_gathered();
+  if (s.options.forward_prefetch()) s.prefetch_after(s.last_forward_order, index);
+}
+
+void FSDPCore::after_forward(const FSDPModule* module, const std::vector<at::Tensor>& outputs) {
+  auto& s = *impl_;
+  const bool grad_mode = at::GradMode::is_enabled();
+  const size_t index = s.unit_index(module);
+  if (index != Impl::kNone) {
+    bool needs_backward = false;
+    for (const auto& out : outputs) {
+      if (!grad_mode || !out.defined() || !out.requires_grad()) continue;
+      needs_backward = true;
+      out.register_hook([impl = impl_.get(), index](const at::Tensor&) { impl->pre_backward(index); });
+    }
+    // A result with no visible tensor may still lead backward into the
+    // unit: its parameters stay until the end of backward.
+    const bool unknown = grad_mode && outputs.empty();
+    const bool keep = unknown || (needs_backward && (module == nullptr ||
+                                                     !s.options.reshard_after_forward()));
+    if (needs_backward || unknown) s.expect_backward = true;
+    if (!keep) s.units[index]->reshard();
+  }
+  if (module == nullptr) {
+    s.last_forward_order = s.forward_order;
+    if (!s.expect_backward) s.end_iteration();
+  }
+}
+
+at::Tensor FSDPCore::cast_input(const at::Tensor& input) const {
+  const auto& dtype = impl_->options.mixed_precision().param_dtype();
+  if (!dtype || !input.defined() || !at::isFloatingType(input.scalar_type())) return input;
+  return input.to(*dtype);
+}
+
+std::vector<at::Tensor> FSDPCore::shards() const {
+  std::vector<at::Tensor> out;
+  for (const auto& unit : impl_->units) out.push_back(unit->shard());
+  return out;
+}
+
+std::vector<std::string> FSDPCore::unit_names() const {
+  std::vector<std::string> out;
+  for (const auto& unit : impl_->units) out.push_back(unit->name());
+  return out;
+}
+
+void FSDPCore::set_sync(bool enabled) { impl_->sync = enabled; }
+bool FSDPCore::sync_enabled() const { return impl_->sync; }
+ProcessGroup& FSDPCore::group() const { return *impl_->group; }
+
+// ---- the iteration ---------------------------------------------------------
+
+size_t FSDPCore::Impl::unit_index(const FSDPModule* module) const {
+  auto it = index_of.find(module);
+  return it == index_of.end() ? kNone : it->second;
+}
+
+void FSDPCore::Impl::begin_iteration() {
+  // A forward whose backward never ran (or failed) leaves units gathered
+  // and reductions in flight: settle them before starting over.
+  if (expect_backward || backward_running) end_iteration();
+  forward_order.clear();
+  ran_forward.assign(units.size(), false);
+}
+
+void FSDPCore::Impl::prefetch_after(const std::vector<size_t>& order, size_t index) {
+  auto it = std::find(order.begin(), order.end(), index);
+  if (it == order.end() || ++it == order.end()) return;
+  auto& next = *units[*it];
+  if (!next.gathered() && !next.reduced()) next.start_gather();
+}
+
+void FSDPCore::Impl::queue_finalize() {
+  if (backward_running) return;
+  backward_running = true;
+  torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
+}
+
+void FSDPCore::Impl::pre_backward(size_t index) {
+  if (!expect_backward) return;
+  queue_finalize();
+  if (std::find(backward_order.begin(), backward_order.end(), index) == backward_order.end())
+    backward_order.push_back(index);
+  auto& unit = *units[index];
+  if (unit.reduced()) return;  // reached again after its gradients were reduced
+  unit.wait_gathered();
+  if (options.backward_prefetch()) prefetch_after(last_backward_order, index);
+}
+
+void FSDPCore::Impl::grad_ready(fsdp::FlatUnit& unit, size_t index) {
+  if (!expect_backward) return;  // a backward that no FSDP forward prepared
+  queue_finalize();
+  if (unit.count_grad(index) && !unit.reduced()) {
+    unit.reduce(sync);
+    unit.reshard();
+  }
+}
+
+// End of backward: units whose parameters did not all get gradients are
+// reduced now (missing ones count as zero), in reverse forward order.
+void FSDPCore::Impl::finish_backward() {
+  for (auto it = forward_order.rbegin(); it != forward_order.rend(); ++it) {
+    auto& unit = *units[*it];
+    if (unit.trainable() && !unit.reduced()) unit.reduce(sync);
+  }
+  last_backward_order = backward_order;
+  end_iteration();
+}
+
+void FSDPCore::Impl::end_iteration() {
+  for (auto& unit : units) {
+    unit->finish_reduce();
+    unit->reshard();
+    unit->reset_iteration();
+  }
+  backward_order.clear();
+  expect_backward = false;
+  backward_running = false;
+}
+
+}  // namespace dtrain::detail

@@ -1,0 +1,50 @@
+#pragma once
+
+// FSDPCore's state, shared by core.cpp (units and scheduling) and
+// state_dict.cpp (state dicts, clipping, summoning full parameters).
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <limits>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "dtrain/fsdp.h"
+#include "fsdp/flat_unit.h"
+
+namespace dtrain::detail {
+
+struct FSDPCore::Impl {
+  static constexpr size_t kNone = std::numeric_limits<size_t>::max();
+
+  std::shared_ptr<ProcessGroup> group;
+  FSDPOptions options;
+  std::vector<std::unique_ptr<fsdp::FlatUnit>> units;  // the root's first when it has one
+  std::unordered_map<const FSDPModule*, size_t> index_of;  // null: the root unit
+  std::vector<FSDPModule*> attached;
+  std::vector<std::string> buffer_names;
+  std::vector<at::Tensor> buffers;
+  bool sync = true;
+
+  // The iteration: forward (units in the order they ran), then backward.
+  std::vector<bool> ran_forward;
+  std::vector<size_t> forward_order, last_forward_order;
+  std::vector<size_t> backward_order, last_backward_order;
+  bool expect_backward = false;   // a forward with gradients ran; its backward has not ended
+  bool backward_running = false;  // the end-of-backward callback is queued
+
+  void build_units(torch::nn::Module& model, FSDPCore* core);
+  size_t unit_index(const FSDPModule* module) const;
+  void begin_iteration();
+  void prefetch_after(const std::vector<size_t>& order, size_t index);
+  void queue_finalize();
+  void pre_backward(size_t index);
+  void grad_ready(fsdp::FlatUnit& unit, size_t index);
+  void finish_backward();
+  void end_iteration();
+};
+
+}  // namespace dtrain::detail
