@@ -91,6 +91,16 @@ struct FSDPOptions {
   DTRAIN_ARG(MixedPrecision, mixed_precision) = MixedPrecision();
 };
 
+// What the last iteration (forward and backward) did on this rank.
+struct FSDPStats {
+  int64_t iteration = 0;            // backward passes completed
+  int64_t all_gathers = 0;          // full parameters of a unit gathered
+  int64_t prefetched = 0;           // ... of them started ahead, while another unit computed
+  int64_t reduce_scatters = 0;      // units' gradients reduced into the shards
+  int64_t peak_gathered_bytes = 0;  // most full-parameter memory held at once
+  int64_t shard_bytes = 0;          // this rank's shards (what it keeps between iterations)
+};
+
 class FSDPModule;
 
 namespace detail {
@@ -143,6 +153,7 @@ class FSDPCore {
   void reshard_all(bool writeback);
   void set_sync(bool enabled);
   bool sync_enabled() const;
+  FSDPStats stats() const;
   ProcessGroup& group() const;
 
  private:
@@ -313,6 +324,7 @@ class FullyShardedDataParallel : public torch::nn::Module {
   // synchronized backward after it reduces them with its own.
   FSDPNoSyncGuard no_sync() { return FSDPNoSyncGuard(*core_); }
 
+  FSDPStats stats() const { return core_->stats(); }
   const std::shared_ptr<ModuleType>& module() const { return module_; }
   ProcessGroup& process_group() const { return core_->group(); }
 

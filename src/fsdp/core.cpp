@@ -130,6 +130,7 @@ void FSDPCore::before_forward(const FSDPModule* module) {
     s.ran_forward[index] = true;
     s.forward_order.push_back(index);
   }
+  s.gather(index, /*ahead=*/false);
   s.units[index]->wait_gathered();
   if (s.options.forward_prefetch()) s.prefetch_after(s.last_forward_order, index);
 }
@@ -177,6 +178,7 @@ std::vector<std::string> FSDPCore::unit_names() const {
   return out;
 }
 
+FSDPStats FSDPCore::stats() const { return impl_->last; }
 void FSDPCore::set_sync(bool enabled) { impl_->sync = enabled; }
 bool FSDPCore::sync_enabled() const { return impl_->sync; }
 ProcessGroup& FSDPCore::group() const { return *impl_->group; }
@@ -194,13 +196,24 @@ void FSDPCore::Impl::begin_iteration() {
   if (expect_backward || backward_running) end_iteration();
   forward_order.clear();
   ran_forward.assign(units.size(), false);
+  current = FSDPStats();
 }
 
 void FSDPCore::Impl::prefetch_after(const std::vector<size_t>& order, size_t index) {
   auto it = std::find(order.begin(), order.end(), index);
   if (it == order.end() || ++it == order.end()) return;
-  auto& next = *units[*it];
-  if (!next.gathered() && !next.reduced()) next.start_gather();
+  if (!units[*it]->reduced()) gather(*it, /*ahead=*/true);
+}
+
+void FSDPCore::Impl::gather(size_t index, bool ahead) {
+  auto& unit = *units[index];
+  if (unit.gathered()) return;
+  unit.start_gather();
+  ++current.all_gathers;
+  if (ahead) ++current.prefetched;
+  int64_t held = 0;
+  for (const auto& u : units) held += u->gathered() ? u->full_bytes() : 0;
+  current.peak_gathered_bytes = std::max(current.peak_gathered_bytes, held);
 }
 
 void FSDPCore::Impl::queue_finalize() {
@@ -216,6 +229,7 @@ void FSDPCore::Impl::pre_backward(size_t index) {
     backward_order.push_back(index);
   auto& unit = *units[index];
   if (unit.reduced()) return;  // reached again after its gradients were reduced
+  gather(index, /*ahead=*/false);
   unit.wait_gathered();
   if (options.backward_prefetch()) prefetch_after(last_backward_order, index);
 }
@@ -224,6 +238,7 @@ void FSDPCore::Impl::grad_ready(fsdp::FlatUnit& unit, size_t index) {
   if (!expect_backward) return;  // a backward that no FSDP forward prepared
   queue_finalize();
   if (unit.count_grad(index) && !unit.reduced()) {
+    if (sync) ++current.reduce_scatters;
     unit.reduce(sync);
     unit.reshard();
   }
@@ -234,10 +249,18 @@ void FSDPCore::Impl::grad_ready(fsdp::FlatUnit& unit, size_t index) {
 void FSDPCore::Impl::finish_backward() {
   for (auto it = forward_order.rbegin(); it != forward_order.rend(); ++it) {
     auto& unit = *units[*it];
-    if (unit.trainable() && !unit.reduced()) unit.reduce(sync);
+    if (unit.trainable() && !unit.reduced()) {
+      if (sync) ++current.reduce_scatters;
+      unit.reduce(sync);
+    }
   }
   last_backward_order = backward_order;
   end_iteration();
+  current.iteration = last.iteration + 1;
+  current.shard_bytes = 0;
+  for (const auto& unit : units) current.shard_bytes += unit->shard().nbytes();
+  last = current;
+  current = FSDPStats();
 }
 
 void FSDPCore::Impl::end_iteration() {

@@ -35,6 +35,10 @@ struct FSDPCore::Impl {
   std::vector<size_t> backward_order, last_backward_order;
   bool expect_backward = false;   // a forward with gradients ran; its backward has not ended
   bool backward_running = false;  // the end-of-backward callback is queued
+  FSDPStats current, last;        // this iteration's counts, the last complete one's
+
+  // Gathers a unit (nothing if it is); `ahead`: a prefetch.
+  void gather(size_t index, bool ahead);
 
   void build_units(torch::nn::Module& model, FSDPCore* core);
   size_t unit_index(const FSDPModule* module) const;

@@ -38,6 +38,10 @@ void check_unit(const std::string& unit, const std::vector<at::Tensor>& params,
                      " on ", first.device(), ", requires_grad ", first.requires_grad(),
                      ") differ in ", what, "; a unit's parameters are one flat buffer: make them "
                      "alike or put them in different units");
+    DTRAIN_CHECK_ARG(p.numel() == 0 || p.storage().nbytes() > 0, "FullyShardedDataParallel: parameter '",
+                     names[i], "' holds no memory: was its module already wrapped by a "
+                     "FullyShardedDataParallel? (once wrapped, a module's parameters live in the "
+                     "shards; load its full_state_dict() into a fresh module instead)");
     DTRAIN_CHECK_ARG(at::isFloatingType(p.scalar_type()), "FullyShardedDataParallel: parameter '",
                      names[i], "' is ", p.scalar_type(), "; only floating-point parameters can be sharded");
   }

@@ -44,6 +44,7 @@ class FlatUnit {
   void start_gather();
   void wait_gathered();
   bool gathered() const { return allocated_; }
+  int64_t full_bytes() const { return static_cast<int64_t>(full_bytes_); }
   // Frees the full storage (after any all-gather in flight); with
   // writeback, first copies this rank's slice of the full values into the
   // shard.

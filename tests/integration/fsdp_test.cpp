@@ -183,6 +183,41 @@ TEST(Fsdp, ParametersHoldMemoryOnlyWhileTheirUnitComputes) {
   testing::expect_no_errors(errors);
 }
 
+// Stats of the third iteration of a 2-block stack (7 units): each unit is
+// gathered for forward, the six non-root units again for backward, many of
+// them ahead of need; all are reduced; at most a few units are full at once.
+TEST(Fsdp, StatsShowPrefetchingAndBoundedGatheredMemory) {
+  auto nets = models<testing::BlockStackImpl>(2), more = models<testing::BlockStackImpl>(2);
+  auto errors = run_rank_contexts(2, [&](RankContext& ctx) {
+    auto run = [&](std::shared_ptr<testing::BlockStackImpl> net, FSDPOptions options) {
+      FullyShardedDataParallel fsdp(net, options.process_group(ctx.group));
+      for (int i = 0; i < 3; ++i) fsdp.forward(torch::randn({kBatch, 3, 10})).sum().backward();
+      return fsdp.stats();
+    };
+    const auto stats = run(nets[ctx.rank], FSDPOptions());
+    EXPECT_EQ(stats.iteration, 3);
+    EXPECT_EQ(stats.all_gathers, 7 + 6);
+    EXPECT_EQ(stats.reduce_scatters, 7);
+    EXPECT_GE(stats.prefetched, 8) << "forward: 6 units after the first; backward: 5 after the first";
+    // Shards: 1/2 of every unit; full units: (244 + 2 * (64 + 1088 + 1072)) floats in all.
+    EXPECT_EQ(stats.shard_bytes, 4 * (122 + 2 * (32 + 544 + 536)));
+    const int64_t all_units = 4 * (244 + 2 * (64 + 1088 + 1072));
+    EXPECT_LT(stats.peak_gathered_bytes, all_units * 2 / 3);
+    const auto kept = run(more[ctx.rank], FSDPOptions().reshard_after_forward(false).forward_prefetch(false));
+    try {
+      FullyShardedDataParallel again(nets[ctx.rank], FSDPOptions().process_group(ctx.group));
+      ADD_FAILURE() << "a module whose parameters live in destroyed shards was wrapped again";
+    } catch (const InvalidArgument& e) {
+      EXPECT_TRUE(testing::Contains(e.what(), "parameter 'proj.weight' holds no memory: was its "
+                                              "module already wrapped"));
+    }
+    EXPECT_EQ(kept.all_gathers, 7);
+    EXPECT_EQ(kept.prefetched, 0);
+    EXPECT_EQ(kept.peak_gathered_bytes, all_units);
+  });
+  testing::expect_no_errors(errors);
+}
+
 TEST(Fsdp, WithoutReshardAfterForwardUnitsStayUntilTheirGradientsAreReduced) {
   auto nets = models<testing::ShardedMLPImpl>(2);
   auto errors = run_rank_contexts(2, [&](RankContext& ctx) {
