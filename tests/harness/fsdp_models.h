@@ -56,7 +56,9 @@ struct ShardedConvNetImpl : torch::nn::Module {
 struct AttentionImpl : torch::nn::Module {
   explicit AttentionImpl(int64_t d)
       : q(register_module("q", torch::nn::Linear(d, d))),
-        k(register_module("k", torch::nn::Linear(d, d))),
+        // No key bias: softmax ignores it, so its gradient is rounding noise
+        // that Adam would amplify.
+        k(register_module("k", torch::nn::Linear(torch::nn::LinearOptions(d, d).bias(false)))),
         v(register_module("v", torch::nn::Linear(d, d))),
         o(register_module("o", torch::nn::Linear(d, d))),
         scale(1.0 / std::sqrt(static_cast<double>(d))) {}

@@ -482,7 +482,35 @@ TEST_P(MpiBackend, DdpMatchesSingleProcessTraining) {
               std::string::npos) << describe(p);
 }
 
+TEST_P(MpiBackend, FsdpMatchesSingleProcessTraining) {
+  ProcessRanks procs;
+  auto& p = mpirun(procs, {"fsdp-equivalence", "mpi"});
+  ASSERT_TRUE(procs.wait(p, Clock::now() + 120s)) << "mpirun did not finish: " << p.output();
+  EXPECT_EQ(p.exit_code, 0) << describe(p);
+  for (int r = 0; r < GetParam(); ++r)
+    EXPECT_NE(p.output().find("rank " + std::to_string(r) +
+                              " fsdp matches single-process training on mpi"),
+              std::string::npos) << describe(p);
+}
+
 INSTANTIATE_TEST_SUITE_P(World, MpiBackend, ::testing::Values(2, 3, 4));
+
+// FSDP through the launcher on the network, shared-memory and automatic
+// backends: every rank equals one process on the whole batch.
+class FsdpLaunched : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(FsdpLaunched, ThreeRanksMatchSingleProcessTraining) {
+  ProcessRanks procs;
+  auto& run = procs.spawn({DTRAIN_RUN_EXECUTABLE, "--nproc-per-node", "3", "--master-port",
+                           std::to_string(free_port()), kWorker, "fsdp-equivalence", GetParam()},
+                          {});
+  ASSERT_TRUE(procs.wait(run, Clock::now() + 120s)) << "dtrain-run did not finish: " << run.output();
+  EXPECT_EQ(run.exit_code, 0) << describe(run);
+  for (int r = 0; r < 3; ++r)
+    EXPECT_NE(run.output().find("rank " + std::to_string(r) + " fsdp matches single-process training on "),
+              std::string::npos) << describe(run);
+}
+INSTANTIATE_TEST_SUITE_P(Backends, FsdpLaunched, ::testing::Values("tcp", "shm", "auto"));
 
 INSTANTIATE_TEST_SUITE_P(Rendezvous, Torchrun, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "Standalone" : "AgentStore"; });
