@@ -23,6 +23,9 @@
 //       Step time of a small ResNet-style convnet (3x32x32 images) under DDP
 //       with SyncBatchNorm2d vs with plain BatchNorm2d, interleaved runs:
 //       SyncBatchNorm's overhead.
+//   dtrain-bench memory   [--worlds 2,4] [--layers 6] [--width 4096] [--batch 8] [--steps 3]
+//       Per-rank memory and speed of DDP, ZeroRedundancyOptimizer and FSDP
+//       training a wide MLP with Adam; see memory.cpp.
 //   dtrain-bench collectives [--backend auto] [--op all_reduce] ... (run under dtrain-run)
 //       nccl-tests-style sweep of one collective; see collectives.cpp.
 //
@@ -53,69 +56,12 @@
 #include "bench_util.h"
 #include "collectives.h"
 #include "models.h"
+#include "ranks.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using namespace dtrain::bench;
-
-// Two network namespaces joined by a veth pair whose both ends are shaped
-// to RATE (tc tbf): ranks on "two hosts" behind a real-network-like link,
-// where communication costs wire time rather than the CPU time of loopback
-// TCP. Needs root. Removed on destruction.
-class ShapedLink {
- public:
-  explicit ShapedLink(const std::string& rate) {
-    const auto id = std::to_string(getpid());
-    ns_ = {"dtb-a-" + id, "dtb-b-" + id};
-    const std::string va = ("dtba" + id).substr(0, 15), vb = ("dtbb" + id).substr(0, 15);
-    std::ostringstream sh;
-    sh << "set -e; ip netns add " << ns_[0] << "; ip netns add " << ns_[1]
-       << "; ip link add " << va << " type veth peer name " << vb
-       << "; ip link set " << va << " netns " << ns_[0] << "; ip link set " << vb << " netns " << ns_[1]
-       << "; ip -n " << ns_[0] << " addr add 10.215.0.1/24 dev " << va
-       << "; ip -n " << ns_[1] << " addr add 10.215.0.2/24 dev " << vb;
-    for (int i = 0; i < 2; ++i) {
-      const auto& dev = i == 0 ? va : vb;
-      sh << "; ip -n " << ns_[i] << " link set lo up; ip -n " << ns_[i] << " link set " << dev
-         << " up; ip netns exec " << ns_[i] << " tc qdisc add dev " << dev << " root tbf rate "
-         << rate << " burst 2mb latency 100ms";
-    }
-    if (std::system(("sh -c '" + sh.str() + "'").c_str()) != 0) {
-      cleanup();
-      throw std::runtime_error("--link-rate needs root and iproute2 (ip netns, tc)");
-    }
-  }
-  ~ShapedLink() { cleanup(); }
-  const std::string& ns(int rank) const { return ns_[rank % 2]; }
-
- private:
-  void cleanup() {
-    for (const auto& n : ns_) std::system(("ip netns del " + n + " 2>/dev/null").c_str());
-  }
-  std::vector<std::string> ns_;
-};
-
-// Starts `world` ranks of this binary (on `link`'s two hosts when given),
-// with `env` ("NAME=value ...") added to their environment; returns rank
-// 0's output.
-std::string run_ranks(int world, const std::string& mode, const Args& a,
-                      const ShapedLink* link = nullptr, const std::string& env = "") {
-  static int port = 29810;
-  port = port >= 29890 ? 29810 : port + 1;
-  std::ostringstream cmd;
-  const std::string exe = self_path();
-  std::string rest = " rank " + mode;
-  for (const auto& [k, v] : a.flags) rest += " --" + k + " " + v;
-  const std::string master = link ? "10.215.0.1" : "127.0.0.1";
-  for (int r = world - 1; r >= 0; --r) {
-    if (link) cmd << "ip netns exec " << link->ns(r) << " env ";
-    cmd << "RANK=" << r << " WORLD_SIZE=" << world << " MASTER_ADDR=" << master
-        << " MASTER_PORT=" << port << " OMP_NUM_THREADS=1 " << env << " " << exe << rest
-        << (r > 0 ? " >/dev/null & " : "; wait");
-  }
-  return capture("sh -c '" + cmd.str() + "'");
-}
 
 // ---- inside a rank ---------------------------------------------------------
 
@@ -405,7 +351,10 @@ int bench_dp(const Args& a) {
 int main(int argc, char** argv) {
   const std::string cmd = argc > 1 ? argv[1] : "";
   try {
+    if (cmd == "rank" && argc > 2 && is_memory_mode(argv[2]))
+      return memory_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2) return rank_main(argv[2], parse(argc, argv, 3));
+    if (cmd == "memory") return bench_memory(parse(argc, argv, 2));
     if (cmd == "ddp") return bench_ddp(parse(argc, argv, 2));
     if (cmd == "overlap") return bench_overlap(parse(argc, argv, 2));
     if (cmd == "dp") return bench_dp(parse(argc, argv, 2));
@@ -415,6 +364,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dtrain-bench: %s\n", e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: dtrain-bench ddp|overlap|dp|syncbn|collectives [--flag value ...] (see the source header)\n");
+  std::fprintf(stderr, "usage: dtrain-bench ddp|overlap|dp|syncbn|memory|collectives [--flag value ...] (see the source header)\n");
   return 2;
 }

@@ -6,6 +6,7 @@
 
 #include <array>
 
+#include "dtrain/fsdp.h"
 #include "dtrain/nn/sync_batch_norm.h"
 
 namespace dtrain::bench {
@@ -83,5 +84,28 @@ struct ResNetImpl : torch::nn::Module {
   torch::nn::Linear fc{nullptr};
 };
 TORCH_MODULE(ResNet);
+
+struct WideLayerImpl : torch::nn::Module {
+  explicit WideLayerImpl(int width) : fc(register_module("fc", torch::nn::Linear(width, width))) {}
+  torch::Tensor forward(torch::Tensor x) { return torch::relu(fc(x)); }
+  torch::nn::Linear fc;
+};
+
+// `layers` square layers of `width`, each an FSDP unit (a plain module
+// outside FullyShardedDataParallel), and a 10-way head the root owns.
+struct WideMlpImpl : torch::nn::Module {
+  WideMlpImpl(int layers, int width) {
+    for (int i = 0; i < layers; ++i)
+      blocks.push_back(register_module("layer" + std::to_string(i),
+                                       std::make_shared<dtrain::FullyShard<WideLayerImpl>>(width)));
+    head = register_module("head", torch::nn::Linear(width, 10));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (auto& b : blocks) x = b->forward(x);
+    return torch::log_softmax(head(x), 1);
+  }
+  std::vector<std::shared_ptr<dtrain::FullyShard<WideLayerImpl>>> blocks;
+  torch::nn::Linear head{nullptr};
+};
 
 }  // namespace dtrain::bench

@@ -238,9 +238,23 @@ void FSDPCore::Impl::grad_ready(fsdp::FlatUnit& unit, size_t index) {
   if (!expect_backward) return;  // a backward that no FSDP forward prepared
   queue_finalize();
   if (unit.count_grad(index) && !unit.reduced()) {
-    if (sync) ++current.reduce_scatters;
-    unit.reduce(sync);
+    reduce(unit);
     unit.reshard();
+  }
+}
+
+// A unit's flat gradient lives until its reduce-scatter ends: launching
+// one waits for the one before (usually done by then, while the unit's
+// backward computed), so backward holds two units' gradients, not the
+// model's.
+void FSDPCore::Impl::reduce(fsdp::FlatUnit& unit) {
+  if (sync) ++current.reduce_scatters;
+  unit.reduce(sync);
+  if (!sync) return;
+  reducing.push_back(&unit);
+  if (reducing.size() > 1) {
+    reducing.front()->finish_reduce();
+    reducing.erase(reducing.begin());
   }
 }
 
@@ -249,10 +263,7 @@ void FSDPCore::Impl::grad_ready(fsdp::FlatUnit& unit, size_t index) {
 void FSDPCore::Impl::finish_backward() {
   for (auto it = forward_order.rbegin(); it != forward_order.rend(); ++it) {
     auto& unit = *units[*it];
-    if (unit.trainable() && !unit.reduced()) {
-      if (sync) ++current.reduce_scatters;
-      unit.reduce(sync);
-    }
+    if (unit.trainable() && !unit.reduced()) reduce(unit);
   }
   last_backward_order = backward_order;
   end_iteration();
@@ -264,6 +275,7 @@ void FSDPCore::Impl::finish_backward() {
 }
 
 void FSDPCore::Impl::end_iteration() {
+  reducing.clear();
   for (auto& unit : units) {
     unit->finish_reduce();
     unit->reshard();

@@ -35,6 +35,7 @@ struct FSDPCore::Impl {
   std::vector<size_t> backward_order, last_backward_order;
   bool expect_backward = false;   // a forward with gradients ran; its backward has not ended
   bool backward_running = false;  // the end-of-backward callback is queued
+  std::vector<fsdp::FlatUnit*> reducing;  // reduce-scatters maybe in flight, oldest first
   FSDPStats current, last;        // this iteration's counts, the last complete one's
 
   // Gathers a unit (nothing if it is); `ahead`: a prefetch.
@@ -47,6 +48,7 @@ struct FSDPCore::Impl {
   void queue_finalize();
   void pre_backward(size_t index);
   void grad_ready(fsdp::FlatUnit& unit, size_t index);
+  void reduce(fsdp::FlatUnit& unit);
   void finish_backward();
   void end_iteration();
 };

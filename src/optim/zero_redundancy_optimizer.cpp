@@ -49,7 +49,16 @@ ZeroRedundancyOptimizer::Parts ZeroRedundancyOptimizer::prepare(
   DTRAIN_CHECK_ARG(parts.group && parts.group->rank() >= 0, kWho,
                    ": this rank is not a member of the group");
   const int64_t slice = slice_length(total_numel(params), parts.group->size());
-  parts.shard = at::zeros({slice}, params.front().options().requires_grad(false));
+  // The parameters' values, flat and padded; this rank's slice of it is
+  // the tensor the local optimizer steps on (no copy of its own).
+  at::NoGradGuard no_grad;
+  parts.flat = at::zeros({slice * parts.group->size()}, params.front().options().requires_grad(false));
+  int64_t offset = 0;
+  for (const auto& p : params) {
+    parts.flat.narrow(0, offset, p.numel()).copy_(p.detach().reshape({-1}));
+    offset += p.numel();
+  }
+  parts.shard = parts.flat.narrow(0, slice * parts.group->rank(), slice);
   parts.local = make_local({parts.shard});
   DTRAIN_CHECK_ARG(parts.local != nullptr, kWho, ": the factory returned no optimizer");
   DTRAIN_CHECK_ARG(parts.local->param_groups().size() == 1 &&
@@ -68,6 +77,7 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<torch::Tensor> para
     : torch::optim::Optimizer(params, parts.local->param_groups()[0].options().clone()),
       group_(std::move(parts.group)),
       shard_(std::move(parts.shard)),
+      flat_(std::move(parts.flat)),
       local_(std::move(parts.local)) {
   const auto& all = param_groups()[0].params();
   total_ = total_numel(all);
@@ -81,7 +91,14 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<torch::Tensor> para
     if (lo < hi) pieces_.push_back({i, lo - offset, lo - begin_, hi - lo});
     offset += all[i].numel();
   }
-  gathered_ = at::empty({slice_ * group_->size()}, shard_.options());
+  // The parameters become views of the flat buffer, so the all-gather
+  // writes the updated values straight into them (no full-size copy).
+  at::NoGradGuard no_grad;
+  offset = 0;
+  for (const auto& p : all) {
+    p.set_data(flat_.narrow(0, offset, p.numel()).view(p.sizes()));
+    offset += p.numel();
+  }
 }
 
 ZeroRedundancyOptimizer::~ZeroRedundancyOptimizer() = default;
@@ -102,8 +119,6 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
   grad.zero_();
   for (const auto& piece : pieces_) {
     const auto& p = all[piece.param];
-    shard_.detach().narrow(0, piece.shard_offset, piece.length)
-        .copy_(p.detach().reshape({-1}).narrow(0, piece.param_offset, piece.length));
     if (p.grad().defined())
       grad.narrow(0, piece.shard_offset, piece.length)
           .copy_(p.grad().reshape({-1}).narrow(0, piece.param_offset, piece.length));
@@ -112,13 +127,9 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
   //    optimizer, which steps its slice.
   local_->param_groups()[0].set_options(param_groups()[0].options().clone());
   local_->step();
-  // 3. Every rank's updated slice into every rank's parameters.
-  group_->all_gather_into_tensor(gathered_, shard_.detach())->wait();
-  int64_t offset = 0;
-  for (const auto& p : all) {
-    p.detach().reshape({-1}).copy_(gathered_.narrow(0, offset, p.numel()));
-    offset += p.numel();
-  }
+  // 3. Every rank's updated slice into every rank's parameters (views of
+  //    flat_). The input is a copy: backends may not read and write one buffer.
+  group_->all_gather_into_tensor(flat_, shard_.detach().clone())->wait();
   return loss;
 }
 

@@ -99,6 +99,11 @@ TEST(Zero, EachRankHoldsOnlyItsSlicesState) {
     EXPECT_EQ(n, 484);
     EXPECT_EQ(state_elements, 2 * ((n + 2) / 3));
     EXPECT_TRUE(opt.state().empty()) << "the wrapper itself keeps no state";
+    // No copies of the parameters: they are views of one buffer, and the
+    // local optimizer steps on this rank's slice of it.
+    const auto params = models[ctx.rank]->parameters();
+    for (const auto& p : params) EXPECT_TRUE(p.is_alias_of(params.front()));
+    EXPECT_TRUE(opt.local_optimizer().param_groups()[0].params()[0].is_alias_of(params.front()));
   });
   for (const auto& e : errors) EXPECT_EQ(e, "");
 }

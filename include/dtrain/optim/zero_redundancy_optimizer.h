@@ -19,7 +19,8 @@
 // so that optimizer's state covers only the slice. step() copies the slice's
 // current values and gradients in, steps the local optimizer, then
 // all-gathers the updated slices (all_gather_into_tensor) into every
-// rank's parameters. For element-wise optimizers (SGD with momentum, Adam,
+// rank's parameters, which are views of one flat buffer from construction
+// on (the same tensors, set_data()'d, so autograd and DDP see no change). For element-wise optimizers (SGD with momentum, Adam,
 // AdamW, Adagrad, RMSprop) the parameters equal those of the same optimizer
 // over all parameters on every rank.
 //
@@ -75,7 +76,7 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   };
   struct Parts {  // made before the base class: it takes the local optimizer's options
     std::shared_ptr<ProcessGroup> group;
-    torch::Tensor shard;
+    torch::Tensor flat, shard;
     std::unique_ptr<torch::optim::Optimizer> local;
   };
   static Parts prepare(const std::vector<torch::Tensor>& params, const Factory& make_local,
@@ -83,8 +84,8 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   ZeroRedundancyOptimizer(std::vector<torch::Tensor> params, Parts parts);
 
   std::shared_ptr<ProcessGroup> group_;
-  torch::Tensor shard_;      // this rank's slice, padded to the slice length
-  torch::Tensor gathered_;   // every rank's slice, after the all_gather
+  torch::Tensor shard_;      // this rank's slice of flat_ (padded to the slice length)
+  torch::Tensor flat_;       // every rank's slice; the parameters are views of it
   std::unique_ptr<torch::optim::Optimizer> local_;
   std::vector<Piece> pieces_;
   int64_t total_ = 0, slice_ = 0, begin_ = 0, end_ = 0;

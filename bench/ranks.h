@@ -1,0 +1,42 @@
+#pragma once
+
+// Starting the ranks of a benchmark: child processes of dtrain-bench
+// (`dtrain-bench rank MODE --flag value ...`) over env:// on 127.0.0.1, or
+// on two network namespaces joined by a shaped link.
+
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+
+namespace dtrain::bench {
+
+// Two network namespaces joined by a veth pair whose both ends are shaped
+// to RATE (tc tbf): ranks on "two hosts" behind a real-network-like link,
+// where communication costs wire time rather than the CPU time of loopback
+// TCP. Needs root. Removed on destruction.
+class ShapedLink {
+ public:
+  explicit ShapedLink(const std::string& rate);
+  ~ShapedLink();
+  ShapedLink(const ShapedLink&) = delete;
+  ShapedLink& operator=(const ShapedLink&) = delete;
+  const std::string& ns(int rank) const { return ns_[rank % 2]; }
+
+ private:
+  void cleanup();
+  std::vector<std::string> ns_;
+};
+
+// Starts `world` ranks of this binary (on `link`'s two hosts when given),
+// with `env` ("NAME=value ...") added to their environment; returns rank
+// 0's output.
+std::string run_ranks(int world, const std::string& mode, const Args& a,
+                      const ShapedLink* link = nullptr, const std::string& env = "");
+
+// dtrain-bench memory (memory.cpp).
+bool is_memory_mode(const std::string& mode);
+int memory_rank_main(const std::string& mode, const Args& a);
+int bench_memory(const Args& a);
+
+}  // namespace dtrain::bench
