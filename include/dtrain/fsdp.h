@@ -101,6 +101,15 @@ struct FSDPStats {
   int64_t shard_bytes = 0;          // this rank's shards (what it keeps between iterations)
 };
 
+// Where this rank's shard of a unit lies: `shard`'s first element is
+// element `offset` of the unit's flat parameters (`numel` of them, padding
+// not counted).
+struct FSDPShard {
+  std::string unit;  // its module path; "" is the root unit
+  at::Tensor shard;
+  int64_t offset = 0, numel = 0;
+};
+
 class FSDPModule;
 
 namespace detail {
@@ -146,6 +155,7 @@ class FSDPCore {
 
   std::vector<at::Tensor> shards() const;
   std::vector<std::string> unit_names() const;
+  std::vector<FSDPShard> shard_layout() const;
   std::map<std::string, at::Tensor> full_state_dict(bool rank0_only);
   void load_full_state_dict(const std::map<std::string, at::Tensor>& state);
   double clip_grad_norm(double max_norm, double norm_type);
@@ -301,6 +311,8 @@ class FullyShardedDataParallel : public torch::nn::Module {
   std::vector<at::Tensor> parameters() const { return core_->shards(); }
   // The units' module paths ("" is the root), in the order of parameters().
   std::vector<std::string> unit_names() const { return core_->unit_names(); }
+  // Where each shard lies in its unit (for distributed checkpoints).
+  std::vector<FSDPShard> shard_layout() const { return core_->shard_layout(); }
 
   // Collective. The unsharded parameters and buffers under the module's own
   // names (as module()->named_parameters() without FSDP), copied to the

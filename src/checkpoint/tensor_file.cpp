@@ -119,21 +119,56 @@ void save_tensor_file(const std::string& path, const TensorFile& file, const Wri
   }
 }
 
-TensorFile load_tensor_file(const std::string& path) {
-  const std::string what = "tensor file " + path;
-  File in(what, path);
-  const tf::Layout layout = tf::read_layout(
-      what, in.size(), [&](uint64_t offset, size_t n, void* out) { in.read(offset, n, out); });
-  TensorFile result;
-  for (const auto& [key, value] : layout.header.metadata) result.metadata[key] = value;
-  for (const auto& e : layout.header.tensors) {
-    // e.bytes is within the file's size: read_layout checked it.
-    at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(to_torch(e.dtype)));
-    DTRAIN_ENFORCE_EQ(t.nbytes(), e.bytes);
-    in.read(layout.data_start + e.offset, static_cast<size_t>(e.bytes), t.data_ptr());
-    tf::verify(what, e, t.data_ptr());
-    result.tensors.emplace(e.name, std::move(t));
+struct TensorFileReader::Impl {
+  std::string what;
+  File in;
+  tf::Layout layout;
+  std::map<std::string, size_t> index;
+  Impl(const std::string& path) : what("tensor file " + path), in(what, path) {
+    layout = tf::read_layout(what, in.size(),
+                             [&](uint64_t offset, size_t n, void* out) { in.read(offset, n, out); });
+    for (size_t i = 0; i < layout.header.tensors.size(); ++i) index[layout.header.tensors[i].name] = i;
   }
+  const tf::Entry& entry(const std::string& name) const {
+    auto it = index.find(name);
+    DTRAIN_CHECK_ARG(it != index.end(), what, ": has no tensor ", name);
+    return layout.header.tensors[it->second];
+  }
+};
+
+TensorFileReader::TensorFileReader(const std::string& path) : impl_(std::make_unique<Impl>(path)) {
+  for (const auto& [key, value] : impl_->layout.header.metadata) metadata_[key] = value;
+}
+
+TensorFileReader::~TensorFileReader() = default;
+
+bool TensorFileReader::contains(const std::string& name) const { return impl_->index.count(name) > 0; }
+
+std::vector<std::string> TensorFileReader::names() const {
+  std::vector<std::string> out;
+  for (const auto& e : impl_->layout.header.tensors) out.push_back(e.name);
+  return out;
+}
+
+std::vector<int64_t> TensorFileReader::shape(const std::string& name) const {
+  return impl_->entry(name).shape;
+}
+
+at::Tensor TensorFileReader::read(const std::string& name) const {
+  const auto& e = impl_->entry(name);
+  // e.bytes is within the file's size: read_layout checked it.
+  at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(to_torch(e.dtype)));
+  DTRAIN_ENFORCE_EQ(t.nbytes(), e.bytes);
+  impl_->in.read(impl_->layout.data_start + e.offset, static_cast<size_t>(e.bytes), t.data_ptr());
+  tf::verify(impl_->what, e, t.data_ptr());
+  return t;
+}
+
+TensorFile load_tensor_file(const std::string& path) {
+  TensorFileReader reader(path);
+  TensorFile result;
+  result.metadata = reader.metadata();
+  for (const auto& name : reader.names()) result.tensors.emplace(name, reader.read(name));
   return result;
 }
 

@@ -172,6 +172,13 @@ std::vector<at::Tensor> FSDPCore::shards() const {
   return out;
 }
 
+std::vector<FSDPShard> FSDPCore::shard_layout() const {
+  std::vector<FSDPShard> out;
+  for (const auto& unit : impl_->units)
+    out.push_back({unit->name(), unit->shard(), unit->shard_offset(), unit->numel()});
+  return out;
+}
+
 std::vector<std::string> FSDPCore::unit_names() const {
   std::vector<std::string> out;
   for (const auto& unit : impl_->units) out.push_back(unit->name());

@@ -38,6 +38,7 @@ class FlatUnit {
   const at::Tensor& shard() const { return shard_; }
   bool trainable() const { return trainable_; }
   int64_t numel() const { return numel_; }
+  int64_t shard_offset() const { return group_.rank() * slice_; }
 
   // Full parameters. start_gather() allocates the storage and launches the
   // all-gather (nothing if already gathered); wait_gathered() also waits.

@@ -13,6 +13,7 @@
 
 #include "common/paths.h"
 #include "harness/process_ranks.h"
+#include "harness/temp_dir.h"
 #include "common/slurm.h"
 
 namespace dtrain::testing {
@@ -494,6 +495,26 @@ TEST_P(MpiBackend, FsdpMatchesSingleProcessTraining) {
 }
 
 INSTANTIATE_TEST_SUITE_P(World, MpiBackend, ::testing::Values(2, 3, 4));
+
+// A rank killed while saving a distributed checkpoint (in its data file,
+// or after every data file but before the commit) leaves the previous
+// checkpoint loadable, values and metadata.
+class CheckpointCrash : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CheckpointCrash, ThePreviousCheckpointStaysLoadable) {
+  TempDir dir;
+  ProcessRanks procs;
+  auto& crash = procs.spawn({kWorker, "checkpoint-crash", dir.path(), GetParam()},
+                            rank_env(0, 1, free_port()));
+  ASSERT_TRUE(procs.wait(crash, Clock::now() + 60s)) << crash.output();
+  EXPECT_EQ(crash.signal, SIGKILL) << describe(crash);
+  EXPECT_NE(crash.output().find("saving checkpoint 2"), std::string::npos) << describe(crash);
+  auto& check = procs.spawn({kWorker, "checkpoint-check", dir.path()}, rank_env(0, 1, free_port()));
+  ASSERT_TRUE(procs.wait(check, Clock::now() + 60s)) << check.output();
+  EXPECT_EQ(check.exit_code, 0) << describe(check);
+  EXPECT_NE(check.output().find("checkpoint 1 intact"), std::string::npos) << describe(check);
+}
+INSTANTIATE_TEST_SUITE_P(Phases, CheckpointCrash, ::testing::Values("writing", "commit"));
 
 // FSDP through the launcher on the network, shared-memory and automatic
 // backends: every rank equals one process on the whole batch.

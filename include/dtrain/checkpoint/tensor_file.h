@@ -16,7 +16,9 @@
 #include <ATen/ATen.h>
 
 #include <map>
+#include <memory>
 #include <string>
+#include <vector>
 
 namespace dtrain::checkpoint {
 
@@ -46,5 +48,28 @@ void save_tensor_file(const std::string& path, const TensorFile& file,
 // shapes. Throws dtrain::InvalidArgument "tensor file <path>: <problem>"
 // for a missing, truncated, damaged or hostile file.
 TensorFile load_tensor_file(const std::string& path);
+
+// Reads a tensor file piecewise: the header is read and checked when it is
+// opened, each tensor (and its checksum) only when asked for. Errors as
+// load_tensor_file's.
+class TensorFileReader {
+ public:
+  explicit TensorFileReader(const std::string& path);
+  ~TensorFileReader();
+  TensorFileReader(const TensorFileReader&) = delete;
+  TensorFileReader& operator=(const TensorFileReader&) = delete;
+
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  bool contains(const std::string& name) const;
+  std::vector<std::string> names() const;  // in file order
+  // The tensor's shape without reading it.
+  std::vector<int64_t> shape(const std::string& name) const;
+  at::Tensor read(const std::string& name) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::map<std::string, std::string> metadata_;
+};
 
 }  // namespace dtrain::checkpoint

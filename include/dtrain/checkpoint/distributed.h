@@ -1,0 +1,124 @@
+#pragma once
+
+// Distributed checkpoints (torch.distributed.checkpoint's idea): every rank
+// writes its own part of the training state to its own file, in parallel,
+// and one metadata file, written last and atomically, makes the checkpoint
+// exist. Loading reshards: a checkpoint saved by N ranks loads on any number
+// of ranks, each reading only the pieces that overlap what it holds. Files
+// are tensor files (docs/tensor-file.md): validated, never unpickled.
+//
+//   dtrain::checkpoint::DistributedState state;
+//   dtrain::checkpoint::add_fsdp(state, fsdp, optimizer);    // or add_module / add_zero
+//   state.metadata["epoch"] = std::to_string(epoch);
+//   dtrain::checkpoint::save("ckpt", state);                 // collective
+//   ...                                                      // any world size later:
+//   dtrain::checkpoint::load("ckpt", state);                 // fills the same tensors
+//
+// The state names views of the live tensors: save() reads them, load()
+// writes into them. docs/checkpoint.md has the directory layout.
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtrain/arg.h"
+#include "dtrain/checkpoint/tensor_file.h"
+#include "dtrain/fsdp.h"
+#include "dtrain/process_group.h"
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace dtrain {
+class ZeroRedundancyOptimizer;
+}  // namespace dtrain
+
+namespace dtrain::checkpoint {
+
+// A rank's piece of a tensor of `numel` elements that all ranks together
+// hold: `local` (1-D, contiguous) is elements [offset, offset + local.numel())
+// of the whole, flattened. Pieces may overlap (each element is saved once,
+// by the lowest rank holding it) and the whole's shape is not recorded.
+struct ShardedTensor {
+  at::Tensor local;
+  int64_t offset = 0;
+  int64_t numel = 0;
+};
+
+struct DistributedState {
+  // The same on every rank (model parameters under DDP, buffers, step
+  // counters): saved once, spread over the ranks' files by size.
+  std::map<std::string, at::Tensor> replicated;
+  std::map<std::string, ShardedTensor> sharded;
+  // Strings: rank 0's are saved; load() replaces these with the saved ones.
+  std::map<std::string, std::string> metadata;
+  // Run by load() once every tensor is filled (the add_* helpers use them
+  // to put values that are not tensors, such as step counts, back).
+  std::vector<std::function<void()>> after_load;
+};
+
+struct SaveOptions {
+  // The ranks saving; null: the default group. Every rank of it calls save.
+  DTRAIN_ARG(std::shared_ptr<ProcessGroup>, process_group) = nullptr;
+  // Test hooks: this rank's data file write dies half way (SIGKILL), or
+  // rank 0 dies after every data file is written, before the commit.
+  DTRAIN_ARG(WriteFaults, faults) = WriteFaults();
+  DTRAIN_ARG(bool, die_before_commit) = false;
+};
+
+// Collective. Writes this rank's data file, then (rank 0, once every
+// rank's file is durable) the metadata file, atomically; then removes the
+// files of the checkpoint it replaces. A crash at any point leaves the
+// previous checkpoint in `dir` loadable. Every rank must pass the same
+// replicated and sharded names with the same sizes (InvalidArgument
+// otherwise, on every rank).
+void save(const std::string& dir, const DistributedState& state, SaveOptions options = SaveOptions());
+
+// Not collective: fills every tensor of `state` from the checkpoint in
+// `dir` (any world size), and its metadata. A name missing from the
+// checkpoint, a size that differs, a damaged file: InvalidArgument naming
+// it; `state` may then be partly filled.
+void load(const std::string& dir, DistributedState& state);
+
+// What a checkpoint directory holds, from its metadata file alone.
+struct CheckpointInfo {
+  int world_size = 0;  // of the ranks that saved it
+  std::vector<std::string> replicated, sharded;
+  std::map<std::string, std::string> metadata;
+};
+CheckpointInfo inspect(const std::string& dir);
+
+// ---- building states --------------------------------------------------------
+
+// The module's parameters and buffers ("<prefix>param/<name>",
+// "<prefix>buffer/<name>"), replicated: a DDP replica or a single process.
+void add_module(DistributedState& state, torch::nn::Module& module, const std::string& prefix = "");
+// The optimizer's state for `module`'s parameters, replicated
+// ("<prefix>optim/<name>/<field>"). Adam, AdamW and SGD; state not created
+// yet is created as the optimizer's first step would (zeros, step 0).
+void add_optimizer(DistributedState& state, torch::optim::Optimizer& optimizer,
+                   torch::nn::Module& module, const std::string& prefix = "");
+// ZeroRedundancyOptimizer's sharded state ("<prefix>zero/<field>", pieces of
+// the flat parameter space); the parameters themselves come from
+// add_module.
+void add_zero(DistributedState& state, ZeroRedundancyOptimizer& optimizer,
+              const std::string& prefix = "");
+
+// FSDP's shards ("<prefix>fsdp/<unit>/param", "<unit>" being "root" for
+// the root unit), the optimizer's state of them ("<prefix>fsdp/<unit>/<field>")
+// and the module's buffers, replicated.
+void add_fsdp_shards(DistributedState& state, const std::vector<FSDPShard>& shards,
+                     torch::optim::Optimizer& optimizer, torch::nn::Module& module,
+                     const std::string& prefix);
+template <typename ModuleType>
+void add_fsdp(DistributedState& state, FullyShardedDataParallel<ModuleType>& fsdp,
+              torch::optim::Optimizer& optimizer, const std::string& prefix = "") {
+  add_fsdp_shards(state, fsdp.shard_layout(), optimizer, *fsdp.module(), prefix);
+}
+
+}  // namespace dtrain::checkpoint
