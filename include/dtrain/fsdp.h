@@ -98,6 +98,8 @@ struct FSDPStats {
   int64_t prefetched = 0;           // ... of them started ahead, while another unit computed
   int64_t reduce_scatters = 0;      // units' gradients reduced into the shards
   int64_t peak_gathered_bytes = 0;  // most full-parameter memory held at once
+  int64_t peak_gradient_bytes = 0;  // most unsharded gradient buffers held at once
+                                    // (being reduce-scattered, or kept by no_sync)
   int64_t shard_bytes = 0;          // this rank's shards (what it keeps between iterations)
 };
 

@@ -257,6 +257,9 @@ void FSDPCore::Impl::grad_ready(fsdp::FlatUnit& unit, size_t index) {
 void FSDPCore::Impl::reduce(fsdp::FlatUnit& unit) {
   if (sync) ++current.reduce_scatters;
   unit.reduce(sync);
+  int64_t held = 0;
+  for (const auto& u : units) held += u->gradient_bytes();
+  current.peak_gradient_bytes = std::max(current.peak_gradient_bytes, held);
   if (!sync) return;
   reducing.push_back(&unit);
   if (reducing.size() > 1) {

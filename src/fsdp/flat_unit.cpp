@@ -187,6 +187,13 @@ void FlatUnit::finish_reduce() {
     grad = average;
 }
 
+int64_t FlatUnit::gradient_bytes() const {
+  int64_t bytes = 0;
+  for (const auto* t : {&reduce_input_, &reduce_output_, &unsynced_})
+    if (t->defined()) bytes += static_cast<int64_t>(t->nbytes());
+  return bytes;
+}
+
 void FlatUnit::reset_iteration() {
   std::fill(has_grad_.begin(), has_grad_.end(), false);
   grads_ = 0;

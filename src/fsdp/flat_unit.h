@@ -61,6 +61,9 @@ class FlatUnit {
   void reduce(bool sync);
   // Waits for the reduce-scatter and adds the average into shard.grad.
   void finish_reduce();
+  // Bytes of this unit's unsharded gradient buffers now (in reduction, or
+  // kept under no_sync).
+  int64_t gradient_bytes() const;
   void reset_iteration();
 
   // Collective: every parameter's full value in the shard's dtype (the

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "checkpoint/optimizer_state.h"
 #include "common/enforce.h"
 #include "dtrain/distributed.h"
 
@@ -104,6 +105,31 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<torch::Tensor> para
 ZeroRedundancyOptimizer::~ZeroRedundancyOptimizer() = default;
 
 torch::optim::Optimizer& ZeroRedundancyOptimizer::local_optimizer() { return *local_; }
+
+std::map<std::string, torch::Tensor> ZeroRedundancyOptimizer::consolidate_state_dict(int to_rank) {
+  DTRAIN_CHECK_ARG(to_rank >= 0 && to_rank < group_->size(), kWho, "::consolidate_state_dict: to_rank ",
+                   to_rank, " is not a rank of the group (size ", group_->size(), ")");
+  at::NoGradGuard no_grad;
+  auto view = checkpoint::detail::param_state(*local_, shard_);
+  const bool mine = group_->rank() == to_rank;
+  std::map<std::string, torch::Tensor> out;
+  const auto& all = param_groups()[0].params();
+  for (const auto& [field, slice] : view.tensors) {
+    std::vector<at::Tensor> pieces;
+    if (mine)
+      for (int r = 0; r < group_->size(); ++r) pieces.push_back(at::empty_like(slice));
+    group_->gather(pieces, slice.contiguous(), to_rank)->wait();
+    if (!mine) continue;
+    const auto flat = at::cat(pieces).to(at::kCPU);
+    int64_t offset = 0;
+    for (size_t i = 0; i < all.size(); ++i) {
+      out[std::to_string(i) + "/" + field] = flat.narrow(0, offset, all[i].numel()).view(all[i].sizes()).clone();
+      offset += all[i].numel();
+    }
+  }
+  if (mine && view.step.defined()) out["step"] = view.step.clone();
+  return out;
+}
 
 torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
   torch::Tensor loss;

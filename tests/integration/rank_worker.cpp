@@ -494,14 +494,16 @@ long minor_faults() {
 int page_faults() {
   dtrain::init_process_group();
   torch::manual_seed(0);
-  // Training steps of cheap element-wise work on 16 MiB tensors: the
+  // Training steps of cheap element-wise work on 64 MiB tensors: the
   // activations and gradients are freed and allocated again every step.
-  auto w = torch::randn({4 << 20}, torch::requires_grad());
-  auto x = torch::randn({4 << 20});
+  // Above 32 MiB, the most glibc's dynamic mmap threshold can rise to, so
+  // glibc's defaults map every one afresh.
+  auto w = torch::randn({16 << 20}, torch::requires_grad());
+  auto x = torch::randn({16 << 20});
   torch::optim::SGD opt({w}, torch::optim::SGDOptions(0.01).momentum(0.9));
   long before = 0;
-  for (int step = 0; step < 80; ++step) {
-    if (step == 60) before = minor_faults();  // the heap settles in the first steps
+  for (int step = 0; step < 30; ++step) {
+    if (step == 20) before = minor_faults();  // the heap settles in the first steps
     opt.zero_grad();
     ((x * w).relu() * (x + 1)).sum().backward();
     opt.step();

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "checkpoint/optimizer_state.h"
 #include "dtrain/dtrain.h"
 #include "harness/assertions.h"
 #include "harness/thread_ranks.h"
@@ -66,6 +67,22 @@ void expect_zero_equals_plain(int world, const MakeOptimizer& make) {
       EXPECT_TRUE(torch::allclose(a[i], b[i], 1e-6, 1e-7))
           << "rank " << r << " parameter " << i << " max diff "
           << (a[i] - b[i]).abs().max().item<double>();
+    // The whole optimizer state, consolidated on the last rank, is the
+    // plain optimizer's.
+    const int to = world - 1;
+    const auto full = opt_zero.consolidate_state_dict(to);
+    if (r != to) {
+      EXPECT_TRUE(full.empty());
+      return;
+    }
+    for (size_t i = 0; i < a.size(); ++i) {
+      auto reference = checkpoint::detail::param_state(*opt_plain, a[i]);
+      for (const auto& [field, value] : reference.tensors) {
+        const auto& got = full.at(std::to_string(i) + "/" + field);
+        EXPECT_TRUE(torch::allclose(got, value, 1e-5, 1e-8)) << "parameter " << i << " " << field;
+      }
+      if (reference.step.defined()) EXPECT_EQ(full.at("step").item<int64_t>(), kSteps);
+    }
   }, 120s);
   for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
 }

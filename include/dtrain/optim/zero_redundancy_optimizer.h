@@ -36,6 +36,8 @@
 #include <torch/optim/optimizer.h>
 
 #include <functional>
+#include <map>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -64,6 +66,13 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
 
   // The optimizer over this rank's slice (its state is this rank's share).
   torch::optim::Optimizer& local_optimizer();
+  // Collective (PyTorch's consolidate_state_dict + state_dict on `to_rank`):
+  // the whole optimizer state gathered onto `to_rank`, as CPU tensors:
+  // "<i>/<field>" shaped like parameter i (Adam/AdamW: exp_avg, exp_avg_sq,
+  // max_exp_avg_sq; SGD: momentum_buffer) and "step" for Adam's count. The
+  // other ranks get an empty map. State not created yet is created as the
+  // first step would. Adam, AdamW and SGD (InvalidArgument otherwise).
+  std::map<std::string, torch::Tensor> consolidate_state_dict(int to_rank = 0);
   // This rank's slice of the flat parameter space: [shard_begin, shard_end).
   int64_t shard_begin() const { return begin_; }
   int64_t shard_end() const { return end_; }
