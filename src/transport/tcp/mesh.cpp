@@ -206,7 +206,13 @@ class MeshBuilder {
         return advance(p);  // the rest of the hello
       }
       if (const char* why = hello_problem(p.hello)) return drop(p, why);
-      reply(p);
+      try {
+        reply(p);
+      } catch (const NetworkError&) {
+        // It left before our reply (a joiner that refused another stream's
+        // reply, or a stranger): not this rank's failure, keep waiting.
+        return drop(p, "closed the connection before this rank's reply");
+      }
       p.got = 0;
       if (!has_token()) return adopt(p);
     }
