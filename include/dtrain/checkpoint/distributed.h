@@ -42,8 +42,9 @@ namespace dtrain::checkpoint {
 
 // A rank's piece of a tensor of `numel` elements that all ranks together
 // hold: `local` (1-D, contiguous) is elements [offset, offset + local.numel())
-// of the whole, flattened. Pieces may overlap (each element is saved once,
-// by the lowest rank holding it) and the whole's shape is not recorded.
+// of the whole, flattened. Each rank saves its whole piece, so the pieces
+// of different ranks must not overlap (FSDP's and ZeRO's do not); the
+// whole's shape is not recorded.
 struct ShardedTensor {
   at::Tensor local;
   int64_t offset = 0;

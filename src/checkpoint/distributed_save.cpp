@@ -1,0 +1,125 @@
+// Saving a distributed checkpoint: each rank's data file, then the
+// metadata file that commits them (distributed_files.h has the layout).
+
+#include "dtrain/checkpoint/distributed.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <functional>
+#include <random>
+
+#include <ATen/core/grad_mode.h>
+
+#include "common/enforce.h"
+#include "checkpoint/distributed_files.h"
+#include "common/paths.h"
+#include "dtrain/distributed.h"
+
+namespace dtrain::checkpoint {
+namespace {
+
+using files::data_file;
+using files::kFormat;
+using files::check_local;
+using files::kMetadataFile;
+
+// Every rank must describe the same entries: a hash of names and sizes,
+// compared through its minimum and maximum over the group.
+void check_same_entries(ProcessGroup& group, const DistributedState& state) {
+  std::string text;
+  for (const auto& [name, t] : state.replicated)
+    text += "r" + name + ":" + std::to_string(t.numel()) + ";";
+  for (const auto& [name, s] : state.sharded) text += "s" + name + ":" + std::to_string(s.numel) + ";";
+  const auto hash = static_cast<int64_t>(std::hash<std::string>()(text) >> 1);
+  auto low = at::full({1}, hash, at::kLong), high = at::full({1}, hash, at::kLong);
+  group.all_reduce(low, ReduceOp::MIN)->wait();
+  group.all_reduce(high, ReduceOp::MAX)->wait();
+  DTRAIN_CHECK_ARG(low.item<int64_t>() == high.item<int64_t>(),
+                   "checkpoint::save: the ranks describe different states (names or sizes of "
+                   "their replicated and sharded entries differ); every rank must add the same "
+                   "objects");
+}
+
+
+// Replicated entries go to the rank with the fewest bytes so far, in name
+// order: every rank computes the same assignment.
+std::map<std::string, int> assign_replicated(const DistributedState& state, int world) {
+  std::vector<int64_t> load(world, 0);
+  std::map<std::string, int> owner;
+  for (const auto& [name, t] : state.replicated) {
+    const int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    owner[name] = r;
+    load[r] += static_cast<int64_t>(t.nbytes());
+  }
+  return owner;
+}
+
+std::string new_token(ProcessGroup& group) {
+  auto t = at::zeros({1}, at::kLong);
+  if (group.rank() == 0) {
+    std::random_device device;
+    t[0] = static_cast<int64_t>((static_cast<uint64_t>(device()) << 31) ^ device() ^
+                                static_cast<uint64_t>(::getpid()));
+  }
+  group.broadcast(t, 0)->wait();
+  char text[17];
+  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(t.item<int64_t>()));
+  return text;
+}
+
+void make_dir(const std::string& dir) {
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+    throw Error("checkpoint: cannot create directory " + dir + ": " + std::strerror(errno));
+  DTRAIN_CHECK_ARG(paths::is_directory(dir), "checkpoint: ", dir, " is not a directory");
+}
+
+// Data files that the committed token does not name: older checkpoints'
+// and those of saves that died.
+void remove_stale(const std::string& dir, const std::string& token) {
+  for (const auto& name : paths::list(dir))
+    if (name.rfind("data-", 0) == 0 && name.find("-" + token + "-") == std::string::npos &&
+        name.size() > 4 && name.compare(name.size() - 4, 4, ".dtt") == 0)
+      ::unlink(paths::join(dir, name).c_str());
+}
+
+
+}  // namespace
+
+void save(const std::string& dir, const DistributedState& state, SaveOptions options) {
+  auto group = options.process_group() ? options.process_group() : default_group();
+  DTRAIN_CHECK_ARG(group && group->rank() >= 0, "checkpoint::save: this rank is not in the group");
+  check_local(state);
+  check_same_entries(*group, state);
+  const int rank = group->rank(), world = group->size();
+  const std::string token = new_token(*group);
+  make_dir(dir);
+  const auto owner = assign_replicated(state, world);
+  TensorFile mine;
+  for (const auto& [name, t] : state.replicated)
+    if (owner.at(name) == rank) mine.tensors["r/" + name] = t;
+  for (const auto& [name, s] : state.sharded) {
+    mine.tensors["s/" + name] = s.local.reshape({-1});
+    mine.metadata["offset/" + name] = std::to_string(s.offset);
+  }
+  save_tensor_file(data_file(dir, token, rank), mine, options.faults());
+  group->barrier()->wait();  // every data file is durable
+  if (rank == 0) {
+    if (options.die_before_commit()) ::raise(SIGKILL);
+    TensorFile meta;
+    meta.metadata["format"] = kFormat;
+    meta.metadata["token"] = token;
+    meta.metadata["world_size"] = std::to_string(world);
+    for (const auto& [name, r] : owner) meta.metadata["replicated/" + name] = std::to_string(r);
+    for (const auto& [name, s] : state.sharded) meta.metadata["sharded/" + name] = std::to_string(s.numel);
+    for (const auto& [key, value] : state.metadata) meta.metadata["u/" + key] = value;
+    save_tensor_file(paths::join(dir, kMetadataFile), meta);
+    remove_stale(dir, token);
+  }
+  group->barrier()->wait();  // committed
+}
+
+}  // namespace dtrain::checkpoint
