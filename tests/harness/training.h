@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <type_traits>
 #include <vector>
@@ -37,6 +38,17 @@ std::vector<Batch> make_data(int64_t rows, int steps) {
   for (int s = 0; s < steps; ++s) data.push_back({inputs_for<Impl>(rows), torch::randn({rows, 4})});
   return data;
 }
+
+// Optimizer factories shared by the ZeRO and FSDP tests (the form
+// ZeroRedundancyOptimizer takes).
+using MakeOptimizer =
+    std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
+inline const MakeOptimizer kAdam = [](std::vector<torch::Tensor> p) {
+  return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(1e-2).weight_decay(1e-3));
+};
+inline const MakeOptimizer kSgdMomentum = [](std::vector<torch::Tensor> p) {
+  return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.05).momentum(0.9));
+};
 
 inline torch::optim::SGD make_sgd(const std::vector<torch::Tensor>& params) {
   return torch::optim::SGD(params, torch::optim::SGDOptions(0.1).momentum(0.9));

@@ -12,6 +12,7 @@
 #include "harness/assertions.h"
 #include "harness/fsdp_models.h"
 #include "harness/thread_ranks.h"
+#include "harness/training.h"
 
 namespace dtrain {
 namespace {
@@ -52,20 +53,15 @@ std::vector<std::shared_ptr<Impl>> models(int world, int seed = 0) {
   return out;
 }
 
-using MakeOptimizer =
-    std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
-const MakeOptimizer kAdam = [](std::vector<torch::Tensor> p) {
-  return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(1e-2).weight_decay(1e-3));
-};
+using testing::kAdam;
+using testing::kSgdMomentum;
+using testing::MakeOptimizer;
 // For attention: its query/key gradients start tiny and cancel, so their
 // rounding differs between summation orders by a relative 1e-3; Adam turns
 // any gradient into a step of about lr, so the steps differ by lr * 1e-3.
 // Transformers train at this lr anyway.
 const MakeOptimizer kTransformerAdam = [](std::vector<torch::Tensor> p) {
   return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(1e-3).weight_decay(1e-3));
-};
-const MakeOptimizer kSgdMomentum = [](std::vector<torch::Tensor> p) {
-  return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.05).momentum(0.9));
 };
 
 std::shared_ptr<ProcessGroup> second_group(RankContext& ctx, const std::string& backend = "tcp") {

@@ -23,15 +23,10 @@ using testing::run_rank_contexts;
 constexpr int kBatch = 4;
 constexpr int kSteps = 20;
 
-using MakeOptimizer =
-    std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
+using testing::kAdam;
+using testing::kSgdMomentum;
+using testing::MakeOptimizer;
 
-const MakeOptimizer kAdam = [](std::vector<torch::Tensor> p) {
-  return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(1e-2).weight_decay(1e-3));
-};
-const MakeOptimizer kSgdMomentum = [](std::vector<torch::Tensor> p) {
-  return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.05).momentum(0.9));
-};
 
 template <typename Impl>
 void expect_zero_equals_plain(int world, const MakeOptimizer& make) {
