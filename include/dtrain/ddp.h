@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "dtrain/arg.h"
+#include "dtrain/no_sync_guard.h"
 #include "dtrain/ddp/comm_hooks.h"
 #include "dtrain/process_group.h"
 
@@ -101,25 +102,7 @@ class DDPCore {
 }  // namespace detail
 
 // Restores synchronization when it goes out of scope.
-class NoSyncGuard {
- public:
-  explicit NoSyncGuard(detail::DDPCore& core) : core_(&core), previous_(core.sync_enabled()) {
-    core_->set_sync(false);
-  }
-  ~NoSyncGuard() {
-    if (core_) core_->set_sync(previous_);
-  }
-  NoSyncGuard(NoSyncGuard&& other) noexcept : core_(other.core_), previous_(other.previous_) {
-    other.core_ = nullptr;
-  }
-  NoSyncGuard(const NoSyncGuard&) = delete;
-  NoSyncGuard& operator=(const NoSyncGuard&) = delete;
-  NoSyncGuard& operator=(NoSyncGuard&&) = delete;
-
- private:
-  detail::DDPCore* core_;
-  bool previous_;
-};
+using NoSyncGuard = ScopedNoSync<detail::DDPCore>;
 
 template <typename ModuleType>
 class DistributedDataParallel : public torch::nn::Module {

@@ -66,6 +66,7 @@
 #include <vector>
 
 #include "dtrain/arg.h"
+#include "dtrain/no_sync_guard.h"
 #include "dtrain/process_group.h"
 
 namespace dtrain {
@@ -258,26 +259,8 @@ class FullParamsGuard {
   bool writeback_;
 };
 
-// Restores gradient synchronization when it goes out of scope.
-class FSDPNoSyncGuard {
- public:
-  explicit FSDPNoSyncGuard(detail::FSDPCore& core) : core_(&core), previous_(core.sync_enabled()) {
-    core_->set_sync(false);
-  }
-  ~FSDPNoSyncGuard() {
-    if (core_) core_->set_sync(previous_);
-  }
-  FSDPNoSyncGuard(FSDPNoSyncGuard&& other) noexcept : core_(other.core_), previous_(other.previous_) {
-    other.core_ = nullptr;
-  }
-  FSDPNoSyncGuard(const FSDPNoSyncGuard&) = delete;
-  FSDPNoSyncGuard& operator=(const FSDPNoSyncGuard&) = delete;
-  FSDPNoSyncGuard& operator=(FSDPNoSyncGuard&&) = delete;
-
- private:
-  detail::FSDPCore* core_;
-  bool previous_;
-};
+// Restores synchronization when it goes out of scope.
+using FSDPNoSyncGuard = ScopedNoSync<detail::FSDPCore>;
 
 template <typename ModuleType>
 class FullyShardedDataParallel : public torch::nn::Module {
