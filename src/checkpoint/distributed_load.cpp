@@ -8,6 +8,8 @@
 
 #include <map>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "checkpoint/distributed_files.h"
 #include "common/enforce.h"
@@ -52,26 +54,30 @@ struct Saved {
     return *r;
   }
 
-  void fill_replicated(const std::string& name, at::Tensor& out) {
+  // The saved value of a replicated entry, checked against `like` (its
+  // shape and dtype here).
+  at::Tensor read_replicated(const std::string& name, const at::Tensor& like) {
     auto it = meta.find("replicated/" + name);
     DTRAIN_CHECK_ARG(it != meta.end(), what, ": has no replicated '", name, "'");
     const int64_t r = files::parse_count(what + ": the rank of '" + name + "'", it->second);
     DTRAIN_CHECK_ARG(r < world, what, ": '", name, "' is in rank ", r, "'s file, beyond world size ", world);
-    const at::Tensor saved = reader(static_cast<int>(r)).read("r/" + name);
-    DTRAIN_CHECK_ARG(saved.sizes() == out.sizes(), what, ": '", name, "' has shape ", saved.sizes(),
-                     " in the checkpoint but ", out.sizes(), " here");
-    at::NoGradGuard no_grad;
-    out.detach().copy_(saved);
+    at::Tensor saved = reader(static_cast<int>(r)).read("r/" + name);
+    DTRAIN_CHECK_ARG(saved.sizes() == like.sizes(), what, ": '", name, "' has shape ", saved.sizes(),
+                     " in the checkpoint but ", like.sizes(), " here");
+    check_dtype(name, saved, like);
+    return saved;
   }
 
-  void fill_sharded(const std::string& name, ShardedTensor& out) {
+  // This rank's piece of a sharded entry, assembled from the saved pieces
+  // that overlap it (a new tensor shaped like out.local).
+  at::Tensor read_sharded(const std::string& name, const ShardedTensor& out) {
     auto it = meta.find("sharded/" + name);
     DTRAIN_CHECK_ARG(it != meta.end(), what, ": has no sharded '", name, "'");
     const int64_t numel = files::parse_count(what + ": the size of '" + name + "'", it->second);
     DTRAIN_CHECK_ARG(numel == out.numel, what, ": sharded '", name, "' has ", numel,
                      " elements in the checkpoint but ", out.numel, " here");
     const int64_t lo = out.offset, hi = out.offset + out.local.numel();
-    auto flat = out.local.detach().view({-1});
+    at::Tensor staged = at::empty({hi - lo}, out.local.options().device(at::kCPU));
     int64_t covered = 0;
     for (int r = 0; r < world && covered < hi - lo; ++r) {
       const auto& file = reader(r);
@@ -84,12 +90,18 @@ struct Saved {
       const int64_t a = std::max(lo, start), b = std::min(hi, start + shape[0]);
       if (a >= b) continue;
       const at::Tensor piece = file.read("s/" + name);
-      at::NoGradGuard no_grad;
-      flat.narrow(0, a - lo, b - a).copy_(piece.narrow(0, a - start, b - a));
+      check_dtype(name, piece, out.local);
+      staged.narrow(0, a - lo, b - a).copy_(piece.narrow(0, a - start, b - a));
       covered += b - a;  // pieces of different ranks do not overlap in what dtrain saves
     }
     DTRAIN_CHECK_ARG(covered >= hi - lo, what, ": the saved pieces of '", name,
                      "' do not cover elements [", lo, ", ", hi, ")");
+    return staged;
+  }
+
+  void check_dtype(const std::string& name, const at::Tensor& saved, const at::Tensor& like) const {
+    DTRAIN_CHECK_ARG(saved.scalar_type() == like.scalar_type(), what, ": '", name, "' is ",
+                     saved.scalar_type(), " in the checkpoint but ", like.scalar_type(), " here");
   }
 };
 
@@ -98,8 +110,14 @@ struct Saved {
 void load(const std::string& dir, DistributedState& state) {
   check_local(state);
   Saved saved(dir);
-  for (auto& [name, t] : state.replicated) saved.fill_replicated(name, t);
-  for (auto& [name, s] : state.sharded) saved.fill_sharded(name, s);
+  // Everything is read and checked before any tensor of `state` changes.
+  std::vector<std::pair<at::Tensor, at::Tensor>> fills;  // {destination, saved}
+  for (auto& [name, t] : state.replicated) fills.emplace_back(t, saved.read_replicated(name, t));
+  for (auto& [name, s] : state.sharded) fills.emplace_back(s.local.view({-1}), saved.read_sharded(name, s));
+  {
+    at::NoGradGuard no_grad;
+    for (auto& [to, from] : fills) to.detach().copy_(from);
+  }
   state.metadata.clear();
   for (const auto& [key, value] : saved.meta)
     if (key.rfind("u/", 0) == 0) state.metadata[key.substr(2)] = value;

@@ -35,7 +35,8 @@ void check_same_entries(ProcessGroup& group, const DistributedState& state) {
     text += "r" + name + ":" + std::to_string(t.numel()) + ";";
   for (const auto& [name, s] : state.sharded) text += "s" + name + ":" + std::to_string(s.numel) + ";";
   const auto hash = static_cast<int64_t>(std::hash<std::string>()(text) >> 1);
-  auto low = at::full({1}, hash, at::kLong), high = at::full({1}, hash, at::kLong);
+  const auto on = at::TensorOptions().dtype(at::kLong).device(group.control_device());
+  auto low = at::full({1}, hash, on), high = at::full({1}, hash, on);
   group.all_reduce(low, ReduceOp::MIN)->wait();
   group.all_reduce(high, ReduceOp::MAX)->wait();
   DTRAIN_CHECK_ARG(low.item<int64_t>() == high.item<int64_t>(),
@@ -59,13 +60,15 @@ std::map<std::string, int> assign_replicated(const DistributedState& state, int 
 }
 
 std::string new_token(ProcessGroup& group) {
-  auto t = at::zeros({1}, at::kLong);
+  int64_t value = 0;
   if (group.rank() == 0) {
     std::random_device device;
-    t[0] = static_cast<int64_t>((static_cast<uint64_t>(device()) << 31) ^ device() ^
-                                static_cast<uint64_t>(::getpid()));
+    value = static_cast<int64_t>((static_cast<uint64_t>(device()) << 31) ^ device() ^
+                                 static_cast<uint64_t>(::getpid()));
   }
+  auto t = at::full({1}, value, at::TensorOptions().dtype(at::kLong).device(group.control_device()));
   group.broadcast(t, 0)->wait();
+  t = t.cpu();
   char text[17];
   std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(t.item<int64_t>()));
   return text;
@@ -87,6 +90,42 @@ void remove_stale(const std::string& dir, const std::string& token) {
 }
 
 
+// Collective, in place of a barrier after a step that may fail on some
+// ranks: every rank passes its error ("" when it succeeded); when any rank
+// failed, every rank throws Error "<context>: rank <r>: <error>" for the
+// lowest failing rank r, instead of the others waiting at a barrier for a
+// rank that gave up. One all_reduce when all succeeded.
+void agree(ProcessGroup& group, const std::string& error, const std::string& context) {
+  const auto on = at::TensorOptions().dtype(at::kLong).device(group.control_device());
+  const int64_t none = group.size();
+  auto first = at::full({1}, error.empty() ? none : static_cast<int64_t>(group.rank()), on);
+  group.all_reduce(first, ReduceOp::MIN)->wait();
+  const int64_t failed = first.cpu().item<int64_t>();
+  if (failed == none) return;
+  const int root = static_cast<int>(failed);
+  auto length = at::full({1}, static_cast<int64_t>(error.size()), on);
+  group.broadcast(length, root)->wait();
+  auto text = at::zeros({length.cpu().item<int64_t>()}, at::kByte);
+  if (group.rank() == root) std::memcpy(text.data_ptr(), error.data(), error.size());
+  text = text.to(group.control_device());
+  group.broadcast(text, root)->wait();
+  text = text.cpu();
+  const auto* chars = static_cast<const char*>(text.data_ptr());
+  throw Error(context + ": rank " + std::to_string(root) + ": " +
+              std::string(chars, chars + text.numel()));
+}
+
+// Runs `step`, turning what it throws into this rank's error text.
+template <typename Step>
+std::string error_of(Step&& step) {
+  try {
+    step();
+    return "";
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
 }  // namespace
 
 void save(const std::string& dir, const DistributedState& state, SaveOptions options) {
@@ -96,7 +135,8 @@ void save(const std::string& dir, const DistributedState& state, SaveOptions opt
   check_same_entries(*group, state);
   const int rank = group->rank(), world = group->size();
   const std::string token = new_token(*group);
-  make_dir(dir);
+  const std::string context = "checkpoint::save " + dir;
+  agree(*group, error_of([&] { make_dir(dir); }), context);
   const auto owner = assign_replicated(state, world);
   TensorFile mine;
   for (const auto& [name, t] : state.replicated)
@@ -105,9 +145,11 @@ void save(const std::string& dir, const DistributedState& state, SaveOptions opt
     mine.tensors["s/" + name] = s.local.reshape({-1});
     mine.metadata["offset/" + name] = std::to_string(s.offset);
   }
-  save_tensor_file(data_file(dir, token, rank), mine, options.faults());
-  group->barrier()->wait();  // every data file is durable
-  if (rank == 0) {
+  // Every data file durable, or every rank throws the first failure.
+  agree(*group, error_of([&] { save_tensor_file(data_file(dir, token, rank), mine, options.faults()); }),
+        context);
+  std::string committed;
+  if (rank == 0) committed = error_of([&] {
     if (options.die_before_commit()) ::raise(SIGKILL);
     TensorFile meta;
     meta.metadata["format"] = kFormat;
@@ -118,8 +160,8 @@ void save(const std::string& dir, const DistributedState& state, SaveOptions opt
     for (const auto& [key, value] : state.metadata) meta.metadata["u/" + key] = value;
     save_tensor_file(paths::join(dir, kMetadataFile), meta);
     remove_stale(dir, token);
-  }
-  group->barrier()->wait();  // committed
+  });
+  agree(*group, committed, context);  // committed, or every rank says why not
 }
 
 }  // namespace dtrain::checkpoint

@@ -40,6 +40,8 @@ struct DistributedSampler::State {
   size_t position = 0;          // next entry of `indices` to hand out
   // A position to start the next reset() at (set_position / load), once.
   std::optional<size_t> resume_at;
+  // The global entries the next reset() skips (set_global_position / load), once.
+  std::optional<size_t> resume_skip;
   // Epoch of the last reset(); the constructor's order is not an epoch
   // start, so a data loader's first reset does not look like a repeat.
   std::optional<int64_t> last_started_epoch;
@@ -122,6 +124,8 @@ void DistributedSampler::reset(torch::optional<size_t> new_size) {
         "(warned once)"));
   }
   s.last_started_epoch = s.spec.epoch;
+  s.spec.skip = std::min(s.resume_skip.value_or(0), s.spec.dataset_size);
+  s.resume_skip.reset();
   s.rebuild();
   const size_t start = s.resume_at.value_or(0);
   s.resume_at.reset();
@@ -150,6 +154,26 @@ void DistributedSampler::set_position(size_t position) {
   check_position(position, state_->indices.size(), "set_position");
   state_->position = position;
   state_->resume_at = position;
+  state_->resume_skip = state_->spec.skip;
+}
+
+size_t DistributedSampler::global_position() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  const auto& s = *state_;
+  return std::min(s.spec.dataset_size, s.spec.skip + s.position * s.spec.num_replicas);
+}
+
+void DistributedSampler::set_global_position(size_t samples) {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  auto& s = *state_;
+  DTRAIN_CHECK_ARG(samples <= s.spec.dataset_size, "DistributedSampler::set_global_position: ",
+                   samples, " samples is past the end of the epoch (dataset_size ",
+                   s.spec.dataset_size, ")");
+  s.spec.skip = samples;
+  s.rebuild();
+  s.position = 0;
+  s.resume_at = 0;
+  s.resume_skip = samples;
 }
 
 namespace {
@@ -173,6 +197,7 @@ void DistributedSampler::save(torch::serialize::OutputArchive& archive) const {
   const auto& s = *state_;
   write_int(archive, "epoch", s.spec.epoch);
   write_int(archive, "position", static_cast<int64_t>(s.position));
+  write_int(archive, "skip", static_cast<int64_t>(s.spec.skip));
   write_int(archive, "dataset_size", static_cast<int64_t>(s.spec.dataset_size));
   write_int(archive, "num_replicas", static_cast<int64_t>(s.spec.num_replicas));
   write_int(archive, "seed", s.spec.seed);
@@ -198,7 +223,15 @@ void DistributedSampler::load(torch::serialize::InputArchive& archive) {
   const int64_t epoch = read_int(archive, "epoch");
   const int64_t position = read_int(archive, "position");
   DTRAIN_CHECK_ARG(position >= 0, "DistributedSampler::load: negative position ", position);
+  torch::Tensor skip_tensor;  // absent in archives of earlier versions
+  const int64_t skip =
+      archive.try_read("skip", skip_tensor, /*is_buffer=*/true) ? skip_tensor.item<int64_t>() : 0;
+  DTRAIN_CHECK_ARG(skip >= 0 && static_cast<size_t>(skip) <= s.spec.dataset_size,
+                   "DistributedSampler::load: skip ", skip, " is outside [0, dataset_size ",
+                   s.spec.dataset_size, "]");
   s.spec.epoch = epoch;
+  s.spec.skip = static_cast<size_t>(skip);
+  s.resume_skip = s.spec.skip;
   s.rebuild();
   check_position(static_cast<size_t>(position), s.indices.size(), "load");
   s.position = static_cast<size_t>(position);

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
+
 namespace dtrain::data {
 
 size_t samples_per_replica(size_t dataset_size, size_t num_replicas, bool drop_last) {
@@ -22,17 +24,24 @@ size_t samples_per_replica(size_t dataset_size, size_t num_replicas, bool drop_l
 // of perm, so rank r's i-th index is perm[(r + i * R) % N] in both cases;
 // we compute just those instead of materializing the padded list.
 //
+// With `skip` entries of that list already consumed (by ranks of an earlier
+// world size), the ranks deal out perm[skip], perm[skip + 1], ... the same
+// way: rank r's i-th index is perm[(skip + r + i * R) % N], and there are
+// samples_per_replica(N - skip, R) of them. For skip = p * R this is the
+// tail of the full order from position p, so resuming through the global
+// position at an unchanged world size repeats the uninterrupted run exactly.
+//
 // The permutation is ATen's randperm on a CPU generator (mt19937) seeded
 // with seed + epoch — the generator and kernel torch.randperm(N,
 // generator=g) runs in Python for g.manual_seed(seed + epoch) — so every
 // rank computes the same permutation without communicating.
 std::vector<size_t> partition_indices(const PartitionSpec& spec) {
   const size_t n = spec.dataset_size;
-  const size_t count = samples_per_replica(n, spec.num_replicas, spec.drop_last);
+  const size_t count = samples_per_replica(n - std::min(n, spec.skip), spec.num_replicas, spec.drop_last);
   std::vector<size_t> out(count);
   if (count == 0) return out;
 
-  auto at_index = [&](size_t i) { return (spec.rank + i * spec.num_replicas) % n; };
+  auto at_index = [&](size_t i) { return (spec.skip + spec.rank + i * spec.num_replicas) % n; };
   if (!spec.shuffle) {
     for (size_t i = 0; i < count; ++i) out[i] = at_index(i);
     return out;

@@ -18,12 +18,17 @@ struct PartitionSpec {
   int64_t seed = 0;
   int64_t epoch = 0;
   bool drop_last = false;
+  // Entries of the epoch's global order (all ranks') already consumed, in
+  // [0, dataset_size]: the ranks share out only the rest (resuming at
+  // another world size).
+  size_t skip = 0;
 };
 
 // ceil(N / R), or floor(N / R) with drop_last (PyTorch's num_samples).
 size_t samples_per_replica(size_t dataset_size, size_t num_replicas, bool drop_last);
 
-// This rank's num_samples indices for the epoch.
+// This rank's indices for the epoch: samples_per_replica(dataset_size -
+// skip, ...) of them.
 std::vector<size_t> partition_indices(const PartitionSpec& spec);
 
 }  // namespace dtrain::data

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <map>
 #include <numeric>
+#include <set>
 #include <sstream>
 
 #include "common/paths.h"
@@ -346,6 +347,72 @@ TEST(DistributedSampler, ResumesMidEpochExactly) {
     ADD_FAILURE() << "loading a 2-replica archive into a 3-replica sampler did not throw";
   } catch (const InvalidArgument& e) {
     EXPECT_THAT(e.what(), HasSubstr("num_replicas 2 but this sampler has num_replicas 3"));
+  }
+}
+
+// A job of 2 ranks trains 7 batches of one each into epoch 3, and resumes at
+// another world size from the global position: the remaining samples are
+// dealt to the new ranks, each seen once (plus padding when the new world
+// size does not divide them), and the next epoch is a full one again.
+TEST(DistributedSampler, ResumesAtAnotherWorldSizeFromTheGlobalPosition) {
+  const size_t n = 50;
+  std::multiset<size_t> seen;
+  for (int r = 0; r < 2; ++r) {
+    auto s = make_sampler(n, 2, r);
+    s.set_epoch(3);
+    s.reset();
+    for (int b = 0; b < 7; ++b) {
+      auto batch = s.next(1);
+      ASSERT_TRUE(batch.has_value());
+      seen.insert(batch->begin(), batch->end());
+    }
+    EXPECT_EQ(s.global_position(), 14u);
+  }
+  for (int world : {1, 3, 4, 7}) {
+    std::multiset<size_t> all = seen;
+    size_t per_rank = 0;
+    for (int r = 0; r < world; ++r) {
+      auto s = make_sampler(n, world, r);
+      s.set_epoch(3);
+      s.set_global_position(14);
+      per_rank = s.num_samples();
+      auto loader = torch::data::make_data_loader(IndexDataset(n), s,
+                                                  torch::data::DataLoaderOptions().batch_size(4));
+      const auto mine = one_epoch(*loader);  // the loader's reset keeps the skip
+      EXPECT_EQ(mine.size(), per_rank);
+      all.insert(mine.begin(), mine.end());
+      EXPECT_EQ(s.global_position(), std::min<size_t>(n, 14 + per_rank * size_t(world)));
+      s.set_epoch(4);  // the next epoch is whole again
+      EXPECT_EQ(one_epoch(*loader), reference(n, size_t(world), size_t(r), true, 0, 4, false));
+    }
+    EXPECT_EQ(per_rank, (36 + size_t(world) - 1) / size_t(world)) << world << " ranks";
+    const size_t padding = per_rank * size_t(world) - 36;
+    EXPECT_EQ(all.size(), n + padding) << world << " ranks";
+    for (size_t i = 0; i < n; ++i) EXPECT_GE(all.count(i), 1u) << "sample " << i << ", " << world << " ranks";
+  }
+
+  // At the same world size the global position is the per-rank one.
+  for (int r = 0; r < 2; ++r) {
+    auto s = make_sampler(n, 2, r);
+    s.set_epoch(3);
+    s.set_global_position(14);
+    const auto full = reference(n, 2, size_t(r), true, 0, 3, false);
+    EXPECT_EQ(drain(s, 3), std::vector<size_t>(full.begin() + 7, full.end()));
+  }
+  // drop_last cuts the remaining samples to a multiple of the world size.
+  auto cut = make_sampler(n, 4, 1, /*drop_last=*/true);
+  cut.set_global_position(14);
+  EXPECT_EQ(cut.num_samples(), 9u);
+  auto empty = make_sampler(n, 3, 0);
+  empty.set_global_position(n);
+  EXPECT_EQ(empty.num_samples(), 0u);
+  EXPECT_FALSE(empty.next(4).has_value());
+  try {
+    make_sampler(n, 3, 0).set_global_position(51);
+    ADD_FAILURE() << "a global position past the dataset did not throw";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("set_global_position: 51 samples is past the end of the epoch "
+                                    "(dataset_size 50)"));
   }
 }
 

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <torch/torch.h>
 
+#include <cerrno>
 #include <mutex>
 
 #include "dtrain/dtrain.h"
@@ -262,6 +263,71 @@ TEST_F(DistributedCheckpoint, MistakesAreNamed) {
     } catch (const InvalidArgument& e) {
       EXPECT_TRUE(testing::Contains(e.what(), "nowhere/metadata.dtt: cannot open"));
     }
+  }, 30s);
+  testing::expect_no_errors(errors);
+}
+
+// A rank whose data file cannot be written stops every rank with its
+// reason (no rank waits at a barrier for it), and the checkpoint already in
+// the directory stays the loadable one.
+TEST_F(DistributedCheckpoint, AWriteFailureOnOneRankReachesEveryRankAndKeepsThePrevious) {
+  testing::TempDir dir;
+  auto errors = run_rank_contexts(3, [&](RankContext& ctx) {
+    auto value = torch::full({4}, 1.0f);
+    ckpt::DistributedState state;
+    state.sharded["w"] = ckpt::ShardedTensor{value, 4 * ctx.rank, 12};
+    state.metadata["version"] = "1";
+    ckpt::save(dir.path(), state, ckpt::SaveOptions().process_group(ctx.group));
+    value.fill_(2.0f);
+    state.metadata["version"] = "2";
+    ckpt::WriteFaults faults;
+    if (ctx.rank == 2) faults.fsync_errno = EIO;
+    try {
+      ckpt::save(dir.path(), state, ckpt::SaveOptions().process_group(ctx.group).faults(faults));
+      ADD_FAILURE() << "rank " << ctx.rank << ": a failed write was not reported";
+    } catch (const Error& e) {
+      EXPECT_TRUE(testing::Contains(e.what(), "checkpoint::save " + dir.path() + ": rank 2: cannot save tensor file"));
+      EXPECT_TRUE(testing::Contains(e.what(), "Input/output error"));
+    }
+    ckpt::load(dir.path(), state);
+    EXPECT_EQ(state.metadata.at("version"), "1");
+    EXPECT_TRUE(torch::equal(value, torch::full({4}, 1.0f))) << "rank " << ctx.rank;
+  }, 30s);
+  testing::expect_no_errors(errors);
+}
+
+// load() reads and checks everything before it writes anything.
+TEST_F(DistributedCheckpoint, AFailedLoadLeavesTheStateUntouched) {
+  testing::TempDir dir;
+  auto errors = run_rank_contexts(2, [&](RankContext& ctx) {
+    ckpt::DistributedState saved;
+    saved.replicated["a"] = torch::full({3}, 1.0f);
+    saved.sharded["b"] = ckpt::ShardedTensor{torch::full({2}, 1.0f), 2 * ctx.rank, 4};
+    ckpt::save(dir.path(), saved, ckpt::SaveOptions().process_group(ctx.group));
+    ckpt::DistributedState state;
+    state.replicated["a"] = torch::full({3}, 7.0f);
+    state.sharded["b"] = ckpt::ShardedTensor{torch::full({2}, 7.0f), 2 * ctx.rank, 4};
+    state.sharded["c"] = ckpt::ShardedTensor{torch::full({2}, 7.0f), 0, 2};
+    state.metadata["mine"] = "kept";
+    try {
+      ckpt::load(dir.path(), state);
+      ADD_FAILURE() << "an entry the checkpoint lacks was loaded";
+    } catch (const InvalidArgument& e) {
+      EXPECT_TRUE(testing::Contains(e.what(), "has no sharded 'c'"));
+    }
+    EXPECT_TRUE(torch::equal(state.replicated["a"], torch::full({3}, 7.0f)));
+    EXPECT_TRUE(torch::equal(state.sharded["b"].local, torch::full({2}, 7.0f)));
+    state.sharded.erase("c");
+    state.replicated["a"] = torch::full({3}, 7.0, torch::kDouble);
+    try {
+      ckpt::load(dir.path(), state);
+      ADD_FAILURE() << "a double was loaded from a float";
+    } catch (const InvalidArgument& e) {
+      EXPECT_TRUE(testing::Contains(e.what(), "'a' is Float in the checkpoint but Double here"));
+    }
+    EXPECT_TRUE(torch::equal(state.replicated["a"], torch::full({3}, 7.0, torch::kDouble)));
+    EXPECT_TRUE(torch::equal(state.sharded["b"].local, torch::full({2}, 7.0f)));
+    EXPECT_EQ(state.metadata.at("mine"), "kept");
   }, 30s);
   testing::expect_no_errors(errors);
 }

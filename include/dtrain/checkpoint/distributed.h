@@ -77,13 +77,17 @@ struct SaveOptions {
 // files of the checkpoint it replaces. A crash at any point leaves the
 // previous checkpoint in `dir` loadable. Every rank must pass the same
 // replicated and sharded names with the same sizes (InvalidArgument
-// otherwise, on every rank).
+// otherwise, on every rank). When a rank cannot write (a full disk, an
+// unwritable directory), every rank throws the same Error,
+// "checkpoint::save <dir>: rank <r>: <why>", and the previous checkpoint
+// stays the one in `dir`.
 void save(const std::string& dir, const DistributedState& state, SaveOptions options = SaveOptions());
 
 // Not collective: fills every tensor of `state` from the checkpoint in
-// `dir` (any world size), and its metadata. A name missing from the
-// checkpoint, a size that differs, a damaged file: InvalidArgument naming
-// it; `state` may then be partly filled.
+// `dir` (any world size), and its metadata. Everything is read and checked
+// first (this rank's part of the state is staged in memory once), so a name
+// missing from the checkpoint, a shape or dtype that differs, a damaged
+// file throws InvalidArgument naming it with `state` untouched.
 void load(const std::string& dir, DistributedState& state);
 
 // What a checkpoint directory holds, from its metadata file alone.

@@ -98,7 +98,25 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
   //   for (auto& batch : *loader) ...   // the remaining batches of that epoch
   void set_position(size_t position);
 
-  // Writes epoch, position and the configuration that determines the order
+  // The epoch's progress over all ranks: how many entries of its global
+  // order (the shuffled dataset that the ranks deal out among themselves)
+  // have been handed out by every rank together, at most dataset_size().
+  // Store this, not position(), to resume at another world size.
+  size_t global_position() const;
+
+  // Resume mid-epoch at any world size: the current epoch (and the one the
+  // next reset() starts) skips the first `samples` entries of its global
+  // order — those consumed, for example, by a job with a different number
+  // of ranks — and deals out only the rest: num_samples() becomes
+  // ceil((dataset_size - samples) / num_replicas) (floor with drop_last),
+  // padding repeats the epoch's head. Every remaining sample is seen once;
+  // with an unchanged world size this is exactly set_position(samples /
+  // num_replicas). `samples` in [0, dataset_size()], InvalidArgument
+  // otherwise. Later epochs start at 0 again. Typical resume:
+  //   sampler.set_epoch(saved_epoch); sampler.set_global_position(saved_samples);
+  void set_global_position(size_t samples);
+
+  // Writes epoch, position, global position and the configuration that determines the order
   // (dataset size, num_replicas, seed, shuffle, drop_last).
   void save(torch::serialize::OutputArchive& archive) const override;
   // Restores epoch and position: the current order becomes the saved
@@ -109,7 +127,8 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
   // epoch and position, so one rank's archive serves every rank.
   void load(torch::serialize::InputArchive& archive) override;
 
-  // Indices per rank per epoch (len() of PyTorch's sampler).
+  // Indices per rank per epoch (len() of PyTorch's sampler); fewer in an
+  // epoch resumed with set_global_position.
   size_t num_samples() const;
   // num_samples() * num_replicas(): the padded or cut epoch length.
   size_t total_size() const;
