@@ -153,42 +153,39 @@ write_corpus("idx_reader", {
 
 
 # checkpoint_fuzz: checkpoints of the harness's model (fc: Linear(3, 2)) and
-# its Adam, as examples/fashion_mnist/checkpoint.cpp writes them.
-def checkpoint(stepped):
+# its Adam, as examples/fashion_mnist/checkpoint.cpp saves them with one
+# rank: a 4-byte length, metadata.dtt, then rank 0's data file.
+def checkpoint(step):
     def f32(*shape):
         n = 1
         for d in shape:
             n *= d
-        return struct.pack(f"<{n}f", *[0.25] * n)
+        return struct.pack(f"<{n}f", *[0.25 if step else 0.0] * n)
 
-    def i64(v):
-        return struct.pack("<q", v)
-
-    tensors = {
-        "model/fc.weight": (1, [2, 3], f32(2, 3)),
-        "model/fc.bias": (1, [2], f32(2)),
-        "optimizer/group/0/options": (2, [6], struct.pack("<6d", 1e-3, 0.9, 0.999, 1e-8, 0, 0)),
-        "optimizer/group/0/size": (5, [1], i64(2)),
-        "state/epoch": (5, [1], i64(1)),
-        "state/step_in_epoch": (5, [1], i64(2)),
-        "state/global_step": (5, [1], i64(21)),
-        "state/world_size": (5, [1], i64(1)),
-        # libtorch's CPU generator state: 5056 bytes; set_state wants the
-        # mt19937 position `left` (int32 at byte 8) in 1..624 and `seeded`
-        # (int32 at byte 12) set.
-        "rng": (9, [5056], bytes(8) + struct.pack("<ii", 1, 1) + bytes(5040)),
-    }
-    if stepped:
-        for k, shape in ((0, [2, 3]), (1, [2])):
-            tensors[f"optimizer/state/{k}/step"] = (5, [1], i64(1))
-            tensors[f"optimizer/state/{k}/exp_avg"] = (1, shape, f32(*shape))
-            tensors[f"optimizer/state/{k}/exp_avg_sq"] = (1, shape, f32(*shape))
-    meta = [("format", "dtrain-fashion-mnist-checkpoint/1"),
-            ("model/signature", "fc.weight:[2, 3];fc.bias:[2];")]
-    return tensor_file(sorted(meta), [(n, *tensors[n]) for n in sorted(tensors)])
+    shapes = {"fc.weight": [2, 3], "fc.bias": [2]}
+    tensors = {}
+    for name, shape in shapes.items():
+        tensors[f"model/param/{name}"] = (1, shape, f32(*shape))
+        tensors[f"optimizer/optim/{name}/exp_avg"] = (1, shape, f32(*shape))
+        tensors[f"optimizer/optim/{name}/exp_avg_sq"] = (1, shape, f32(*shape))
+        tensors[f"optimizer/optim/{name}/step"] = (5, [], struct.pack("<q", step))
+    # libtorch's CPU generator state: 5056 bytes; set_state wants the
+    # mt19937 position `left` (int32 at byte 8) in 1..624 and `seeded`
+    # (int32 at byte 12) set.
+    tensors["rng"] = (9, [5056], bytes(8) + struct.pack("<ii", 1, 1) + bytes(5040))
+    token = "0123456789abcdef"
+    user = {"program": "dtrain-fashion-mnist/2", "model": "fc.weight:[2, 3];fc.bias:[2];",
+            "epoch": "1", "samples_in_epoch": "64", "global_step": str(step), "world_size": "2",
+            "adam/lr": "0.001", "adam/beta1": "0.9", "adam/beta2": "0.999", "adam/eps": "1e-08",
+            "adam/weight_decay": "0", "adam/amsgrad": "0"}
+    meta = [("format", "dtrain distributed checkpoint 1"), ("token", token), ("world_size", "1")]
+    meta += [(f"replicated/{n}", "0") for n in tensors] + [(f"u/{k}", v) for k, v in user.items()]
+    m = tensor_file(sorted(meta), [])
+    data = tensor_file([], [(f"r/{n}", *tensors[n]) for n in sorted(tensors)])
+    return struct.pack("<I", len(m)) + m + data
 
 
-write_corpus("checkpoint", {"fresh": checkpoint(False), "stepped": checkpoint(True)})
+write_corpus("checkpoint", {"fresh": checkpoint(0), "stepped": checkpoint(3)})
 
 
 # distributed_checkpoint_fuzz: a 4-byte length, metadata.dtt, then rank 0's

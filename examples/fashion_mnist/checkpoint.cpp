@@ -1,46 +1,33 @@
 #include "checkpoint.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <dtrain/checkpoint/distributed.h>
 #include <dtrain/errors.h>
-#include <unistd.h>
 
-#include <cstring>
-#include <map>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <set>
 #include <sstream>
 #include <stdexcept>
 #include <type_traits>
+#include <vector>
 
 namespace {
 
-using dtrain::checkpoint::TensorFile;
+namespace ckpt = dtrain::checkpoint;
 
-constexpr const char* kFormat = "dtrain-fashion-mnist-checkpoint/1";
+constexpr const char* kProgram = "dtrain-fashion-mnist/2";
 
 // Names and shapes of everything the model saves, in order. Stored in the
-// file so that a checkpoint of another model is refused with both layouts.
+// checkpoint so that one of another model is refused with both layouts.
 std::string signature(torch::nn::Module& model) {
   std::ostringstream out;
   for (const auto& p : model.named_parameters()) out << p.key() << ":" << p.value().sizes() << ";";
   for (const auto& b : model.named_buffers()) out << b.key() << ":" << b.value().sizes() << ";";
   return out.str();
-}
-
-std::string describe(const torch::Tensor& t) {
-  if (!t.defined()) return "missing";
-  std::ostringstream out;
-  out << t.scalar_type() << " " << t.sizes();
-  return out.str();
-}
-
-torch::Tensor scalar(int64_t v) { return torch::tensor({v}, torch::kLong); }
-
-std::string state_name(size_t k, const char* field) {
-  return "optimizer/state/" + std::to_string(k) + "/" + field;
-}
-std::string group_name(size_t g, const char* field) {
-  return "optimizer/group/" + std::to_string(g) + "/" + field;
 }
 
 // Optimizer::state() is keyed by the parameter's TensorImpl: as a string in
@@ -57,138 +44,115 @@ typename Map::key_type state_key(const Map&, const torch::Tensor& param) {
   }
 }
 
-const torch::optim::AdamOptions& adam_options(const torch::optim::OptimizerParamGroup& group) {
-  return static_cast<const torch::optim::AdamOptions&>(group.options());
+torch::optim::AdamOptions& adam_options(torch::optim::Adam& opt) {
+  return static_cast<torch::optim::AdamOptions&>(opt.param_groups().at(0).options());
+}
+
+std::string exact(double v) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.17g", v);
+  return text;
 }
 
 // --- loading: every check runs before anything is modified ------------------
 
-[[noreturn]] void refuse(const std::string& path, const std::string& what) {
-  throw std::runtime_error("checkpoint " + path + " " + what);
+[[noreturn]] void refuse(const std::string& what) { throw std::runtime_error(what); }
+
+const std::string& entry(const std::map<std::string, std::string>& meta, const std::string& key) {
+  auto it = meta.find(key);
+  if (it == meta.end()) refuse("lacks '" + key + "'");
+  return it->second;
 }
 
-// The validated file's entries, each taken at most once: what is left at
-// the end was not expected.
-class Entries {
- public:
-  Entries(const std::string& path, TensorFile& file) : path_(path), file_(file) {}
-
-  // The tensor, or undefined when absent.
-  torch::Tensor find(const std::string& name) {
-    auto it = file_.tensors.find(name);
-    if (it == file_.tensors.end()) return {};
-    taken_.insert(name);
-    return it->second;
-  }
-
-  torch::Tensor counter(const std::string& name, int64_t min) {
-    torch::Tensor t = find("state/" + name);
-    if (!t.defined()) refuse(path_, "lacks the counter " + name);
-    if (t.scalar_type() != torch::kLong || t.numel() != 1)
-      refuse(path_, "has a corrupt counter " + name + " (" + describe(t) +
-                        ", expected a single Long)");
-    const int64_t v = t.item<int64_t>();
-    if (v < min)
-      refuse(path_, "has " + name + " = " + std::to_string(v) + " (expected at least " +
-                        std::to_string(min) + ")");
-    return t;
-  }
-
-  void expect_all_taken() const {
-    for (const auto& [name, t] : file_.tensors)
-      if (!taken_.count(name)) refuse(path_, "has an unexpected entry " + name);
-  }
-
- private:
-  const std::string& path_;
-  TensorFile& file_;
-  std::set<std::string> taken_;
-};
-
-void check_model(const std::string& path, torch::nn::Module& model, Entries& in) {
-  auto check = [&](const std::string& name, const torch::Tensor& mine) {
-    const torch::Tensor saved = in.find("model/" + name);
-    if (!saved.defined()) refuse(path, "lacks the model tensor " + name);
-    if (saved.scalar_type() != mine.scalar_type() || saved.sizes() != mine.sizes())
-      refuse(path, "has the model tensor " + name + " as " + describe(saved) +
-                       "; this model's is " + describe(mine));
-  };
-  for (const auto& p : model.named_parameters()) check(p.key(), p.value());
-  for (const auto& b : model.named_buffers()) check(b.key(), b.value());
+int64_t counter(const std::map<std::string, std::string>& meta, const std::string& key, int64_t min,
+                int64_t max) {
+  const std::string& text = entry(meta, key);
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno != 0) refuse("has a corrupt counter " + key + " \"" + text + "\"");
+  if (v < min || v > max)
+    refuse("has " + key + " = " + text + " (expected " + std::to_string(min) + " to " +
+           std::to_string(max) + ")");
+  return v;
 }
 
-// Adam's per-parameter state, as Adam::step will use it against `param`.
-std::string adam_state_problem(Entries& in, size_t k, const torch::Tensor& param, bool amsgrad) {
-  const torch::Tensor step = in.find(state_name(k, "step"));
-  if (step.scalar_type() != torch::kLong || step.numel() != 1)
-    return "step is " + describe(step) + " (expected a single Long)";
-  if (step.item<int64_t>() < 1)
-    return "step is " + std::to_string(step.item<int64_t>()) + " (expected at least 1)";
-  for (const char* field : {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}) {
-    const torch::Tensor t = in.find(state_name(k, field));
-    const bool needed = std::strcmp(field, "max_exp_avg_sq") != 0 || amsgrad;
-    if (!needed && !t.defined()) continue;
-    if (!t.defined() || t.scalar_type() != param.scalar_type() || t.sizes() != param.sizes())
-      return std::string(field) + " is " + describe(t) + ", the parameter " + describe(param);
-  }
-  return "";
+double option(const std::map<std::string, std::string>& meta, const std::string& key) {
+  const std::string& text = entry(meta, key);
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || !std::isfinite(v) || v < 0)
+    refuse("has a bad optimizer option " + key + " \"" + text + "\"");
+  return v;
 }
 
-// The groups must hold as many parameters as `opt`'s; each parameter's
-// state must fit it, as Adam::step will use it.
-void check_optimizer(const std::string& path, torch::nn::Module& model,
-                     const torch::optim::Adam& opt, Entries& in) {
-  std::map<const void*, std::string> names;
-  for (const auto& p : model.named_parameters()) names[p.value().unsafeGetTensorImpl()] = p.key();
-  size_t k = 0;
-  for (size_t g = 0; g < opt.param_groups().size(); ++g) {
-    const auto& params = opt.param_groups()[g].params();
-    const torch::Tensor options = in.find(group_name(g, "options"));
-    const torch::Tensor size = in.find(group_name(g, "size"));
-    if (!options.defined() || !size.defined())
-      refuse(path, "has no optimizer state for parameter group " + std::to_string(g));
-    if (options.scalar_type() != torch::kDouble || options.dim() != 1 || options.size(0) != 6 ||
-        size.scalar_type() != torch::kLong || size.numel() != 1)
-      refuse(path, "has a corrupt optimizer state for parameter group " + std::to_string(g));
-    if (size.item<int64_t>() != static_cast<int64_t>(params.size()))
-      refuse(path, "has an optimizer state that does not fit this optimizer: parameter group " +
-                       std::to_string(g) + " holds " + std::to_string(size.item<int64_t>()) +
-                       " parameters in the checkpoint, " + std::to_string(params.size()) +
-                       " here");
-    const bool amsgrad = options[5].item<double>() != 0;
-    for (size_t i = 0; i < params.size(); ++i, ++k) {
-      if (!in.find(state_name(k, "step")).defined()) continue;  // never stepped
-      const auto problem = adam_state_problem(in, k, params[i], amsgrad);
-      if (problem.empty()) continue;
-      auto name = names.find(params[i].unsafeGetTensorImpl());
-      refuse(path, "has a bad optimizer state for " +
-                       (name != names.end() ? name->second : "parameter " + std::to_string(k)) +
-                       ": " + problem);
-    }
-  }
+// The program and the model it was written for.
+void check_program(const std::map<std::string, std::string>& meta, torch::nn::Module& model) {
+  auto program = meta.find("program");
+  if (program == meta.end() || program->second != kProgram)
+    refuse(std::string("is not a checkpoint of this program (program \"") +
+           (program == meta.end() ? "" : program->second) + "\", expected \"" + kProgram + "\")");
+  if (entry(meta, "model") != signature(model))
+    refuse("was written for a different model (its parameters: " + entry(meta, "model") +
+           "; this model's: " + signature(model) + ")");
 }
 
-TrainingState read_state(Entries& in) {
+// Exactly the entries this model and optimizer have (the loader checks
+// their shapes and dtypes).
+void check_entries(const ckpt::CheckpointInfo& info, const ckpt::DistributedState& live) {
+  const std::set<std::string> saved(info.replicated.begin(), info.replicated.end());
+  for (const auto& name : saved)
+    if (!live.replicated.count(name)) refuse("has an unexpected entry " + name);
+  for (const auto& [name, t] : live.replicated)
+    if (!saved.count(name)) refuse("lacks the entry " + name);
+  if (!info.sharded.empty()) refuse("has an unexpected sharded entry " + info.sharded.front());
+}
+
+TrainingState read_state(const std::map<std::string, std::string>& meta, int64_t dataset_size) {
+  constexpr int64_t kMany = int64_t{1} << 50;
   TrainingState s;
-  s.epoch = in.counter("epoch", 0).item<int64_t>();
-  s.step_in_epoch = in.counter("step_in_epoch", 0).item<int64_t>();
-  s.global_step = in.counter("global_step", s.step_in_epoch).item<int64_t>();
-  s.world_size = in.counter("world_size", 1).item<int64_t>();
+  s.epoch = counter(meta, "epoch", 0, kMany);
+  s.samples_in_epoch = counter(meta, "samples_in_epoch", 0, dataset_size);
+  s.global_step = counter(meta, "global_step", 0, kMany);
+  s.world_size = counter(meta, "world_size", 1, 1 << 20);
   return s;
 }
 
-// Set on a generator of our own first: set_state checks the size and the
-// dtype of the state, and the default generator is touched only in apply().
-void check_rng(const std::string& path, Entries& in) {
-  const torch::Tensor rng = in.find("rng");
-  if (!rng.defined()) refuse(path, "lacks the RNG state");
+// Adam's options as saved; amsgrad must match, since it decides which
+// state tensors exist.
+torch::optim::AdamOptions read_options(const std::map<std::string, std::string>& meta,
+                                       const torch::optim::AdamOptions& mine) {
+  const int64_t amsgrad = counter(meta, "adam/amsgrad", 0, 1);
+  if ((amsgrad != 0) != mine.amsgrad())
+    refuse(std::string("was written with Adam's amsgrad ") + (amsgrad ? "on" : "off") +
+           "; this optimizer has it " + (mine.amsgrad() ? "on" : "off"));
+  return torch::optim::AdamOptions(option(meta, "adam/lr"))
+      .betas({option(meta, "adam/beta1"), option(meta, "adam/beta2")})
+      .eps(option(meta, "adam/eps"))
+      .weight_decay(option(meta, "adam/weight_decay"))
+      .amsgrad(amsgrad != 0);
+}
+
+// What the loader cannot know: step counts are not negative, and the RNG
+// state is one the generator accepts (tried on a generator of our own).
+void check_values(const ckpt::DistributedState& staged) {
+  for (const auto& [name, t] : staged.replicated) {
+    const bool step = name.size() > 5 && name.compare(name.size() - 5, 5, "/step") == 0;
+    if (step && t.item<int64_t>() < 0)
+      refuse("has a bad optimizer state: " + name + " is " + std::to_string(t.item<int64_t>()));
+  }
   try {
     auto scratch = at::make_generator<at::CPUGeneratorImpl>();
-    scratch.set_state(rng);
+    scratch.set_state(staged.replicated.at("rng"));
   } catch (const c10::Error& e) {
-    refuse(path, "has an invalid RNG state (" + describe(rng) +
-                     "): " + e.what_without_backtrace());
+    refuse(std::string("has an invalid RNG state: ") + e.what_without_backtrace());
   }
+}
+
+// "checkpoint <dir>: <why>" from the library -> "<why>".
+std::string reason(const std::string& dir, const std::string& what) {
+  const std::string prefix = "checkpoint " + dir + ": ";
+  return what.compare(0, prefix.size(), prefix) == 0 ? what.substr(prefix.size()) : what;
 }
 
 }  // namespace
@@ -200,130 +164,59 @@ const torch::optim::AdamParamState* adam_state(const torch::optim::Adam& opt,
   return static_cast<const torch::optim::AdamParamState*>(it->second.get());
 }
 
-TensorFile checkpoint_contents(torch::nn::Module& model, const torch::optim::Adam& opt,
-                               const TrainingState& state) {
-  TensorFile f;
-  f.metadata["format"] = kFormat;
-  f.metadata["model/signature"] = signature(model);
-  for (const auto& p : model.named_parameters()) f.tensors["model/" + p.key()] = p.value();
-  for (const auto& b : model.named_buffers()) f.tensors["model/" + b.key()] = b.value();
-  size_t k = 0;
-  for (size_t g = 0; g < opt.param_groups().size(); ++g) {
-    const auto& group = opt.param_groups()[g];
-    const auto& o = adam_options(group);
-    f.tensors[group_name(g, "options")] =
-        torch::tensor({o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(),
-                       o.weight_decay(), o.amsgrad() ? 1.0 : 0.0}, torch::kDouble);
-    f.tensors[group_name(g, "size")] = scalar(static_cast<int64_t>(group.params().size()));
-    for (const auto& p : group.params()) {
-      if (const auto* s = adam_state(opt, p)) {
-        f.tensors[state_name(k, "step")] = scalar(s->step());
-        f.tensors[state_name(k, "exp_avg")] = s->exp_avg();
-        f.tensors[state_name(k, "exp_avg_sq")] = s->exp_avg_sq();
-        if (s->max_exp_avg_sq().defined())
-          f.tensors[state_name(k, "max_exp_avg_sq")] = s->max_exp_avg_sq();
-      }
-      ++k;
-    }
-  }
-  f.tensors["state/epoch"] = scalar(state.epoch);
-  f.tensors["state/step_in_epoch"] = scalar(state.step_in_epoch);
-  f.tensors["state/global_step"] = scalar(state.global_step);
-  f.tensors["state/world_size"] = scalar(state.world_size);
-  f.tensors["rng"] = at::detail::getDefaultCPUGenerator().get_state();
-  return f;
+ckpt::DistributedState checkpoint_contents(torch::nn::Module& model, torch::optim::Adam& opt) {
+  ckpt::DistributedState s;
+  ckpt::add_module(s, model, "model/");
+  ckpt::add_optimizer(s, opt, model, "optimizer/");
+  s.replicated["rng"] = at::detail::getDefaultCPUGenerator().get_state();
+  return s;
 }
 
-void save_checkpoint(const std::string& path, torch::nn::Module& model,
-                     const torch::optim::Adam& opt, const TrainingState& state,
-                     const CheckpointFaults& faults) {
-  const TensorFile contents = checkpoint_contents(model, opt, state);
-  try {
-    dtrain::checkpoint::save_tensor_file(path, contents, faults);
-  } catch (const dtrain::Error& e) {
-    // "cannot save tensor file <path>: <step>" -> "cannot save checkpoint <path>: <step>"
-    const std::string prefix = "cannot save tensor file " + path + ": ";
-    std::string step = e.what();
-    if (step.compare(0, prefix.size(), prefix) == 0) step.erase(0, prefix.size());
-    throw std::runtime_error("cannot save checkpoint " + path + ": " + step);
-  }
+std::map<std::string, std::string> checkpoint_metadata(torch::nn::Module& model, torch::optim::Adam& opt,
+                                                       const TrainingState& state) {
+  const auto& o = adam_options(opt);
+  return {{"program", kProgram},
+          {"model", signature(model)},
+          {"epoch", std::to_string(state.epoch)},
+          {"samples_in_epoch", std::to_string(state.samples_in_epoch)},
+          {"global_step", std::to_string(state.global_step)},
+          {"world_size", std::to_string(state.world_size)},
+          {"adam/lr", exact(o.lr())},
+          {"adam/beta1", exact(std::get<0>(o.betas()))},
+          {"adam/beta2", exact(std::get<1>(o.betas()))},
+          {"adam/eps", exact(o.eps())},
+          {"adam/weight_decay", exact(o.weight_decay())},
+          {"adam/amsgrad", o.amsgrad() ? "1" : "0"}};
 }
 
-Checkpoint read_checkpoint(const std::string& path, torch::nn::Module& model,
-                           const torch::optim::Adam& opt) {
-  if (::access(path.c_str(), R_OK) != 0) refuse(path, "does not exist or is not readable");
+Checkpoint read_checkpoint(const std::string& dir, torch::nn::Module& model, torch::optim::Adam& opt,
+                           int64_t dataset_size) {
   Checkpoint c;
-  c.path_ = path;
   try {
-    c.file_ = dtrain::checkpoint::load_tensor_file(path);
-  } catch (const dtrain::InvalidArgument& e) {
-    refuse(path, std::string("is truncated or corrupt: ") + e.what());
+    const auto live = checkpoint_contents(model, opt);  // creates Adam's (zero) state where it has none
+    for (const auto& [name, t] : live.replicated) c.staged_.replicated[name] = at::empty_like(t);
+    const auto info = ckpt::inspect(dir);
+    check_program(info.metadata, model);
+    c.options_ = read_options(info.metadata, adam_options(opt));
+    check_entries(info, live);
+    c.state_ = read_state(info.metadata, dataset_size);
+    ckpt::load(dir, c.staged_);
+    check_values(c.staged_);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("cannot load checkpoint " + dir + ": " + reason(dir, e.what()));
   }
-  const auto meta = [&](const char* key) {
-    auto it = c.file_.metadata.find(key);
-    return it == c.file_.metadata.end() ? std::string() : it->second;
-  };
-  if (meta("format") != kFormat)
-    refuse(path, "is not a checkpoint of this program (format \"" + meta("format") +
-                     "\", expected \"" + kFormat + "\")");
-  if (meta("model/signature") != signature(model))
-    refuse(path, "was written for a different model (its parameters: " + meta("model/signature") +
-                     "; this model's: " + signature(model) + ")");
-  Entries in(path, c.file_);
-  check_model(path, model, in);
-  check_optimizer(path, model, opt, in);
-  c.state_ = read_state(in);
-  check_rng(path, in);
-  in.expect_all_taken();
   return c;
 }
 
 void Checkpoint::apply(torch::nn::Module& model, torch::optim::Adam& opt) {
-  const auto& t = file_.tensors;
-  try {
+  auto live = checkpoint_contents(model, opt);
+  {
     torch::NoGradGuard no_grad;
-    for (auto& p : model.named_parameters()) p.value().copy_(t.at("model/" + p.key()));
-    for (auto& b : model.named_buffers()) b.value().copy_(t.at("model/" + b.key()));
-    size_t k = 0;
-    for (size_t g = 0; g < opt.param_groups().size(); ++g) {
-      auto& group = opt.param_groups()[g];
-      const auto o = t.at(group_name(g, "options"));
-      auto& options = static_cast<torch::optim::AdamOptions&>(group.options());
-      options.lr(o[0].item<double>())
-          .betas({o[1].item<double>(), o[2].item<double>()})
-          .eps(o[3].item<double>())
-          .weight_decay(o[4].item<double>())
-          .amsgrad(o[5].item<double>() != 0);
-      for (const auto& p : group.params()) {
-        const auto key = state_key(opt.state(), p);
-        auto saved = [&](const char* field) {
-          auto it = t.find(state_name(k, field));
-          return it == t.end() ? torch::Tensor() : it->second.to(p.device(), false, true);
-        };
-        if (t.count(state_name(k, "step")) == 0) {
-          opt.state().erase(key);
-        } else {
-          auto s = std::make_unique<torch::optim::AdamParamState>();
-          s->step(t.at(state_name(k, "step")).item<int64_t>());
-          s->exp_avg(saved("exp_avg"));
-          s->exp_avg_sq(saved("exp_avg_sq"));
-          if (auto m = saved("max_exp_avg_sq"); m.defined()) s->max_exp_avg_sq(m);
-          opt.state()[key] = std::move(s);
-        }
-        ++k;
-      }
-    }
-    auto generator = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(t.at("rng"));
-  } catch (const c10::Error& e) {
-    refuse(path_, std::string("could not be applied: ") + e.what_without_backtrace());
+    for (auto& [name, t] : live.replicated) t.copy_(staged_.replicated.at(name));
   }
-}
-
-TrainingState load_checkpoint(const std::string& path, torch::nn::Module& model,
-                              torch::optim::Adam& opt) {
-  Checkpoint c = read_checkpoint(path, model, opt);
-  c.apply(model, opt);
-  return c.state();
+  for (const auto& put_back : live.after_load) put_back();  // Adam's step counts
+  adam_options(opt) = options_;
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(staged_.replicated.at("rng"));
 }

@@ -1,111 +1,115 @@
 #pragma once
 
-// Checkpoints that survive crashes and refuse damage.
+// The training example's checkpoints: dtrain's distributed checkpoints
+// (dtrain/checkpoint/distributed.h, docs/checkpoint.md), so a job resumes
+// at any number of ranks.
 //
-// The file is a dtrain tensor file (dtrain/checkpoint/tensor_file.h): named
-// tensors and metadata behind a validated header, with a checksum per
-// tensor; nothing in it is unpickled or run. It holds the model's
-// parameters and buffers ("model/<name>"), Adam's state per parameter
-// index ("optimizer/state/<k>/step|exp_avg|exp_avg_sq|max_exp_avg_sq") and
-// per group ("optimizer/group/<g>/options": lr, beta1, beta2, eps,
-// weight_decay, amsgrad), the counters ("state/epoch", ...) and the CPU RNG
-// state ("rng").
+// A checkpoint is a directory. Every rank writes its share of the model's
+// parameters and buffers ("model/param/<name>", "model/buffer/<name>"),
+// Adam's state ("optimizer/optim/<name>/exp_avg|exp_avg_sq|max_exp_avg_sq|
+// step") and the CPU RNG state ("rng") to its own tensor file; rank 0 then
+// commits them with the metadata file, written atomically (temporary file,
+// fsync, rename, fsync of the directory), which also holds the counters,
+// Adam's options and the model's layout. A crash at any point leaves the
+// previous checkpoint loadable. The files are validated tensor files: nothing
+// in them is unpickled or run. Every rank must see the same directory (one
+// machine, or a shared filesystem across machines).
 //
-// Saving: rank 0 writes to `<path>.tmp` in the same directory, fsyncs it,
-// renames it over `<path>` and fsyncs the directory, checking each step, so
-// the file under the final name is always a complete checkpoint (the
-// previous one until the rename). On any failure the temporary file is
-// removed and the error names the file and the step that failed.
-//
-// Loading happens in two phases: read_checkpoint() reads the whole file and
-// validates everything in it against the model and the optimizer (every
-// model tensor's name, dtype and shape, the optimizer state, the epoch and
-// step counters, the RNG state; nothing unexpected) without modifying
-// either; only then does Checkpoint::apply() install it.
-//
-// In a job, every rank calls the collective forms (save_checkpoint_from_rank0,
-// load_checkpoint_on_all_ranks): a failure on any rank reaches every rank at
-// once, and all of them throw the same error instead of some training on or
-// waiting for a peer that gave up.
+// Loading reads and checks everything first on every rank (the program and
+// the model it was written for, each tensor's name, dtype and shape, no
+// entry missing or unexpected, the counters against the dataset, Adam's
+// options and step counts, the RNG state); only when every rank succeeded
+// does any rank install it, so a failure on one rank stops all of them with
+// its error and nobody trains on a half-installed state.
 
+#include <dtrain/checkpoint/distributed.h>
 #include <dtrain/checkpoint/tensor_file.h>
 #include <dtrain/process_group.h>
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
 
 struct TrainingState {
-  int64_t epoch = 0;            // epoch in progress
-  int64_t step_in_epoch = 0;    // batches of that epoch already trained
-  int64_t global_step = 0;
-  int64_t world_size = 1;
+  int64_t epoch = 0;             // epoch in progress
+  int64_t samples_in_epoch = 0;  // of that epoch's global order, trained on by all ranks together
+  int64_t global_step = 0;       // optimizer steps so far
+  int64_t world_size = 1;        // of the job that wrote it
 };
 
-// Test hooks: the writer SIGKILLs itself half way, or its fsync fails.
+// Test hooks: this rank's write SIGKILLs itself half way, or its fsync fails.
 using CheckpointFaults = dtrain::checkpoint::WriteFaults;
 
-// What a checkpoint file holds, as save_checkpoint builds it (the tests
-// damage one entry of it at a time).
-dtrain::checkpoint::TensorFile checkpoint_contents(torch::nn::Module& model,
-                                                   const torch::optim::Adam& opt,
-                                                   const TrainingState& state);
+// --- one rank (checkpoint.cpp) --------------------------------------------
 
-// Throws std::runtime_error "cannot save checkpoint <path>: ..." naming the
-// file and the step that failed; `<path>` is then untouched.
-void save_checkpoint(const std::string& path, torch::nn::Module& model, const torch::optim::Adam& opt,
-                     const TrainingState& state, const CheckpointFaults& faults = {});
+// What a checkpoint holds: views of the model's and Adam's tensors (Adam's
+// state is created, as zeros, where it has none) and a copy of the RNG
+// state; and the metadata describing them.
+dtrain::checkpoint::DistributedState checkpoint_contents(torch::nn::Module& model,
+                                                         torch::optim::Adam& opt);
+std::map<std::string, std::string> checkpoint_metadata(torch::nn::Module& model,
+                                                       torch::optim::Adam& opt,
+                                                       const TrainingState& state);
+
+// A checkpoint read in full and checked against a model and an optimizer.
+class Checkpoint {
+ public:
+  const TrainingState& state() const { return state_; }
+  // Installs the model tensors, Adam's state and options, and the CPU RNG
+  // state. Only for the model and optimizer it was read against; then
+  // nothing in it can fail but memory allocation.
+  void apply(torch::nn::Module& model, torch::optim::Adam& opt);
+
+ private:
+  friend Checkpoint read_checkpoint(const std::string&, torch::nn::Module&, torch::optim::Adam&,
+                                    int64_t);
+  Checkpoint() = default;
+
+  TrainingState state_;
+  torch::optim::AdamOptions options_;
+  dtrain::checkpoint::DistributedState staged_;  // read and checked
+};
+
+// Reads the checkpoint in `dir` (written by any number of ranks) for a
+// dataset of `dataset_size` samples. Throws std::runtime_error "cannot load
+// checkpoint <dir>: <why>" (missing, truncated or corrupt, another program's
+// or another model's, a tensor of the wrong dtype or shape, an entry
+// missing or unexpected, impossible counters or options, a bad RNG state).
+// Changes neither `model` nor `opt`'s values.
+Checkpoint read_checkpoint(const std::string& dir, torch::nn::Module& model, torch::optim::Adam& opt,
+                           int64_t dataset_size);
+
+// --- the ranks together (checkpoint_ranks.cpp) -----------------------------
+
+// Collective over `group`. Throws std::runtime_error "cannot save checkpoint
+// <dir>: rank <r>: <why>" on every rank when any rank cannot write; the
+// previous checkpoint in `dir` is then still the one that loads.
+void save_checkpoint(const std::shared_ptr<dtrain::ProcessGroup>& group, const std::string& dir,
+                     torch::nn::Module& model, torch::optim::Adam& opt, const TrainingState& state,
+                     const CheckpointFaults& faults = {});
+
+// Collective over `group`: the checkpoint in `dir` (written by any number of
+// ranks) for a dataset of `dataset_size` samples. When any rank cannot read
+// or accept it, every rank throws std::runtime_error "rank <r>: cannot load
+// checkpoint <dir>: <why>" (r the lowest failing rank) with the model, the
+// optimizer and the RNG unchanged.
+TrainingState load_checkpoint(const std::shared_ptr<dtrain::ProcessGroup>& group,
+                              const std::string& dir, torch::nn::Module& model,
+                              torch::optim::Adam& opt, int64_t dataset_size);
+
+// Collective: whether any rank sees a committed checkpoint in `dir`. The
+// ranks decide together whether to resume; a rank that lacks it then fails
+// the load on every rank instead of training from scratch beside the others.
+bool any_rank_has_checkpoint(dtrain::ProcessGroup& group, const std::string& dir);
 
 // Adam's state of `param`, or null when it has none (never stepped).
 // Works with libtorch 1.x's and 2.x's keys of Optimizer::state().
 const torch::optim::AdamParamState* adam_state(const torch::optim::Adam& opt,
                                                const torch::Tensor& param);
 
-// A checkpoint read in full and validated against a model and an optimizer.
-class Checkpoint {
- public:
-  const TrainingState& state() const { return state_; }
-  // Installs the model tensors, the optimizer state and the CPU RNG state.
-  // Only for the model and optimizer it was validated against; then nothing
-  // in it can fail but memory allocation.
-  void apply(torch::nn::Module& model, torch::optim::Adam& opt);
-
- private:
-  friend Checkpoint read_checkpoint(const std::string&, torch::nn::Module&,
-                                    const torch::optim::Adam&);
-  Checkpoint() = default;
-
-  std::string path_;
-  TrainingState state_;
-  dtrain::checkpoint::TensorFile file_;  // validated
-};
-
-// Throws std::runtime_error "checkpoint <path> ..." naming the problem
-// (missing, truncated or corrupt, written for another model, a tensor or an
-// optimizer state of the wrong dtype or shape, impossible counters, a bad RNG
-// state, an entry it does not expect). Modifies neither `model` nor `opt`.
-Checkpoint read_checkpoint(const std::string& path, torch::nn::Module& model,
-                           const torch::optim::Adam& opt);
-
-// read_checkpoint, then apply: on any error `model` and `opt` are unchanged.
-TrainingState load_checkpoint(const std::string& path, torch::nn::Module& model,
-                              torch::optim::Adam& opt);
-
 // Collective over `group`: every rank passes its own error ("" when it
 // succeeded). When any rank failed, every rank throws the same
 // std::runtime_error, "rank <r>: <error>" for the lowest failing rank r.
 void fail_together(dtrain::ProcessGroup& group, const std::string& error);
-
-// Collective: rank 0 saves, then every rank learns whether it succeeded.
-// Returns on every rank once the checkpoint is durable; otherwise every rank
-// throws "rank 0: cannot save checkpoint <path>: ...".
-void save_checkpoint_from_rank0(dtrain::ProcessGroup& group, const std::string& path,
-                                torch::nn::Module& model, const torch::optim::Adam& opt,
-                                const TrainingState& state, const CheckpointFaults& faults = {});
-
-// Collective: every rank reads and validates `path`; the ranks apply it only
-// when all of them succeeded. Otherwise every rank throws the first failing
-// rank's error ("rank <r>: checkpoint <path> ...") with its `model` and `opt`
-// unchanged.
-TrainingState load_checkpoint_on_all_ranks(dtrain::ProcessGroup& group, const std::string& path,
-                                           torch::nn::Module& model, torch::optim::Adam& opt);

@@ -1,13 +1,14 @@
-// The collective forms of checkpoint.h: a failure on any rank reaches
-// every rank at once.
+// What the ranks of the example decide together: whether to resume, and
+// whether any of them failed.
 
 #include <cstring>
+#include <dtrain/errors.h>
+#include <unistd.h>
+
 #include <optional>
 #include <stdexcept>
 
 #include "checkpoint.h"
-
-// --- the collective forms ---------------------------------------------------
 
 // Two collectives when all succeeded (one all_reduce), four otherwise: the
 // lowest failing rank is found with MIN, then broadcasts its message.
@@ -32,35 +33,41 @@ void fail_together(dtrain::ProcessGroup& group, const std::string& error) {
                            std::string(chars, chars + text.numel()));
 }
 
-void save_checkpoint_from_rank0(dtrain::ProcessGroup& group, const std::string& path,
-                                torch::nn::Module& model, const torch::optim::Adam& opt,
-                                const TrainingState& state, const CheckpointFaults& faults) {
-  std::string error;
-  if (group.rank() == 0) {
-    try {
-      save_checkpoint(path, model, opt, state, faults);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  }
-  fail_together(group, error);  // also keeps every rank behind the checkpoint
+bool any_rank_has_checkpoint(dtrain::ProcessGroup& group, const std::string& dir) {
+  const int64_t mine = ::access((dir + "/metadata.dtt").c_str(), R_OK) == 0;
+  auto found = torch::tensor({mine}).to(group.control_device());
+  group.all_reduce(found, dtrain::ReduceOp::MAX)->wait();
+  return found.cpu().item<int64_t>() != 0;
 }
 
-TrainingState load_checkpoint_on_all_ranks(dtrain::ProcessGroup& group, const std::string& path,
-                                           torch::nn::Module& model, torch::optim::Adam& opt) {
+void save_checkpoint(const std::shared_ptr<dtrain::ProcessGroup>& group, const std::string& dir,
+                     torch::nn::Module& model, torch::optim::Adam& opt, const TrainingState& state,
+                     const CheckpointFaults& faults) {
+  auto contents = checkpoint_contents(model, opt);
+  contents.metadata = checkpoint_metadata(model, opt, state);
+  try {
+    dtrain::checkpoint::save(dir, contents,
+                             dtrain::checkpoint::SaveOptions().process_group(group).faults(faults));
+  } catch (const dtrain::Error& e) {
+    // "checkpoint::save <dir>: rank <r>: ..." -> "cannot save checkpoint <dir>: rank <r>: ..."
+    const std::string prefix = "checkpoint::save " + dir + ": ";
+    std::string what = e.what();
+    if (what.compare(0, prefix.size(), prefix) == 0) what.erase(0, prefix.size());
+    throw std::runtime_error("cannot save checkpoint " + dir + ": " + what);
+  }
+}
+
+TrainingState load_checkpoint(const std::shared_ptr<dtrain::ProcessGroup>& group,
+                              const std::string& dir, torch::nn::Module& model,
+                              torch::optim::Adam& opt, int64_t dataset_size) {
   std::optional<Checkpoint> checkpoint;
   std::string error;
   try {
-    checkpoint.emplace(read_checkpoint(path, model, opt));
+    checkpoint.emplace(read_checkpoint(dir, model, opt, dataset_size));
   } catch (const std::exception& e) {
     error = e.what();
   }
-  fail_together(group, error);
-  try {
-    checkpoint->apply(model, opt);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  fail_together(group, error);  // no rank trains on when another could not apply it
+  fail_together(*group, error);  // no rank installs what another could not read
+  checkpoint->apply(model, opt);
   return checkpoint->state();
 }

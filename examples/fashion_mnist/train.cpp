@@ -5,9 +5,10 @@
 // Every rank trains on its shard of the 60 000 training images (DistributedSampler),
 // gradients are averaged by DistributedDataParallel, and after each epoch every
 // rank scores its shard of the 10 000 test images and the counts are summed
-// with all_reduce. Rank 0 shows progress, writes metrics and a plot, and
-// checkpoints so that a killed run resumes exactly (--resume, or automatically
-// when dtrain-run restarts the job).
+// with all_reduce. Rank 0 shows progress, writes metrics and a plot. Every
+// rank writes its share of a distributed checkpoint (checkpoint.h), so that a
+// killed run resumes exactly (--resume, or automatically when dtrain-run
+// restarts the job), also at another number of ranks.
 
 #include <CLI/CLI.hpp>
 #include <dtrain/data/fashion_mnist.h>
@@ -59,10 +60,13 @@ Flags parse(int argc, char** argv) {
   app.add_option("--device", f.device, "Where the model trains: cpu, or cuda (with --backend nccl)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_option("--checkpoint-dir", f.checkpoint_dir, "Where checkpoint.dtt lives")->capture_default_str();
+  app.add_option("--checkpoint-dir", f.checkpoint_dir,
+                 "The checkpoint: a directory every rank writes its share into (shared by all ranks)")
+      ->capture_default_str();
   app.add_option("--checkpoint-every", f.checkpoint_every, "Also checkpoint every N steps (0: epochs only)")->capture_default_str();
   app.add_option("--out-dir", f.out_dir, "Where metrics.jsonl and training.png go (default: runs/<date-time>)");
-  app.add_flag("--resume", f.resume, "Resume from the checkpoint (automatic after a dtrain-run restart)");
+  app.add_flag("--resume", f.resume,
+               "Resume from the checkpoint, at any number of ranks (automatic after a dtrain-run restart)");
   app.add_option("--seed", f.seed, "Seed of the initial weights and the data order")->capture_default_str();
   app.add_option("--threads", f.threads, "Intra-op threads per rank")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--data-dir", f.data_dir, "Fashion-MNIST .gz files")->capture_default_str();
@@ -117,36 +121,32 @@ std::pair<int64_t, int64_t> evaluate(ConvNet& model, const dtrain::FashionMNIST&
 
 }  // namespace
 
-// Whether `path` is readable on any rank (collective): the ranks decide
-// together whether to resume, and a rank that lacks the file then fails the
-// load on every rank instead of training from scratch beside the others.
-static bool any_rank_has(const std::string& path) {
-  auto found = reduce_over_ranks(torch::tensor({static_cast<int64_t>(access(path.c_str(), R_OK) == 0)}),
-                              dtrain::ReduceOp::MAX);
-  return found.item<int64_t>() != 0;
-}
-
 // Resume: explicitly (--resume), or because dtrain-run restarted the job
-// and a checkpoint exists. Every rank validates the file before any rank
-// applies it; a failure on one rank stops all of them with its error.
-static TrainingState resume_if_asked(const Flags& f, const std::string& ckpt, ConvNet& model,
+// and a checkpoint exists. Every rank validates the checkpoint before any
+// rank installs it; a failure on one rank stops all of them with its error.
+// A checkpoint written by another number of ranks resumes mid-epoch too:
+// the samples of the epoch not yet trained on are dealt out to the ranks
+// there are now (DistributedSampler::set_global_position).
+static TrainingState resume_if_asked(const Flags& f, int64_t train_size, ConvNet& model,
                                      torch::optim::Adam& opt) {
+  auto group = dtrain::default_group();
   const int world = dtrain::get_world_size();
   const bool leader = dtrain::get_rank() == 0;
   TrainingState state;
   state.world_size = world;
-  if (!f.resume && !(dtrain::restart_count() > 0 && any_rank_has(ckpt))) return state;
-  state = load_checkpoint_on_all_ranks(*dtrain::default_group(), ckpt, *model, opt);
-  if (state.world_size != world) {
-    if (leader)
-      std::cout << "checkpoint was written by " << state.world_size << " ranks, now " << world
-                << ": restarting epoch " << state.epoch + 1 << " from its beginning" << std::endl;
-    state.step_in_epoch = 0;
-    state.world_size = world;
+  const auto& dir = f.checkpoint_dir;
+  if (!f.resume && !(dtrain::restart_count() > 0 && any_rank_has_checkpoint(*group, dir))) return state;
+  state = load_checkpoint(group, dir, *model, opt, train_size);
+  if (leader) {
+    std::cout << "resumed from " << dir << " at epoch " << state.epoch + 1 << ", sample "
+              << state.samples_in_epoch << " of " << train_size << " (restart "
+              << dtrain::restart_count() << ")" << std::endl;
+    if (state.world_size != world)
+      std::cout << "the checkpoint was written by " << state.world_size << " rank(s), now " << world
+                << ": the epoch's remaining " << train_size - state.samples_in_epoch
+                << " samples are shared out among " << world << std::endl;
   }
-  if (leader)
-    std::cout << "resumed from " << ckpt << " at epoch " << state.epoch + 1 << ", step "
-              << state.step_in_epoch << " (restart " << dtrain::restart_count() << ")" << std::endl;
+  state.world_size = world;
   return state;
 }
 
@@ -195,10 +195,8 @@ int main(int argc, char** argv) {
     model->to(device);
     torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(f.lr));
 
-    const std::string ckpt = f.checkpoint_dir + "/checkpoint.dtt";
-    mkdir(f.checkpoint_dir.c_str(), 0755);
     const bool restarted = dtrain::restart_count() > 0;
-    TrainingState state = resume_if_asked(f, ckpt, model, opt);
+    TrainingState state = resume_if_asked(f, train_size, model, opt);
     dtrain::DistributedDataParallel ddp(model.ptr());
     const bool first_attempt = !f.resume && !restarted;
 
@@ -217,12 +215,12 @@ int main(int argc, char** argv) {
     Metrics metrics(out_dir);
     Progress progress(leader && dtrain::console_is_terminal(), f.epochs, steps_per_epoch,
                       f.batch_size * world);
-    // Rank 0 writes; every rank waits for the outcome, so nobody runs ahead
-    // of a checkpoint that may fail, and a failure stops all ranks at once.
+    // Every rank writes its share and learns the outcome, so nobody runs
+    // ahead of a checkpoint that may fail, and a failure stops all ranks at once.
     auto checkpoint = [&](const TrainingState& s) {
       CheckpointFaults faults;
-      faults.die_while_writing = first_attempt && s.global_step == f.crash_in_checkpoint_at_step;
-      save_checkpoint_from_rank0(*dtrain::default_group(), ckpt, *model, opt, s, faults);
+      faults.die_while_writing = first_attempt && leader && s.global_step == f.crash_in_checkpoint_at_step;
+      save_checkpoint(dtrain::default_group(), f.checkpoint_dir, *model, opt, s, faults);
     };
     if (leader)
       std::cout << "training on " << train_size << " images, " << world << " rank(s), batch "
@@ -234,10 +232,12 @@ int main(int argc, char** argv) {
       // A function of the epoch alone, so a resumed run uses the same rate.
       static_cast<torch::optim::AdamOptions&>(opt.param_groups()[0].options())
           .lr(f.lr * std::pow(f.lr_decay, static_cast<double>(epoch)));
-      sampler.set_position(static_cast<size_t>(state.step_in_epoch * f.batch_size));
-      progress.start_epoch(epoch, state.step_in_epoch);
+      sampler.set_global_position(static_cast<size_t>(state.samples_in_epoch));
+      // Steps already done, as this world size counts them (for the display).
+      const int64_t first_step = state.samples_in_epoch / (f.batch_size * world);
+      progress.start_epoch(epoch, first_step);
       const auto start = std::chrono::steady_clock::now();
-      int64_t step = state.step_in_epoch, trained = 0;
+      int64_t trained = 0;
       double loss_sum = 0;
       for (auto& batch : *loader) {
         opt.zero_grad();
@@ -248,12 +248,14 @@ int main(int argc, char** argv) {
           dtrain::TimelineSpan span("optimizer.step");  // DTRAIN_TIMELINE
           opt.step();
         }
-        ++step, ++trained, ++state.global_step;
+        ++trained, ++state.global_step;
         loss_sum += loss.item<double>();
         if (first_attempt && state.global_step == f.crash_at_step && rank == world - 1) raise(SIGKILL);
-        if (leader) progress.update(step, loss_sum / trained);
-        if (f.checkpoint_every > 0 && state.global_step % f.checkpoint_every == 0 && step < steps_per_epoch)
-          checkpoint({epoch, step, state.global_step, world});
+        if (leader) progress.update(first_step + trained, loss_sum / trained);
+        // Exact with workers(0): what every rank's loop has consumed.
+        const auto samples = static_cast<int64_t>(sampler.global_position());
+        if (f.checkpoint_every > 0 && state.global_step % f.checkpoint_every == 0 && samples < train_size)
+          checkpoint({epoch, samples, state.global_step, world});
       }
       if (leader) progress.finish_epoch();
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -1,9 +1,9 @@
-// The training example's checkpoints in one process: a checkpoint of another
-// model, a damaged file or a damaged part of one (model tensors, optimizer
-// state, counters, RNG state) is refused with a message naming the file and
-// the problem, and the model and optimizer are left exactly as they were;
-// a save that fails at any step names the file and leaves the previous
-// checkpoint in place.
+// The training example's checkpoints, saved and loaded by one rank: a
+// checkpoint of another model, a damaged file or a damaged entry (model
+// tensors, optimizer state and options, counters, RNG state) is refused
+// with a message naming the directory and the problem, and the model, the
+// optimizer and the RNG are left exactly as they were; a save that fails
+// names the directory and leaves the previous checkpoint in place.
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -22,14 +22,11 @@ namespace {
 
 using namespace checkpoint_test;
 using dtrain::testing::Contains;
-using dtrain::testing::what_thrown;
 
 struct OtherImpl : torch::nn::Module {
   OtherImpl() { fc = register_module("fc", torch::nn::Linear(4, 2)); }
   torch::nn::Linear fc{nullptr};
 };
-
-bool exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
 
 // A trained model and optimizer that a bad checkpoint must leave alone.
 struct Target {
@@ -38,57 +35,73 @@ struct Target {
   Target() { step(*model, opt); }
 };
 
-// Loads `path` into a fresh Target and returns the error, checking that
+// A checkpoint of a trained model (epoch 1, 640 samples into it), in a
+// fresh directory.
+struct Saved {
+  std::string dir;
+  Target source;
+  explicit Saved(const std::string& name) : dir(temp_path(name)) {
+    save_alone(dir, *source.model, source.opt, {1, 640, 21, 1});
+  }
+  ~Saved() { remove_dir(dir); }
+};
+
+// Loads `dir` into a fresh Target and returns the error, checking that
 // nothing in the target changed.
-std::string refused(const std::string& path) {
+std::string refused(const std::string& dir) {
   Target t;
   auto params = copy_of(*t.model);
   auto state = snapshot(t.opt);
+  const double lr = static_cast<torch::optim::AdamOptions&>(t.opt.param_groups()[0].options()).lr();
   const auto rng = at::detail::getDefaultCPUGenerator().get_state();
-  auto error = what_thrown<std::runtime_error>([&] { load_checkpoint(path, *t.model, t.opt); });
+  const auto error = load_alone(dir, *t.model, t.opt);
   expect_unchanged(*t.model, params);
   expect_unchanged(t.opt, state);
+  EXPECT_EQ(static_cast<torch::optim::AdamOptions&>(t.opt.param_groups()[0].options()).lr(), lr);
   EXPECT_TRUE(same_bits(at::detail::getDefaultCPUGenerator().get_state(), rng));
+  EXPECT_FALSE(error.empty()) << "loaded";
   return error;
 }
 
+std::string prefix(const std::string& dir) { return "rank 0: cannot load checkpoint " + dir + ": "; }
+
 TEST(Checkpoint, RoundTripRestoresModelOptimizerPositionAndRng) {
-  const auto path = temp_path("ok.dtt");
+  const auto dir = temp_path("ok");
   Target a;
-  save_checkpoint(path, *a.model, a.opt, {2, 17, 131, 2});
+  save_alone(dir, *a.model, a.opt, {2, 544, 131, 2});
   auto expected_rng = at::detail::getDefaultCPUGenerator().get_state();
   auto expected_opt = snapshot(a.opt);
   torch::randn({100});  // moves the RNG on
   ConvNet b;
   torch::optim::Adam opt_b(b->parameters());
-  auto state = load_checkpoint(path, *b, opt_b);
+  TrainingState state;
+  EXPECT_EQ(load_alone(dir, *b, opt_b, &state), "");
   EXPECT_EQ(state.epoch, 2);
-  EXPECT_EQ(state.step_in_epoch, 17);
+  EXPECT_EQ(state.samples_in_epoch, 544);
   EXPECT_EQ(state.global_step, 131);
   EXPECT_EQ(state.world_size, 2);
   expect_unchanged(*b, copy_of(*a.model));
   expect_unchanged(opt_b, expected_opt);
   EXPECT_TRUE(same_bits(at::detail::getDefaultCPUGenerator().get_state(), expected_rng));
-  EXPECT_FALSE(exists(path + ".tmp"));
-  unlink(path.c_str());
+  remove_dir(dir);
 }
 
 // The group's options come back as they were saved (lr, betas, eps, weight
-// decay, amsgrad), with amsgrad's extra state, as PyTorch's
-// load_state_dict restores them.
+// decay), with amsgrad's extra state, as PyTorch's load_state_dict restores
+// them; a checkpoint written with amsgrad on does not load into an Adam
+// with it off.
 TEST(Checkpoint, OptimizerOptionsAndAmsgradStateAreRestored) {
-  const auto path = temp_path("options.dtt");
+  const auto dir = temp_path("options");
+  auto options = [](double lr) {
+    return torch::optim::AdamOptions(lr).betas({0.5, 0.75}).eps(1e-6).weight_decay(0.25).amsgrad(true);
+  };
   ConvNet a;
-  torch::optim::Adam opt_a(a->parameters(), torch::optim::AdamOptions(0.125)
-                                                .betas({0.5, 0.75})
-                                                .eps(1e-6)
-                                                .weight_decay(0.25)
-                                                .amsgrad(true));
+  torch::optim::Adam opt_a(a->parameters(), options(0.125));
   step(*a, opt_a);
-  save_checkpoint(path, *a, opt_a, {0, 1, 1, 1});
+  save_alone(dir, *a, opt_a, {0, 32, 1, 1});
   ConvNet b;
-  torch::optim::Adam opt_b(b->parameters());
-  load_checkpoint(path, *b, opt_b);
+  torch::optim::Adam opt_b(b->parameters(), torch::optim::AdamOptions().amsgrad(true));
+  EXPECT_EQ(load_alone(dir, *b, opt_b), "");
   const auto& o = static_cast<const torch::optim::AdamOptions&>(opt_b.param_groups()[0].options());
   EXPECT_EQ(o.lr(), 0.125);
   EXPECT_EQ(std::get<0>(o.betas()), 0.5);
@@ -107,191 +120,128 @@ TEST(Checkpoint, OptimizerOptionsAndAmsgradStateAreRestored) {
   torch::manual_seed(9);
   step(*b, opt_b);
   expect_unchanged(*b, copy_of(*a));
-  unlink(path.c_str());
+  EXPECT_TRUE(Contains(refused(dir), prefix(dir) + "was written with Adam's amsgrad on; this "
+                                                   "optimizer has it off"));
+  remove_dir(dir);
 }
 
 TEST(Checkpoint, AnotherModelsCheckpointIsRefusedUntouched) {
-  const auto path = temp_path("other.dtt");
+  const auto dir = temp_path("other");
   auto other = std::make_shared<OtherImpl>();
   torch::optim::Adam opt_other(other->parameters());
-  save_checkpoint(path, *other, opt_other, {0, 0, 0, 1});
-  auto error = refused(path);
-  EXPECT_TRUE(Contains(error, "checkpoint " + path + " was written for a different model"));
+  save_alone(dir, *other, opt_other, {0, 0, 0, 1});
+  auto error = refused(dir);
+  EXPECT_TRUE(Contains(error, prefix(dir) + "was written for a different model"));
   EXPECT_TRUE(Contains(error, "fc.weight:[2, 4]"));
-  unlink(path.c_str());
+  remove_dir(dir);
 }
 
 TEST(Checkpoint, TruncatedAndMissingFilesAreNamed) {
-  const auto path = temp_path("cut.dtt");
-  Target source;
-  save_checkpoint(path, *source.model, source.opt, {1, 0, 10, 1});
-  {
-    std::ifstream in(path, std::ios::binary);
-    std::string bytes((std::istreambuf_iterator<char>(in)), {});
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 3));
-  }
-  EXPECT_TRUE(Contains(refused(path), "checkpoint " + path + " is truncated or corrupt"));
-  unlink(path.c_str());
-  EXPECT_TRUE(Contains(refused(path), "checkpoint " + path + " does not exist or is not readable"));
-}
-
-// The model part is fine; the optimizer part claims a group of 2
-// parameters, not 8: refused before the model is touched.
-TEST(Checkpoint, CorruptOptimizerPartLeavesModelBitIdentical) {
-  const auto path = temp_path("opt.dtt");
-  Target source;
-  auto f = good_contents(*source.model, source.opt);
-  f.tensors["optimizer/group/0/size"] = torch::tensor({int64_t{2}});
-  write_contents(path, f);
-  auto error = refused(path);
-  EXPECT_TRUE(Contains(error, "checkpoint " + path +
-                                  " has an optimizer state that does not fit this optimizer: "
-                                  "parameter group 0 holds 2 parameters in the checkpoint, 8 "
-                                  "here"));
-  unlink(path.c_str());
+  Saved saved("cut");
+  const auto data = data_file(saved.dir);
+  ASSERT_EQ(::truncate(data.c_str(), 1000), 0);
+  EXPECT_TRUE(Contains(refused(saved.dir), prefix(saved.dir) + "tensor file " + data + ": truncated"));
+  ASSERT_EQ(::unlink((saved.dir + "/metadata.dtt").c_str()), 0);
+  EXPECT_TRUE(Contains(refused(saved.dir), prefix(saved.dir) + "tensor file " + saved.dir +
+                                               "/metadata.dtt: cannot open: No such file or directory"));
 }
 
 // Adam state of shape [3] for a parameter of [32, 1, 5, 5]: libtorch would
-// load it without a look at the shapes, and the first step would fail (or
-// broadcast).
+// take it without a look at the shapes, and the first step would fail (or
+// broadcast). A negative step count is refused too.
 TEST(Checkpoint, OptimizerStateOfTheWrongShapeIsRefused) {
-  const auto path = temp_path("shape.dtt");
-  Target source;
-  auto f = good_contents(*source.model, source.opt);
-  f.tensors["optimizer/state/0/exp_avg"] = torch::zeros({3});
-  write_contents(path, f);
-  EXPECT_TRUE(Contains(refused(path), "checkpoint " + path +
-                                          " has a bad optimizer state for conv1.weight: exp_avg "
-                                          "is Float [3], the parameter Float [32, 1, 5, 5]"));
-  f = good_contents(*source.model, source.opt);
-  f.tensors["optimizer/state/7/step"] = torch::tensor({int64_t{0}});
-  write_contents(path, f);
-  EXPECT_TRUE(Contains(refused(path), "checkpoint " + path +
-                                          " has a bad optimizer state for fc2.bias: step is 0 "
-                                          "(expected at least 1)"));
-  unlink(path.c_str());
+  Saved saved("shape");
+  edit_data(saved.dir, [](auto& t) { t["r/optimizer/optim/conv1.weight/exp_avg"] = torch::zeros({3}); });
+  EXPECT_TRUE(Contains(refused(saved.dir),
+                       prefix(saved.dir) + "'optimizer/optim/conv1.weight/exp_avg' has shape [3] in "
+                                           "the checkpoint but [32, 1, 5, 5] here"));
+  Saved negative("step");
+  edit_data(negative.dir, [](auto& t) { t["r/optimizer/optim/fc2.bias/step"] = torch::tensor(int64_t{-3}); });
+  EXPECT_TRUE(Contains(refused(negative.dir), prefix(negative.dir) + "has a bad optimizer state: "
+                                                                     "optimizer/optim/fc2.bias/step is -3"));
 }
 
-// Names and shapes match (the signature too); the last tensor is Double.
+// Names and shapes match (the model's layout too); the last tensor is Double.
 TEST(Checkpoint, ModelTensorOfTheWrongDtypeIsRefusedUntouched) {
-  const auto path = temp_path("dtype.dtt");
-  Target source;
-  auto f = good_contents(*source.model, source.opt);
-  f.tensors["model/fc2.bias"] = torch::zeros({10}, torch::kDouble);
-  write_contents(path, f);
-  EXPECT_TRUE(Contains(refused(path), "checkpoint " + path +
-                                          " has the model tensor fc2.bias as Double [10]; this "
-                                          "model's is Float [10]"));
-  unlink(path.c_str());
+  Saved saved("dtype");
+  edit_data(saved.dir, [](auto& t) { t["r/model/param/fc2.bias"] = torch::zeros({10}, torch::kDouble); });
+  EXPECT_TRUE(Contains(refused(saved.dir), prefix(saved.dir) + "'model/param/fc2.bias' is Double in "
+                                                               "the checkpoint but Float here"));
 }
 
 // An entry the program does not expect, a missing one, another program's
-// file: each refused by name.
+// checkpoint: each refused by name.
 TEST(Checkpoint, MissingUnexpectedAndForeignEntriesAreRefused) {
-  const auto path = temp_path("entries.dtt");
-  Target source;
-  auto f = good_contents(*source.model, source.opt);
-  f.tensors["model/extra"] = torch::zeros({1});
-  write_contents(path, f);
-  EXPECT_TRUE(Contains(refused(path), "checkpoint " + path + " has an unexpected entry model/extra"));
-  f = good_contents(*source.model, source.opt);
-  f.tensors.erase("model/conv2.bias");
-  write_contents(path, f);
-  EXPECT_TRUE(Contains(refused(path), "checkpoint " + path + " lacks the model tensor conv2.bias"));
-  f = good_contents(*source.model, source.opt);
-  f.metadata["format"] = "something-else/2";
-  write_contents(path, f);
-  EXPECT_TRUE(Contains(refused(path), "checkpoint " + path +
-                                          " is not a checkpoint of this program (format "
-                                          "\"something-else/2\""));
-  unlink(path.c_str());
+  Saved saved("entries");
+  edit_metadata(saved.dir, [](auto& m) { m["replicated/model/extra"] = "0"; });
+  EXPECT_TRUE(Contains(refused(saved.dir), prefix(saved.dir) + "has an unexpected entry model/extra"));
+  edit_metadata(saved.dir, [](auto& m) {
+    m.erase("replicated/model/extra");
+    m.erase("replicated/model/param/conv2.bias");
+  });
+  EXPECT_TRUE(Contains(refused(saved.dir), prefix(saved.dir) + "lacks the entry model/param/conv2.bias"));
+  edit_metadata(saved.dir, [](auto& m) { m["u/program"] = "something-else/2"; });
+  EXPECT_TRUE(Contains(refused(saved.dir), prefix(saved.dir) + "is not a checkpoint of this program "
+                                                               "(program \"something-else/2\""));
 }
 
 TEST(Checkpoint, BadRngStateIsRefusedUntouched) {
-  const auto path = temp_path("rng.dtt");
-  Target source;
-  auto f = good_contents(*source.model, source.opt);
-  f.tensors["rng"] = torch::zeros({3}, torch::kUInt8);
-  write_contents(path, f);
-  EXPECT_TRUE(Contains(refused(path), "checkpoint " + path + " has an invalid RNG state (Byte [3])"));
-  unlink(path.c_str());
+  Saved saved("rng");
+  edit_data(saved.dir, [](auto& t) { t["r/rng"].zero_(); });  // a zero mt19937 state is invalid
+  EXPECT_TRUE(Contains(refused(saved.dir), prefix(saved.dir) + "has an invalid RNG state"));
 }
 
-struct CounterCase {
-  std::string key;
-  torch::Tensor value;
-  std::string message;
+struct MetadataCase {
+  std::string key, value, message;
 };
 
-TEST(Checkpoint, ImpossibleCountersAreRefusedUntouched) {
-  const auto path = temp_path("counters.dtt");
-  const CounterCase cases[] = {
-      {"epoch", torch::tensor({int64_t{-1}}), "has epoch = -1 (expected at least 0)"},
-      {"world_size", torch::tensor({int64_t{0}}), "has world_size = 0 (expected at least 1)"},
-      {"global_step", torch::tensor({int64_t{1}}), "has global_step = 1 (expected at least 2)"},
-      {"step_in_epoch", torch::tensor({2.5}),
-       "has a corrupt counter step_in_epoch (Float [1], expected a single Long)"},
-      {"epoch", torch::tensor({int64_t{1}, int64_t{2}}),
-       "has a corrupt counter epoch (Long [2], expected a single Long)"},
+TEST(Checkpoint, ImpossibleCountersAndOptionsAreRefusedUntouched) {
+  const MetadataCase cases[] = {
+      {"epoch", "-1", "has epoch = -1 (expected 0 to"},
+      {"world_size", "0", "has world_size = 0 (expected 1 to 1048576)"},
+      {"samples_in_epoch", "1201", "has samples_in_epoch = 1201 (expected 0 to 1200)"},
+      {"global_step", "2.5", "has a corrupt counter global_step \"2.5\""},
+      {"adam/lr", "nan", "has a bad optimizer option adam/lr \"nan\""},
   };
-  Target source;
   for (const auto& c : cases) {
-    auto f = good_contents(*source.model, source.opt);
-    f.tensors["state/" + c.key] = c.value;
-    write_contents(path, f);
-    EXPECT_TRUE(Contains(refused(path), "checkpoint " + path + " " + c.message)) << c.key;
+    Saved saved("counters");
+    edit_metadata(saved.dir, [&](auto& m) { m["u/" + c.key] = c.value; });
+    EXPECT_TRUE(Contains(refused(saved.dir), prefix(saved.dir) + c.message)) << c.key;
   }
-  unlink(path.c_str());
 }
 
-// fsync of the temporary file fails: the error names it, and the previous
-// checkpoint is still the one under the final name.
+// fsync of the data file fails: the error names the directory, the rank and
+// the file, and the previous checkpoint is still the one that loads.
 TEST(Checkpoint, FailedFsyncKeepsThePreviousCheckpoint) {
-  const auto path = temp_path("fsync.dtt");
-  Target source;
-  save_checkpoint(path, *source.model, source.opt, {1, 0, 19, 1});
+  Saved saved("fsync");
   CheckpointFaults faults;
   faults.fsync_errno = EIO;
-  auto error = what_thrown<std::runtime_error>(
-      [&] { save_checkpoint(path, *source.model, source.opt, {2, 0, 38, 1}, faults); });
-  EXPECT_TRUE(Contains(error, "cannot save checkpoint " + path + ": cannot fsync " + path +
-                                  ".tmp: Input/output error"));
-  EXPECT_FALSE(exists(path + ".tmp"));
+  auto error = on_ranks(1, [&](const auto& group) {
+    save_checkpoint(group, saved.dir, *saved.source.model, saved.source.opt, {2, 0, 38, 1}, faults);
+  })[0];
+  EXPECT_TRUE(Contains(error, "cannot save checkpoint " + saved.dir + ": rank 0: cannot save tensor file " +
+                                  saved.dir + "/data-"));
+  EXPECT_TRUE(Contains(error, ".tmp: Input/output error"));
   ConvNet b;
   torch::optim::Adam opt_b(b->parameters());
-  EXPECT_EQ(load_checkpoint(path, *b, opt_b).epoch, 1);
-  unlink(path.c_str());
+  TrainingState state;
+  EXPECT_EQ(load_alone(saved.dir, *b, opt_b, &state), "");
+  EXPECT_EQ(state.epoch, 1);
 }
 
-// A directory that cannot hold files (its "parent" is a regular file, which
-// stops root too): the error names the temporary file and the reason.
+// A directory that cannot be made (its "parent" is a regular file, which
+// stops root too): the error names it and the reason.
 TEST(Checkpoint, UnwritableDirectoryIsNamed) {
   const auto blocker = temp_path("blocker");
   std::ofstream(blocker) << "a file, not a directory";
-  const auto path = blocker + "/checkpoint.dtt";
+  const auto dir = blocker + "/checkpoints";
   Target source;
-  auto error = what_thrown<std::runtime_error>(
-      [&] { save_checkpoint(path, *source.model, source.opt, {1, 0, 19, 1}); });
-  EXPECT_TRUE(Contains(error, "cannot save checkpoint " + path + ": cannot create " + path +
-                                  ".tmp: Not a directory"));
-  unlink(blocker.c_str());
-}
-
-// The final name is taken by a directory: the rename fails, is named, and
-// the temporary file does not stay behind.
-TEST(Checkpoint, FailedRenameRemovesTheTemporaryFile) {
-  const auto path = temp_path("taken.dtt");
-  ASSERT_EQ(mkdir(path.c_str(), 0755), 0);
-  std::ofstream(path + "/keep") << "x";
-  Target source;
-  auto error = what_thrown<std::runtime_error>(
-      [&] { save_checkpoint(path, *source.model, source.opt, {1, 0, 19, 1}); });
-  EXPECT_TRUE(Contains(error, "cannot save checkpoint " + path + ": cannot rename " + path +
-                                  ".tmp to " + path + ": Is a directory"));
-  EXPECT_FALSE(exists(path + ".tmp"));
-  unlink((path + "/keep").c_str());
-  rmdir(path.c_str());
+  auto error = on_ranks(1, [&](const auto& group) {
+    save_checkpoint(group, dir, *source.model, source.opt, {1, 0, 19, 1});
+  })[0];
+  EXPECT_EQ(error, "cannot save checkpoint " + dir + ": rank 0: checkpoint: cannot create directory " +
+                       dir + ": Not a directory");
+  ::unlink(blocker.c_str());
 }
 
 }  // namespace

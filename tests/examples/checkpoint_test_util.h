@@ -1,20 +1,25 @@
 #pragma once
 
 // Helpers of the checkpoint tests: temporary paths, bitwise snapshots of a
-// model and of an Adam's state, and checkpoint files crafted entry by entry
-// (what save_checkpoint writes) to damage one entry at a time.
+// model and of an Adam's state, one-rank saves and loads, and edits of a
+// saved checkpoint's files (with valid checksums) to damage one entry at a
+// time.
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "common/paths.h"
 #include "fashion_mnist/checkpoint.h"
+#include "harness/thread_ranks.h"
 
 namespace checkpoint_test {
 
@@ -83,15 +88,59 @@ inline void expect_unchanged(torch::optim::Adam& opt, const AdamSnapshot& before
     EXPECT_TRUE(same_bits(now.tensors[i], before.tensors[i])) << "optimizer tensor " << i;
 }
 
-// What save_checkpoint writes for `model` and `opt` (epoch 1, step 2 of
-// it), to be damaged one entry at a time and written with write_contents.
-inline dtrain::checkpoint::TensorFile good_contents(torch::nn::Module& model,
-                                                   const torch::optim::Adam& opt) {
-  return checkpoint_contents(model, opt, TrainingState{1, 2, 21, 1});
+// Runs `body` on the ranks of a thread-rank group of `world` (tcp) and
+// returns each rank's error ("" when it returned).
+inline std::vector<std::string> on_ranks(
+    int world, const std::function<void(const std::shared_ptr<dtrain::ProcessGroup>&)>& body,
+    const std::string& backend = "tcp") {
+  return dtrain::testing::run_rank_contexts(
+      world, [&](dtrain::testing::RankContext& ctx) { body(ctx.group); }, std::chrono::seconds(60),
+      dtrain::GroupOptions(), backend);
 }
 
-inline void write_contents(const std::string& path, const dtrain::checkpoint::TensorFile& f) {
+// save_checkpoint by one rank; fails the test when it throws.
+inline void save_alone(const std::string& dir, torch::nn::Module& model, torch::optim::Adam& opt,
+                       const TrainingState& state) {
+  dtrain::testing::expect_no_errors(
+      on_ranks(1, [&](const auto& group) { save_checkpoint(group, dir, model, opt, state); }));
+}
+
+// load_checkpoint by one rank (a dataset of 1200); its error, or "".
+inline std::string load_alone(const std::string& dir, torch::nn::Module& model,
+                              torch::optim::Adam& opt, TrainingState* state = nullptr) {
+  return on_ranks(1, [&](const auto& group) {
+    auto loaded = load_checkpoint(group, dir, model, opt, 1200);
+    if (state) *state = loaded;
+  })[0];
+}
+
+// The one data file of a checkpoint saved by one rank.
+inline std::string data_file(const std::string& dir) {
+  for (const auto& name : dtrain::paths::list(dir))
+    if (name.rfind("data-", 0) == 0) return dir + "/" + name;
+  ADD_FAILURE() << "no data file in " << dir;
+  return "";
+}
+
+// Rewrites a file of a checkpoint (with valid checksums), changed by `edit`.
+inline void edit_file(const std::string& path,
+                      const std::function<void(dtrain::checkpoint::TensorFile&)>& edit) {
+  auto f = dtrain::checkpoint::load_tensor_file(path);
+  edit(f);
   dtrain::checkpoint::save_tensor_file(path, f);
+}
+inline void edit_metadata(const std::string& dir,
+                          const std::function<void(std::map<std::string, std::string>&)>& edit) {
+  edit_file(dir + "/metadata.dtt", [&](auto& f) { edit(f.metadata); });
+}
+inline void edit_data(const std::string& dir,
+                      const std::function<void(std::map<std::string, torch::Tensor>&)>& edit) {
+  edit_file(data_file(dir), [&](auto& f) { edit(f.tensors); });
+}
+
+inline void remove_dir(const std::string& dir) {
+  for (const auto& name : dtrain::paths::list(dir)) ::unlink((dir + "/" + name).c_str());
+  ::rmdir(dir.c_str());
 }
 
 }  // namespace checkpoint_test

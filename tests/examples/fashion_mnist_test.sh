@@ -3,7 +3,8 @@
 # subset so it runs in seconds): a run killed at a step and resumed — by the
 # user with --resume, and automatically by dtrain-run --max-restarts — ends
 # with parameters bitwise identical to an uninterrupted run, also when the
-# kill hits rank 0 in the middle of writing a checkpoint. Ranks started by
+# kill hits rank 0 in the middle of writing a checkpoint; resumed at 3 ranks
+# instead, it continues mid-epoch and trains as well. Ranks started by
 # hand (no launcher to stop the others when one fails): a checkpoint that
 # rank 0 cannot save, or that one rank cannot load, stops every rank at once
 # with that error.
@@ -50,31 +51,47 @@ grep -q "killed by SIGKILL" "$work/user.log" || fail "no SIGKILL in the summary"
 cp -r "$work/user" "$work/user2"
 (cd "$work/user2" && "$run" --standalone --nproc-per-node 2 "$train" "${common[@]}" --resume) \
   >"$work/user2.log" 2>&1 || fail "--resume run"
-grep -q "resumed from checkpoints/checkpoint.dtt at epoch 1, step 10" "$work/user2.log" || fail "did not resume at step 10"
+grep -q "resumed from checkpoints at epoch 1, sample 640 of 1200" "$work/user2.log" || fail "did not resume at step 10 (sample 640)"
 [ "$(crc user2)" = "$expected" ] || fail "user resume: crc $(crc user2) != $expected"
 echo "killed at step 13, resumed with --resume: bitwise identical"
 
 # 2. killed in the second epoch (step 23), resumed automatically by dtrain-run
 job auto --max-restarts 1 -- --crash-at-step 23 || fail "auto-restart run"
 grep -q "restarting the workers (restart 1 of 1)" "$work/auto.log" || fail "no restart"
-grep -q "resumed from checkpoints/checkpoint.dtt at epoch 2, step 1 (restart 1)" "$work/auto.log" || fail "no automatic resume at epoch 2, step 1"
+grep -q "resumed from checkpoints at epoch 2, sample 64 of 1200 (restart 1)" "$work/auto.log" || fail "no automatic resume at epoch 2, step 1 (sample 64)"
 [ "$(crc auto)" = "$expected" ] || fail "auto resume: crc $(crc auto) != $expected"
 echo "killed at step 23, resumed by dtrain-run: bitwise identical"
 
 # 3. rank 0 killed while writing the step-15 checkpoint: step 10's survives
 job torn --max-restarts 1 -- --crash-in-checkpoint-at-step 15 || fail "torn-checkpoint run"
-grep -q "resumed from checkpoints/checkpoint.dtt at epoch 1, step 10" "$work/torn.log" || fail "did not fall back to step 10"
+grep -q "resumed from checkpoints at epoch 1, sample 640 of 1200" "$work/torn.log" || fail "did not fall back to step 10"
 [ "$(crc torn)" = "$expected" ] || fail "torn checkpoint: crc $(crc torn) != $expected"
 echo "killed while writing a checkpoint: previous checkpoint intact, bitwise identical"
 
-# 4. a truncated checkpoint is refused before anything changes
-head -c 1000 "$work/clean/checkpoints/checkpoint.dtt" >"$work/clean/checkpoints/cut.dtt"
-mv "$work/clean/checkpoints/cut.dtt" "$work/clean/checkpoints/checkpoint.dtt"
+# 4. a truncated data file is refused before anything changes
+data0=$(ls "$work/clean/checkpoints"/data-*-0.dtt)
+truncate -s 1000 "$data0"
 if (cd "$work/clean" && "$run" --standalone --nproc-per-node 2 "$train" "${common[@]}" --resume) >"$work/cut.log" 2>&1; then
   fail "a truncated checkpoint was accepted"
 fi
-grep -q "checkpoint checkpoints/checkpoint.dtt is truncated or corrupt" "$work/cut.log" || fail "no truncation message"
+grep -q "cannot load checkpoint checkpoints: tensor file checkpoints/data-[0-9a-f]*-0.dtt: truncated" "$work/cut.log" \
+  || fail "no truncation message"
 echo "truncated checkpoint: refused"
+
+# 5. the checkpoint of 2 ranks at step 10, resumed at 3 ranks: epoch 1
+# continues at sample 640 (the other 560 shared out among 3), and the job
+# ends as well trained as the uninterrupted one
+cp -r "$work/user" "$work/three"
+(cd "$work/three" && "$run" --standalone --nproc-per-node 3 "$train" "${common[@]}" --resume) \
+  >"$work/three.log" 2>&1 || fail "--resume at 3 ranks"
+grep -q "resumed from checkpoints at epoch 1, sample 640 of 1200" "$work/three.log" || fail "3 ranks: not resumed at sample 640"
+grep -q "written by 2 rank(s), now 3: the epoch's remaining 560 samples are shared out among 3" "$work/three.log" \
+  || fail "3 ranks: no resharding message"
+ls "$work/three/checkpoints"/data-*-2.dtt >/dev/null || fail "3 ranks: rank 2 wrote no checkpoint file"
+accuracy() { grep -o 'done: test accuracy [0-9.]*' "$work/$1.log" | awk '{print $4}'; }
+awk -v a="$(accuracy three)" -v b="$(accuracy clean)" 'BEGIN { exit !(a + 0 >= b - 5) }' \
+  || fail "3 ranks: accuracy $(accuracy three)% vs $(accuracy clean)% uninterrupted"
+echo "2-rank checkpoint resumed at 3 ranks mid-epoch: accuracy $(accuracy three)% (uninterrupted $(accuracy clean)%)"
 
 # by_hand NAME DIR0 DIR1 [program flags]: the 2 ranks started by hand, rank r
 # in DIRr, under a long timeout (300 s); leaves NAME.r.log, NAME.r.rc and the
@@ -105,17 +122,18 @@ every_rank_failed() {
 }
 quick=(--out-dir runs --epochs 1 --train-limit 300 --test-limit 100 --batch-size 32 --checkpoint-every 3)
 
-# 5. rank 0 cannot save (its checkpoint directory is under a regular file)
+# 6. no rank can save (the checkpoint directory is under a regular file)
 mkdir -p "$work/nosave" && echo "a file" >"$work/nosave/blocker"
 by_hand nosave "$work/nosave" "$work/nosave" "${quick[@]}" --checkpoint-dir blocker/ck
-every_rank_failed nosave "rank 0: cannot save checkpoint blocker/ck/checkpoint.dtt: cannot create blocker/ck/checkpoint.dtt.tmp: Not a directory"
-echo "rank 0 cannot save: every rank stopped with its error in $(cat "$work/nosave.seconds") s"
+every_rank_failed nosave "cannot save checkpoint blocker/ck: rank 0: checkpoint: cannot create directory blocker/ck: Not a directory"
+echo "cannot save: every rank stopped with the error in $(cat "$work/nosave.seconds") s"
 
-# 6. rank 1 cannot load (its copy is truncated; rank 0's is fine): nobody resumes
-mkdir -p "$work/half0/checkpoints" "$work/half1/checkpoints"
-cp "$work/auto/checkpoints/checkpoint.dtt" "$work/half0/checkpoints/"
-head -c 1000 "$work/auto/checkpoints/checkpoint.dtt" >"$work/half1/checkpoints/checkpoint.dtt"
+# 7. rank 1 cannot load (its copy has a truncated file; rank 0's is fine): nobody resumes
+mkdir -p "$work/half0" "$work/half1"
+cp -r "$work/auto/checkpoints" "$work/half0/"
+cp -r "$work/auto/checkpoints" "$work/half1/"
+truncate -s 1000 "$(ls "$work/half1/checkpoints"/data-*-1.dtt)"
 by_hand half "$work/half0" "$work/half1" "${quick[@]}" --resume
-every_rank_failed half "rank 1: checkpoint checkpoints/checkpoint.dtt is truncated or corrupt"
+every_rank_failed half "rank 1: cannot load checkpoint checkpoints: tensor file checkpoints/data-"
 if grep -q "resumed from" "$work/half.0.log"; then fail "rank 0 resumed although rank 1 could not"; fi
 echo "rank 1 cannot load: every rank stopped with its error in $(cat "$work/half.seconds") s"

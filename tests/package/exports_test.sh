@@ -68,5 +68,6 @@ LD_PRELOAD="$work/libtraps.so" timeout 300 prefix/bin/dtrain-run --standalone --
   --checkpoint-dir "$work/ckpt" --out-dir "$work/run" >"$work/job.out" 2>&1 \
   || { cat "$work/job.out"; echo "exports: the job failed with the traps preloaded"; exit 1; }
 grep -q "done: test accuracy" "$work/job.out" || { cat "$work/job.out"; exit 1; }
-test -f "$work/ckpt/checkpoint.dtt"
+test -f "$work/ckpt/metadata.dtt"
+ls "$work/ckpt"/data-*-1.dtt >/dev/null
 echo "exports: a 2-rank tcp job ran with std::filesystem and libuv trapped"
