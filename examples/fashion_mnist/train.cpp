@@ -286,6 +286,7 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "dtrain-fashion-mnist: " << e.what() << std::endl;
+    dtrain::record_error(e);  // dtrain-run's failure summary shows it
     return 1;
   }
 }

@@ -90,6 +90,11 @@ const Var kTraceDir{"DTRAIN_TRACE_DIR", nullptr,
 const Var kTraceBufferSize{"DTRAIN_TRACE_BUFFER_SIZE", "2000",
                            "Operations each process group's flight recorder keeps (0: off)."};
 
+const Var kErrorFile{"TORCHELASTIC_ERROR_FILE", nullptr,
+                     "Set by dtrain-run and torchrun, one per worker: where the worker writes why it "
+                     "failed (JSON, torchrun's format); dtrain::record_error and the terminate "
+                     "handler init_process_group installs write it, the launcher's failure summary "
+                     "shows it."};
 const Var kTimeline{"DTRAIN_TIMELINE", nullptr,
                     "Path of a Chrome-trace timeline: each rank writes PATH.rank-R.json, "
                     "dtrain-run merges them into PATH."};
@@ -100,7 +105,7 @@ const std::vector<const Var*>& all() {
       &kUseAgentStore, &kRestartCount, &kOmpiRank, &kOmpiSize, &kSlurmProcId,
       &kSlurmNTasks, &kSlurmStepNodelist, &kSlurmJobNodelist, &kSlurmJobId, &kSlurmStepId, &kDebug,   &kSocketIfname, &kGlooSocketIfname, &kTimeout, &kTty,
       &kShmChunkBytes, &kCpuMemory, &kTcpStreams, &kStoreMaxBytes, &kStoreMaxKeys,
-      &kStoreToken, &kStoreTokenFile, &kLauncher, &kTraceDir, &kTraceBufferSize, &kTimeline};
+      &kStoreToken, &kStoreTokenFile, &kLauncher, &kTraceDir, &kTraceBufferSize, &kTimeline, &kErrorFile};
   return vars;
 }
 

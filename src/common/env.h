@@ -19,7 +19,7 @@ struct Var {
 
 // Worker contract (torchrun's names).
 extern const Var kRank, kWorldSize, kLocalRank, kMasterAddr, kMasterPort;
-extern const Var kUseAgentStore, kRestartCount;
+extern const Var kUseAgentStore, kRestartCount, kErrorFile;
 // Schedulers, read when RANK/WORLD_SIZE are absent.
 extern const Var kOmpiRank, kOmpiSize, kSlurmProcId, kSlurmNTasks;
 // Slurm, read by env:// when MASTER_ADDR / MASTER_PORT are absent.

@@ -10,6 +10,7 @@
 #include "common/cpu_memory.h"
 #include "common/enforce.h"
 #include "core/backend_registry.h"
+#include "core/error_file.h"
 #include "core/rendezvous.h"
 #include "dtrain/distributed.h"
 #include "dtrain/store/hash_store.h"
@@ -83,6 +84,7 @@ std::shared_ptr<ProcessGroup> require_default(World& w) {
 // they block for as long as peers take to arrive, and a factory may itself
 // ask is_initialized() or get_rank() (which take the mutex).
 void init_process_group(const InitOptions& options) {
+  detail::install_error_file_handler();  // a worker's uncaught exception reaches its launcher
   auto& w = world();
   {
     std::lock_guard<std::mutex> lock(w.mutex);

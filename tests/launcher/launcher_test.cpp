@@ -118,6 +118,69 @@ TEST(Launcher, SummaryNamesTheSignal) {
   EXPECT_TRUE(Contains(r.output, "about to crash"));
 }
 
+// Error files (TORCHELASTIC_ERROR_FILE): the summary shows why the worker
+// failed — an exception nobody caught (recorded by the terminate handler
+// init_process_group installs), one recorded with dtrain::record_error, or
+// what a program without dtrain wrote in torchrun's format.
+TEST(Launcher, SummaryShowsTheRootCauseFromTheErrorFile) {
+  auto uncaught = launch({"--nproc-per-node", "2", "--standalone", kProbe, "throw"});
+  EXPECT_EQ(uncaught.exit_code, 1) << uncaught.output;
+  EXPECT_TRUE(Contains(uncaught.output, "killed by SIGABRT")) << uncaught.output;
+  EXPECT_TRUE(std::regex_search(uncaught.output,
+                                std::regex("  root cause \\(its error file /[^ ]*/attempt_0/1/error.json\\):\n"
+                                           "    std::out_of_range: batch 7 has no label 11 "
+                                           "\\(deliberately thrown on rank 1\\)\n")))
+      << uncaught.output;
+  // Without --log-dir they live in a temporary directory, gone with the launcher.
+  std::smatch where;
+  ASSERT_TRUE(std::regex_search(uncaught.output, where, std::regex("its error file (/[^ ]*)/attempt_0/1/error.json")));
+  EXPECT_NE(::access(where[1].str().c_str(), F_OK), 0) << where[1] << " was left behind";
+
+  auto recorded = launch({"--nproc-per-node", "2", "--standalone", kProbe, "record"});
+  EXPECT_EQ(recorded.exit_code, 1) << recorded.output;
+  EXPECT_TRUE(Contains(recorded.output, "[1]:recorded 1")) << recorded.output;
+  EXPECT_TRUE(Contains(recorded.output, "exited with code 2")) << recorded.output;
+  EXPECT_TRUE(Contains(recorded.output, "    std::invalid_argument: --lr must be positive, got -1\n"))
+      << recorded.output;
+
+  const std::string torchrun_format =
+      R"({"message": {"message": "ValueError: no such split 'tset'\nTraceback (most recent call last): ...",)"
+      R"( "extraInfo": {"py_callstack": "...", "timestamp": "1764000000"}}})";
+  auto foreign = launch({"--nproc-per-node", "2", "--standalone", kProbe, "error-file", torchrun_format});
+  EXPECT_EQ(foreign.exit_code, 1) << foreign.output;
+  EXPECT_TRUE(Contains(foreign.output, "    ValueError: no such split 'tset'\n    Traceback (most recent call last): ...\n"))
+      << foreign.output;
+}
+
+// An error file is the worker's own writing: a damaged one is named, not trusted.
+TEST(Launcher, DamagedErrorFilesAreNamedNotTrusted) {
+  auto not_json = launch({"--nproc-per-node", "2", "--standalone", kProbe, "error-file", "{\"message\": "});
+  EXPECT_EQ(not_json.exit_code, 1) << not_json.output;
+  EXPECT_TRUE(std::regex_search(not_json.output,
+                                std::regex("its error file /[^ ]*/error.json could not be used: it is not JSON")))
+      << not_json.output;
+  EXPECT_TRUE(Contains(not_json.output, "exited with code 3"));
+  auto no_message = launch({"--nproc-per-node", "2", "--standalone", kProbe, "error-file", "[1, 2]"});
+  EXPECT_TRUE(Contains(no_message.output, "could not be used: it has no \"message\"")) << no_message.output;
+}
+
+// With --log-dir the error files live beside the logs, as torchrun puts them.
+TEST(Launcher, ErrorFilesGoBesideTheLogs) {
+  char tmpl[] = "/tmp/dtrain-errfile-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  auto r = launch({"--nproc-per-node", "2", "--master-port", std::to_string(free_port()), "--log-dir", dir,
+                   "--rdzv-id", "job7", kProbe, "record"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  std::ifstream in(dir + "/job7/attempt_0/1/error.json");
+  ASSERT_TRUE(in) << r.output;
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_TRUE(Contains(text, R"("message": {"message": "std::invalid_argument: --lr must be positive, got -1")"))
+      << text;
+  EXPECT_TRUE(Contains(r.output, "root cause (its error file " + dir + "/job7/attempt_0/1/error.json)"));
+  ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
+}
+
 TEST(Launcher, RestartsUntilTheProgramSucceeds) {
   auto r = launch({"--nproc-per-node", "2", "--standalone", "--max-restarts", "3", kProbe,
                    "fail-until", "2"});

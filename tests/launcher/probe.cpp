@@ -11,6 +11,12 @@
 //                           keeps stdout open and sleeps 60 s; print its pid, exit 0
 //   probe allreduce [SECS]  dtrain all_reduce of ones, prints "rank R sum S", then
 //                           keeps all-reducing for SECS seconds (default 0)
+//   probe throw             init_process_group, then rank 1 throws an uncaught
+//                           std::out_of_range; others wait
+//   probe record            rank 1 catches a std::invalid_argument, records it with
+//                           dtrain::record_error and exits 2; others wait
+//   probe error-file TEXT   rank 1 writes TEXT to $TORCHELASTIC_ERROR_FILE itself (as a
+//                           program without dtrain) and exits 3; others wait
 
 #include <poll.h>
 #include <signal.h>
@@ -23,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -101,6 +108,29 @@ int main(int argc, char** argv) {
     }
     std::printf("daemon %d\n", static_cast<int>(child));
     return 0;
+  }
+  if (mode == "throw") {
+    dtrain::init_process_group();
+    if (rank != 1) wait_forever();
+    throw std::out_of_range("batch 7 has no label 11 (deliberately thrown on rank 1)");
+  }
+  if (mode == "record") {
+    if (rank != 1) wait_forever();
+    try {
+      throw std::invalid_argument("--lr must be positive, got -1");
+    } catch (const std::exception& e) {
+      std::printf("recorded %d\n", dtrain::record_error(e) ? 1 : 0);
+      return 2;
+    }
+  }
+  if (mode == "error-file" && argc > 2) {
+    if (rank != 1) wait_forever();
+    const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+    if (FILE* f = path ? std::fopen(path, "w") : nullptr) {
+      std::fputs(argv[2], f);
+      std::fclose(f);
+    }
+    return 3;
   }
   if (mode == "allreduce") {
     dtrain::init_process_group();

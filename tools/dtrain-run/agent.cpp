@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "dtrain/errors.h"
+#include "error_file.h"
 #include "rendezvous.h"
 #include "signals.h"
 #include "timeline_merge.h"
@@ -33,7 +34,7 @@ std::string timestamp(std::chrono::system_clock::time_point t) {
   return buf;
 }
 
-std::vector<WorkerSpec> worker_specs(const Options& o, const Round& r) {
+std::vector<WorkerSpec> worker_specs(const Options& o, const Round& r, const ErrorFiles& errors) {
   // The launcher's environment, minus what we set, plus torchrun's contract.
   std::vector<std::string> base;
   bool user_omp = false;
@@ -67,7 +68,9 @@ std::vector<WorkerSpec> worker_specs(const Options& o, const Round& r) {
     // The worker's stdout is our pipe; tell it when its lines reach a terminal.
     const bool shown = o.shown(lr) && !(static_cast<int>(o.redirect_of(lr)) & 1);
     vars.push_back({"DTRAIN_TTY", shown && isatty(STDOUT_FILENO) ? "1" : "0"});
-    WorkerSpec spec{lr, rank, {}};
+    const std::string error_file = errors.prepare(r.number, lr);
+    if (!error_file.empty()) vars.push_back({"TORCHELASTIC_ERROR_FILE", error_file});
+    WorkerSpec spec{lr, rank, {}, error_file};
     for (const auto& kv : base) {
       const auto name = kv.substr(0, kv.find('='));
       bool overridden = false;
@@ -80,13 +83,37 @@ std::vector<WorkerSpec> worker_specs(const Options& o, const Round& r) {
   return specs;
 }
 
+// What the failed worker's error file says, indented for the summary; ""
+// when it wrote none.
+std::string root_cause(const WorkerExit& f) {
+  if (f.error_file.empty()) return "";
+  const auto report = read_error_file(f.error_file);
+  if (!report) return "";
+  if (!report->problem.empty())
+    return "  its error file " + f.error_file + " could not be used: " + report->problem + "\n";
+  std::string out = "  root cause (its error file " + f.error_file + "):\n    ";
+  for (char c : report->message) out += c == '\n' ? std::string("\n    ") : std::string(1, c);
+  return out + "\n";
+}
+
+// The first line of the error file's message, short, for the other nodes.
+std::string cause_in_brief(const WorkerExit& f) {
+  if (f.error_file.empty()) return "";
+  const auto report = read_error_file(f.error_file);
+  if (!report || !report->problem.empty() || report->message.empty()) return "";
+  std::string line = report->message.substr(0, report->message.find('\n'));
+  if (line.size() > 300) line = line.substr(0, 300) + "...";
+  return ": " + line;
+}
+
 void print_summary(const Options& o, const Round& r, const WorkerExit& f,
                    const std::vector<std::string>& lines) {
   std::ostringstream out;
   out << "dtrain-run: job failed (attempt " << r.number << ", " << r.number << "/" << o.max_restarts
       << " restarts used)\n"
       << "  rank " << f.rank << " (local rank " << f.local_rank << " on node " << r.node_rank
-      << ", pid " << f.pid << ") " << f.describe() << " at " << timestamp(f.when) << "\n";
+      << ", pid " << f.pid << ") " << f.describe() << " at " << timestamp(f.when) << "\n"
+      << root_cause(f);
   if (!lines.empty()) {
     out << "  its last " << lines.size() << " line(s):\n";
     for (const auto& l : lines) out << "    " << l << "\n";
@@ -161,12 +188,12 @@ void merge_timelines(const WorkerGroup& group) {
 
 // Runs one round's workers until they succeed (0), the job must end
 // (its exit code), or the round failed and may restart (-1).
-int run_round(const Options& o, Rendezvous& rdzv, const Round& round) {
+int run_round(const Options& o, Rendezvous& rdzv, const Round& round, const ErrorFiles& errors) {
   WorkerGroup group(o, round.number);
   WorkerExit failure;
   std::string remote;
   try {
-    group.start(worker_specs(o, round));
+    group.start(worker_specs(o, round, errors));
     for (;;) {
       if (int sig = wait_signal(o.monitor_interval))
         return stop_for_signal(o, &round, &rdzv, &group, sig, "while the workers ran");
@@ -178,7 +205,7 @@ int run_round(const Options& o, Rendezvous& rdzv, const Round& round) {
       if (state == WorkerGroup::State::Failed) {
         std::ostringstream why;
         why << "rank " << failure.rank << " on node " << round.node_rank << " "
-            << failure.describe() << " at " << timestamp(failure.when);
+            << failure.describe() << " at " << timestamp(failure.when) << cause_in_brief(failure);
         rdzv.report_failure(round, why.str());
         break;
       }
@@ -209,6 +236,9 @@ int run_round(const Options& o, Rendezvous& rdzv, const Round& round) {
     else std::cerr << "dtrain-run: job failed, no restarts left (" << remote << ")" << std::endl;
     return 1;
   }
+  if (remote.empty())
+    std::cerr << "dtrain-run: rank " << failure.rank << " (local rank " << failure.local_rank << ") "
+              << failure.describe() << "\n" << root_cause(failure) << std::flush;
   std::cerr << "dtrain-run: restarting the workers (restart " << round.number + 1 << " of "
             << o.max_restarts << ")" << std::endl;
   return -1;
@@ -224,6 +254,7 @@ int run_agent(const Options& o) {
   // stopping a worker group can kill and reap them too.
   prctl(PR_SET_CHILD_SUBREAPER, 1);
 
+  const ErrorFiles errors(o);  // for the launcher's lifetime: removed after the summary
   std::unique_ptr<Rendezvous> rdzv;
   int attempt = 0;
   try {
@@ -252,7 +283,7 @@ int run_agent(const Options& o) {
       std::cerr << "dtrain-run: " << e.what() << std::endl;
       return 1;
     }
-    const int rc = run_round(o, *rdzv, round);
+    const int rc = run_round(o, *rdzv, round, errors);
     if (rc >= 0) return rc;
     try {
       rdzv->advance(attempt);

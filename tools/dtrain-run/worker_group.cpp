@@ -14,21 +14,13 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "error_file.h"
+
 namespace dtrain::run {
 
 namespace {
 
 constexpr size_t kTailLines = 20;
-
-void make_dirs(const std::string& path) {
-  std::string partial;
-  for (size_t i = 0; i <= path.size(); ++i) {
-    if (i == path.size() || path[i] == '/') {
-      if (!partial.empty()) mkdir(partial.c_str(), 0755);
-    }
-    if (i < path.size()) partial += path[i];
-  }
-}
 
 int64_t steady_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -221,27 +213,45 @@ bool WorkerGroup::note_exit(Worker& w) {
   return true;
 }
 
+namespace {
+
+// When a failed worker failed, for picking the root cause: the time its
+// error file gives, else when it exited.
+int64_t failed_at_ns(const std::string& error_file, std::chrono::system_clock::time_point ended) {
+  if (!error_file.empty())
+    if (auto report = read_error_file(error_file); report && report->time_ns > 0) return report->time_ns;
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(ended.time_since_epoch()).count();
+}
+
+}  // namespace
+
 WorkerGroup::State WorkerGroup::poll(WorkerExit* failure) {
   bool all_done = true, failed = false;
+  int64_t first_ns = INT64_MAX;
   for (auto& w : workers_) {
     if (!note_exit(*w)) {
       all_done = false;
       continue;
     }
-    const bool ok = WIFEXITED(w->status) && WEXITSTATUS(w->status) == 0;
-    // Report the likeliest root cause: a worker killed by a signal rather
-    // than one that exited with an error because its peer died.
-    const bool better = !failed || (WIFSIGNALED(w->status) && failure && failure->signal == 0);
-    if (!ok && better) {
-      failed = true;
-      if (failure) {
-        failure->local_rank = w->spec.local_rank;
-        failure->rank = w->spec.rank;
-        failure->pid = w->pid;
-        failure->code = WIFEXITED(w->status) ? WEXITSTATUS(w->status) : 0;
-        failure->signal = WIFSIGNALED(w->status) ? WTERMSIG(w->status) : 0;
-        failure->when = w->ended;
-      }
+    if (WIFEXITED(w->status) && WEXITSTATUS(w->status) == 0) continue;
+    // The root cause is the failure that came first (torchrun: the earliest
+    // error file); at equal times, a worker killed by a signal rather than
+    // one that exited with an error because its peer died.
+    const int64_t at = failed_at_ns(w->spec.error_file, w->ended);
+    const bool signaled = WIFSIGNALED(w->status);
+    const bool better = !failed || at < first_ns ||
+                        (at == first_ns && signaled && failure && failure->signal == 0);
+    failed = true;
+    if (!better) continue;
+    first_ns = at;
+    if (failure) {
+      failure->local_rank = w->spec.local_rank;
+      failure->rank = w->spec.rank;
+      failure->pid = w->pid;
+      failure->code = WIFEXITED(w->status) ? WEXITSTATUS(w->status) : 0;
+      failure->signal = signaled ? WTERMSIG(w->status) : 0;
+      failure->when = w->ended;
+      failure->error_file = w->spec.error_file;
     }
   }
   if (failed) return State::Failed;

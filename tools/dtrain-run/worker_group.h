@@ -26,6 +26,7 @@ struct WorkerSpec {
   int local_rank;
   int rank;
   std::vector<std::string> env;  // KEY=VALUE, the whole environment
+  std::string error_file;        // its TORCHELASTIC_ERROR_FILE ("" when none)
 };
 
 struct WorkerExit {
@@ -35,6 +36,7 @@ struct WorkerExit {
   int signal = 0;  // signal number when killed
   std::chrono::system_clock::time_point when;
   std::vector<std::string> last_lines;
+  std::string error_file;  // where it may have said why ("" when none)
   std::string describe() const;  // "exited with code 3" / "killed by SIGKILL"
 };
 
