@@ -188,6 +188,17 @@ def checkpoint(step):
 write_corpus("checkpoint", {"fresh": checkpoint(0), "stepped": checkpoint(3)})
 
 
+# error_file_fuzz: workers' error files, as dtrain and torchrun write them.
+write_corpus("error_file", {
+    "dtrain": b'{"message": {"message": "std::runtime_error: boom", "extraInfo": {"py_callstack": '
+              b'"std::runtime_error: boom", "timestamp": "1764000000", "dtrain_timestamp_ns": '
+              b'"1764000000123456789"}}}\n',
+    "torchrun": b'{"message": {"message": "ValueError: bad\\nTraceback (most recent call last):\\n  x", '
+                b'"extraInfo": {"py_callstack": "...", "timestamp": 1764000000}}}',
+    "short": b'{"message": "killed by the OOM killer"}',
+})
+
+
 # distributed_checkpoint_fuzz: a 4-byte length, metadata.dtt, then rank 0's
 # data file, as dtrain::checkpoint::save writes them for a replicated
 # float [2, 3] "param/w" and a sharded 10-element "s".

@@ -17,15 +17,22 @@ constexpr size_t kMaxFileBytes = 1 << 20;
 constexpr size_t kMaxShownBytes = 8 << 10;
 constexpr int kMaxShownLines = 30;
 
-// Seconds or nanoseconds as torchrun (a string) or others (a number) write them.
+// Seconds or nanoseconds as torchrun (a string) or others (a number) write
+// them, in ns; 0 for what is not a time since 1970 that fits.
 int64_t number(const nlohmann::json& j, int64_t scale) {
+  double value = 0;
   try {
-    if (j.is_number_integer()) return j.get<int64_t>() * scale;
-    if (j.is_number()) return static_cast<int64_t>(j.get<double>() * static_cast<double>(scale));
-    if (j.is_string()) return std::stoll(j.get<std::string>()) * scale;
+    if (j.is_number()) value = j.get<double>();
+    else if (j.is_string()) value = std::stod(j.get<std::string>());
   } catch (const std::exception&) {
+    return 0;
   }
-  return 0;
+  const double ns = value * static_cast<double>(scale);
+  if (!(ns > 0) || ns >= 9.0e18) return 0;  // also NaN
+  if (j.is_number_integer() && scale == 1) return j.get<int64_t>();
+  if (j.is_string() && scale == 1 && j.get<std::string>().find_first_not_of("0123456789") == std::string::npos)
+    return std::stoll(j.get<std::string>());  // exact, not through a double
+  return static_cast<int64_t>(ns);
 }
 
 // The first lines of `text`, within the caps.
