@@ -6,7 +6,11 @@
 #     must recover on its own (restart with the nodes left) and succeed;
 #  4. static: the same kill; node A must exit cleanly (non-zero) in time;
 #  5. c10d: node B's launcher is frozen (SIGSTOP) while its workers run on:
-#     only its missing keep-alives tell node A, which restarts alone.
+#     only its missing keep-alives tell node A, which restarts alone;
+#  6. c10d scale-up: a --nnodes 2:3 job runs on A and B when node C's
+#     launcher arrives (a third host, routed through A): A and B stop their
+#     workers at their next monitor tick and all three meet in the next
+#     round, 6 ranks, without using a restart (--max-restarts 0).
 set -euo pipefail
 run=$1 probe=$2
 source "$(dirname "$0")/../harness/netns.sh"
@@ -81,4 +85,28 @@ grep -q "stopped sending keep-alives" "$logs/f0" || fail "node A did not name th
 grep -q "\[0\]:rank 0 sum 2 world 2" "$logs/f0" || fail "node A did not restart as a 1-node job"
 kill -9 "$pid_f1"
 echo "keep-alive: a frozen node was detected and left behind: ok ($(( $(date +%s) - start )) s)"
+
+# 6. scale-up
+netns_add_third 10.214.1
+on "$NS_A" u0 --nnodes 2:3 --rdzv-backend c10d --rdzv-endpoint $A:29625 --rdzv-id j6 --rdzv-conf $conf "$probe" grow 60
+on "$NS_B" u1 --nnodes 2:3 --rdzv-backend c10d --rdzv-endpoint $A:29625 --rdzv-id j6 --rdzv-conf $conf "$probe" grow 60
+for i in $(seq 150); do grep -q "sum 4 world 4 attempt 0" "$logs/u1" 2>/dev/null && break; sleep 0.1; done
+grep -q "sum 4 world 4 attempt 0" "$logs/u1" || fail "the 2-node job never started"
+start=$(date +%s)
+on "$NS_C" u2 --nnodes 2:3 --rdzv-backend c10d --rdzv-endpoint $A:29625 --rdzv-id j6 --rdzv-conf $conf "$probe" grow 60
+for n in 0 1 2; do
+  p=pid_u$n
+  wait "${!p}" || fail "scale-up: node $n's launcher failed"
+done
+took=$(( $(date +%s) - start ))
+for r in 0 1 2 3 4 5; do
+  grep -q "\[$r\]:rank $r sum 6 world 6 attempt 1" "$logs/u0" "$logs/u1" "$logs/u2" || fail "scale-up: rank $r of the 3-node round missing"
+done
+grep -q "is running with 2 node(s) (max 3); waiting for the running nodes" "$logs/u2" || fail "node C did not say it waits"
+for n in 0 1; do
+  grep -q "1 node(s) waiting to join; stopped this node's workers to meet again with them in round 1 (no restart used)" "$logs/u$n" ||
+    fail "node $n did not stop for the newcomer"
+done
+[ "$took" -le 30 ] || fail "scale-up took $took s"
+echo "scale-up: a third node joined a running 2:3 job, 6 ranks in round 1, no restart used: ok ($took s)"
 rm -rf "$logs"

@@ -11,6 +11,9 @@
 //                           keeps stdout open and sleeps 60 s; print its pid, exit 0
 //   probe allreduce [SECS]  dtrain all_reduce of ones, prints "rank R sum S", then
 //                           keeps all-reducing for SECS seconds (default 0)
+//   probe grow SECS         dtrain all_reduce of ones, prints "rank R sum S world W attempt
+//                           A"; on attempt 0 keeps all-reducing for SECS seconds (until a
+//                           scale-up stops it), on a later attempt exits at once
 //   probe throw             init_process_group, then rank 1 throws an uncaught
 //                           std::out_of_range; others wait
 //   probe record            rank 1 catches a std::invalid_argument, records it with
@@ -107,6 +110,20 @@ int main(int argc, char** argv) {
       _exit(0);
     }
     std::printf("daemon %d\n", static_cast<int>(child));
+    return 0;
+  }
+  if (mode == "grow" && argc > 2) {
+    dtrain::init_process_group();
+    auto t = at::ones({1000});
+    dtrain::all_reduce(t);
+    std::printf("rank %d sum %g world %d attempt %d\n", dtrain::get_rank(), t[0].item<double>(),
+                dtrain::get_world_size(), dtrain::restart_count());
+    const int rounds = dtrain::restart_count() == 0 ? static_cast<int>(std::atof(argv[2]) * 50) : 0;
+    for (int i = 0; i < rounds; ++i) {
+      dtrain::all_reduce(t);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    dtrain::destroy_process_group();
     return 0;
   }
   if (mode == "throw") {

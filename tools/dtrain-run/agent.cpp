@@ -106,10 +106,10 @@ std::string cause_in_brief(const WorkerExit& f) {
   return ": " + line;
 }
 
-void print_summary(const Options& o, const Round& r, const WorkerExit& f,
+void print_summary(const Options& o, const Round& r, int restarts_used, const WorkerExit& f,
                    const std::vector<std::string>& lines) {
   std::ostringstream out;
-  out << "dtrain-run: job failed (attempt " << r.number << ", " << r.number << "/" << o.max_restarts
+  out << "dtrain-run: job failed (attempt " << r.number << ", " << restarts_used << "/" << o.max_restarts
       << " restarts used)\n"
       << "  rank " << f.rank << " (local rank " << f.local_rank << " on node " << r.node_rank
       << ", pid " << f.pid << ") " << f.describe() << " at " << timestamp(f.when) << "\n"
@@ -186,12 +186,44 @@ void merge_timelines(const WorkerGroup& group) {
   }
 }
 
+// What happens after a round ended early, its workers stopped: the job
+// fails (1) when the restart budget is spent, or the nodes meet again (-1).
+// A scale-up uses no restart.
+int after_round(const Options& o, Rendezvous& rdzv, const Round& round, WorkerGroup& group,
+                const WorkerExit& failure, const RoundEnd& end, bool local_failure) {
+  if (end.scale_up) {
+    std::cerr << "dtrain-run: " << end.reason << "; stopped this node's workers to meet again with "
+              << "them in round " << round.number + 1 << " (no restart used)" << std::endl;
+    return -1;
+  }
+  if (!local_failure) std::cerr << "dtrain-run: stopping this node's workers: " << end.reason << std::endl;
+  int used = 0;
+  try {
+    used = rdzv.restarts_used();
+  } catch (const std::exception& e) {
+    std::cerr << "dtrain-run: lost the rendezvous store " << rdzv.endpoint() << ": " << e.what() << std::endl;
+    return 1;
+  }
+  if (used >= o.max_restarts) {
+    if (local_failure) print_summary(o, round, used, failure, group.last_lines(failure.local_rank));
+    else std::cerr << "dtrain-run: job failed, no restarts left (" << end.reason << ")" << std::endl;
+    return 1;
+  }
+  if (local_failure)
+    std::cerr << "dtrain-run: rank " << failure.rank << " (local rank " << failure.local_rank << ") "
+              << failure.describe() << "\n" << root_cause(failure) << std::flush;
+  std::cerr << "dtrain-run: restarting the workers (restart " << used + 1 << " of " << o.max_restarts
+            << ")" << std::endl;
+  return -1;
+}
+
 // Runs one round's workers until they succeed (0), the job must end
-// (its exit code), or the round failed and may restart (-1).
+// (its exit code), or the round ended and the nodes meet again (-1).
 int run_round(const Options& o, Rendezvous& rdzv, const Round& round, const ErrorFiles& errors) {
   WorkerGroup group(o, round.number);
   WorkerExit failure;
-  std::string remote;
+  RoundEnd end;
+  bool local_failure = false;
   try {
     group.start(worker_specs(o, round, errors));
     for (;;) {
@@ -206,11 +238,14 @@ int run_round(const Options& o, Rendezvous& rdzv, const Round& round, const Erro
         std::ostringstream why;
         why << "rank " << failure.rank << " on node " << round.node_rank << " "
             << failure.describe() << " at " << timestamp(failure.when) << cause_in_brief(failure);
-        rdzv.report_failure(round, why.str());
+        // Unless the round already ended (a scale-up stopping peers makes
+        // workers fail), this failure ends it.
+        end = rdzv.report_failure(round, why.str());
+        local_failure = !end.scale_up;
         break;
       }
-      if (auto reason = rdzv.check(round)) {
-        remote = *reason;
+      if (auto ended = rdzv.check(round)) {
+        end = *ended;
         break;
       }
     }
@@ -224,24 +259,12 @@ int run_round(const Options& o, Rendezvous& rdzv, const Round& round, const Erro
     }
     return 1;
   }
-  collect_traces(group);
+  if (!end.scale_up) collect_traces(group);
   group.stop(SIGTERM, o.close_timeout);
   merge_timelines(group);
   if (int sig = pending_signal())  // arrived while the workers were being stopped
     return stop_for_signal(o, &round, &rdzv, &group, sig, "while stopping the workers");
-  if (!remote.empty())
-    std::cerr << "dtrain-run: stopping this node's workers: " << remote << std::endl;
-  if (round.number >= o.max_restarts) {
-    if (remote.empty()) print_summary(o, round, failure, group.last_lines(failure.local_rank));
-    else std::cerr << "dtrain-run: job failed, no restarts left (" << remote << ")" << std::endl;
-    return 1;
-  }
-  if (remote.empty())
-    std::cerr << "dtrain-run: rank " << failure.rank << " (local rank " << failure.local_rank << ") "
-              << failure.describe() << "\n" << root_cause(failure) << std::flush;
-  std::cerr << "dtrain-run: restarting the workers (restart " << round.number + 1 << " of "
-            << o.max_restarts << ")" << std::endl;
-  return -1;
+  return after_round(o, rdzv, round, group, failure, end, local_failure);
 }
 
 }  // namespace
@@ -269,9 +292,15 @@ int run_agent(const Options& o) {
     return 1;
   }
   for (;; ++attempt) {
-    if (attempt > o.max_restarts) {
-      std::cerr << "dtrain-run: the job has used all of its " << o.max_restarts
-                << " restart(s); not starting again" << std::endl;
+    try {
+      if (rdzv->restarts_used() > o.max_restarts) {
+        std::cerr << "dtrain-run: the job has used all of its " << o.max_restarts
+                  << " restart(s); not starting again" << std::endl;
+        return 1;
+      }
+    } catch (const std::exception& e) {
+      std::cerr << "dtrain-run: lost the rendezvous store " << rdzv->endpoint() << ": " << e.what()
+                << std::endl;
       return 1;
     }
     Round round;
@@ -283,6 +312,7 @@ int run_agent(const Options& o) {
       std::cerr << "dtrain-run: " << e.what() << std::endl;
       return 1;
     }
+    attempt = round.number;  // a late node joins a later round than it asked for
     const int rc = run_round(o, *rdzv, round, errors);
     if (rc >= 0) return rc;
     try {

@@ -1,6 +1,7 @@
 #include "rendezvous.h"
 
 #include <algorithm>
+#include <iostream>
 #include <sstream>
 #include <thread>
 
@@ -104,13 +105,71 @@ int Rendezvous::current_round() {
 }
 
 void Rendezvous::advance(int round) {
-  // Every node of the failed round calls this; only the first moves it.
+  // Every node of the ended round calls this; only the first moves it, and
+  // exactly one counts the round when it failed.
   const auto now = std::to_string(round), next = std::to_string(round + 1);
   store_->compare_set("current_round", {now.begin(), now.end()}, {next.begin(), next.end()});
+  if (store_->add(key(round, "counted"), 1) != 1) return;
+  const auto end = ended(round);
+  if (!end || !end->scale_up) store_->add("restarts_used", 1);
+}
+
+bool Rendezvous::any_done(const Round& r) {
+  for (int i = 0; i < r.nnodes; ++i)
+    if (store_->check({key(r.number, "done/" + std::to_string(i))})) return true;
+  return false;
+}
+
+int Rendezvous::restarts_used() { return static_cast<int>(store_->add("restarts_used", 0)); }
+
+// The round's end is one key whose first writer decides: "F<reason>" for a
+// failure, "S<reason>" for a scale-up.
+RoundEnd Rendezvous::end_round(int round, const RoundEnd& end) {
+  const std::string value = (end.scale_up ? "S" : "F") + end.reason;
+  store_->compare_set(key(round, "failed"), {}, {value.begin(), value.end()});
+  return *ended(round);
+}
+
+std::optional<RoundEnd> Rendezvous::ended(int round) {
+  if (!store_->check({key(round, "failed")})) return std::nullopt;
+  const std::string value = store_->get_string(key(round, "failed"));
+  if (value.empty()) return RoundEnd{false, "(no reason given)"};
+  return RoundEnd{value[0] == 'S', value.substr(1)};
+}
+
+void Rendezvous::wait_for_next_round(int round, int participants) {
+  const auto& o = options_;
+  store_->add(key(round, "waiting"), 1);
+  std::cerr << "dtrain-run: round " << round << " of rendezvous '" << o.rdzv_id << "' is running with "
+            << participants << " node(s) (max " << o.max_nodes
+            << "); waiting for the running nodes to start the next round with this one" << std::endl;
+  const auto deadline = Clock::now() + o.join_timeout;
+  while (current_round() <= round) {
+    throw_if_signalled();
+    if (Clock::now() > deadline)
+      throw TimeoutError("rendezvous '" + o.rdzv_id + "' at " + endpoint() + ": waited " +
+                         std::to_string(o.join_timeout.count() / 1000.0) + " s for the " +
+                         std::to_string(participants) + " running node(s) to make room in a new round");
+    std::this_thread::sleep_for(kPoll);
+  }
 }
 
 Round Rendezvous::join(int number) {
   const auto& o = options_;
+  for (;;) {
+    const int participants = store_->check({key(number, "closed")})
+                                 ? std::stoi(store_->get_string(key(number, "closed")))
+                                 : -1;
+    // A round that closed without room for this node ends it (error below);
+    // one with room makes this node wait for the next.
+    if (!o.elastic() || participants < 0 || participants >= o.max_nodes) break;
+    if (store_->check({key(number, "done/0")}) || ended(number)) {  // over, or ending
+      number = std::max(number + 1, current_round());  // that round is over: take the next
+      continue;
+    }
+    wait_for_next_round(number, participants);
+    number = current_round();
+  }
   Round r;
   r.number = number;
   const auto start = Clock::now();
@@ -173,7 +232,8 @@ Round Rendezvous::join(int number) {
     if (index >= participants)
       throw Error("rendezvous '" + o.rdzv_id + "' at " + endpoint() + ": round " +
                   std::to_string(number) + " closed with " + std::to_string(participants) +
-                  " node(s) before this node joined; start it again to join the next round");
+                  " node(s), the maximum (--nnodes " + std::to_string(o.min_nodes) + ":" +
+                  std::to_string(o.max_nodes) + "), before this node joined");
     r.node_rank = index;
   }
   r.nnodes = participants;
@@ -200,8 +260,15 @@ Round Rendezvous::join(int number) {
   return r;
 }
 
-std::optional<std::string> Rendezvous::check(const Round& r) {
-  if (store_->check({key(r.number, "failed")})) return store_->get_string(key(r.number, "failed"));
+std::optional<RoundEnd> Rendezvous::check(const Round& r) {
+  if (auto end = ended(r.number)) return end;
+  // Room for more nodes, and none has finished (a job that is ending is not
+  // restarted for a newcomer).
+  if (options_.elastic() && r.nnodes < options_.max_nodes && !any_done(r)) {
+    const int64_t waiting = store_->add(key(r.number, "waiting"), 0);
+    if (waiting > 0)
+      return end_round(r.number, RoundEnd{true, std::to_string(waiting) + " node(s) waiting to join"});
+  }
   if (Clock::now() < next_beat_) return std::nullopt;
   next_beat_ = Clock::now() + options_.keep_alive_interval;
   store_->set(key(r.number, "alive/" + std::to_string(r.node_rank)), std::to_string(++beats_));
@@ -215,16 +282,14 @@ std::optional<std::string> Rendezvous::check(const Round& r) {
       std::string reason = "node " + std::to_string(i) + " stopped sending keep-alives for " +
                            std::to_string(stale_checks_[i] * options_.keep_alive_interval.count() / 1000.0) +
                            " s (its launcher died or lost the network)";
-      report_failure(r, reason);
-      return reason;
+      return report_failure(r, reason);
     }
   }
   return std::nullopt;
 }
 
-void Rendezvous::report_failure(const Round& r, const std::string& reason) {
-  // The first report wins; later ones keep it.
-  store_->compare_set(key(r.number, "failed"), {}, {reason.begin(), reason.end()});
+RoundEnd Rendezvous::report_failure(const Round& r, const std::string& reason) {
+  return end_round(r.number, RoundEnd{false, reason});
 }
 
 void Rendezvous::report_done(const Round& r) {
@@ -240,7 +305,7 @@ bool Rendezvous::wait_for_others(const Round& r) {
     for (int i = 0; i < r.nnodes && all; ++i)
       all = store_->check({key(r.number, "done/" + std::to_string(i))});
     if (all) return true;
-    if (check(r)) return false;
+    if (auto end = check(r); end && !end->scale_up) return false;
     std::this_thread::sleep_for(kPoll);
   }
 }

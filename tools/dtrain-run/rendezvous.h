@@ -13,11 +13,18 @@
 // without another joining. Ranks are contiguous blocks, one per node, in
 // node order.
 //
-// A round number is also the restart count: after a failure every node
-// moves to the next round, so the restart budget is the job's, whichever
-// node fails or rejoins. During a round each node bumps a keep-alive
-// counter; a node whose counter stops moving for keep_alive_max_attempt
-// intervals is declared gone, which fails the round for everyone.
+// A round number is the workers' TORCHELASTIC_RESTART_COUNT: after a
+// failure every node moves to the next round, and the store counts the
+// failed rounds, so the restart budget is the job's, whichever node fails or
+// rejoins. During a round each node bumps a keep-alive counter; a node whose
+// counter stops moving for keep_alive_max_attempt intervals is declared
+// gone, which fails the round for everyone.
+//
+// Scale-up (c10d, torchrun's behaviour): a node that arrives while a round
+// of fewer than MAX nodes runs waits for the next round; the running nodes
+// see it waiting at their next monitor tick, end the round (their workers
+// stop) and meet again with it. Such a round ends without using the restart
+// budget.
 
 #include <chrono>
 #include <memory>
@@ -30,6 +37,12 @@
 #include "options.h"
 
 namespace dtrain::run {
+
+// Why a round ended early.
+struct RoundEnd {
+  bool scale_up = false;  // nodes are waiting to join; not a failure
+  std::string reason;
+};
 
 struct Round {
   int number = 0;
@@ -48,18 +61,27 @@ class Rendezvous {
 
   // The round a (re)starting node should join.
   int current_round();
-  // Blocks until the round has formed (TimeoutError after join_timeout
-  // naming who is missing).
+  // Blocks until a round from `round` on has formed (TimeoutError after
+  // join_timeout naming who is missing). A node that arrives after round
+  // `round` closed waits in it for the next one (scale-up) when the round
+  // has fewer than MAX nodes; the Round returned says which it joined.
   Round join(int round);
-  // Called every monitor tick; returns a reason when the round has failed
-  // (reported by any node, or a node stopped sending keep-alives).
-  std::optional<std::string> check(const Round& round);
-  void report_failure(const Round& round, const std::string& reason);
+  // Called every monitor tick; says when the round has ended: failed
+  // (reported by any node, or a node stopped sending keep-alives), or
+  // ended for a scale-up because nodes are waiting to join.
+  std::optional<RoundEnd> check(const Round& round);
+  // Records a failure unless the round already ended; returns how the
+  // round ended (the first report wins, so workers that fail because a
+  // scale-up stopped their peers do not count as a failure).
+  RoundEnd report_failure(const Round& round, const std::string& reason);
+  // Failed rounds so far: the restarts the job has used.
+  int restarts_used();
   void report_done(const Round& round);
   // The store host waits for the other nodes to finish before taking the
   // store down; false if one failed or stopped sending keep-alives.
   bool wait_for_others(const Round& round);
-  // Moves everyone to round + 1 (idempotent).
+  // Moves everyone to round + 1 (idempotent); the first node to move it
+  // counts a failed round against the restart budget.
   void advance(int round);
   bool hosts_store() const { return host_; }
   const std::string& local_address() const { return local_address_; }
@@ -69,6 +91,12 @@ class Rendezvous {
   std::shared_ptr<TcpStore> connect_client(const TcpStoreOptions& base);
   void wait_keys(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
   std::string key(int round, const std::string& rest) const;
+  // Ends the round with `end` unless it already ended; returns how it ended.
+  RoundEnd end_round(int round, const RoundEnd& end);
+  std::optional<RoundEnd> ended(int round);
+  bool any_done(const Round& round);
+  // A late node: waits in `round` until the running nodes start a new one.
+  void wait_for_next_round(int round, int participants);
   const Options& options_;
   std::shared_ptr<Store> store_;
   bool host_ = false;
