@@ -13,42 +13,39 @@ netns_cleanup() {
   [ -n "${NS_C:-}" ] && ip netns del "$NS_C" 2>/dev/null || true
 }
 
+# netns_link NS1 NS2 SUBNET TAG: a veth pair between two namespaces,
+# SUBNET.1 in NS1 and SUBNET.2 in NS2, both up (with loopback).
+netns_link() {
+  local ns1=$1 ns2=$2 subnet=$3 tag=$4 id=$$
+  local v1=dt${tag}1$id v2=dt${tag}2$id
+  v1=${v1:0:15} v2=${v2:0:15}
+  ip link add "$v1" type veth peer name "$v2"
+  ip link set "$v1" netns "$ns1"
+  ip link set "$v2" netns "$ns2"
+  ip -n "$ns1" addr add "$subnet.1/24" dev "$v1"
+  ip -n "$ns2" addr add "$subnet.2/24" dev "$v2"
+  for ns in "$ns1" "$ns2"; do ip -n "$ns" link set lo up; done
+  ip -n "$ns1" link set "$v1" up
+  ip -n "$ns2" link set "$v2" up
+}
+
 netns_up() {
   local subnet=$1 id=$$
   NETNS_SUBNET=$subnet
   NS_A=dtrain-a-$id NS_B=dtrain-b-$id
-  local va=dtva$id vb=dtvb$id
-  va=${va:0:15} vb=${vb:0:15}
   trap netns_cleanup EXIT
   ip netns add "$NS_A"
   ip netns add "$NS_B"
-  ip link add "$va" type veth peer name "$vb"
-  ip link set "$va" netns "$NS_A"
-  ip link set "$vb" netns "$NS_B"
-  ip -n "$NS_A" addr add "$subnet.1/24" dev "$va"
-  ip -n "$NS_B" addr add "$subnet.2/24" dev "$vb"
-  for ns in "$NS_A" "$NS_B"; do ip -n "$ns" link set lo up; done
-  ip -n "$NS_A" link set "$va" up
-  ip -n "$NS_B" link set "$vb" up
+  netns_link "$NS_A" "$NS_B" "$subnet" v
 }
 
 netns_add_third() {
-  local subnet=$1 id=$$
-  NS_C=dtrain-c-$id
-  local va=dtwa$id vc=dtwc$id
-  va=${va:0:15} vc=${vc:0:15}
+  local subnet=$1
+  NS_C=dtrain-c-$$
   ip netns add "$NS_C"
-  ip link add "$va" type veth peer name "$vc"
-  ip link set "$va" netns "$NS_A"
-  ip link set "$vc" netns "$NS_C"
-  ip -n "$NS_A" addr add "$subnet.1/24" dev "$va"
-  ip -n "$NS_C" addr add "$subnet.2/24" dev "$vc"
-  ip -n "$NS_C" link set lo up
-  ip -n "$NS_A" link set "$va" up
-  ip -n "$NS_C" link set "$vc" up
+  netns_link "$NS_A" "$NS_C" "$subnet" w
   # A forwards between its two links; B and C reach each other through it.
   ip netns exec "$NS_A" sysctl -qw net.ipv4.ip_forward=1
   ip -n "$NS_B" route add default via "$NETNS_SUBNET.1"
   ip -n "$NS_C" route add default via "$subnet.1"
 }
-
