@@ -181,6 +181,26 @@ TEST(Launcher, ErrorFilesGoBesideTheLogs) {
   ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
 }
 
+// c10d: a node that arrives when the running round is already at MAX
+// nodes is refused, naming the limit (with room, it would wait and the job
+// would grow: netns_launcher_test.sh).
+TEST(Launcher, ANodeBeyondTheMaximumIsRefusedNamingIt) {
+  const std::vector<std::string> job = {kRun, "--nproc-per-node", "1", "--nnodes", "1:1", "--rdzv-backend",
+                                        "c10d", "--rdzv-endpoint", "127.0.0.1:" + std::to_string(free_port()),
+                                        "--rdzv-id", "full", kProbe, "grow", "30"};
+  ProcessRanks procs;
+  auto& first = procs.spawn(job, {{"OMP_NUM_THREADS", "1"}});
+  ASSERT_TRUE(procs.wait_for_output(first, "world 1 attempt 0", 30000ms)) << first.output();
+  auto late = launch(std::vector<std::string>(job.begin() + 1, job.end()));
+  EXPECT_EQ(late.exit_code, 1) << late.output;
+  EXPECT_TRUE(Contains(late.output, "rendezvous 'full' at 127.0.0.1:")) << late.output;
+  EXPECT_TRUE(Contains(late.output, ": round 0 closed with 1 node(s), the maximum (--nnodes 1:1), before this "
+                                    "node joined"))
+      << late.output;
+  kill(first.pid, SIGTERM);
+  procs.wait(first, Clock::now() + 30s);
+}
+
 TEST(Launcher, RestartsUntilTheProgramSucceeds) {
   auto r = launch({"--nproc-per-node", "2", "--standalone", "--max-restarts", "3", kProbe,
                    "fail-until", "2"});

@@ -146,10 +146,13 @@ void Rendezvous::wait_for_next_round(int round, int participants) {
   const auto deadline = Clock::now() + o.join_timeout;
   while (current_round() <= round) {
     throw_if_signalled();
-    if (Clock::now() > deadline)
-      throw TimeoutError("rendezvous '" + o.rdzv_id + "' at " + endpoint() + ": waited " +
-                         std::to_string(o.join_timeout.count() / 1000.0) + " s for the " +
-                         std::to_string(participants) + " running node(s) to make room in a new round");
+    if (Clock::now() > deadline) {
+      std::ostringstream msg;
+      msg << "rendezvous '" << o.rdzv_id << "' at " << endpoint() << ": waited "
+          << o.join_timeout.count() / 1000.0 << " s for the " << participants
+          << " running node(s) to make room in a new round";
+      throw TimeoutError(msg.str());
+    }
     std::this_thread::sleep_for(kPoll);
   }
 }
