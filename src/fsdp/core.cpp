@@ -236,6 +236,7 @@ void FSDPCore::Impl::pre_backward(size_t index) {
     backward_order.push_back(index);
   auto& unit = *units[index];
   if (unit.reduced()) return;  // reached again after its gradients were reduced
+  settle_reductions(/*wait=*/false);  // free what is done before gathering more
   gather(index, /*ahead=*/false);
   unit.wait_gathered();
   if (options.backward_prefetch()) prefetch_after(last_backward_order, index);
@@ -245,24 +246,32 @@ void FSDPCore::Impl::grad_ready(fsdp::FlatUnit& unit, size_t index) {
   if (!expect_backward) return;  // a backward that no FSDP forward prepared
   queue_finalize();
   if (unit.count_grad(index) && !unit.reduced()) {
+    unit.reshard();  // its full parameters are no longer needed: free them before the flat gradient
     reduce(unit);
-    unit.reshard();
   }
 }
 
-// A unit's flat gradient lives until its reduce-scatter ends: launching
-// one waits for the one before (usually done by then, while the unit's
-// backward computed), so backward holds two units' gradients, not the
-// model's.
+// A unit's flat gradient lives until its reduce-scatter ends. Before a
+// unit builds its flat gradient, the one reduce-scatter still in flight is
+// finished (usually done by then: it ran while this unit's backward
+// computed), so backward holds one unit's gradients in reduction besides
+// the unit being reduced, not the model's.
 void FSDPCore::Impl::reduce(fsdp::FlatUnit& unit) {
-  if (sync) ++current.reduce_scatters;
+  if (sync) {
+    ++current.reduce_scatters;
+    settle_reductions(/*wait=*/true);
+  }
   unit.reduce(sync);
   int64_t held = 0;
   for (const auto& u : units) held += u->gradient_bytes();
   current.peak_gradient_bytes = std::max(current.peak_gradient_bytes, held);
-  if (!sync) return;
-  reducing.push_back(&unit);
-  if (reducing.size() > 1) {
+  if (sync) reducing.push_back(&unit);
+}
+
+// Finishes the reduce-scatters in flight (with wait), or those already
+// complete (without): their flat gradients are freed at once.
+void FSDPCore::Impl::settle_reductions(bool wait) {
+  while (!reducing.empty() && (wait || reducing.front()->reduce_complete())) {
     reducing.front()->finish_reduce();
     reducing.erase(reducing.begin());
   }

@@ -49,6 +49,8 @@ struct FSDPCore::Impl {
   void pre_backward(size_t index);
   void grad_ready(fsdp::FlatUnit& unit, size_t index);
   void reduce(fsdp::FlatUnit& unit);
+  void settle_reductions(bool wait);
+
   void finish_backward();
   void end_iteration();
 };

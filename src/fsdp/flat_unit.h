@@ -61,6 +61,8 @@ class FlatUnit {
   void reduce(bool sync);
   // Waits for the reduce-scatter and adds the average into shard.grad.
   void finish_reduce();
+  // Whether finish_reduce() would not block (none in flight, or done).
+  bool reduce_complete() const { return !reduce_work_ || reduce_work_->is_completed(); }
   // Bytes of this unit's unsharded gradient buffers now (in reduction, or
   // kept under no_sync).
   int64_t gradient_bytes() const;
