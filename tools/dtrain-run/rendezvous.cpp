@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <iostream>
 #include <sstream>
+#include <tuple>
+#include <utility>
 #include <thread>
 
 #include "address.h"
@@ -157,7 +159,7 @@ void Rendezvous::wait_for_next_round(int round, int participants) {
   }
 }
 
-Round Rendezvous::join(int number) {
+int Rendezvous::round_with_room(int number) {
   const auto& o = options_;
   for (;;) {
     const int participants = store_->check({key(number, "closed")})
@@ -165,7 +167,7 @@ Round Rendezvous::join(int number) {
                                  : -1;
     // A round that closed without room for this node ends it (error below);
     // one with room makes this node wait for the next.
-    if (!o.elastic() || participants < 0 || participants >= o.max_nodes) break;
+    if (!o.elastic() || participants < 0 || participants >= o.max_nodes) return number;
     if (store_->check({key(number, "done/0")}) || ended(number)) {  // over, or ending
       number = std::max(number + 1, current_round());  // that round is over: take the next
       continue;
@@ -173,71 +175,92 @@ Round Rendezvous::join(int number) {
     wait_for_next_round(number, participants);
     number = current_round();
   }
-  Round r;
-  r.number = number;
+}
+
+// Static: every node's rank is given; waits for all of them. Returns the
+// number of nodes.
+int Rendezvous::join_static(int number, const std::string& me) {
+  const auto& o = options_;
+  store_->set(key(number, "node/" + std::to_string(o.node_rank)), me);
+  const int participants = o.max_nodes;
+  std::vector<std::string> keys;
+  for (int i = 0; i < participants; ++i) keys.push_back(key(number, "node/" + std::to_string(i)));
+  try {
+    wait_keys(keys, o.join_timeout);
+  } catch (const TimeoutError&) {
+    std::vector<std::string> missing;
+    for (int i = 0; i < participants; ++i)
+      if (!store_->check({keys[i]})) missing.push_back(std::to_string(i));
+    std::ostringstream msg;
+    msg << "rendezvous at " << endpoint() << " (round " << number << "): timed out after "
+        << o.join_timeout.count() / 1000.0 << " s waiting for nodes: "
+        << participants - static_cast<int>(missing.size()) << "/" << participants
+        << " joined (missing node ranks:";
+    for (const auto& m : missing) msg << " " << m;
+    msg << ")";
+    throw TimeoutError(msg.str());
+  }
+  return participants;
+}
+
+// Dynamic: nodes take ranks in arrival order until the round closes.
+// Returns {nodes, this node's rank}.
+std::pair<int, int> Rendezvous::join_dynamic(int number, const std::string& me) {
+  const auto& o = options_;
   const auto start = Clock::now();
-  const std::string me = local_address_ + "|" + std::to_string(o.nproc_per_node);
   int participants = 0;
-  if (!o.elastic()) {
-    r.node_rank = o.node_rank;
-    store_->set(key(number, "node/" + std::to_string(r.node_rank)), me);
-    participants = o.max_nodes;
-    std::vector<std::string> keys;
-    for (int i = 0; i < participants; ++i) keys.push_back(key(number, "node/" + std::to_string(i)));
-    try {
-      wait_keys(keys, o.join_timeout);
-    } catch (const TimeoutError&) {
-      std::vector<std::string> missing;
-      for (int i = 0; i < participants; ++i)
-        if (!store_->check({keys[i]})) missing.push_back(std::to_string(i));
+  const int index = static_cast<int>(store_->add(key(number, "count"), 1)) - 1;
+  store_->set(key(number, "node/" + std::to_string(index)), me);
+  std::optional<Clock::time_point> reached_min;
+  for (;;) {
+    throw_if_signalled();
+    if (store_->check({key(number, "closed")})) {
+      participants = std::stoi(store_->get_string(key(number, "closed")));
+      break;
+    }
+    const int count = static_cast<int>(store_->add(key(number, "count"), 0));
+    std::string close_at;
+    if (count >= o.max_nodes) {
+      close_at = std::to_string(o.max_nodes);
+    } else if (count >= o.min_nodes) {
+      if (!reached_min) reached_min = Clock::now();
+      if (Clock::now() - *reached_min >= o.last_call_timeout) close_at = std::to_string(count);
+    }
+    if (!close_at.empty()) {
+      // Whoever closes first decides the size; everyone reads it back.
+      store_->compare_set(key(number, "closed"), {}, {close_at.begin(), close_at.end()});
+      continue;
+    }
+    if (Clock::now() - start > o.join_timeout) {
       std::ostringstream msg;
-      msg << "rendezvous at " << endpoint() << " (round " << number << "): timed out after "
-          << o.join_timeout.count() / 1000.0 << " s waiting for nodes: "
-          << participants - static_cast<int>(missing.size()) << "/" << participants
-          << " joined (missing node ranks:";
-      for (const auto& m : missing) msg << " " << m;
-      msg << ")";
+      msg << "rendezvous '" << o.rdzv_id << "' at " << endpoint() << " (round " << number
+          << "): timed out after " << o.join_timeout.count() / 1000.0
+          << " s waiting for nodes: " << count << "/" << o.min_nodes << " joined (min "
+          << o.min_nodes << ", max " << o.max_nodes << ")";
       throw TimeoutError(msg.str());
     }
+    std::this_thread::sleep_for(kPoll);  // the store has no "wait for count" primitive
+  }
+  if (index >= participants)
+    throw Error("rendezvous '" + o.rdzv_id + "' at " + endpoint() + ": round " +
+                std::to_string(number) + " closed with " + std::to_string(participants) +
+                " node(s), the maximum (--nnodes " + std::to_string(o.min_nodes) + ":" +
+                std::to_string(o.max_nodes) + "), before this node joined");
+  return {participants, index};
+}
+
+Round Rendezvous::join(int number) {
+  const auto& o = options_;
+  number = round_with_room(number);
+  Round r;
+  r.number = number;
+  const std::string me = local_address_ + "|" + std::to_string(o.nproc_per_node);
+  int participants = 0;
+  if (o.elastic()) {
+    std::tie(participants, r.node_rank) = join_dynamic(number, me);
   } else {
-    const int index = static_cast<int>(store_->add(key(number, "count"), 1)) - 1;
-    store_->set(key(number, "node/" + std::to_string(index)), me);
-    std::optional<Clock::time_point> reached_min;
-    for (;;) {
-      throw_if_signalled();
-      if (store_->check({key(number, "closed")})) {
-        participants = std::stoi(store_->get_string(key(number, "closed")));
-        break;
-      }
-      const int count = static_cast<int>(store_->add(key(number, "count"), 0));
-      std::string close_at;
-      if (count >= o.max_nodes) {
-        close_at = std::to_string(o.max_nodes);
-      } else if (count >= o.min_nodes) {
-        if (!reached_min) reached_min = Clock::now();
-        if (Clock::now() - *reached_min >= o.last_call_timeout) close_at = std::to_string(count);
-      }
-      if (!close_at.empty()) {
-        // Whoever closes first decides the size; everyone reads it back.
-        store_->compare_set(key(number, "closed"), {}, {close_at.begin(), close_at.end()});
-        continue;
-      }
-      if (Clock::now() - start > o.join_timeout) {
-        std::ostringstream msg;
-        msg << "rendezvous '" << o.rdzv_id << "' at " << endpoint() << " (round " << number
-            << "): timed out after " << o.join_timeout.count() / 1000.0
-            << " s waiting for nodes: " << count << "/" << o.min_nodes << " joined (min "
-            << o.min_nodes << ", max " << o.max_nodes << ")";
-        throw TimeoutError(msg.str());
-      }
-      std::this_thread::sleep_for(kPoll);  // the store has no "wait for count" primitive
-    }
-    if (index >= participants)
-      throw Error("rendezvous '" + o.rdzv_id + "' at " + endpoint() + ": round " +
-                  std::to_string(number) + " closed with " + std::to_string(participants) +
-                  " node(s), the maximum (--nnodes " + std::to_string(o.min_nodes) + ":" +
-                  std::to_string(o.max_nodes) + "), before this node joined");
-    r.node_rank = index;
+    participants = join_static(number, me);
+    r.node_rank = o.node_rank;
   }
   r.nnodes = participants;
   // Node table: address and workers of every participant, in node order.

@@ -30,6 +30,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dtrain/store/store.h"
@@ -97,6 +98,11 @@ class Rendezvous {
   bool any_done(const Round& round);
   // A late node: waits in `round` until the running nodes start a new one.
   void wait_for_next_round(int round, int participants);
+  // The round a node arriving at `round` can join: `round` itself, or a
+  // later one after waiting in a closed round that has room (scale-up).
+  int round_with_room(int round);
+  int join_static(int round, const std::string& me);
+  std::pair<int, int> join_dynamic(int round, const std::string& me);
   const Options& options_;
   std::shared_ptr<Store> store_;
   bool host_ = false;
