@@ -11,11 +11,12 @@ packages=(
   libssl-dev        # libcrypto: HMAC-SHA256 for the store's job token
   dataset-fashion-mnist  # Fashion-MNIST IDX files (training example, data tests)
   libcli11-dev      # launcher flags
-  nlohmann-json3-dev  # dtrain-trace reads flight recorder dumps
+  nlohmann-json3-dev  # dtrain-trace reads flight recorder dumps, dtrain-run workers' error files
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch     # PyTorch's torchrun and the Python baselines
   openmpi-bin libopenmpi-dev  # the mpi backend, and mpirun to test it
   iproute2          # network namespaces for the multi-host test
+  procps            # pgrep and sysctl: the Slurm and three-host tests
   slurm-wlm munge   # a real two-node Slurm for the srun test
   gnuplot-nox fonts-liberation  # the training example's PNG plot
 )
