@@ -34,8 +34,11 @@ wait_for 120 test -f "$CHECKPOINT_DIR/metadata.dtt" || fail "job $first wrote no
 job_gone "$first" && fail "job $first ended before it could be cancelled"
 scancel "$first"
 wait_for 90 job_gone "$first" || fail "job $first still listed 90 s after scancel"
-wait_for 10 bash -c "! pgrep -f '^$train( |\$)' >/dev/null && ! pgrep -f '^$run ' >/dev/null" ||
-  fail "processes left after scancel: $(pgrep -af "$train|$run")"
+# This job's launchers and workers, and only theirs (other tests may run
+# the same programs at the same time): their arguments name its checkpoint.
+mine="--checkpoint-dir $CHECKPOINT_DIR"
+none_left() { ! pgrep -f -- "$mine" >/dev/null; }
+wait_for 10 none_left || fail "processes left after scancel: $(pgrep -af -- "$mine")"
 grep -q "dtrain-run: received SIGTERM" "dtrain-fashion-mnist-$first.out" || fail "the launchers did not see scancel's SIGTERM"
 grep -q "done: test accuracy" "dtrain-fashion-mnist-$first.out" && fail "job $first finished before scancel"
 echo "sbatch: job $first cancelled after its first checkpoint; no process left"

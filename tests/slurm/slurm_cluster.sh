@@ -33,9 +33,15 @@ for _ in $(seq 50); do [ -s "$dir/munge/munged.pid" ] && break; sleep 0.1; done
 pids+=("$(cat "$dir/munge/munged.pid")")
 cpus=$(nproc)
 port=$((17000 + RANDOM % 2000))
+# Job ids whose derived rendezvous ports (15000 + (id * 1009 + step) mod
+# 40000, docs/launcher.md) stay below 27000 for the first ten jobs: under the
+# kernel's ephemeral range (32768 and up), so a port another test holds for
+# a moment cannot collide with a job's store.
+first_job=$((1000 + RANDOM))
+while [ $((first_job * 1009 % 40000)) -gt 1900 ]; do first_job=$((1000 + RANDOM)); done
 cat > "$dir/slurm.conf" <<CONF
 ClusterName=dtrain
-FirstJobId=$((1000 + RANDOM))
+FirstJobId=$first_job
 SlurmctldHost=localhost
 SlurmctldPort=$port
 SlurmdPort=$((port + 1))
