@@ -108,8 +108,3 @@ bool any_rank_has_checkpoint(dtrain::ProcessGroup& group, const std::string& dir
 // Works with libtorch 1.x's and 2.x's keys of Optimizer::state().
 const torch::optim::AdamParamState* adam_state(const torch::optim::Adam& opt,
                                                const torch::Tensor& param);
-
-// Collective over `group`: every rank passes its own error ("" when it
-// succeeded). When any rank failed, every rank throws the same
-// std::runtime_error, "rank <r>: <error>" for the lowest failing rank r.
-void fail_together(dtrain::ProcessGroup& group, const std::string& error);

@@ -3,35 +3,13 @@
 
 #include <cstring>
 #include <dtrain/errors.h>
+#include <dtrain/objects.h>
 #include <unistd.h>
 
 #include <optional>
 #include <stdexcept>
 
 #include "checkpoint.h"
-
-// Two collectives when all succeeded (one all_reduce), four otherwise: the
-// lowest failing rank is found with MIN, then broadcasts its message.
-void fail_together(dtrain::ProcessGroup& group, const std::string& error) {
-  const int64_t none = group.size();
-  // On the group's control device (the GPU under nccl), read back on the host.
-  const auto on = group.control_device();
-  auto first = torch::tensor({error.empty() ? none : static_cast<int64_t>(group.rank())}).to(on);
-  group.all_reduce(first, dtrain::ReduceOp::MIN)->wait();
-  const int64_t failed = first.item<int64_t>();
-  if (failed == none) return;
-  const int root = static_cast<int>(failed);
-  auto length = torch::tensor({static_cast<int64_t>(error.size())}).to(on);
-  group.broadcast(length, root)->wait();
-  auto text = torch::zeros({length.item<int64_t>()}, torch::kUInt8);
-  if (group.rank() == root) std::memcpy(text.data_ptr(), error.data(), error.size());
-  text = text.to(on);
-  group.broadcast(text, root)->wait();
-  text = text.cpu();
-  const auto* chars = static_cast<const char*>(text.data_ptr());
-  throw std::runtime_error("rank " + std::to_string(root) + ": " +
-                           std::string(chars, chars + text.numel()));
-}
 
 bool any_rank_has_checkpoint(dtrain::ProcessGroup& group, const std::string& dir) {
   const int64_t mine = ::access((dir + "/metadata.dtt").c_str(), R_OK) == 0;
@@ -67,7 +45,7 @@ TrainingState load_checkpoint(const std::shared_ptr<dtrain::ProcessGroup>& group
   } catch (const std::exception& e) {
     error = e.what();
   }
-  fail_together(*group, error);  // no rank installs what another could not read
+  dtrain::fail_together(*group, error);  // no rank installs what another could not read
   checkpoint->apply(model, opt);
   return checkpoint->state();
 }

@@ -128,4 +128,12 @@ T recv_object(int src, const P2POptions& options = P2POptions(), int* sender = n
   return ObjectCodec<T>::decode(bytes);
 }
 
+// Collective over `group`: agreeing on a failure. Every rank passes its
+// own error ("" when its step succeeded). When any rank failed, every rank
+// throws the same Error, "rank <r>: <error>", r the lowest failing rank of
+// the group; one all_reduce when none failed. Call it after a step that can
+// fail on some ranks only (writing a file, reading one), where a barrier
+// would leave the others waiting for a rank that gave up.
+void fail_together(ProcessGroup& group, const std::string& error);
+
 }  // namespace dtrain

@@ -18,6 +18,7 @@
 #include "checkpoint/distributed_files.h"
 #include "common/paths.h"
 #include "dtrain/distributed.h"
+#include "dtrain/objects.h"
 
 namespace dtrain::checkpoint {
 namespace {
@@ -90,29 +91,13 @@ void remove_stale(const std::string& dir, const std::string& token) {
 }
 
 
-// Collective, in place of a barrier after a step that may fail on some
-// ranks: every rank passes its error ("" when it succeeded); when any rank
-// failed, every rank throws Error "<context>: rank <r>: <error>" for the
-// lowest failing rank r, instead of the others waiting at a barrier for a
-// rank that gave up. One all_reduce when all succeeded.
+// Every rank's outcome of a step (dtrain::fail_together), named after the save.
 void agree(ProcessGroup& group, const std::string& error, const std::string& context) {
-  const auto on = at::TensorOptions().dtype(at::kLong).device(group.control_device());
-  const int64_t none = group.size();
-  auto first = at::full({1}, error.empty() ? none : static_cast<int64_t>(group.rank()), on);
-  group.all_reduce(first, ReduceOp::MIN)->wait();
-  const int64_t failed = first.cpu().item<int64_t>();
-  if (failed == none) return;
-  const int root = static_cast<int>(failed);
-  auto length = at::full({1}, static_cast<int64_t>(error.size()), on);
-  group.broadcast(length, root)->wait();
-  auto text = at::zeros({length.cpu().item<int64_t>()}, at::kByte);
-  if (group.rank() == root) std::memcpy(text.data_ptr(), error.data(), error.size());
-  text = text.to(group.control_device());
-  group.broadcast(text, root)->wait();
-  text = text.cpu();
-  const auto* chars = static_cast<const char*>(text.data_ptr());
-  throw Error(context + ": rank " + std::to_string(root) + ": " +
-              std::string(chars, chars + text.numel()));
+  try {
+    fail_together(group, error);
+  } catch (const Error& e) {
+    throw Error(context + ": " + e.what());
+  }
 }
 
 // Runs `step`, turning what it throws into this rank's error text.

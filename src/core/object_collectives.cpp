@@ -136,4 +136,20 @@ std::pair<std::string, int> recv_bytes(int src, const P2POptions& o) {
   return {host_string(data, n), from};
 }
 
+void fail_together(ProcessGroup& group, const std::string& error) {
+  const auto on = at::TensorOptions().dtype(at::kLong).device(group.control_device());
+  const int64_t none = group.size();
+  auto first = at::full({1}, error.empty() ? none : static_cast<int64_t>(group.rank()), on);
+  group.all_reduce(first, ReduceOp::MIN)->wait();
+  const int64_t failed = first.cpu().item<int64_t>();
+  if (failed == none) return;
+  const int root = static_cast<int>(failed);
+  auto length = at::full({1}, static_cast<int64_t>(error.size()), on);
+  group.broadcast(length, root)->wait();
+  const int64_t n = length.cpu().item<int64_t>();
+  auto text = device_bytes(group, group.rank() == root ? error : std::string(), n);
+  group.broadcast(text, root)->wait();
+  throw Error("rank " + std::to_string(root) + ": " + host_string(text, n));
+}
+
 }  // namespace dtrain
