@@ -53,6 +53,13 @@ struct DDPOptions {
   DTRAIN_ARG(bool, static_graph) = false;
   // The group to average over; null: the default group.
   DTRAIN_ARG(std::shared_ptr<ProcessGroup>, process_group) = nullptr;
+  // ZeRO-2: each bucket is reduce-scattered instead of all-reduced, so a
+  // rank keeps only its share of the averaged gradients and .grad stays
+  // empty; a ZeroRedundancyOptimizer built over this DDP
+  // (ZeroRedundancyOptimizer(ddp, factory)) steps on that share. The
+  // buckets keep their first layout (no rebuild); no comm hooks, no
+  // gradient_as_bucket_view, no join (docs/sharding.md).
+  DTRAIN_ARG(bool, shard_gradients) = false;
 };
 
 struct JoinOptions {
@@ -75,6 +82,10 @@ struct DDPStats {
   bool buckets_rebuilt = false;
 };
 
+namespace ddp {
+struct ShardedGradients;  // src/ddp/sharded_gradients.h
+}
+
 namespace detail {
 
 // The non-template engine behind DistributedDataParallel.
@@ -93,6 +104,11 @@ class DDPCore {
   DDPStats stats() const;
   void join(const JoinOptions& options, const std::function<void()>& body);
   ProcessGroup& group() const;
+  std::shared_ptr<ProcessGroup> shared_group() const;
+  // The parameters DDP synchronizes (those requiring grad), in module order.
+  const std::vector<torch::Tensor>& parameters() const;
+  // Set under DDPOptions::shard_gradients, else null.
+  std::shared_ptr<ddp::ShardedGradients> sharded_gradients() const;
 
  private:
   struct Impl;
@@ -142,6 +158,8 @@ class DistributedDataParallel : public torch::nn::Module {
   DDPStats stats() const { return core_->stats(); }
   const std::shared_ptr<ModuleType>& module() const { return module_; }
   ProcessGroup& process_group() const { return core_->group(); }
+  // The engine (for ZeroRedundancyOptimizer(ddp, factory)).
+  detail::DDPCore& engine() const { return *core_; }
 
  private:
   std::shared_ptr<ModuleType> module_;

@@ -69,6 +69,9 @@ DDPCore::DDPCore(torch::nn::Module& wrapper, const DDPOptions& options)
                    s.group->name(), "'");
   DTRAIN_CHECK_ARG(options.bucket_cap_mb() > 0, "DDPOptions::bucket_cap_mb must be positive, got ",
                    options.bucket_cap_mb());
+  DTRAIN_CHECK_ARG(!(options.shard_gradients() && options.gradient_as_bucket_view()),
+                   "DistributedDataParallel: shard_gradients and gradient_as_bucket_view exclude "
+                   "each other (under shard_gradients a rank keeps no full gradient)");
   std::vector<std::string> names;
   for (const auto& item : wrapper.named_parameters(/*recurse=*/true)) {
     if (!item.value().requires_grad()) continue;  // frozen: not synchronized, as in PyTorch
@@ -98,6 +101,7 @@ DDPCore::DDPCore(torch::nn::Module& wrapper, const DDPOptions& options)
   ro.gradient_as_bucket_view = options.gradient_as_bucket_view();
   ro.find_unused_parameters = options.find_unused_parameters();
   ro.static_graph = options.static_graph();
+  ro.shard_gradients = options.shard_gradients();
   s.reducer = std::make_unique<ddp::Reducer>(s.params, names, *s.group, ro);
   DTRAIN_LOG_INFO("ddp: wrapping ", s.params.size(), " parameters and ", s.buffers.size(),
                   " buffers on group '", s.group->name(), "' (", s.group->size(), " ranks)");
@@ -133,10 +137,18 @@ bool DDPCore::sync_enabled() const { return impl_->sync; }
 void DDPCore::register_comm_hook(CommHook hook) { impl_->reducer->set_comm_hook(std::move(hook)); }
 DDPStats DDPCore::stats() const { return impl_->reducer->stats(); }
 ProcessGroup& DDPCore::group() const { return *impl_->group; }
+std::shared_ptr<ProcessGroup> DDPCore::shared_group() const { return impl_->group; }
+const std::vector<torch::Tensor>& DDPCore::parameters() const { return impl_->params; }
+std::shared_ptr<ddp::ShardedGradients> DDPCore::sharded_gradients() const {
+  return impl_->reducer->sharded_gradients();
+}
 
 void DDPCore::join(const JoinOptions& options, const std::function<void()>& body) {
   auto& s = *impl_;
   DTRAIN_CHECK_ARG(!s.joining, "DistributedDataParallel::join cannot be nested");
+  DTRAIN_CHECK_ARG(!s.options.shard_gradients(),
+                   "DistributedDataParallel::join: not available with shard_gradients(true) (the "
+                   "ZeroRedundancyOptimizer's step is collective and a joined rank does not step)");
   s.joining = true;
   s.join_options = options;
   s.trained_iterations = 0;

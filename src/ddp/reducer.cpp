@@ -13,20 +13,11 @@
 #include "core/timeline.h"
 #include "common/logging.h"
 #include "ddp/bucket_assignment.h"
+#include "ddp/reducer_bucket.h"
 
 namespace dtrain::ddp {
 
-using Clock = std::chrono::steady_clock;
 namespace timeline = detail::timeline;
-
-struct Reducer::Bucket {
-  std::vector<size_t> members;  // parameter indices, in slot order
-  GradBucket grad;              // what the comm hook sees
-  size_t pending = 0;           // members not ready yet this iteration
-  bool ready = false;
-  WorkPtr work;
-  Clock::time_point readied, launched, done;
-};
 
 namespace {
 
@@ -66,6 +57,7 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
   ready_.assign(params_.size(), false);
   locally_used_.assign(params_.size(), false);
   build_buckets(reverse_order(params_.size()));
+  if (options_.shard_gradients) describe_shards();
   for (size_t i = 0; i < params_.size(); ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
     DTRAIN_ENFORCE(acc != nullptr);
@@ -83,6 +75,8 @@ void Reducer::set_comm_hook(CommHook hook) {
   std::lock_guard<std::mutex> lock(mutex_);
   DTRAIN_CHECK_ARG(!expect_backward_, "register_comm_hook: cannot change the hook between a "
                                       "forward and its backward");
+  DTRAIN_CHECK_ARG(!sharded_, "register_comm_hook: DDP with shard_gradients(true) reduce-scatters "
+                             "its buckets itself; a comm hook cannot replace that");
   hook_ = std::move(hook);
   custom_hook_ = true;
 }
@@ -98,40 +92,57 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
   for (size_t b = 0; b < assignment.size(); ++b) {
     auto bucket = std::make_unique<Bucket>();
     bucket->members = assignment[b];
-    int64_t total = 0;
-    for (size_t i : bucket->members) total += params_[i].numel();
-    const auto& first = params_[bucket->members.front()];
+    for (size_t i : bucket->members) bucket->numel += params_[i].numel();
+    bucket->bytes = bucket->numel * params_[bucket->members.front()].element_size();
     bucket->grad.index = static_cast<int>(b);
-    bucket->grad.buffer = at::zeros({total}, first.options().requires_grad(false));
-    int64_t offset = 0;
     for (size_t pos = 0; pos < bucket->members.size(); ++pos) {
-      const size_t i = bucket->members[pos];
-      // Aliases the bucket's memory without being an autograd view, so that
-      // libtorch's Optimizer::zero_grad (which detach_()es grads) works
-      // with gradient_as_bucket_view.
-      auto view = at::empty({0}, bucket->grad.buffer.options())
-                      .set_(bucket->grad.buffer.storage(), offset, params_[i].sizes(),
-                            at::detail::defaultStrides(params_[i].sizes()));
-      offset += params_[i].numel();
-      bucket->grad.gradients.push_back(view);
-      bucket->grad.parameter_names.push_back(names_[i]);
-      slot_of_[i] = Slot{b, pos};
-      if (options_.gradient_as_bucket_view) {
-        auto& grad = params_[i].mutable_grad();
-        if (grad.defined()) view.copy_(grad);
-        grad = view;
-      }
+      bucket->grad.parameter_names.push_back(names_[bucket->members[pos]]);
+      slot_of_[bucket->members[pos]] = Slot{b, pos};
+    }
+    // Sharded buckets get their memory when their first gradient arrives
+    // and give it back once reduce-scattered (materialize, release_*).
+    if (!options_.shard_gradients) {
+      const auto& first = params_[bucket->members.front()];
+      bucket->grad.buffer = at::zeros({bucket->numel}, first.options().requires_grad(false));
+      make_views(*bucket);
     }
     bucket->pending = bucket->members.size();
     buckets_.push_back(std::move(bucket));
   }
   stats_.bucket_bytes.clear();
-  for (const auto& b : buckets_) stats_.bucket_bytes.push_back(b->grad.buffer.nbytes());
+  for (const auto& b : buckets_) stats_.bucket_bytes.push_back(b->bytes);
+}
+
+// One view of the bucket's buffer per member, in slot order.
+void Reducer::make_views(Bucket& bucket) {
+  bucket.grad.gradients.clear();
+  int64_t offset = 0;
+  for (size_t i : bucket.members) {
+    // Aliases the bucket's memory without being an autograd view, so that
+    // libtorch's Optimizer::zero_grad (which detach_()es grads) works
+    // with gradient_as_bucket_view.
+    auto view = at::empty({0}, bucket.grad.buffer.options())
+                    .set_(bucket.grad.buffer.storage(), offset, params_[i].sizes(),
+                          at::detail::defaultStrides(params_[i].sizes()));
+    offset += params_[i].numel();
+    bucket.grad.gradients.push_back(view);
+    if (options_.gradient_as_bucket_view) {
+      auto& grad = params_[i].mutable_grad();
+      if (grad.defined()) view.copy_(grad);
+      grad = view;
+    }
+  }
 }
 
 void Reducer::prepare_for_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (backward_started_) abandon_unfinished_backward();
+  DTRAIN_CHECK_ARG(!sharded_ || sharded_->attached,
+                   "DistributedDataParallel(shard_gradients=true): no ZeroRedundancyOptimizer is "
+                   "built over this DDP. Its averaged gradients exist only as each rank's share, "
+                   "which only ZeroRedundancyOptimizer(ddp, factory) steps on; build one before "
+                   "the first forward (ZeroRedundancyOptimizer(ddp.parameters(), ...) and other "
+                   "optimizers read .grad, which stays empty)");
   expect_backward_ = true;
   if (options_.static_graph && iteration_ > 0) {
     // Known to stay unused: they must not hold back their buckets.
@@ -167,6 +178,7 @@ void Reducer::mark_ready(size_t index, bool has_grad) {
   locally_used_[index] = has_grad;
   if (!rebuilt_ && iteration_ == 0 && has_grad) observed_order_.push_back(index);
   auto& bucket = *buckets_[slot_of_[index].bucket];
+  if (sharded_ && !bucket.grad.buffer.defined()) materialize(bucket);
   auto& view = bucket.grad.gradients[slot_of_[index].position];
   auto& grad = params_[index].mutable_grad();
   // The default hook averages: the division rides on the copy into the
@@ -193,6 +205,7 @@ void Reducer::mark_ready(size_t index, bool has_grad) {
   } else if (divide) {
     view.div_(divisor_);
   }
+  if (sharded_) grad = at::Tensor();  // in the bucket now; the full gradient is not kept
   DTRAIN_ENFORCE(bucket.pending > 0);
   if (--bucket.pending == 0) {
     bucket.ready = true;
@@ -209,6 +222,10 @@ void Reducer::launch_ready_buckets() {
     b->grad.divisor = divisor_;
     b->grad.is_last = next_launch_ + 1 == buckets_.size();
     b->launched = Clock::now();
+    if (sharded_) {
+      launch_sharded(next_launch_++);
+      continue;
+    }
     if (!custom_hook_) {
       // The default hook is asynchronous by nature: issue it right here and
       // save the hand-off to the communication thread. The gradients were
@@ -297,6 +314,7 @@ void Reducer::rebuild_from_observed_order() {
 void Reducer::reset_iteration() {
   std::fill(ready_.begin(), ready_.end(), false);
   std::fill(locally_used_.begin(), locally_used_.end(), false);
+  if (sharded_) release_sharded_buffers();
   for (auto& b : buckets_) {
     b->pending = b->members.size();
     b->ready = false;
@@ -377,7 +395,7 @@ void Reducer::draw_timeline(Clock::time_point backward_end, Clock::time_point wa
     timeline::span(detail::cat("bucket ", k), timeline::kBucketTrack + static_cast<int>(k),
                    b.launched, b.done,
                    detail::cat("\"iteration\": ", iteration_, ", \"bytes\": ",
-                               b.grad.buffer.numel() * b.grad.buffer.element_size()));
+                               b.bytes));
   }
   timeline::flush();
 }
@@ -403,7 +421,11 @@ void Reducer::finalize(bool shadow) {
   }
   const auto wait_end = Clock::now();
   auto used = tolerate_unused ? globally_used() : std::vector<bool>(params_.size(), true);
-  if (!shadow) write_back(used);
+  if (sharded_) {
+    settle_sharded();
+  } else if (!shadow) {
+    write_back(used);
+  }
   if (learning_unused) {
     static_unused_.assign(params_.size(), false);
     for (size_t i = 0; i < params_.size(); ++i) static_unused_[i] = !locally_used_[i];
@@ -421,7 +443,9 @@ void Reducer::finalize(bool shadow) {
           : 0.0;
   if (timeline::enabled()) draw_timeline(backward_end, wait_start, wait_end);  // before a rebuild
   stats_.buckets_rebuilt = false;
-  if (!rebuilt_ && iteration_ == 0 && (!options_.find_unused_parameters || options_.static_graph))
+  // Sharded buckets keep their layout: the optimizer's partition follows it.
+  if (!rebuilt_ && iteration_ == 0 && !sharded_ &&
+      (!options_.find_unused_parameters || options_.static_graph))
     rebuild_from_observed_order();
   DTRAIN_LOG_INFO("ddp: iteration ", stats_.iteration, ": backward ", stats_.backward_ms,
                   " ms, communication ", stats_.communication_ms, " ms (",

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "core/serial_executor.h"
+#include "ddp/sharded_gradients.h"
 #include "dtrain/ddp.h"
 
 namespace torch::autograd {
@@ -40,6 +41,9 @@ struct ReducerOptions {
   bool gradient_as_bucket_view = false;
   bool find_unused_parameters = false;
   bool static_graph = false;
+  // ZeRO-2: buckets are reduce-scattered into ShardedGradients::grad
+  // instead of all-reduced; .grad stays empty (sharded_gradients.h).
+  bool shard_gradients = false;
 };
 
 class Reducer {
@@ -57,6 +61,8 @@ class Reducer {
   // A joined rank's stand-in for a backward: zero buckets, same collectives.
   void shadow_backward();
   DDPStats stats() const;
+  // Set with ReducerOptions::shard_gradients, else null.
+  const std::shared_ptr<ShardedGradients>& sharded_gradients() const { return sharded_; }
 
   // Called by the autograd hook of parameter `index`.
   void on_grad_ready(size_t index);
@@ -69,6 +75,14 @@ class Reducer {
   };
 
   void build_buckets(const std::vector<size_t>& order);
+  void make_views(Bucket& bucket);
+  // shard_gradients (reducer_sharded.cpp)
+  void describe_shards();
+  void materialize(Bucket& bucket);
+  void launch_sharded(size_t index);
+  void release_finished_buckets();
+  void settle_sharded();
+  void release_sharded_buffers();
   void mark_ready(size_t index, bool has_grad);
   void launch_ready_buckets();
   void finalize(bool shadow);
@@ -95,6 +109,7 @@ class Reducer {
   std::vector<uintptr_t> hook_keys_;
 
   std::vector<std::unique_ptr<Bucket>> buckets_;
+  std::shared_ptr<ShardedGradients> sharded_;
   std::vector<Slot> slot_of_;
 
   mutable std::mutex mutex_;  // hooks may run on autograd worker threads

@@ -225,6 +225,55 @@ TEST_F(DistributedCheckpoint, ZeroAndDdpStateReshardsFromTwoRanksToThree) {
   saved.expect_equal(loaded);
 }
 
+// ZeRO-2 (DDP reduce-scattering small buckets, the partition following
+// them) writes the same entries as ZeRO-1: saved at 2 ranks, its state
+// loads into ZeRO-1 and into ZeRO-2 at 3 ranks.
+TEST_F(DistributedCheckpoint, Zero2StateLoadsIntoZero1AndZero2AtThreeRanks) {
+  testing::TempDir dir;
+  Assembled saved;
+  auto make_opt = [](std::vector<torch::Tensor> shard) { return adam(shard); };
+  auto zero2 = [](const std::shared_ptr<ProcessGroup>& group) {
+    return DDPOptions().process_group(group).shard_gradients(true).bucket_cap_mb(0.002);
+  };
+  auto trained = stacks(2, 0);
+  auto errors = run_rank_contexts(2, [&](RankContext& ctx) {
+    DistributedDataParallel ddp(trained[ctx.rank], zero2(ctx.group));
+    ZeroRedundancyOptimizer opt(ddp, make_opt);
+    for (int s = 0; s < 3; ++s) {
+      ddp.forward(batch(s, ctx.rank)).pow(2).mean().backward();
+      opt.step();
+    }
+    ckpt::DistributedState state;
+    ckpt::add_module(state, *trained[ctx.rank]);
+    ckpt::add_zero(state, opt);
+    ckpt::save(dir.path(), state, ckpt::SaveOptions().process_group(ctx.group));
+    saved.add(state);
+  }, 60s);
+  testing::expect_no_errors(errors);
+  for (bool sharded_gradients : {false, true}) {
+    Assembled loaded;
+    auto fresh = stacks(3, 5);
+    errors = run_rank_contexts(3, [&](RankContext& ctx) {
+      std::unique_ptr<ZeroRedundancyOptimizer> opt;
+      DistributedDataParallel ddp(fresh[ctx.rank], sharded_gradients
+                                                        ? zero2(ctx.group)
+                                                        : DDPOptions().process_group(ctx.group));
+      opt = sharded_gradients ? std::make_unique<ZeroRedundancyOptimizer>(ddp, make_opt)
+                              : std::make_unique<ZeroRedundancyOptimizer>(
+                                    ddp.parameters(), make_opt,
+                                    ZeroRedundancyOptions().process_group(ctx.group));
+      ckpt::DistributedState state;
+      ckpt::add_module(state, *fresh[ctx.rank]);
+      ckpt::add_zero(state, *opt);
+      ckpt::load(dir.path(), state);
+      loaded.add(state);
+    }, 60s);
+    testing::expect_no_errors(errors);
+    SCOPED_TRACE(sharded_gradients ? "into ZeRO-2" : "into ZeRO-1");
+    saved.expect_equal(loaded);
+  }
+}
+
 TEST_F(DistributedCheckpoint, MistakesAreNamed) {
   testing::TempDir dir;
   auto nets = stacks(2, 0);

@@ -108,9 +108,10 @@ void add_module(DistributedState& state, torch::nn::Module& module, const std::s
 // yet is created as the optimizer's first step would (zeros, step 0).
 void add_optimizer(DistributedState& state, torch::optim::Optimizer& optimizer,
                    torch::nn::Module& module, const std::string& prefix = "");
-// ZeroRedundancyOptimizer's sharded state ("<prefix>zero/<field>", pieces of
-// the flat parameter space); the parameters themselves come from
-// add_module.
+// ZeroRedundancyOptimizer's sharded state ("<prefix>zero/<i>/<field>" for
+// parameter i, each rank saving the piece it holds, and "<prefix>zero/step"),
+// the same for ZeRO-1 and ZeRO-2, so either loads it at any world size; the
+// parameters themselves come from add_module.
 void add_zero(DistributedState& state, ZeroRedundancyOptimizer& optimizer,
               const std::string& prefix = "");
 
