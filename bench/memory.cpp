@@ -1,5 +1,6 @@
 // dtrain-bench memory: what one rank holds, and how fast it trains, under
-// DDP, ZeroRedundancyOptimizer (ZeRO-1), FSDP without resharding after
+// DDP, ZeroRedundancyOptimizer (ZeRO-1), ZeRO-2 (DDP's shard_gradients
+// with ZeroRedundancyOptimizer over it), FSDP without resharding after
 // forward (PyTorch's SHARD_GRAD_OP, its ZeRO-2 counterpart) and FSDP
 // (ZeRO-3): a wide MLP (--layers square layers of --width, each an FSDP
 // unit) trained with Adam, DTRAIN_CPU_MEMORY=system (dtrain's cache keeps a
@@ -43,6 +44,7 @@ struct Mode {
 };
 const std::vector<Mode> kModes = {{"mem-ddp", "DDP"},
                                   {"mem-zero1", "ZeRO-1"},
+                                  {"mem-zero2", "ZeRO-2"},
                                   {"mem-gradop", "FSDP-gradop"},
                                   {"mem-fsdp", "FSDP"}};
 
@@ -122,6 +124,14 @@ int memory_rank_main(const std::string& mode, const Args& a) {
     if (!zero)
       for (auto b : ddp.stats().bucket_bytes) tally.bytes += b;
     tally.add_optimizer(zero ? static_cast<ZeroRedundancyOptimizer&>(*opt).local_optimizer() : *opt);
+  } else if (mode == "mem-zero2") {
+    // Buckets reduce-scattered and freed in backward: between steps a rank
+    // keeps the parameters, its gradient shares and their Adam state.
+    DistributedDataParallel ddp(net, DDPOptions().shard_gradients(true));
+    ZeroRedundancyOptimizer opt(ddp, adam);
+    run([&](const torch::Tensor& in) { return ddp.forward(in); }, opt);
+    for (const auto& p : net->parameters()) tally.add(p), tally.add(p.grad());
+    tally.add_optimizer(opt.local_optimizer());
   } else {
     FullyShardedDataParallel fsdp(net, FSDPOptions().reshard_after_forward(mode == "mem-fsdp"));
     auto opt = adam(fsdp.parameters());
@@ -165,7 +175,7 @@ void limited_runs(const Args& rank_args, int world, int limit_mb) {
                           std::to_string(static_cast<int64_t>(limit_mb) << 20);
   std::printf("\nwith each rank's address space limited to %d MiB (prlimit --as), %d ranks:\n",
               limit_mb, world);
-  for (const auto& mode : {kModes[0], kModes[3]}) {
+  for (const auto& mode : {kModes.front(), kModes.back()}) {
     const auto out = run_ranks(world, mode.name, rank_args, nullptr, env + " 2>&1");
     const double rate = out.find("samples_per_s=") != std::string::npos ? field(out, "samples_per_s") : 0;
     if (rate > 0)

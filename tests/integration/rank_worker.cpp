@@ -24,6 +24,10 @@
 //                             5 DDP steps on per-rank batches against one
 //                             model trained on the combined batch on every
 //                             rank; prints "rank R ddp matches ..."
+//   rank_worker fsdp-equivalence|zero2-equivalence BACKEND
+//                             FSDP, or DDP with shard_gradients and ZeRO-2,
+//                             against one process on the combined batch;
+//                             prints "rank R fsdp|zero2 matches ..."
 //   rank_worker page-faults   init, then 20 SGD steps on 16 MiB tensors;
 //                             prints "faults N": the minor page faults of
 //                             the last 10 (DTRAIN_CPU_MEMORY)
@@ -58,13 +62,9 @@
 
 #include "dtrain/dtrain.h"
 #include "harness/fsdp_models.h"
+#include "integration/rank_worker.h"
 
 namespace {
-
-int fail(const std::string& what) {
-  std::cout << "FAILED rank " << dtrain::get_rank() << ": " << what << std::endl;
-  return 1;
-}
 
 // The collectives a hierarchical group delegates or composes, from roots on
 // every machine, checked exactly.
@@ -294,46 +294,6 @@ int ddp_equivalence(const std::string& backend) {
   }
   std::cout << "rank " << rank << " ddp matches single-process training on "
             << dtrain::default_group()->backend_name() << std::endl;
-  dtrain::destroy_process_group();
-  return 0;
-}
-
-// FullyShardedDataParallel (nested attention units, Adam) against one
-// process training the same model on the concatenated batch.
-int fsdp_equivalence(const std::string& backend) {
-  dtrain::init_process_group(dtrain::InitOptions().backend(backend));
-  const int rank = dtrain::get_rank(), world = dtrain::get_world_size();
-  auto make = [] {
-    torch::manual_seed(0);
-    return std::make_shared<dtrain::testing::BlockStackImpl>();
-  };
-  auto reference = make();
-  dtrain::FullyShardedDataParallel fsdp(make());
-  // lr 1e-3: fsdp_test.cpp's kTransformerAdam says why.
-  torch::optim::Adam opt(fsdp.parameters(), torch::optim::AdamOptions(1e-3));
-  torch::optim::Adam ref_opt(reference->parameters(), torch::optim::AdamOptions(1e-3));
-  for (int step = 0; step < 10; ++step) {
-    std::vector<torch::Tensor> xs, ys;
-    for (int r = 0; r < world; ++r) {
-      torch::manual_seed(100 + step * world + r);
-      xs.push_back(torch::randn({4, 3, 10}));
-      ys.push_back(torch::randn({4, 4}));
-    }
-    opt.zero_grad();
-    torch::mse_loss(fsdp.forward(xs[rank]), ys[rank]).backward();
-    opt.step();
-    ref_opt.zero_grad();
-    torch::mse_loss(reference->forward(torch::cat(xs)), torch::cat(ys)).backward();
-    ref_opt.step();
-  }
-  const auto full = fsdp.full_state_dict();
-  for (const auto& item : reference->named_parameters())
-    if (!torch::allclose(full.at(item.key()), item.value(), 1e-5, 1e-6))
-      return fail("parameter " + item.key() + " differs from single-process training");
-  const auto stats = fsdp.stats();
-  std::cout << "rank " << rank << " fsdp matches single-process training on "
-            << dtrain::default_group()->backend_name() << " keeping " << stats.shard_bytes
-            << " shard bytes" << std::endl;
   dtrain::destroy_process_group();
   return 0;
 }
@@ -586,6 +546,7 @@ int main(int argc, char** argv) {
     if (mode == "matrix") return check_matrix(argc > 2 ? argv[2] : "auto");
     if (mode == "ddp-equivalence") return ddp_equivalence(argc > 2 ? argv[2] : "auto");
     if (mode == "fsdp-equivalence") return fsdp_equivalence(argc > 2 ? argv[2] : "auto");
+    if (mode == "zero2-equivalence") return zero2_equivalence(argc > 2 ? argv[2] : "auto");
     if (mode == "checkpoint-crash" && argc > 3) return checkpoint_crash(argv[2], argv[3], false);
     if (mode == "checkpoint-check" && argc > 2) return checkpoint_crash(argv[2], "", true);
     if (mode == "monitored") return monitored(argc > 2 ? argv[2] : "auto");
