@@ -496,14 +496,17 @@ TEST_P(MpiBackend, FsdpMatchesSingleProcessTraining) {
               std::string::npos) << describe(p);
 }
 
-TEST_P(MpiBackend, Zero2MatchesSingleProcessTraining) {
-  ProcessRanks procs;
-  auto& p = mpirun(procs, {"zero2-equivalence", "mpi"});
-  ASSERT_TRUE(procs.wait(p, Clock::now() + 120s)) << "mpirun did not finish: " << p.output();
-  EXPECT_EQ(p.exit_code, 0) << describe(p);
-  for (int r = 0; r < GetParam(); ++r)
-    EXPECT_NE(p.output().find("rank " + std::to_string(r) + " zero2 matches single-process training on mpi"),
-              std::string::npos) << describe(p);
+TEST_P(MpiBackend, Zero1AndZero2MatchSingleProcessTraining) {
+  for (const std::string name : {"zero1", "zero2"}) {
+    ProcessRanks procs;
+    auto& p = mpirun(procs, {name + "-equivalence", "mpi"});
+    ASSERT_TRUE(procs.wait(p, Clock::now() + 120s)) << "mpirun did not finish: " << p.output();
+    EXPECT_EQ(p.exit_code, 0) << describe(p);
+    for (int r = 0; r < GetParam(); ++r)
+      EXPECT_NE(p.output().find("rank " + std::to_string(r) + " " + name +
+                                " matches single-process training on mpi"),
+                std::string::npos) << describe(p);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(World, MpiBackend, ::testing::Values(2, 3, 4));
@@ -545,22 +548,28 @@ TEST_P(FsdpLaunched, ThreeRanksMatchSingleProcessTraining) {
 }
 INSTANTIATE_TEST_SUITE_P(Backends, FsdpLaunched, ::testing::Values("tcp", "shm", "auto"));
 
-// ZeRO-2 (DDP reduce-scattering its buckets, ZeroRedundancyOptimizer over
-// it) through the launcher: every rank equals one process on the whole batch.
-class Zero2Launched : public ::testing::TestWithParam<std::string> {};
+// ZeRO-1 (ZeroRedundancyOptimizer under DDP) and ZeRO-2 (DDP
+// reduce-scattering its buckets, the optimizer over it) through the
+// launcher: every rank equals one process on the whole batch.
+class ZeroLaunched : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
-TEST_P(Zero2Launched, ThreeRanksMatchSingleProcessTraining) {
+TEST_P(ZeroLaunched, ThreeRanksMatchSingleProcessTraining) {
+  const auto [backend, stage] = GetParam();
+  const std::string name = "zero" + std::to_string(stage);
   ProcessRanks procs;
   auto& run = procs.spawn({DTRAIN_RUN_EXECUTABLE, "--nproc-per-node", "3", "--master-port",
-                           std::to_string(free_port()), kWorker, "zero2-equivalence", GetParam()},
+                           std::to_string(free_port()), kWorker, name + "-equivalence", backend},
                           {});
   ASSERT_TRUE(procs.wait(run, Clock::now() + 120s)) << "dtrain-run did not finish: " << run.output();
   EXPECT_EQ(run.exit_code, 0) << describe(run);
   for (int r = 0; r < 3; ++r)
-    EXPECT_NE(run.output().find("rank " + std::to_string(r) + " zero2 matches single-process training on "),
+    EXPECT_NE(run.output().find("rank " + std::to_string(r) + " " + name +
+                                " matches single-process training on "),
               std::string::npos) << describe(run);
 }
-INSTANTIATE_TEST_SUITE_P(Backends, Zero2Launched, ::testing::Values("tcp", "shm", "auto"));
+INSTANTIATE_TEST_SUITE_P(Backends, ZeroLaunched,
+                         ::testing::Combine(::testing::Values("tcp", "shm", "auto"),
+                                            ::testing::Values(1, 2)));
 
 INSTANTIATE_TEST_SUITE_P(Rendezvous, Torchrun, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "Standalone" : "AgentStore"; });

@@ -14,4 +14,4 @@ inline int fail(const std::string& what) {
 }
 
 int fsdp_equivalence(const std::string& backend);
-int zero2_equivalence(const std::string& backend);
+int zero_equivalence(const std::string& backend, int stage);  // ZeRO-1 or ZeRO-2
