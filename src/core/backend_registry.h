@@ -18,6 +18,10 @@ void register_own_world(const std::string& backend, OwnWorld own_world);
 // Null when the backend has none (or is not built).
 OwnWorld own_world(const std::string& backend);
 
+// "" when `backend` can be created here (its plug-in, if it has one, is
+// loaded by this call); else why not, as create_process_group would say.
+std::string backend_unavailable_reason(const std::string& backend);
+
 }  // namespace dtrain::detail
 
 // In a backend's .cpp: runs `statement` (register_backend calls) once, when

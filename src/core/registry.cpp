@@ -103,6 +103,17 @@ OwnWorld own_world(const std::string& backend) {
   return it == r.own_worlds.end() ? nullptr : it->second;
 }
 
+std::string backend_unavailable_reason(const std::string& backend) {
+  const std::string plugin_error = load_plugin(backend);
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  if (r.factories.count(backend)) return "";
+  if (!plugin_error.empty()) return detail::cat(backend, ": ", plugin_error);
+  auto why = r.missing.find(backend);
+  if (why != r.missing.end()) return detail::cat(backend, ": ", why->second);
+  return detail::cat("the ", backend, " backend is not built");
+}
+
 }  // namespace detail
 
 std::vector<std::string> available_backends() {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "backends/device_routing/routing_group.h"
 #include "backends/tcp/backend.h"
 #include "backends/shm/backend.h"
 #include "backends/shm/node.h"
@@ -32,9 +33,11 @@ std::vector<std::vector<int>> locate_ranks(Store& store, int rank, int size) {
 
 }  // namespace
 
-std::shared_ptr<ProcessGroup> create_auto_group(std::shared_ptr<Store> store, int rank, int size,
-                                                const GroupOptions& options) {
-  auto nodes = locate_ranks(*store, rank, size);
+namespace {
+
+std::shared_ptr<ProcessGroup> create_cpu_group(std::shared_ptr<Store> store, int rank, int size,
+                                               const GroupOptions& options,
+                                               std::vector<std::vector<int>> nodes) {
   if (nodes.size() == 1) {
     DTRAIN_LOG_INFO("auto: group '", options.name(), "' is on one machine: shm");
     return std::make_shared<shm::ShmProcessGroup>(std::make_shared<PrefixStore>("auto", store),
@@ -44,6 +47,22 @@ std::shared_ptr<ProcessGroup> create_auto_group(std::shared_ptr<Store> store, in
                   " machines: shm within, tcp between");
   return std::make_shared<HierarchicalProcessGroup>(std::move(store), rank, size, options,
                                                     std::move(nodes));
+}
+
+}  // namespace
+
+// Where libtorch has CUDA, CUDA tensors are routed to nccl or staged
+// through host memory (device_routing/routing_group.h); elsewhere the CPU
+// group is the whole story.
+std::shared_ptr<ProcessGroup> create_auto_group(std::shared_ptr<Store> store, int rank, int size,
+                                                const GroupOptions& options) {
+  auto nodes = locate_ranks(*store, rank, size);
+  int ranks_here = 0;
+  for (const auto& node : nodes)
+    if (std::find(node.begin(), node.end(), rank) != node.end()) ranks_here = static_cast<int>(node.size());
+  auto cpu = create_cpu_group(store, rank, size, options, std::move(nodes));
+  if (!at::globalContext().hasCUDA()) return cpu;
+  return device_routing::route_by_device(std::move(cpu), std::move(store), ranks_here, options);
 }
 
 HierarchicalProcessGroup::HierarchicalProcessGroup(std::shared_ptr<Store> store, int rank,

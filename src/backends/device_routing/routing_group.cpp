@@ -1,0 +1,222 @@
+#include "backends/device_routing/routing_group.h"
+
+#include <ATen/ATen.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+
+#include <utility>
+#include <vector>
+
+#include "common/enforce.h"
+#include "common/logging.h"
+#include "core/backend_registry.h"
+#include "core/control_tensors.h"
+#include "dtrain/distributed.h"
+#include "dtrain/store/prefix_store.h"
+
+namespace dtrain::device_routing {
+namespace {
+
+// Host copies of one operation's tensors: inputs copied out when issued,
+// outputs copied back when the CPU work has succeeded.
+class Staging {
+ public:
+  // Read only: a copy on the host (a fresh one even for a CPU tensor).
+  at::Tensor in(const at::Tensor& t) { return t.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true); }
+  // Written by the operation (and read first when `read`).
+  at::Tensor out(const at::Tensor& t, bool read) {
+    at::Tensor host = read ? in(t) : at::empty(t.sizes(), t.options().device(at::kCPU));
+    back_.emplace_back(t, host);
+    return host;
+  }
+  std::vector<at::Tensor> in(const std::vector<at::Tensor>& ts) {
+    std::vector<at::Tensor> hosts;
+    for (const auto& t : ts) hosts.push_back(in(t));
+    return hosts;
+  }
+  std::vector<at::Tensor> out(const std::vector<at::Tensor>& ts) {
+    std::vector<at::Tensor> hosts;
+    for (const auto& t : ts) hosts.push_back(out(t, false));
+    return hosts;
+  }
+  // A Work that ends once `inner` has and the results are back in place.
+  WorkPtr finish(const std::string& description, const WorkPtr& inner, bool is_recv = false) {
+    auto work = std::make_shared<Work>(description + " (staged through host memory)");
+    inner->on_finish([work, inner, is_recv, back = std::move(back_)](const std::exception_ptr& error) {
+      std::exception_ptr failure = error;
+      if (!failure) {
+        try {
+          for (const auto& [device, host] : back) device.copy_(host);
+          if (is_recv) work->set_source_rank(inner->source_rank());
+        } catch (...) {
+          failure = std::current_exception();
+        }
+      }
+      work->finish(failure);
+    });
+    return work;
+  }
+
+ private:
+  std::vector<std::pair<at::Tensor, at::Tensor>> back_;
+};
+
+}  // namespace
+
+std::string nccl_unusable_reason(int ranks_here) {
+  if (!at::globalContext().hasCUDA()) return "no CUDA device is visible to libtorch";
+  const int gpus = at::detail::getCUDAHooks().getNumGPUs();
+  if (ranks_here > gpus)
+    return detail::cat(ranks_here, " ranks on this machine share ", gpus,
+                       " GPU(s), and NCCL takes one GPU per rank");
+  return detail::backend_unavailable_reason("nccl");
+}
+
+std::shared_ptr<ProcessGroup> route_by_device(std::shared_ptr<ProcessGroup> cpu,
+                                              std::shared_ptr<Store> store, int ranks_here,
+                                              const GroupOptions& options) {
+  const std::string why = nccl_unusable_reason(ranks_here);
+  auto votes = at::full({1}, why.empty() ? 1 : 0, at::kInt);
+  votes = detail::all_reduce_control(*cpu, votes, ReduceOp::MIN);
+  const bool nccl = votes.item<int>() == 1;
+  if (nccl)
+    DTRAIN_LOG_INFO("auto: group '", options.name(), "': CUDA tensors through nccl");
+  else
+    DTRAIN_LOG_INFO("auto: group '", options.name(), "': CUDA tensors staged through host memory (",
+                    why.empty() ? "another rank cannot use NCCL" : why, ")");
+  return std::make_shared<RoutingProcessGroup>(std::move(cpu), std::move(store),
+                                               nccl ? CudaPath::kNccl : CudaPath::kStaged, options);
+}
+
+RoutingProcessGroup::RoutingProcessGroup(std::shared_ptr<ProcessGroup> cpu,
+                                         std::shared_ptr<Store> store, CudaPath cuda_path,
+                                         GroupOptions options, RoutingOptions routing)
+    : ProcessGroup(cpu->rank(), cpu->size(), std::move(options)),
+      cpu_(std::move(cpu)),
+      store_(std::move(store)),
+      cuda_path_(cuda_path),
+      routing_(routing) {}
+
+std::string RoutingProcessGroup::backend_name() const {
+  return detail::cat(cpu_->backend_name(), "; CUDA tensors: ",
+                     cuda_path_ == CudaPath::kNccl ? "nccl" : "staged through host memory");
+}
+
+bool RoutingProcessGroup::supports(c10::DeviceType type) const {
+  return type == c10::DeviceType::CPU || type == c10::DeviceType::CUDA;
+}
+
+ProcessGroup* RoutingProcessGroup::direct(const at::Tensor& t, bool collective) {
+  if (t.device().is_cpu()) return routing_.stage_cpu_tensors ? nullptr : cpu_.get();
+  if (cuda_path_ == CudaPath::kStaged) return nullptr;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!nccl_) {
+    DTRAIN_CHECK_ARG(collective, "group '", name(), "' (auto): the first operation on CUDA tensors "
+                     "must be a collective: NCCL's communicator is created by every rank at once");
+    auto options = GroupOptions(this->options()).name(name() + "/nccl");
+    nccl_ = create_process_group("nccl", std::make_shared<PrefixStore>("cuda", store_), rank(),
+                                 size(), options);
+  }
+  return nccl_.get();
+}
+
+WorkPtr RoutingProcessGroup::do_all_reduce(const Call& call, at::Tensor tensor, ReduceOp op) {
+  if (auto* g = direct(tensor, true)) return g->all_reduce(tensor, op, call.timeout);
+  Staging s;
+  auto host = s.out(tensor, true);
+  return s.finish(call.description, cpu_->all_reduce(host, op, call.timeout));
+}
+
+WorkPtr RoutingProcessGroup::do_broadcast(const Call& call, at::Tensor tensor, int root) {
+  if (auto* g = direct(tensor, true)) return g->broadcast(tensor, root, call.timeout);
+  Staging s;
+  auto host = s.out(tensor, rank() == root);
+  return s.finish(call.description, cpu_->broadcast(host, root, call.timeout));
+}
+
+WorkPtr RoutingProcessGroup::do_reduce(const Call& call, at::Tensor tensor, int root, ReduceOp op) {
+  if (auto* g = direct(tensor, true)) return g->reduce(tensor, root, op, call.timeout);
+  Staging s;  // only the root's tensor changes
+  auto host = rank() == root ? s.out(tensor, true) : s.in(tensor);
+  return s.finish(call.description, cpu_->reduce(host, root, op, call.timeout));
+}
+
+WorkPtr RoutingProcessGroup::do_all_gather(const Call& call, std::vector<at::Tensor> outputs,
+                                           at::Tensor input) {
+  if (auto* g = direct(input, true)) return g->all_gather(outputs, input, call.timeout);
+  Staging s;
+  auto in = s.in(input);
+  return s.finish(call.description, cpu_->all_gather(s.out(outputs), in, call.timeout));
+}
+
+WorkPtr RoutingProcessGroup::do_gather(const Call& call, std::vector<at::Tensor> outputs,
+                                       at::Tensor input, int root) {
+  if (auto* g = direct(input, true)) return g->gather(outputs, input, root, call.timeout);
+  Staging s;
+  auto in = s.in(input);
+  return s.finish(call.description, cpu_->gather(s.out(outputs), in, root, call.timeout));
+}
+
+WorkPtr RoutingProcessGroup::do_scatter(const Call& call, at::Tensor output,
+                                        std::vector<at::Tensor> inputs, int root) {
+  if (auto* g = direct(output, true)) return g->scatter(output, inputs, root, call.timeout);
+  Staging s;
+  auto ins = s.in(inputs);
+  return s.finish(call.description, cpu_->scatter(s.out(output, false), ins, root, call.timeout));
+}
+
+WorkPtr RoutingProcessGroup::do_reduce_scatter(const Call& call, at::Tensor output,
+                                               std::vector<at::Tensor> inputs, ReduceOp op) {
+  if (auto* g = direct(output, true)) return g->reduce_scatter(output, inputs, op, call.timeout);
+  Staging s;
+  auto ins = s.in(inputs);
+  return s.finish(call.description, cpu_->reduce_scatter(s.out(output, false), ins, op, call.timeout));
+}
+
+WorkPtr RoutingProcessGroup::do_all_gather_into_tensor(const Call& call, at::Tensor output,
+                                                       at::Tensor input) {
+  if (auto* g = direct(input, true)) return g->all_gather_into_tensor(output, input, call.timeout);
+  Staging s;
+  auto in = s.in(input);
+  return s.finish(call.description, cpu_->all_gather_into_tensor(s.out(output, false), in, call.timeout));
+}
+
+WorkPtr RoutingProcessGroup::do_reduce_scatter_tensor(const Call& call, at::Tensor output,
+                                                      at::Tensor input, ReduceOp op) {
+  if (auto* g = direct(input, true)) return g->reduce_scatter_tensor(output, input, op, call.timeout);
+  Staging s;
+  auto in = s.in(input);
+  return s.finish(call.description,
+                  cpu_->reduce_scatter_tensor(s.out(output, false), in, op, call.timeout));
+}
+
+WorkPtr RoutingProcessGroup::do_all_to_all(const Call& call, std::vector<at::Tensor> outputs,
+                                           std::vector<at::Tensor> inputs) {
+  const auto& probe = inputs.empty() ? outputs.front() : inputs.front();
+  if (auto* g = direct(probe, true)) return g->all_to_all(outputs, inputs, call.timeout);
+  Staging s;
+  auto ins = s.in(inputs);
+  return s.finish(call.description, cpu_->all_to_all(s.out(outputs), ins, call.timeout));
+}
+
+// No tensors: the CPU group's.
+WorkPtr RoutingProcessGroup::do_barrier(const Call& call) { return cpu_->barrier(call.timeout); }
+
+WorkPtr RoutingProcessGroup::do_monitored_barrier(const Call& call, bool wait_all_ranks) {
+  return cpu_->monitored_barrier(call.timeout, wait_all_ranks);
+}
+
+WorkPtr RoutingProcessGroup::do_send(const Call& call, at::Tensor tensor, int dst, int tag) {
+  if (auto* g = direct(tensor, false)) return g->send(tensor, dst, tag, call.timeout);
+  Staging s;
+  auto host = s.in(tensor);
+  return s.finish(call.description, cpu_->send(host, dst, tag, call.timeout));
+}
+
+WorkPtr RoutingProcessGroup::do_recv(const Call& call, at::Tensor tensor, int src, int tag) {
+  if (auto* g = direct(tensor, false)) return g->recv(tensor, src, tag, call.timeout);
+  Staging s;
+  auto host = s.out(tensor, false);
+  return s.finish(call.description, cpu_->recv(host, src, tag, call.timeout), /*is_recv=*/true);
+}
+
+}  // namespace dtrain::device_routing
