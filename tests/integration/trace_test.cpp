@@ -162,12 +162,14 @@ TEST(FlightRecorderLauncher, CollectsTheSurvivorsDumpsAfterAFailure) {
 
 // A rank that is slow, not dead: the others time out in #3 and fail;
 // dtrain-run asks the slow rank for its recorder, and the analyzer says it
-// is behind, at #2.
+// is behind, at #2. A 5 s timeout: with 2 s, a rank slowed by a busy
+// machine (ctest -j2 beside a compiler) before its first collective was
+// itself taken for the one behind.
 TEST(FlightRecorderLauncher, ASlowRankIsNamedBehind) {
   TempDir dir;
   ASSERT_FALSE(dir.path().empty());
   ProcessRanks procs;
-  auto& run = launch_faulty_job(procs, "slow", dir.path(), {{"DTRAIN_TIMEOUT", "2"}});
+  auto& run = launch_faulty_job(procs, "slow", dir.path(), {{"DTRAIN_TIMEOUT", "5"}});
   ASSERT_TRUE(procs.wait(run, Clock::now() + 25s)) << run.output();
   EXPECT_TRUE(Contains(run.output(), "dtrain-run: flight recorder dumps of this node's ranks 0, 1, 2"));
   EXPECT_TRUE(Contains(analyzed(procs, dir.path()),
