@@ -114,6 +114,9 @@ struct FSDPShard {
 };
 
 class FSDPModule;
+namespace fsdp {
+class FlatUnit;  // src/fsdp/flat_unit.h
+}
 
 namespace detail {
 
@@ -144,6 +147,14 @@ void collect_tensors(const std::tuple<Ts...>& value, std::vector<at::Tensor>& ou
 }
 
 // The non-template engine behind FullyShardedDataParallel (src/fsdp/).
+// Run when a FullyShard<Impl> has been constructed (a member initializer
+// of FullyShard, so it runs after Impl's constructor): shards the unit
+// under a ShardedConstruction, else does nothing.
+struct ConstructionHook {
+  ConstructionHook(FSDPModule& unit, torch::nn::Module& module);
+};
+[[noreturn]] void unwrapped_unit_called();
+
 class FSDPCore {
  public:
   FSDPCore(torch::nn::Module& model, const FSDPOptions& options);
@@ -178,7 +189,8 @@ class FSDPCore {
 }  // namespace detail
 
 // The FSDP side of a unit; FullyShard<Impl> derives from it and from Impl.
-// A unit outside any FullyShardedDataParallel is its plain Impl.
+// A unit outside any FullyShardedDataParallel is its plain Impl (unless it
+// was sharded as it was constructed: see ShardedConstruction).
 class FSDPModule {
  public:
   virtual ~FSDPModule() = default;
@@ -187,7 +199,10 @@ class FSDPModule {
  protected:
   template <typename Body>
   decltype(auto) sharded_call(Body&& body) {
-    if (core_ == nullptr) return body();
+    if (core_ == nullptr) {
+      if (constructed_) detail::unwrapped_unit_called();
+      return body();
+    }
     core_->before_forward(this);
     decltype(auto) out = body();
     std::vector<at::Tensor> tensors;
@@ -198,7 +213,40 @@ class FSDPModule {
 
  private:
   friend class detail::FSDPCore;
+  friend struct detail::ConstructionHook;
   detail::FSDPCore* core_ = nullptr;  // set and cleared by the root's engine
+  // Sharded at construction, until a FullyShardedDataParallel adopts it.
+  std::shared_ptr<fsdp::FlatUnit> constructed_;
+  std::shared_ptr<ProcessGroup> constructed_group_;
+};
+
+// While one lives on this thread (as a scope around building the model),
+// every FullyShard<Impl> unit is sharded the moment it is constructed:
+// rank 0's values of its parameters are broadcast, this rank keeps its
+// shard and the full parameters are freed before the next unit is built.
+// So building the model needs the memory of one unit (plus the parameters
+// outside any unit), not of the whole model: what PyTorch gets by building
+// on the meta device. Collective: every rank of the group builds the same
+// model. The model must then be wrapped in a FullyShardedDataParallel over
+// the same group (a unit run without it is an InvalidArgument).
+//
+//   std::shared_ptr<Net> net;
+//   {
+//     dtrain::ShardedConstruction sharded;   // the default group
+//     net = std::make_shared<Net>();          // one unit in memory at a time
+//   }
+//   dtrain::FullyShardedDataParallel fsdp(net);
+class ShardedConstruction {
+ public:
+  explicit ShardedConstruction(std::shared_ptr<ProcessGroup> group = nullptr);
+  ~ShardedConstruction();
+  ShardedConstruction(const ShardedConstruction&) = delete;
+  ShardedConstruction& operator=(const ShardedConstruction&) = delete;
+  const std::shared_ptr<ProcessGroup>& group() const { return group_; }
+
+ private:
+  std::shared_ptr<ProcessGroup> group_;
+  ShardedConstruction* outer_;
 };
 
 namespace detail {
@@ -224,6 +272,9 @@ class FullyShard : public Impl, public FSDPModule {
   decltype(auto) forward(Args&&... args) {
     return sharded_call([&]() -> decltype(auto) { return Impl::forward(std::forward<Args>(args)...); });
   }
+
+ private:
+  detail::ConstructionHook construction_hook_{*this, *this};
 };
 
 template <typename Impl, typename R, typename C, typename... Args>
@@ -234,6 +285,9 @@ class FullyShard<Impl, R (C::*)(Args...)> : public Impl, public FSDPModule {
   R forward(Args... args) {
     return sharded_call([&]() -> R { return Impl::forward(std::forward<Args>(args)...); });
   }
+
+ private:
+  detail::ConstructionHook construction_hook_{*this, *this};
 };
 
 // Gathers every unit's full parameters into the module while it lives (a

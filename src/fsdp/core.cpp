@@ -79,10 +79,32 @@ void FSDPCore::Impl::build_units(torch::nn::Module& model, FSDPCore* core) {
     auto found = owned.find(owner);
     if (found == owned.end() || found->second.params.empty()) continue;
     index_of[module] = units.size();
-    units.push_back(std::make_unique<fsdp::FlatUnit>(owner, std::move(found->second.params),
-                                                     std::move(found->second.names), *group,
-                                                     options.mixed_precision(), on_grad));
+    auto& [params, names] = found->second;
+    auto unit = module && module->constructed_
+                    ? adopt(*module, owner, params, std::move(names))
+                    : std::make_shared<fsdp::FlatUnit>(owner, std::move(params), std::move(names), *group);
+    unit->configure(options.mixed_precision(), on_grad);
+    units.push_back(std::move(unit));
   }
+}
+
+std::shared_ptr<fsdp::FlatUnit> FSDPCore::Impl::adopt(FSDPModule& module, const std::string& path,
+                                                      const std::vector<at::Tensor>& params,
+                                                      std::vector<std::string> names) {
+  const auto& built_over = module.constructed_group_;
+  DTRAIN_CHECK_ARG(built_over == group, "FullyShardedDataParallel: unit '", path,
+                   "' was sharded at construction over group '", built_over->name(),
+                   "', not over this FullyShardedDataParallel's group '", group->name(), "'");
+  const auto& built = module.constructed_->params();
+  bool same = built.size() == params.size();
+  for (size_t i = 0; same && i < params.size(); ++i) same = built[i].is_same(params[i]);
+  DTRAIN_CHECK_ARG(same, "FullyShardedDataParallel: unit '", path, "' has other parameters than "
+                   "when it was sharded at construction (parameters registered after its "
+                   "constructor cannot join its shards)");
+  auto unit = std::move(module.constructed_);
+  module.constructed_group_.reset();
+  unit->rename(path, std::move(names));
+  return unit;
 }
 
 FSDPCore::FSDPCore(torch::nn::Module& model, const FSDPOptions& options)

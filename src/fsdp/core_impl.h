@@ -22,7 +22,7 @@ struct FSDPCore::Impl {
 
   std::shared_ptr<ProcessGroup> group;
   FSDPOptions options;
-  std::vector<std::unique_ptr<fsdp::FlatUnit>> units;  // the root's first when it has one
+  std::vector<std::shared_ptr<fsdp::FlatUnit>> units;  // the root's first when it has one
   std::unordered_map<const FSDPModule*, size_t> index_of;  // null: the root unit
   std::vector<FSDPModule*> attached;
   std::vector<std::string> buffer_names;
@@ -42,6 +42,10 @@ struct FSDPCore::Impl {
   void gather(size_t index, bool ahead);
 
   void build_units(torch::nn::Module& model, FSDPCore* core);
+  // The unit a ShardedConstruction built for `module`, taken over.
+  std::shared_ptr<fsdp::FlatUnit> adopt(FSDPModule& module, const std::string& path,
+                                        const std::vector<at::Tensor>& params,
+                                        std::vector<std::string> names);
   size_t unit_index(const FSDPModule* module) const;
   void begin_iteration();
   void prefetch_after(const std::vector<size_t>& order, size_t index);

@@ -50,16 +50,13 @@ void check_unit(const std::string& unit, const std::vector<at::Tensor>& params,
 }  // namespace
 
 FlatUnit::FlatUnit(std::string name, std::vector<at::Tensor> params, std::vector<std::string> names,
-                   ProcessGroup& group, const MixedPrecision& precision,
-                   std::function<void(FlatUnit&, size_t)> on_grad)
+                   ProcessGroup& group)
     : name_(std::move(name)), params_(std::move(params)), names_(std::move(names)), group_(group) {
   DTRAIN_ENFORCE(!params_.empty());
   check_unit(name_, params_, names_);
   at::NoGradGuard no_grad;
   const auto& first = params_.front();
   trainable_ = first.requires_grad();
-  compute_dtype_ = precision.param_dtype().value_or(first.scalar_type());
-  reduce_dtype_ = precision.reduce_dtype().value_or(compute_dtype_);
   for (const auto& p : params_) {
     offsets_.push_back(numel_);
     numel_ += p.numel();
@@ -73,12 +70,29 @@ FlatUnit::FlatUnit(std::string name, std::vector<at::Tensor> params, std::vector
   if (world > 1) group_.broadcast(flat, 0)->wait();
   shard_ = flat.narrow(0, group_.rank() * slice_, slice_).clone().requires_grad_(trainable_);
   flat = at::Tensor();
-  full_ = at::empty({slice_ * world}, first.options().dtype(compute_dtype_).requires_grad(false));
+  compute_dtype_ = reduce_dtype_ = first.scalar_type();
+  make_views(compute_dtype_);
+}
+
+// The parameters become views of an unallocated full buffer of `dtype`
+// (their own memory is released here).
+void FlatUnit::make_views(at::ScalarType dtype) {
+  at::NoGradGuard no_grad;
+  full_ = at::empty({slice_ * group_.size()}, shard_.options().dtype(dtype).requires_grad(false));
   full_bytes_ = full_.nbytes();
   allocated_ = true;
   for (size_t i = 0; i < params_.size(); ++i)
     params_[i].set_data(full_.narrow(0, offsets_[i], params_[i].numel()).view(params_[i].sizes()));
   free_storage();
+}
+
+void FlatUnit::configure(const MixedPrecision& precision,
+                         std::function<void(FlatUnit&, size_t)> on_grad) {
+  DTRAIN_ENFORCE(accumulators_.empty());
+  const auto param_dtype = shard_.scalar_type();
+  compute_dtype_ = precision.param_dtype().value_or(param_dtype);
+  reduce_dtype_ = precision.reduce_dtype().value_or(compute_dtype_);
+  if (compute_dtype_ != full_.scalar_type()) make_views(compute_dtype_);
   if (!trainable_) return;
   has_grad_.assign(params_.size(), false);
   trainable_count_ = params_.size();
@@ -89,6 +103,12 @@ FlatUnit::FlatUnit(std::string name, std::vector<at::Tensor> params, std::vector
         std::make_unique<GradHook>([this, i, on_grad] { on_grad(*this, i); })));
     accumulators_.push_back(std::move(acc));
   }
+}
+
+void FlatUnit::rename(std::string name, std::vector<std::string> names) {
+  DTRAIN_ENFORCE_EQ(names.size(), names_.size());
+  name_ = std::move(name);
+  names_ = std::move(names);
 }
 
 FlatUnit::~FlatUnit() {

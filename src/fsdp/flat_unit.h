@@ -23,11 +23,16 @@ namespace dtrain::fsdp {
 class FlatUnit {
  public:
   // Collective over `group`: broadcasts rank 0's values of `params`, keeps
-  // this rank's shard and frees the full storage. `on_grad` is called with
-  // the parameter's index each time autograd accumulates its gradient.
+  // this rank's shard and frees the full storage.
   FlatUnit(std::string name, std::vector<at::Tensor> params, std::vector<std::string> names,
-           ProcessGroup& group, const MixedPrecision& precision,
-           std::function<void(FlatUnit&, size_t)> on_grad);
+           ProcessGroup& group);
+  // Once, before use: the compute and reduce dtypes, and `on_grad`, called
+  // with the parameter's index each time autograd accumulates its gradient.
+  void configure(const MixedPrecision& precision, std::function<void(FlatUnit&, size_t)> on_grad);
+  // The unit's path and its parameters' names in the whole model (a unit
+  // sharded at construction knew only its own).
+  void rename(std::string name, std::vector<std::string> names);
+  ProcessGroup& group() const { return group_; }
   ~FlatUnit();
   FlatUnit(const FlatUnit&) = delete;
   FlatUnit& operator=(const FlatUnit&) = delete;
@@ -77,6 +82,7 @@ class FlatUnit {
 
  private:
   void free_storage();
+  void make_views(at::ScalarType dtype);
 
   std::string name_;
   std::vector<at::Tensor> params_;

@@ -546,6 +546,20 @@ TEST_P(FsdpLaunched, ThreeRanksMatchSingleProcessTraining) {
     EXPECT_NE(run.output().find("rank " + std::to_string(r) + " fsdp matches single-process training on "),
               std::string::npos) << describe(run);
 }
+// Each rank builds its model under a ShardedConstruction from its own seed
+// (units sharded as they are built): rank 0's values are everyone's.
+TEST_P(FsdpLaunched, ShardedConstructionMatchesSingleProcessTraining) {
+  ProcessRanks procs;
+  auto& run = procs.spawn({DTRAIN_RUN_EXECUTABLE, "--nproc-per-node", "3", "--master-port",
+                           std::to_string(free_port()), kWorker, "fsdp-sharded-construction", GetParam()},
+                          {});
+  ASSERT_TRUE(procs.wait(run, Clock::now() + 120s)) << "dtrain-run did not finish: " << run.output();
+  EXPECT_EQ(run.exit_code, 0) << describe(run);
+  for (int r = 0; r < 3; ++r)
+    EXPECT_NE(run.output().find("rank " + std::to_string(r) +
+                                " fsdp (sharded construction) matches single-process training on "),
+              std::string::npos) << describe(run);
+}
 INSTANTIATE_TEST_SUITE_P(Backends, FsdpLaunched, ::testing::Values("tcp", "shm", "auto"));
 
 // ZeRO-1 (ZeroRedundancyOptimizer under DDP) and ZeRO-2 (DDP

@@ -24,11 +24,13 @@
 //                             5 DDP steps on per-rank batches against one
 //                             model trained on the combined batch on every
 //                             rank; prints "rank R ddp matches ..."
-//   rank_worker fsdp-equivalence|zero1-equivalence|zero2-equivalence BACKEND
-//                             FSDP, DDP with ZeRO-1, or DDP with
-//                             shard_gradients and ZeRO-2, against one
-//                             process on the combined batch; prints
-//                             "rank R fsdp|zero1|zero2 matches ..."
+//   rank_worker fsdp-equivalence|fsdp-sharded-construction|zero1-equivalence|zero2-equivalence BACKEND
+//                             FSDP (its model built in full, or under a
+//                             ShardedConstruction from a seed per rank),
+//                             DDP with ZeRO-1, or DDP with shard_gradients
+//                             and ZeRO-2, against one process on the
+//                             combined batch; prints "rank R fsdp|fsdp
+//                             (sharded construction)|zero1|zero2 matches ..."
 //   rank_worker page-faults   init, then 20 SGD steps on 16 MiB tensors;
 //                             prints "faults N": the minor page faults of
 //                             the last 10 (DTRAIN_CPU_MEMORY)
@@ -546,7 +548,8 @@ int main(int argc, char** argv) {
     if (mode == "loop") return loop(argc > 2 ? argv[2] : "auto");
     if (mode == "matrix") return check_matrix(argc > 2 ? argv[2] : "auto");
     if (mode == "ddp-equivalence") return ddp_equivalence(argc > 2 ? argv[2] : "auto");
-    if (mode == "fsdp-equivalence") return fsdp_equivalence(argc > 2 ? argv[2] : "auto");
+    if (mode == "fsdp-equivalence") return fsdp_equivalence(argc > 2 ? argv[2] : "auto", false);
+    if (mode == "fsdp-sharded-construction") return fsdp_equivalence(argc > 2 ? argv[2] : "auto", true);
     if (mode == "zero1-equivalence") return zero_equivalence(argc > 2 ? argv[2] : "auto", 1);
     if (mode == "zero2-equivalence") return zero_equivalence(argc > 2 ? argv[2] : "auto", 2);
     if (mode == "checkpoint-crash" && argc > 3) return checkpoint_crash(argv[2], argv[3], false);

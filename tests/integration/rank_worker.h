@@ -13,5 +13,5 @@ inline int fail(const std::string& what) {
   return 1;
 }
 
-int fsdp_equivalence(const std::string& backend);
+int fsdp_equivalence(const std::string& backend, bool sharded_construction);
 int zero_equivalence(const std::string& backend, int stage);  // ZeRO-1 or ZeRO-2

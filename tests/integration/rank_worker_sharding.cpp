@@ -11,15 +11,27 @@
 
 // FullyShardedDataParallel (nested attention units, Adam) against one
 // process training the same model on the concatenated batch.
-int fsdp_equivalence(const std::string& backend) {
+// With sharded_construction each rank builds its model under a
+// ShardedConstruction from a seed of its own: rank 0's values must win.
+int fsdp_equivalence(const std::string& backend, bool sharded_construction) {
   dtrain::init_process_group(dtrain::InitOptions().backend(backend));
   const int rank = dtrain::get_rank(), world = dtrain::get_world_size();
-  auto make = [] {
-    torch::manual_seed(0);
+  auto make = [](int seed) {
+    torch::manual_seed(seed);
     return std::make_shared<dtrain::testing::BlockStackImpl>();
   };
-  auto reference = make();
-  dtrain::FullyShardedDataParallel fsdp(make());
+  auto reference = make(0);
+  std::shared_ptr<dtrain::testing::BlockStackImpl> model;
+  if (sharded_construction) {
+    dtrain::ShardedConstruction sharded;
+    model = make(rank);
+    for (const auto& block : model->blocks)
+      for (const auto& p : block->parameters())
+        if (p.storage().nbytes() != 0) return fail("a unit kept its parameters after construction");
+  } else {
+    model = make(0);
+  }
+  dtrain::FullyShardedDataParallel fsdp(model);
   // lr 1e-3: fsdp_test.cpp's kTransformerAdam says why.
   torch::optim::Adam opt(fsdp.parameters(), torch::optim::AdamOptions(1e-3));
   torch::optim::Adam ref_opt(reference->parameters(), torch::optim::AdamOptions(1e-3));
@@ -42,7 +54,8 @@ int fsdp_equivalence(const std::string& backend) {
     if (!torch::allclose(full.at(item.key()), item.value(), 1e-5, 1e-6))
       return fail("parameter " + item.key() + " differs from single-process training");
   const auto stats = fsdp.stats();
-  std::cout << "rank " << rank << " fsdp matches single-process training on "
+  std::cout << "rank " << rank << (sharded_construction ? " fsdp (sharded construction)" : " fsdp")
+            << " matches single-process training on "
             << dtrain::default_group()->backend_name() << " keeping " << stats.shard_bytes
             << " shard bytes" << std::endl;
   dtrain::destroy_process_group();
