@@ -9,8 +9,9 @@
 //
 //   logical   bytes of the distinct tensors a rank keeps between steps:
 //             parameters, gradients, optimizer state, DDP's buckets
-//   peak_rss  the largest VmHWM over the ranks (model construction included:
-//             every rank builds the full model once before it is sharded)
+//   peak_rss  the largest VmHWM over the ranks, model construction
+//             included (FSDP's under a ShardedConstruction: one layer in
+//             full at a time; the other modes build the whole model)
 //   peak_vm   the largest VmPeak (address space, what prlimit --as limits)
 //   gathered  FSDP: the most full-parameter memory held at once in a step
 //
@@ -24,6 +25,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -90,7 +92,14 @@ int memory_rank_main(const std::string& mode, const Args& a) {
   const int world = get_world_size(), steps = a.num("steps", 3), batch = a.num("batch", 8);
   const int width = a.num("width", 4096);
   torch::manual_seed(0);
-  auto net = std::make_shared<WideMlpImpl>(a.num("layers", 6), width);
+  // FSDP builds its units sharded (one layer in full at a time); the
+  // others build the whole model.
+  std::shared_ptr<WideMlpImpl> net;
+  {
+    std::optional<ShardedConstruction> sharded;
+    if (mode == "mem-fsdp" || mode == "mem-gradop") sharded.emplace();
+    net = std::make_shared<WideMlpImpl>(a.num("layers", 6), width);
+  }
   const auto x = torch::randn({batch, width});
   const auto y = torch::randint(0, 10, {batch});
   Tally tally;
