@@ -3,11 +3,38 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <iostream>
 
 #include "dtrain/dtrain.h"
 #include "harness/fsdp_models.h"
 #include "integration/rank_worker.h"
+
+namespace {
+
+// 10 steps of `forward` on this rank's part of each batch with `opt`, and
+// of `reference` (one process, Adam at the same lr) on the whole batch.
+void train_beside_reference(int rank, int world,
+                            const std::function<torch::Tensor(const torch::Tensor&)>& forward,
+                            torch::optim::Optimizer& opt, dtrain::testing::BlockStackImpl& reference) {
+  torch::optim::Adam ref_opt(reference.parameters(), torch::optim::AdamOptions(1e-3));
+  for (int step = 0; step < 10; ++step) {
+    std::vector<torch::Tensor> xs, ys;
+    for (int r = 0; r < world; ++r) {
+      torch::manual_seed(100 + step * world + r);
+      xs.push_back(torch::randn({4, 3, 10}));
+      ys.push_back(torch::randn({4, 4}));
+    }
+    opt.zero_grad();
+    torch::mse_loss(forward(xs[rank]), ys[rank]).backward();
+    opt.step();
+    ref_opt.zero_grad();
+    torch::mse_loss(reference.forward(torch::cat(xs)), torch::cat(ys)).backward();
+    ref_opt.step();
+  }
+}
+
+}  // namespace
 
 // FullyShardedDataParallel (nested attention units, Adam) against one
 // process training the same model on the concatenated batch.
@@ -34,21 +61,8 @@ int fsdp_equivalence(const std::string& backend, bool sharded_construction) {
   dtrain::FullyShardedDataParallel fsdp(model);
   // lr 1e-3: fsdp_test.cpp's kTransformerAdam says why.
   torch::optim::Adam opt(fsdp.parameters(), torch::optim::AdamOptions(1e-3));
-  torch::optim::Adam ref_opt(reference->parameters(), torch::optim::AdamOptions(1e-3));
-  for (int step = 0; step < 10; ++step) {
-    std::vector<torch::Tensor> xs, ys;
-    for (int r = 0; r < world; ++r) {
-      torch::manual_seed(100 + step * world + r);
-      xs.push_back(torch::randn({4, 3, 10}));
-      ys.push_back(torch::randn({4, 4}));
-    }
-    opt.zero_grad();
-    torch::mse_loss(fsdp.forward(xs[rank]), ys[rank]).backward();
-    opt.step();
-    ref_opt.zero_grad();
-    torch::mse_loss(reference->forward(torch::cat(xs)), torch::cat(ys)).backward();
-    ref_opt.step();
-  }
+  train_beside_reference(rank, world, [&](const torch::Tensor& x) { return fsdp.forward(x); }, opt,
+                         *reference);
   const auto full = fsdp.full_state_dict();
   for (const auto& item : reference->named_parameters())
     if (!torch::allclose(full.at(item.key()), item.value(), 1e-5, 1e-6))
@@ -81,21 +95,8 @@ int zero_equivalence(const std::string& backend, int stage) {
   };
   auto opt = stage == 2 ? std::make_unique<dtrain::ZeroRedundancyOptimizer>(ddp, adam)
                         : std::make_unique<dtrain::ZeroRedundancyOptimizer>(ddp.parameters(), adam);
-  torch::optim::Adam ref_opt(reference->parameters(), torch::optim::AdamOptions(1e-3));
-  for (int step = 0; step < 10; ++step) {
-    std::vector<torch::Tensor> xs, ys;
-    for (int r = 0; r < world; ++r) {
-      torch::manual_seed(100 + step * world + r);
-      xs.push_back(torch::randn({4, 3, 10}));
-      ys.push_back(torch::randn({4, 4}));
-    }
-    opt->zero_grad();
-    torch::mse_loss(ddp.forward(xs[rank]), ys[rank]).backward();
-    opt->step();
-    ref_opt.zero_grad();
-    torch::mse_loss(reference->forward(torch::cat(xs)), torch::cat(ys)).backward();
-    ref_opt.step();
-  }
+  train_beside_reference(rank, world, [&](const torch::Tensor& x) { return ddp.forward(x); }, *opt,
+                         *reference);
   const auto want = reference->named_parameters();
   for (const auto& item : model->named_parameters())
     if (!torch::allclose(item.value(), want[item.key()], 1e-5, 1e-6))
