@@ -18,6 +18,7 @@
 #include <torch/torch.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -233,8 +234,11 @@ int main(int argc, char** argv) {
       static_cast<torch::optim::AdamOptions&>(opt.param_groups()[0].options())
           .lr(f.lr * std::pow(f.lr_decay, static_cast<double>(epoch)));
       sampler.set_global_position(static_cast<size_t>(state.samples_in_epoch));
-      // Steps already done, as this world size counts them (for the display).
-      const int64_t first_step = state.samples_in_epoch / (f.batch_size * world);
+      // Steps already done, as this world size counts them (for the display):
+      // what is left of the epoch, counted back from its full length, so a
+      // resumed epoch ends at steps_per_epoch whatever world size began it.
+      const int64_t steps_left = (static_cast<int64_t>(sampler.num_samples()) + f.batch_size - 1) / f.batch_size;
+      const int64_t first_step = std::max<int64_t>(0, steps_per_epoch - steps_left);
       progress.start_epoch(epoch, first_step);
       const auto start = std::chrono::steady_clock::now();
       int64_t trained = 0;

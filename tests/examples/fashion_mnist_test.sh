@@ -87,6 +87,9 @@ cp -r "$work/user" "$work/three"
 grep -q "resumed from checkpoints at epoch 1, sample 640 of 1200" "$work/three.log" || fail "3 ranks: not resumed at sample 640"
 grep -q "written by 2 rank(s), now 3: the epoch's remaining 560 samples are shared out among 3" "$work/three.log" \
   || fail "3 ranks: no resharding message"
+# the resumed epoch's progress ends at its full length as 3 ranks count it
+# (13 steps of 32 per rank), not one short
+grep -q "epoch 2/2 step 13/13 " "$work/three.log" || fail "3 ranks: the resumed epoch's progress does not end at 13/13"
 ls "$work/three/checkpoints"/data-*-2.dtt >/dev/null || fail "3 ranks: rank 2 wrote no checkpoint file"
 accuracy() { grep -o 'done: test accuracy [0-9.]*' "$work/$1.log" | awk '{print $4}'; }
 awk -v a="$(accuracy three)" -v b="$(accuracy clean)" 'BEGIN { exit !(a + 0 >= b - 5) }' \
