@@ -1,5 +1,6 @@
 // Sharded training with FullyShardedDataParallel: each block is a unit
-// whose full parameters exist only while it computes. Run it with
+// whose full parameters exist only while it computes (and, built under a
+// ShardedConstruction, only while it is constructed). Run it with
 //   dtrain-run --standalone --nproc-per-node 2 ./fsdp_example
 #include <dtrain/dtrain.h>
 #include <torch/torch.h>
@@ -28,7 +29,12 @@ struct Net : torch::nn::Module {
 int main() {
   dtrain::init_process_group();
   torch::manual_seed(dtrain::get_rank());
-  dtrain::FullyShardedDataParallel fsdp(std::make_shared<Net>());
+  std::shared_ptr<Net> net;
+  {
+    dtrain::ShardedConstruction sharded;  // each block sharded as it is built
+    net = std::make_shared<Net>();
+  }
+  dtrain::FullyShardedDataParallel fsdp(net);  // rank 0's values, sharded
   torch::optim::Adam opt(fsdp.parameters(), 1e-3);  // steps on this rank's shards
   auto x = torch::randn({32, 256}), y = torch::randint(0, 10, {32});
   float first = 0, loss_value = 0;
