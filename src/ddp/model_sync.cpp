@@ -27,7 +27,8 @@ std::vector<at::Tensor> gather_rows(ProcessGroup& group, const at::Tensor& row) 
 }  // namespace
 
 void verify_same_model(ProcessGroup& group, const std::vector<std::string>& names,
-                       const std::vector<at::Tensor>& tensors) {
+                       const std::vector<at::Tensor>& tensors,
+                       const char* who) {
   // 1. Counts, so every rank can size the next exchange.
   auto counts = gather_rows(group, at::full({1}, static_cast<int64_t>(tensors.size()), at::kLong));
   int64_t max_count = 0;
@@ -60,7 +61,7 @@ void verify_same_model(ProcessGroup& group, const std::vector<std::string>& name
     per_rank.push_back(detail::cat("rank ", r, " has ",
                                    reinterpret_cast<const char*>(texts[r].data_ptr<uint8_t>())));
   throw InvalidArgument(detail::cat(
-      "DistributedDataParallel: the model differs across ranks at parameter #", first_bad, ": ",
+      who, ": the model differs across ranks at parameter #", first_bad, ": ",
       detail::join(per_rank, "; "),
       ". Every rank must wrap the same model: the same parameter names, dtypes and shapes, "
       "registered in the same order."));

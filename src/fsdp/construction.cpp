@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/enforce.h"
+#include "ddp/model_sync.h"
 #include "dtrain/distributed.h"
 #include "dtrain/fsdp.h"
 #include "fsdp/flat_unit.h"
@@ -64,6 +65,9 @@ ConstructionHook::ConstructionHook(FSDPModule& unit, torch::nn::Module& module) 
     }
     take(*item.value(), path);
   }
+  // Every rank must be building the same unit: checked before its values
+  // are broadcast, so a difference is named instead of mismatching sizes.
+  ddp::verify_same_model(*current->group(), names, params, "ShardedConstruction (a FullyShard unit)");
   if (params.empty()) return;
   unit.constructed_group_ = current->group();
   unit.constructed_ = std::make_shared<fsdp::FlatUnit>("", std::move(params), std::move(names),

@@ -133,7 +133,7 @@ FSDPCore::FSDPCore(torch::nn::Module& model, const FSDPOptions& options)
     s.buffer_names.push_back(item.key());
     s.buffers.push_back(item.value());
   }
-  ddp::verify_same_model(*s.group, names, tensors);
+  ddp::verify_same_model(*s.group, names, tensors, "FullyShardedDataParallel");
   if (!s.buffers.empty() && s.group->size() > 1) ddp::broadcast_coalesced(*s.group, s.buffers, 0);
   s.build_units(model, this);
   s.ran_forward.assign(s.units.size(), false);

@@ -129,6 +129,16 @@ TEST(ShardedConstruction, MixedPrecisionAppliesAfterwards) {
 TEST(ShardedConstruction, MisuseIsNamed) {
   auto x = torch::randn({2, 3, 16});
   auto errors = run_rank_contexts(2, [&](RankContext& ctx) {
+    // Ranks building different models: named before any value is sent.
+    try {
+      ShardedConstruction sharded(ctx.group);
+      std::make_shared<testing::BlockStackImpl>(2, ctx.rank == 0 ? 16 : 8);
+      ADD_FAILURE() << "different models were sharded";
+    } catch (const InvalidArgument& e) {
+      EXPECT_TRUE(testing::Contains(e.what(), "ShardedConstruction (a FullyShard unit): the model "
+                                              "differs across ranks at parameter #0: rank 0 has"))
+          << e.what();
+    }
     std::shared_ptr<testing::BlockStackImpl> model;
     {
       ShardedConstruction sharded(ctx.group);
