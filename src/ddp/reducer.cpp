@@ -10,6 +10,7 @@
 
 #include "common/enforce.h"
 #include "core/control_tensors.h"
+#include "core/storage_alias.h"
 #include "core/timeline.h"
 #include "common/logging.h"
 #include "ddp/bucket_assignment.h"
@@ -118,12 +119,8 @@ void Reducer::make_views(Bucket& bucket) {
   bucket.grad.gradients.clear();
   int64_t offset = 0;
   for (size_t i : bucket.members) {
-    // Aliases the bucket's memory without being an autograd view, so that
-    // libtorch's Optimizer::zero_grad (which detach_()es grads) works
-    // with gradient_as_bucket_view.
-    auto view = at::empty({0}, bucket.grad.buffer.options())
-                    .set_(bucket.grad.buffer.storage(), offset, params_[i].sizes(),
-                          at::detail::defaultStrides(params_[i].sizes()));
+    // Not an autograd view, so that zero_grad works with gradient_as_bucket_view.
+    auto view = detail::storage_alias(bucket.grad.buffer, offset, params_[i].sizes());
     offset += params_[i].numel();
     bucket.grad.gradients.push_back(view);
     if (options_.gradient_as_bucket_view) {

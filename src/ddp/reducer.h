@@ -83,6 +83,7 @@ class Reducer {
   void release_finished_buckets();
   void settle_sharded();
   void release_sharded_buffers();
+  static void release_buffer(Bucket& bucket);
   void mark_ready(size_t index, bool has_grad);
   void launch_ready_buckets();
   void finalize(bool shadow);

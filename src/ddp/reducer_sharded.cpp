@@ -13,11 +13,14 @@
 #include "ddp/reducer_bucket.h"
 
 namespace dtrain::ddp {
+void Reducer::release_buffer(Bucket& b) {
+  b.grad.gradients.clear();
+  b.grad.buffer = at::Tensor();
+}
 
 void Reducer::describe_shards() {
   auto shards = std::make_shared<ShardedGradients>();
   shards->world = group_.size();
-  shards->rank = group_.rank();
   int64_t offset = 0;
   for (const auto& b : buckets_) {
     ShardedGradients::Bucket sb;
@@ -63,10 +66,7 @@ void Reducer::launch_sharded(size_t index) {
 void Reducer::release_finished_buckets() {
   for (size_t k = 0; k < next_launch_; ++k) {
     auto& b = *buckets_[k];
-    if (b.work && b.grad.buffer.defined() && b.work->is_completed()) {
-      b.grad.gradients.clear();
-      b.grad.buffer = at::Tensor();
-    }
+    if (b.work && b.grad.buffer.defined() && b.work->is_completed()) release_buffer(b);
   }
 }
 
@@ -85,8 +85,7 @@ void Reducer::settle_sharded() {
 
 void Reducer::release_sharded_buffers() {
   for (auto& b : buckets_) {
-    b->grad.gradients.clear();
-    b->grad.buffer = at::Tensor();
+    release_buffer(*b);
     b->scratch = at::Tensor();
   }
 }

@@ -27,7 +27,6 @@ struct ShardedGradients {
   };
   std::vector<Bucket> buckets;
   int world = 1;
-  int rank = 0;
   at::Tensor grad;       // this rank's shares of the averaged gradients
   bool pending = false;  // `grad` holds gradients no optimizer step has used yet
   bool attached = false;  // a ZeroRedundancyOptimizer steps on `grad`

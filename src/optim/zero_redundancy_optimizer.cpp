@@ -8,6 +8,7 @@
 
 #include "checkpoint/optimizer_state.h"
 #include "common/enforce.h"
+#include "core/storage_alias.h"
 #include "ddp/sharded_gradients.h"
 #include "dtrain/ddp.h"
 #include "dtrain/distributed.h"
@@ -41,14 +42,6 @@ void check_params(const std::vector<torch::Tensor>& params) {
   }
 }
 
-
-// A tensor sharing `base`'s memory at [offset, offset + length) without
-// being an autograd view (zero_grad detach_()es gradients, which views
-// refuse).
-at::Tensor alias(const at::Tensor& base, int64_t offset, int64_t length) {
-  return at::empty({0}, base.options())
-      .set_(base.storage(), base.storage_offset() + offset, {length}, {1});
-}
 
 }  // namespace
 
@@ -217,7 +210,7 @@ void ZeroRedundancyOptimizer::gradients_in() {
     for (size_t s = 0; s < shards_.size(); ++s) {
       auto& grad = shards_[s].mutable_grad();
       if (!grad.defined() || !grad.is_alias_of(link_->grad))  // zero_grad(set_to_none) dropped it
-        grad = alias(link_->grad, segments_[s].shard_offset, segments_[s].slice);
+        grad = detail::storage_alias(link_->grad, segments_[s].shard_offset, {segments_[s].slice});
     }
     return;
   }
