@@ -78,6 +78,17 @@ std::string load_plugin(const std::string& backend) {
   return outcome[backend] = error;
 }
 
+// Why `backend` has no factory (under the registry's lock): its plug-in
+// failed to load, the build left it out, or no such backend; "" when it has one.
+std::string why_unavailable(const Registry& r, const std::string& backend,
+                            const std::string& plugin_error) {
+  if (r.factories.count(backend)) return "";
+  if (!plugin_error.empty()) return detail::cat(backend, ": ", plugin_error);
+  auto why = r.missing.find(backend);
+  if (why != r.missing.end()) return detail::cat(backend, ": ", why->second);
+  return detail::cat("unknown backend '", backend, "'");
+}
+
 }  // namespace
 
 void register_backend(const std::string& name, BackendFactory factory) {
@@ -107,11 +118,7 @@ std::string backend_unavailable_reason(const std::string& backend) {
   const std::string plugin_error = load_plugin(backend);
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  if (r.factories.count(backend)) return "";
-  if (!plugin_error.empty()) return detail::cat(backend, ": ", plugin_error);
-  auto why = r.missing.find(backend);
-  if (why != r.missing.end()) return detail::cat(backend, ": ", why->second);
-  return detail::cat("the ", backend, " backend is not built");
+  return why_unavailable(r, backend, plugin_error);
 }
 
 }  // namespace detail
@@ -137,15 +144,8 @@ std::shared_ptr<ProcessGroup> create_process_group(const std::string& backend,
     if (it == r.factories.end()) {
       std::vector<std::string> names;
       for (const auto& [name, _] : r.factories) names.push_back(name);
-      if (!plugin_error.empty())
-        throw BackendUnavailable(detail::cat(backend, ": ", plugin_error,
-                                             "; available backends: ", detail::join(names)));
-      auto why = r.missing.find(backend);
-      if (why != r.missing.end())
-        throw BackendUnavailable(detail::cat(backend, ": ", why->second,
-                                             "; available backends: ", detail::join(names)));
-      throw BackendUnavailable(detail::cat("unknown backend '", backend,
-                                           "'; available backends: ", detail::join(names)));
+      throw BackendUnavailable(detail::cat(why_unavailable(r, backend, plugin_error),
+                                           "; available backends: ", detail::join(names)));
     }
     factory = it->second;
   }
