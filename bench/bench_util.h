@@ -3,6 +3,7 @@
 // Small helpers shared by the benchmarks: flag parsing, medians, running a
 // command and reading "name=value" fields from what it printed.
 
+#include <torch/version.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -40,6 +41,25 @@ inline double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+// What was measured: the build type, compiler and libtorch of this build
+// (the bench is built with the library, in the same build tree).
+inline std::string build_line() {
+#ifdef DTRAIN_BENCH_BUILD_TYPE
+  std::string type = DTRAIN_BENCH_BUILD_TYPE;
+#else
+  std::string type;
+#endif
+  if (type.empty()) type = "no build type";
+  return "# build: " + type + ", " +
+#if defined(__clang__)
+         "clang "
+#elif defined(__GNUC__)
+         "gcc "
+#endif
+         + std::string(__VERSION__) + ", libtorch " + TORCH_VERSION + ", C++" +
+         std::to_string(__cplusplus / 100 % 100);
+}
+
 inline std::string self_path() {
   char buf[4096];
   ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
@@ -71,7 +91,10 @@ inline std::string capture(const std::string& cmd) {
 inline std::string python_of(const Args& a) {
   const std::string clean_env =
       "env -u TORCHELASTIC_USE_AGENT_STORE -u TORCHELASTIC_RUN_ID -u RANK -u LOCAL_RANK "
-      "-u WORLD_SIZE -u LOCAL_WORLD_SIZE -u GROUP_RANK -u MASTER_ADDR -u MASTER_PORT ";
+      "-u WORLD_SIZE -u LOCAL_WORLD_SIZE -u GROUP_RANK -u MASTER_ADDR -u MASTER_PORT "
+      // PyTorch 2.4+ asks for libuv in its TCPStore, and fails where it
+      // was built without it (Debian's 2.6 and 2.14); 1.13 ignores this.
+      "USE_LIBUV=0 ";
   const std::string given = a.get("python", "");
   if (!given.empty()) return clean_env + given;
   for (const char* candidate : {"python3", "/usr/bin/python3"}) {

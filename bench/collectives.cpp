@@ -1,7 +1,7 @@
 // dtrain-bench collectives: an nccl-tests-style sweep of one collective, run
 // inside every rank of a job, e.g.
 //
-//   dtrain-run --standalone --nproc-per-node 2 dtrain-bench collectives \
+//   dtrain-run --standalone --nproc-per-node 2 dtrain-bench collectives
 //       [--backend auto|shm|tcp] [--op all_reduce|broadcast|reduce|all_gather|gather|
 //        scatter|reduce_scatter|all_to_all|all_gather_into_tensor|reduce_scatter_tensor]
 //       [--dtype float32|float64|float16|bfloat16|int32|int64|uint8|int8]
@@ -338,6 +338,7 @@ int bench_collectives(const Args& a) {
   const int64_t split = op == "all_to_all" ? int64_t(n) * n
                         : (op == "all_reduce" || op == "broadcast" || op == "reduce") ? 1 : n;
   if (get_rank() == 0) {
+    std::printf("%s\n", build_line().c_str());
     std::printf("# dtrain-bench collectives: %s on backend %s, %d ranks, %s\n", op.c_str(),
                 default_group()->backend_name().c_str(), n, a.get("dtype", "float32").c_str());
     std::printf("%12s %12s %9s %6s %12s %9s %9s %7s\n", "size", "count", "dtype", "op",

@@ -354,6 +354,8 @@ int main(int argc, char** argv) {
     if (cmd == "rank" && argc > 2 && is_memory_mode(argv[2]))
       return memory_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2) return rank_main(argv[2], parse(argc, argv, 3));
+    // collectives runs in every rank of a job: its rank 0 prints this.
+    if (cmd != "rank" && cmd != "collectives") std::printf("%s\n", build_line().c_str());
     if (cmd == "memory") return bench_memory(parse(argc, argv, 2));
     if (cmd == "ddp") return bench_ddp(parse(argc, argv, 2));
     if (cmd == "overlap") return bench_overlap(parse(argc, argv, 2));

@@ -8,6 +8,7 @@
 #include <typeinfo>
 
 #include "common/enforce.h"
+#include "common/torch_compat.h"
 
 namespace dtrain::checkpoint::detail {
 namespace {
@@ -17,7 +18,7 @@ namespace {
 template <typename Map>
 typename Map::key_type key_of(const Map&, const at::Tensor& param) {
   if constexpr (std::is_same_v<typename Map::key_type, std::string>)
-    return c10::guts::to_string(param.unsafeGetTensorImpl());
+    return compat::pointer_text(param.unsafeGetTensorImpl());
   else
     return param.unsafeGetTensorImpl();
 }

@@ -42,28 +42,28 @@ class GzReader {
         const char* message = gzerror(file_, &code);
         throw InvalidArgument(detail::cat(path_, ": corrupt gzip data (", message, ")"));
       }
-      if (got == 0) break;
       done += static_cast<size_t>(got);
+      // zlib reports a mid-stream cut (Z_BUF_ERROR) and a bad CRC at the
+      // end (Z_DATA_ERROR) through gzerror, often with a short but positive
+      // read. Look now: zlib 1.3.2 clears a cut's error on the next gzread,
+      // which then returns 0 as at a clean end.
+      int code = Z_OK;
+      const char* message = gzerror(file_, &code);
+      if (code == Z_BUF_ERROR) truncated_ = true;
+      else if (code != Z_OK)
+        throw InvalidArgument(detail::cat(path_, ": corrupt gzip data (", message, ")"));
+      if (got == 0 || truncated_) break;
     }
-    // zlib reports a mid-stream cut (Z_BUF_ERROR) and a bad CRC at the end
-    // (Z_DATA_ERROR) through gzerror, sometimes with a short but positive
-    // read; surface a bad CRC here, a cut through truncated().
-    int code = Z_OK;
-    const char* message = gzerror(file_, &code);
-    if (code != Z_OK && code != Z_BUF_ERROR)
-      throw InvalidArgument(detail::cat(path_, ": corrupt gzip data (", message, ")"));
     return done;
   }
 
-  bool truncated() {
-    int code = Z_OK;
-    gzerror(file_, &code);
-    return code == Z_BUF_ERROR;
-  }
+  // Whether the gzip stream was cut short (stays true once seen).
+  bool truncated() const { return truncated_; }
 
  private:
   std::string path_;
   gzFile file_ = nullptr;
+  bool truncated_ = false;
 };
 
 uint32_t big_endian(const unsigned char* p) {

@@ -25,13 +25,10 @@
 #include <string>
 #include <vector>
 
+#include "common/torch_compat.h"
 #include "core/serial_executor.h"
 #include "ddp/sharded_gradients.h"
 #include "dtrain/ddp.h"
-
-namespace torch::autograd {
-struct Node;
-}
 
 namespace dtrain::ddp {
 
@@ -106,7 +103,7 @@ class Reducer {
   bool custom_hook_ = false;  // false: the default all-reduce, issued inline
   double divisor_;
 
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<compat::NodePtr> accumulators_;
   std::vector<uintptr_t> hook_keys_;
 
   std::vector<std::unique_ptr<Bucket>> buckets_;

@@ -40,6 +40,7 @@
 #include <unordered_set>
 
 #include "common/enforce.h"
+#include "common/torch_compat.h"
 
 namespace dtrain::dp {
 
@@ -184,7 +185,7 @@ at::Tensor cpu_parallel_forward(ReplicaSet& replicas, const std::shared_ptr<Repl
   // and if nothing else needs one there is no graph to build.
   if (!grad_mode || !any_graph || (!input_grad && trainable.empty())) return result;
 
-  auto node = std::make_shared<ParallelBackward>();
+  auto node = compat::make_node<ParallelBackward>();
   node->pool = pool;
   node->input_grad = input_grad;
   node->dim = dim;

@@ -174,7 +174,7 @@ void ReplicaSet::link_params(size_t count, bool share_storage) {
     if (!current) {
       link = nullptr;
       if (target.is_valid()) {
-        link = std::make_shared<ReduceToOrigin>(original[j].device());
+        link = compat::make_node<ReduceToOrigin>(original[j].device());
         link->set_next_edges({target});
       }
       for (size_t i = 1; i < modules_.size(); ++i) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/torch_compat.h"
 #include "dtrain/data_parallel.h"
 
 namespace dtrain::dp {
@@ -58,7 +59,7 @@ class ReplicaSet {
   std::vector<std::shared_ptr<torch::nn::Module>> modules_;
   std::vector<std::vector<at::Tensor>> params_, buffers_;  // clones only; [0] unused
   std::vector<std::vector<std::shared_ptr<torch::nn::Module>>> submodules_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> links_;  // per parameter; null: none
+  std::vector<compat::NodePtr> links_;  // per parameter; null: none
   detail::ModuleOps ops_;
 };
 

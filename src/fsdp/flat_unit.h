@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/torch_compat.h"
 #include "dtrain/fsdp.h"
 #include "dtrain/process_group.h"
 
@@ -100,7 +101,7 @@ class FlatUnit {
   WorkPtr gather_work_;
   at::Tensor gather_input_;  // the shard cast to the compute dtype, alive while gathering
 
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<compat::NodePtr> accumulators_;
   std::vector<uintptr_t> hook_keys_;
   std::vector<bool> has_grad_;
   size_t grads_ = 0, trainable_count_ = 0;

@@ -17,6 +17,7 @@
 #include <torch/nn/module.h>
 
 #include "common/enforce.h"
+#include "common/torch_compat.h"
 #include "dtrain/distributed.h"
 #include "dtrain/errors.h"
 
@@ -163,7 +164,7 @@ at::Tensor normalize(const std::shared_ptr<ProcessGroup>& group, const at::Tenso
                                                      /*training=*/false, 0.0, eps));
   }
   if (torch::autograd::compute_requires_grad(input, weight, bias)) {
-    auto node = std::make_shared<SyncBatchNormBackward>(group, input, weight, stats, eps);
+    auto node = compat::make_node<SyncBatchNormBackward>(group, input, weight, stats, eps);
     node->set_next_edges(torch::autograd::collect_next_edges(input, weight, bias));
     torch::autograd::set_history(output, node);
   }

@@ -3,6 +3,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "common/enforce.h"
+#include "common/torch_compat.h"
 #include "common/socket.h"
 
 namespace dtrain {
@@ -87,6 +88,7 @@ std::shared_ptr<Store> connect_agent_store(const std::string& host, uint16_t por
   opts.isServer = false;
   opts.waitWorkers = false;
   opts.timeout = timeout;
+  compat::disable_libuv(opts);
   const auto endpoint = net::endpoint(host, port);
   try {
     return std::make_shared<AgentStore>(std::make_unique<c10d::TCPStore>(host, opts), endpoint,

@@ -401,7 +401,9 @@ TEST_P(Torchrun, FourRanksRunUnchanged) {
   // Debian's torchrun 1.13 on Python 3.11 cannot parse its default
   // --redirects/--tee of 0 (enum.Flag no longer iterates NONE); any value
   // of 1 or 2 works, so tee stderr.
-  std::vector<std::string> argv = {TORCHRUN_EXECUTABLE, "--redirects", "2", "--tee", "2",
+  // torchrun's main() through launcher/torchrun.py: Debian's 2.6 and 2.14
+  // torchrun cannot start without it (its rendezvous insists on libuv).
+  std::vector<std::string> argv = {TORCHRUN_PYTHON, TORCHRUN_SHIM, "--redirects", "2", "--tee", "2",
                                    "--nproc_per_node", "4"};
   if (GetParam()) {
     argv.push_back("--standalone");
@@ -411,7 +413,7 @@ TEST_P(Torchrun, FourRanksRunUnchanged) {
   }
   for (const char* a : {"--no_python", kWorker.c_str(), "collectives"}) argv.push_back(a);
   ProcessRanks procs;
-  auto& p = procs.spawn(argv, {{"DTRAIN_TIMEOUT", "60"}, {"OMP_NUM_THREADS", "1"}});
+  auto& p = procs.spawn(argv, {{"DTRAIN_TIMEOUT", "60"}, {"OMP_NUM_THREADS", "1"}, {"USE_LIBUV", "0"}});
   ASSERT_TRUE(procs.wait(p, Clock::now() + 120s)) << "torchrun did not finish: " << p.output();
   EXPECT_EQ(p.exit_code, 0) << describe(p);
   for (int r = 0; r < 4; ++r)

@@ -3,6 +3,7 @@
 # TORCHELASTIC_USE_AGENT_STORE=True), as it finds torchrun's.
 import os
 
+import no_libuv  # noqa: F401  (Debian's 2.6 and 2.14 with USE_LIBUV=0; see there)
 import torch
 import torch.distributed as dist
 

@@ -66,6 +66,33 @@ cmake -S "$consumer" -B "$work/buildtree" "${launcher[@]}" -Ddtrain_DIR="$build"
 cmake --build "$work/buildtree" -j2 >/dev/null
 check buildtree "$work/buildtree"
 
+# Refusals at configure time, with dtrain's message rather than ATen's
+# #error or the linker's.
+refused() {  # name, expected text, cmake arguments...
+  local name=$1 expected=$2
+  shift 2
+  if cmake -S "$consumer" -B "$work/$name" -Ddtrain_DIR="$build" "$@" >"$work/$name.out" 2>&1; then
+    cat "$work/$name.out"; echo "package: $name was configured"; exit 1
+  fi
+  # CMake wraps long messages: compare with the line breaks taken out.
+  tr -s ' \n' ' ' <"$work/$name.out" >"$work/$name.flat"
+  grep -qF -- "$expected" "$work/$name.flat" ||
+    { cat "$work/$name.out"; echo "package: $name: no '$expected'"; exit 1; }
+  echo "package: $name refused"
+}
+refused old-standard "it sets CMAKE_CXX_STANDARD 14, and libtorch" -DCMAKE_CXX_STANDARD=14
+refused old-std-flag "it sets -std=c++14 in CMAKE_CXX_FLAGS, and libtorch" -DCMAKE_CXX_FLAGS=-std=c++14
+# Another libtorch, found first: version 0.1, with the pre-C++11 string ABI.
+mkdir -p "$work/other-torch"
+printf '%s\n' 'set(TORCH_CXX_FLAGS "-D_GLIBCXX_USE_CXX11_ABI=0")' \
+  'if(NOT TARGET torch)' '  add_library(torch INTERFACE IMPORTED)' 'endif()' \
+  >"$work/other-torch/TorchConfig.cmake"
+printf '%s\n' 'set(PACKAGE_VERSION 0.1)' 'set(PACKAGE_VERSION_COMPATIBLE TRUE)' \
+  >"$work/other-torch/TorchConfigVersion.cmake"
+refused other-torch "this project found libtorch 0.1 (_GLIBCXX_USE_CXX11_ABI=0) in" \
+  -DTorch_DIR="$work/other-torch"
+grep -qF "but dtrain was built with libtorch " "$work/other-torch.flat"
+
 cmake -S "$consumer" -B "$work/subdir" "${launcher[@]}" -DDTRAIN_SOURCE_DIR="$src" >/dev/null
 cmake --build "$work/subdir" -j2 >/dev/null
 check subdirectory "$work/subdir"

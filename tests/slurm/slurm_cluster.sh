@@ -10,7 +10,18 @@
 set -u
 dir=$(mktemp -d /tmp/dtrain-slurm-XXXXXX)
 pids=()
+# Every process of this cluster's jobs (srun, and what mpirun starts through
+# it) has SLURM_CONF pointing here: none may outlive the cluster.
+strays() {
+  local e
+  for e in /proc/[0-9]*/environ; do
+    tr '\0' '\n' <"$e" 2>/dev/null | grep -qxF "SLURM_CONF=$dir/slurm.conf" &&
+      basename "$(dirname "$e")"
+  done
+}
 cleanup() {
+  local daemons=" ${pids[*]} $$ "
+  for p in $(strays); do [[ "$daemons" == *" $p "* ]] || kill -9 "$p" 2>/dev/null; done
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
   for p in "${pids[@]}"; do
     for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
@@ -24,7 +35,7 @@ for tool in munged slurmctld slurmd srun sinfo; do
   command -v $tool >/dev/null || fail "$tool is missing (install slurm-wlm and munge)"
 done
 chmod 755 "$dir"
-mkdir -p "$dir"/{state,spool1,spool2,munge} /run/munge
+mkdir -p "$dir"/{state,spooln1,spooln2,munge} /run/munge  # SlurmdSpoolDir=spool%n
 chown munge:munge "$dir/munge" /run/munge
 [ -f /etc/munge/munge.key ] || fail "/etc/munge/munge.key is missing (the munge package creates it)"
 runuser -u munge -- munged --socket="$dir/munge/munge.socket" --pid-file="$dir/munge/munged.pid" \
