@@ -7,6 +7,7 @@
 # default when USE_LIBUV=0 is set, where the binding has that argument; under
 # PyTorch 1.13 (no such argument) it does nothing.
 import os
+import sys
 
 import torch.distributed as dist
 
@@ -18,7 +19,7 @@ if os.environ.get("USE_LIBUV") == "0" and "use_libuv" in (_TCPStore.__init__.__d
         return _TCPStore(*args, **kwargs)
 
     dist.TCPStore = _tcp_store
-    # torch.distributed.rendezvous imported the class by name before this ran.
-    import torch.distributed.rendezvous as _rendezvous
-
-    _rendezvous.TCPStore = _tcp_store
+    # torch.distributed's rendezvous module imported the class by name before
+    # this ran. (sys.modules: the attribute torch.distributed.rendezvous is
+    # that module's function of the same name, not the module.)
+    sys.modules["torch.distributed.rendezvous"].TCPStore = _tcp_store
