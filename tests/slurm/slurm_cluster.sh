@@ -15,7 +15,7 @@ pids=()
 strays() {
   local e
   for e in /proc/[0-9]*/environ; do
-    tr '\0' '\n' <"$e" 2>/dev/null | grep -qxF "SLURM_CONF=$dir/slurm.conf" &&
+    tr '\0' '\n' 2>/dev/null <"$e" | grep -qxF "SLURM_CONF=$dir/slurm.conf" &&
       basename "$(dirname "$e")"
   done
 }
