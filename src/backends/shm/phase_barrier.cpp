@@ -4,6 +4,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <ctime>
@@ -23,7 +24,8 @@
 namespace dtrain::shm {
 namespace {
 
-constexpr auto kSpin = std::chrono::microseconds(20);
+constexpr std::chrono::nanoseconds kMinSpin = std::chrono::microseconds(20);
+constexpr std::chrono::nanoseconds kMaxSpin = std::chrono::microseconds(320);
 constexpr auto kLivenessCheck = std::chrono::milliseconds(100);
 
 bool reached(const std::atomic<uint32_t>& phase, uint32_t target) {
@@ -50,7 +52,8 @@ PhaseBarrier::PhaseBarrier(PhaseCounter* counters, int rank, int size, const Seg
       rank_(rank),
       size_(size),
       segment_(segment),
-      phase_(counters[rank].phase.load(std::memory_order_relaxed)) {}
+      phase_(counters[rank].phase.load(std::memory_order_relaxed)),
+      spin_(kMinSpin) {}
 
 void PhaseBarrier::arrive_and_wait(Clock::time_point deadline, const std::string& what) {
   auto& mine = counters_[rank_];
@@ -66,11 +69,27 @@ void PhaseBarrier::arrive_and_wait(Clock::time_point deadline, const std::string
 void PhaseBarrier::wait_for(int peer, uint32_t target, Clock::time_point deadline,
                             const std::string& what) {
   auto& theirs = counters_[peer];
-  const auto spin_until = Clock::now() + kSpin;
+  const auto start = Clock::now();
+  const auto spin_until = start + spin_;
   for (int i = 0; !reached(theirs.phase, target); ++i) {
     DTRAIN_CPU_RELAX();
     if ((i & 63) == 63 && Clock::now() >= spin_until) break;
   }
+  if (reached(theirs.phase, target)) return;
+  sleep_until_reached(peer, target, deadline, what);
+  // Slept, but the peer came soon after: spin longer next time, so that two
+  // ranks do not settle into waking each other by futex at every step. A
+  // peer that was busy for long: spin less, the CPU is better left to it.
+  const auto waited = Clock::now() - start;
+  if (waited < 2 * kMaxSpin)
+    spin_ = std::min(spin_ * 2, kMaxSpin);
+  else
+    spin_ = std::max(spin_ / 2, kMinSpin);
+}
+
+void PhaseBarrier::sleep_until_reached(int peer, uint32_t target, Clock::time_point deadline,
+                                       const std::string& what) {
+  auto& theirs = counters_[peer];
   while (!reached(theirs.phase, target)) {
     const auto now = Clock::now();
     if (now >= deadline)
