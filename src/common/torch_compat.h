@@ -9,7 +9,7 @@
 // earlier or later still gets the right branch.
 //
 //   NodePtr            an owning pointer to an autograd node: std::shared_ptr
-//                      up to 2.13, c10::intrusive_ptr from 2.14
+//                      in 1.13 to 2.11, c10::intrusive_ptr in 2.14
 //   make_node<T>(...)  makes a node of type T held by the right pointer
 //   pointer_text(p)    a pointer as libtorch's 1.13 optimizers printed it into
 //                      their state keys (c10::guts::to_string is gone in 2.6)
