@@ -256,6 +256,10 @@ bool TcpStoreServer::read_from(uint64_t id, Connection& c) {
     if (n > 0) {
       c.in.insert(c.in.end(), buf, buf + n);
       if (static_cast<size_t>(n) < sizeof(buf) || c.in.size() >= kBackpressureBytes) break;
+      // Before the job token is proved, each chunk is looked at as it
+      // comes: a frame the handshake does not allow is refused from its
+      // header, before its payload is read.
+      if (token_ && !c.authenticated && !process_input(id, c)) return false;
       continue;
     }
     if (n == 0) return false;  // the client closed
@@ -291,6 +295,13 @@ bool TcpStoreServer::process_input(uint64_t id, Connection& c) {
       DTRAIN_LOG_INFO("TCP store ", where_, ": dropping client ", c.peer, ": ", problem,
                       " (opcode ", h.opcode, ", length ", h.length, ")");
       return false;
+    }
+    if (token_ && !c.authenticated) {
+      const std::string why = pre_auth_problem(c, h);
+      if (!why.empty()) {
+        refuse(c, why);
+        return false;
+      }
     }
     if (c.in.size() - pos - wire::kHeaderBytes < h.length) break;  // wait for the rest
     wire::Reader r(c.in.data() + pos + wire::kHeaderBytes, h.length);

@@ -131,6 +131,9 @@ class TcpStoreServer {
   void park(Waiter w);
   void key_added(const std::string& key);
   bool authenticate(Connection& c, const wire::Header& h, wire::Reader& r);
+  // Why a frame that arrives before the token is proved must be refused
+  // from its header alone (empty: it may be read).
+  std::string pre_auth_problem(const Connection& c, const wire::Header& h) const;
   void refuse(const Connection& c, const std::string& why);
   void expire_waiters();
   void finish_waiter(const Waiter& w, bool timed_out);

@@ -103,6 +103,22 @@ bool TcpStoreServer::authenticate(Connection& c, const wire::Header& h, wire::Re
   return false;
 }
 
+// Before the proof only the next frame of the handshake is allowed, and no
+// longer than that frame can be, so a stranger's declared 64 MiB is refused
+// after 16 bytes instead of being buffered (256 pending connections would
+// otherwise hold 16 GiB).
+std::string TcpStoreServer::pre_auth_problem(const Connection& c, const wire::Header& h) const {
+  const uint16_t expected = c.challenged ? wire::kAuthProof : wire::kAuthHello;
+  if (h.opcode != expected)
+    return detail::cat("sent ", wire::op_name(h.opcode), " (", h.length,
+                       " bytes) before proving the job token");
+  const size_t most = 4 + (c.challenged ? store_auth::kProofBytes : store_auth::kNonceBytes);
+  if (h.length > most)
+    return detail::cat("declared an ", wire::op_name(h.opcode), " of ", h.length,
+                       " bytes (the handshake's are at most ", most, ")");
+  return {};
+}
+
 // One log line per second at most, so a scan of the port cannot flood the
 // log; the count of refusals not logged goes with the next line.
 void TcpStoreServer::refuse(const Connection& c, const std::string& why) {
