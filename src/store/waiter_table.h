@@ -56,7 +56,8 @@ class WaiterTable {
  private:
   struct Entry {
     Waiter waiter;
-    std::vector<std::string> missing;  // keys not set since it parked
+    std::vector<std::string> missing;  // the keys it parked for (each indexed once)
+    size_t left = 0;                   // how many of them have not been set since
     std::multimap<Clock::time_point, uint64_t>::iterator by_deadline;
   };
 
