@@ -10,7 +10,9 @@
 //    called), or throws dtrain::TimeoutError if the operation is still
 //    running when `timeout` passes. With no argument it waits without a
 //    limit of its own; the operation itself always ends, because every
-//    backend runs it under the group's timeout.
+//    backend runs it under the group's timeout. It returns (or rethrows)
+//    only after the work's on_finish callbacks have run, so a failure that
+//    escapes the program finds the flight recorder's dump already written.
 //  - exception() is null until the operation fails, then holds the failure.
 //  - After wait() returns normally, output tensors hold their results.
 //  - Operations of one group run in the order they were issued, on every
@@ -84,14 +86,23 @@ class Work {
   void finish(std::exception_ptr error = nullptr);
 
   // Runs `fn` when the work succeeds, before any waiter is woken, on the
-  // thread that finishes the work (at once if it has already succeeded). An
-  // exception from `fn` becomes the work's failure. Used to copy results
-  // out of staging buffers.
+  // thread that finishes the work. An exception from `fn` becomes the
+  // work's failure, and the callbacks registered after it do not run. Used
+  // to copy results out of staging buffers.
+  // On a work that has already succeeded, `fn` runs at once on the calling
+  // thread, and the same holds: an exception from it makes the work failed
+  // (wait() rethrows it, is_success() is false, exception() holds it); it
+  // does not propagate out of on_success. On a work that has failed, `fn`
+  // never runs.
   void on_success(std::function<void()> fn);
 
   // Runs `fn(error)` once the work has finished, successfully (null error)
-  // or not, after its waiters are woken, on the thread that finished it (at
-  // once if it already has). `fn` must not throw.
+  // or not, on the thread that finished it (at once if it already has).
+  // These callbacks run before wait() returns or rethrows, so what they do
+  // (the flight recorder's dump after a failure) is done before the caller
+  // sees the result (is_completed() turns true after them too; source_rank()
+  // already answers inside them). `fn` must not throw and must not wait on
+  // this work.
   void on_finish(std::function<void(const std::exception_ptr&)> fn);
 
   // A Work that is already completed successfully.
@@ -101,8 +112,9 @@ class Work {
   const std::string description_;
   mutable std::mutex mutex_;
   std::condition_variable done_cv_;
-  bool finishing_ = false;
-  bool done_ = false;
+  bool finishing_ = false;  // finish() has begun: on_success callbacks are running
+  bool done_ = false;       // the result is set; on_finish callbacks may be running
+  bool woken_ = false;      // the on_finish callbacks have run: waiters may return
   int source_rank_ = -1;
   std::exception_ptr error_;
   std::vector<std::function<void()>> then_;

@@ -4,9 +4,11 @@
 
 namespace dtrain {
 
+// Callers see the result once the on_finish callbacks have run (woken_);
+// the callbacks themselves may already ask for source_rank() (done_).
 bool Work::is_completed() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return done_;
+  return woken_;
 }
 
 int Work::source_rank() const {
@@ -23,12 +25,12 @@ void Work::set_source_rank(int rank) {
 
 bool Work::is_success() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return done_ && !error_;
+  return woken_ && !error_;
 }
 
 std::exception_ptr Work::exception() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return error_;
+  return woken_ ? error_ : nullptr;
 }
 
 bool Work::on_device() const {
@@ -45,7 +47,7 @@ void Work::wait(std::chrono::milliseconds timeout) {
   std::function<void()> device_wait;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (done_ && error_) std::rethrow_exception(error_);
+    if (woken_ && error_) std::rethrow_exception(error_);
     device_wait = device_wait_;
   }
   if (!device_wait) return synchronize(timeout);
@@ -55,8 +57,8 @@ void Work::wait(std::chrono::milliseconds timeout) {
 void Work::synchronize(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (timeout < std::chrono::milliseconds::zero()) {
-    done_cv_.wait(lock, [&] { return done_; });
-  } else if (!done_cv_.wait_for(lock, timeout, [&] { return done_; })) {
+    done_cv_.wait(lock, [&] { return woken_; });
+  } else if (!done_cv_.wait_for(lock, timeout, [&] { return woken_; })) {
     throw TimeoutError(detail::cat(description_.empty() ? "operation" : description_,
                                    " did not complete within ", timeout.count(),
                                    " ms (Work::wait timeout)"));
@@ -64,6 +66,10 @@ void Work::synchronize(std::chrono::milliseconds timeout) {
   if (error_) std::rethrow_exception(error_);
 }
 
+// Three steps: the on_success callbacks (which may still turn success into
+// failure), the result set (done_), the on_finish callbacks, and only then
+// the waiters woken. So a caller that lets the failure end its program
+// does so after the callbacks — the flight recorder's dump — are done.
 void Work::finish(std::exception_ptr error) {
   std::vector<std::function<void()>> then;
   {
@@ -87,8 +93,13 @@ void Work::finish(std::exception_ptr error) {
     error_ = error;
     finished.swap(finished_);
   }
-  done_cv_.notify_all();
+  done_cv_.notify_all();  // on_success calls waiting for the result
   for (auto& fn : finished) fn(error);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    woken_ = true;
+  }
+  done_cv_.notify_all();
 }
 
 void Work::on_finish(std::function<void(const std::exception_ptr&)> fn) {
@@ -108,11 +119,17 @@ void Work::on_success(std::function<void()> fn) {
     then_.push_back(std::move(fn));
     return;
   }
-  // Finishing on another thread right now: let it publish, then run here.
+  // Finishing on another thread right now: let it set the result, then run
+  // here. As on the finishing thread, an exception fails the work.
   done_cv_.wait(lock, [&] { return done_; });
   if (error_) return;
   lock.unlock();
-  fn();
+  try {
+    fn();
+  } catch (...) {
+    lock.lock();
+    error_ = std::current_exception();
+  }
 }
 
 std::shared_ptr<Work> Work::completed(std::string description) {
