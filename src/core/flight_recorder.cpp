@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
 #include <sstream>
 #include <thread>
@@ -43,7 +42,11 @@ std::string error_text(const std::exception_ptr& error) {
 struct Registry {
   std::mutex mutex;
   std::vector<std::weak_ptr<FlightRecorder>> recorders;
-  std::atomic<bool> failure_dumped{false};
+  // The first failure dumps; a failure on another thread meanwhile waits
+  // for that dump instead of returning to a caller that may end the process.
+  std::once_flag failure_dump;
+  // One dump at a time: two writers would share DIR/rank-R.json.tmp.
+  std::mutex dump_mutex;
   int global_rank = -1;
   int world_size = -1;
 };
@@ -53,38 +56,57 @@ Registry& registry() {
   return *r;
 }
 
-// SIGUSR2 -> a byte on a pipe -> a thread that dumps (a signal handler may
-// not allocate or lock). Installed once, only where SIGUSR2 still has its
-// default action, so a program's own handler is left alone.
+// SIGUSR2 and SIGTERM -> the signal's number on a pipe -> a thread that
+// dumps (a signal handler may not allocate or lock). After SIGTERM's dump
+// the thread restores SIGTERM's default action and raises it again, so the
+// process still ends as killed by SIGTERM (a launcher stopping the
+// survivors of a failure gets their dumps, as torchrun's workers leave
+// theirs). Each handler is installed once, and only where the signal still
+// has its default action, so a program's own handler is left alone.
 int signal_pipe[2] = {-1, -1};
 
-void on_sigusr2(int) {
-  const char byte = 1;
+void on_dump_signal(int sig) {
+  const char byte = static_cast<char>(sig);
   [[maybe_unused]] auto n = ::write(signal_pipe[1], &byte, 1);
+}
+
+void dump_on_signal(int sig) {
+  const std::string name = sig == SIGTERM ? "SIGTERM" : "SIGUSR2";
+  try {
+    log_warning(cat("flight recorder written to ", dump_all(name)));
+  } catch (const std::exception& e) {
+    log_warning(cat("flight recorder dump on ", name, " failed: ", e.what()));
+  }
+  if (sig != SIGTERM) return;
+  ::signal(SIGTERM, SIG_DFL);
+  sigset_t term;
+  sigemptyset(&term);
+  sigaddset(&term, SIGTERM);
+  pthread_sigmask(SIG_UNBLOCK, &term, nullptr);
+  ::raise(SIGTERM);  // this thread has it unblocked: the default action ends the process
+}
+
+bool take_signal(int sig) {
+  struct sigaction old {};
+  if (sigaction(sig, nullptr, &old) != 0 || old.sa_handler != SIG_DFL) return false;
+  struct sigaction action {};
+  action.sa_handler = on_dump_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  return sigaction(sig, &action, nullptr) == 0;
 }
 
 void install_signal_dump() {
   static std::once_flag once;
   std::call_once(once, [] {
-    struct sigaction old {};
-    if (sigaction(SIGUSR2, nullptr, &old) != 0 || old.sa_handler != SIG_DFL) return;
     if (pipe2(signal_pipe, O_CLOEXEC) != 0) return;
     fcntl(signal_pipe[1], F_SETFL, O_NONBLOCK);
     std::thread([] {
       char byte;
-      while (::read(signal_pipe[0], &byte, 1) == 1) {
-        try {
-          log_warning(cat("flight recorder written to ", dump_all("SIGUSR2")));
-        } catch (const std::exception& e) {
-          log_warning(cat("flight recorder dump on SIGUSR2 failed: ", e.what()));
-        }
-      }
+      while (::read(signal_pipe[0], &byte, 1) == 1) dump_on_signal(byte);
     }).detach();
-    struct sigaction action {};
-    action.sa_handler = on_sigusr2;
-    sigemptyset(&action.sa_mask);
-    action.sa_flags = SA_RESTART;
-    sigaction(SIGUSR2, &action, nullptr);
+    take_signal(SIGUSR2);
+    take_signal(SIGTERM);
   });
 }
 
@@ -165,12 +187,16 @@ void FlightRecorder::finished(uint64_t id, const std::exception_ptr& error) {
     if (error) e.error = error_text(error);
   }
   if (!error || !env::get(env::kTraceDir)) return;
-  if (registry().failure_dumped.exchange(true)) return;
-  try {
-    log_warning(cat("flight recorder written to ", dump_all("failure: " + error_text(error))));
-  } catch (const std::exception& e) {
-    log_warning(cat("flight recorder dump after a failure failed: ", e.what()));
-  }
+  // Runs before the failed work's waiters are woken (Work::on_finish): the
+  // dump is renamed into place and synced before the error can reach a
+  // caller that lets it end the process.
+  std::call_once(registry().failure_dump, [&] {
+    try {
+      log_warning(cat("flight recorder written to ", dump_all("failure: " + error_text(error))));
+    } catch (const std::exception& e) {
+      log_warning(cat("flight recorder dump after a failure failed: ", e.what()));
+    }
+  });
 }
 
 std::string FlightRecorder::json() const {
@@ -242,6 +268,7 @@ std::string dump_all(const std::string& reason, const std::string& dir_arg) {
   out << "]}\n";
   const std::string text = out.str();
   const std::string path = dir + "/rank-" + std::to_string(rank) + ".json";
+  std::lock_guard<std::mutex> lock(r.dump_mutex);
   files::replace_durably(path, text.size(), [&](files::Sink& sink) {
     sink.write(text.data(), text.size());
   });

@@ -5,7 +5,9 @@
 // sequence number, op, dtype, shape, root or peer, reduce op, state and
 // times. When DTRAIN_TRACE_DIR is set, the process writes every group's
 // ring to DIR/rank-<global rank>.json on its first failed operation
-// (timeout, peer failure, mismatch), on SIGUSR2, and on
+// (timeout, peer failure, mismatch) before the failure reaches the caller,
+// on SIGUSR2, on SIGTERM (then it ends as SIGTERM would have ended it;
+// both signals only where the program left their default action), and on
 // dtrain::dump_flight_recorder(); `dtrain-trace analyze DIR` reads them.
 // Recording costs one uncontended lock and a fixed-size copy per operation.
 
@@ -35,7 +37,9 @@ class FlightRecorder {
   uint64_t issued(const char* op, bool collective, uint64_t seq, const at::Tensor& tensor,
                   int64_t root_or_peer, int64_t reduce_op);
   // Marks slot `id` completed, or failed with `error`; a failure triggers
-  // the process's failure dump (once) when DTRAIN_TRACE_DIR is set.
+  // the process's failure dump (once) when DTRAIN_TRACE_DIR is set, and
+  // returns only once that dump is durably in place (also when another
+  // thread's failure is writing it).
   void finished(uint64_t id, const std::exception_ptr& error);
 
   // This group's ring as a JSON object (oldest first).

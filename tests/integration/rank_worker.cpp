@@ -41,9 +41,14 @@
 //                             #2), shape (rank 2's #3 has 5 elements, not 4),
 //                             exit-idle (rank 1 exits before #3, the others
 //                             sleep 30 s there), slow (rank 1 sleeps 30 s
+//                             before #3), idle (every rank sleeps 30 s
 //                             before #3);
 //                             prints "rank R fault at <epoch ms>" before #3
 //                             (for DTRAIN_TRACE_DIR tests)
+//   rank_worker trace-uncaught
+//                             5 all_reduces (backend auto); rank 2 skips the
+//                             last (#4) and computes for 60 s; the others'
+//                             TimeoutError escapes main (std::terminate)
 //   rank_worker timeline      6 DDP steps (small buckets), the optimizer step
 //                             a TimelineSpan; prints "rank R comm_ms X", the
 //                             sum of DDPStats::communication_ms
@@ -528,6 +533,8 @@ int trace_fault(const std::string& backend, const std::string& fault) {
       if (fault == "exit-idle") std::this_thread::sleep_for(std::chrono::seconds(30));
       // Rank 1 computes for long: the others time out waiting for it.
       if (rank == 1 && fault == "slow") std::this_thread::sleep_for(std::chrono::seconds(30));
+      // Every rank computes for long: only a signal ends them.
+      if (fault == "idle") std::this_thread::sleep_for(std::chrono::seconds(30));
     }
     if (rank == 1 && fault == "skip" && i == 2) continue;
     auto t = at::ones({rank == 2 && fault == "shape" && i == 3 ? 5 : 4});
@@ -538,10 +545,26 @@ int trace_fault(const std::string& backend, const std::string& fault) {
   return 0;
 }
 
+// A data-dependent branch: rank 2 skips the last all_reduce. Nothing here
+// catches the others' TimeoutError, as in most programs.
+int trace_uncaught() {
+  dtrain::init_process_group();
+  const int rank = dtrain::get_rank();
+  for (int i = 0; i < 5; ++i) {
+    if (rank == 2 && i == 4) break;
+    auto t = at::ones({4});
+    dtrain::all_reduce(t);
+  }
+  if (rank == 2) std::this_thread::sleep_for(std::chrono::seconds(60));
+  std::cout << "rank " << rank << " finished without noticing the fault" << std::endl;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "trace-uncaught") return trace_uncaught();  // outside the try: the error escapes
   try {
     if (mode == "collectives")
       return check_collectives(argc > 2 ? argv[2] : "env://", argc > 3 ? argv[3] : "auto");

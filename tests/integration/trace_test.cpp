@@ -4,6 +4,7 @@
 // within the timeout + 1 s of the faulty collective, and `dtrain-trace
 // analyze` names the faulty rank and the collective.
 
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 #include <chrono>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -139,8 +141,9 @@ INSTANTIATE_TEST_SUITE_P(Faults, FlightRecorderFaults, ::testing::ValuesIn(fault
                          [](const auto& info) { return info.param.backend + "_" + info.param.fault; });
 
 // dtrain-run, after rank 1 exits while the others compute: it asks the
-// survivors for their flight recorders (SIGUSR2) before stopping them, says
-// where they are, and the analyzer names rank 1.
+// survivors for their flight recorders (SIGUSR2) before stopping them (with
+// SIGTERM, on which they dump again), says where the dumps are, and the
+// analyzer names rank 1.
 TEST(FlightRecorderLauncher, CollectsTheSurvivorsDumpsAfterAFailure) {
   TempDir dir;
   ASSERT_FALSE(dir.path().empty());
@@ -157,7 +160,9 @@ TEST(FlightRecorderLauncher, CollectsTheSurvivorsDumpsAfterAFailure) {
   EXPECT_TRUE(Contains(verdict, "verdict: rank 1 never arrived (no dump: exited, killed or "
                                 "stopped): rank 1 of group 'default' left no dump while "
                                 "ranks 0, 2 reached #2 all_reduce (Float [4], SUM) (completed)"));
-  EXPECT_TRUE(Contains(verdict, "dumped on SIGUSR2"));
+  // Asked on SIGUSR2, then stopped with SIGTERM: the later dump, on SIGTERM, is the one left.
+  EXPECT_TRUE(Contains(verdict, "rank 0 (")) << verdict;
+  EXPECT_TRUE(Contains(verdict, "dumped on SIGTERM")) << verdict;
 }
 
 // A rank that is slow, not dead: the others time out in #3 and fail;
@@ -176,6 +181,92 @@ TEST(FlightRecorderLauncher, ASlowRankIsNamedBehind) {
                        "verdict: rank 1 is behind in group 'default': its last collective is #2 "
                        "all_reduce (Float [4], SUM) (completed), while ranks 0, 2 reached #3 "
                        "all_reduce (Float [4], SUM) (failed"));
+}
+
+// The dumps in `dir`, by file name; fails the test on one that is not JSON.
+std::map<std::string, nlohmann::json> dumps_in(const std::string& dir) {
+  std::map<std::string, nlohmann::json> out;
+  std::unique_ptr<DIR, int (*)(DIR*)> d(opendir(dir.c_str()), closedir);
+  if (!d) return out;
+  while (dirent* e = readdir(d.get())) {
+    const std::string name = e->d_name;
+    if (name.rfind("rank-", 0) != 0) continue;
+    std::ifstream in(dir + "/" + name);
+    try {
+      out[name] = nlohmann::json::parse(in);
+    } catch (const std::exception& err) {
+      ADD_FAILURE() << name << " is not a complete dump: " << err.what();
+      out[name] = nullptr;
+    }
+  }
+  return out;
+}
+
+// Issue 30 item 11, as a user meets it: rank 2 skips the last all_reduce
+// (a data-dependent branch) and computes on; ranks 0 and 1 time out, and
+// their TimeoutError escapes main (std::terminate, SIGABRT). Their dumps
+// are complete and in place (not rank-R.json.tmp) although the process
+// aborts, and the analyzer names rank 2, not the ranks that waited.
+TEST(FlightRecorderLauncher, RanksWhoseTimeoutEscapesMainLeaveCompleteDumps) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  ProcessRanks procs;
+  auto& run = procs.spawn({DTRAIN_RUN_EXECUTABLE, "--nproc-per-node", "3", "--master-port",
+                           std::to_string(free_port()), kWorker, "trace-uncaught"},
+                          {{"DTRAIN_TRACE_DIR", dir.path()}, {"DTRAIN_TIMEOUT", "3"}});
+  ASSERT_TRUE(procs.wait(run, Clock::now() + 60s)) << run.output();
+  const auto out = run.output();
+  EXPECT_EQ(run.exit_code, 1) << out;
+  EXPECT_TRUE(Contains(out, ") killed by SIGABRT at ")) << "the error did not escape main";
+  EXPECT_TRUE(Contains(out, "TimeoutError: all_reduce #4 on group 'default'"));
+  EXPECT_TRUE(Contains(out, "has not reached this collective"));
+  const auto dumps = dumps_in(dir.path());
+  for (const auto& [name, dump] : dumps)
+    EXPECT_EQ(name.find(".tmp"), std::string::npos) << name << " was left unfinished";
+  for (int r = 0; r < 2; ++r) {
+    const auto it = dumps.find("rank-" + std::to_string(r) + ".json");
+    ASSERT_NE(it, dumps.end()) << "rank " << r << " left no complete dump: " << out;
+    if (it->second.is_null()) continue;
+    EXPECT_TRUE(Contains(it->second.at("reason").get<std::string>(),
+                         "failure: all_reduce #4 on group 'default'"));
+  }
+  EXPECT_EQ(dumps.count("rank-2.json"), 1u) << "dtrain-run did not get rank 2's dump";
+  const auto verdict = analyzed(procs, dir.path());
+  EXPECT_TRUE(Contains(verdict, "verdict: rank 2 is behind in group 'default': its last collective "
+                                "is #3 all_reduce (Float [4], SUM) (completed), while ranks 0, 1 "
+                                "reached #4 all_reduce (Float [4], SUM) (failed: "));
+  EXPECT_FALSE(Contains(verdict, "never arrived")) << verdict;
+}
+
+// dtrain-run told to stop (SIGTERM, as Slurm's scancel does) while every
+// rank computes: it stops the workers with SIGTERM, and each of them
+// leaves a complete dump first, then ends as SIGTERM ends it.
+TEST(FlightRecorderLauncher, WorkersStoppedWithSigtermLeaveCompleteDumps) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  ProcessRanks procs;
+  auto& run = launch_faulty_job(procs, "idle", dir.path());
+  for (int r = 0; r < kWorld; ++r)
+    ASSERT_TRUE(procs.wait_for_output(run, "rank " + std::to_string(r) + " fault at ", 30s))
+        << run.output();
+  const auto t0 = Clock::now();
+  ASSERT_EQ(kill(run.pid, SIGTERM), 0);
+  ASSERT_TRUE(procs.wait(run, Clock::now() + 30s)) << run.output();
+  EXPECT_LT(Clock::now() - t0, 10s) << "the workers did not end promptly on SIGTERM";
+  EXPECT_EQ(run.exit_code, 128 + SIGTERM) << run.output();
+  EXPECT_TRUE(Contains(run.output(), "dtrain-run: received SIGTERM while the workers ran; "
+                                     "stopping the workers"));
+  const auto dumps = dumps_in(dir.path());
+  for (int r = 0; r < kWorld; ++r) {
+    const auto it = dumps.find("rank-" + std::to_string(r) + ".json");
+    ASSERT_NE(it, dumps.end()) << "rank " << r << " left no dump on SIGTERM: " << run.output();
+    if (!it->second.is_null()) EXPECT_EQ(it->second.at("reason"), "SIGTERM");
+  }
+  EXPECT_EQ(dumps.size(), size_t(kWorld)) << "a dump was left unfinished";
+  auto& analyzer = procs.spawn({kTrace, "analyze", dir.path()}, {});
+  ASSERT_TRUE(procs.wait(analyzer, Clock::now() + 30s));
+  EXPECT_EQ(analyzer.exit_code, 0) << analyzer.output();
+  EXPECT_TRUE(Contains(analyzer.output(), "verdict: the ranks agree and none is behind"));
 }
 
 TEST(FlightRecorderLauncher, AnalyzerRefusesWhatIsNotADump) {
