@@ -269,6 +269,80 @@ TEST(FlightRecorderLauncher, WorkersStoppedWithSigtermLeaveCompleteDumps) {
   EXPECT_TRUE(Contains(analyzer.output(), "verdict: the ranks agree and none is behind"));
 }
 
+// A dump as the recorder writes it: rank `rank` of 3 in group 'default',
+// its all_reduces #0..#last, the last one `last_state`; then a second group.
+std::string dump_text(int rank, int last, const std::string& last_state) {
+  std::ostringstream out;
+  out << "{\"format\": \"dtrain-flight-recorder\", \"version\": 1, \"rank\": " << rank
+      << ", \"world_size\": 3, \"pid\": " << 100 + rank << ", \"host\": \"node-a\", "
+      << "\"reason\": \"failure: all_reduce #4 timed out\", \"groups\": [\n{\"name\": \"default\", "
+      << "\"rank\": " << rank << ", \"size\": 3, \"backend\": \"shm\", \"global_ranks\": [0, 1, 2], "
+      << "\"entries\": [";
+  for (int seq = 0; seq <= last; ++seq)
+    out << (seq ? ",\n" : "\n") << "  {\"seq\": " << seq
+        << ", \"op\": \"all_reduce\", \"kind\": \"collective\", \"dtype\": \"Float\", \"shape\": [4], "
+        << "\"numel\": 4, \"root\": -1, \"reduce_op\": \"SUM\", \"state\": \""
+        << (seq == last ? last_state : "completed") << "\", \"issued_us\": 1, \"finished_us\": 2, "
+        << "\"error\": \"" << (last_state == "failed" && seq == last ? "timed out [\\\"x\\\"]" : "")
+        << "\"}";
+  out << "]},\n{\"name\": \"pp\", \"rank\": 0, \"size\": 1, \"backend\": \"shm\", "
+      << "\"global_ranks\": [" << rank << "], \"entries\": []}]}\n";
+  return out.str();
+}
+
+const std::string kErrorOfRank1 =
+    "dtrain::TimeoutError: all_reduce #4 on group 'default' (rank 1/3, backend shm) timed out "
+    "waiting for rank 2 (it is alive but has not reached this collective: stopped, stuck, or "
+    "running different collectives)";
+
+// The analyzer with partial evidence (what a job whose ranks were killed
+// mid-dump leaves): rank 0's dump cut short (rank-0.json.tmp, cut inside
+// its second group), rank 1 with no dump but dtrain-run's copy of its error
+// file, rank 2's complete dump. It names rank 2, not "never arrived".
+TEST(FlightRecorderLauncher, AnalyzerUsesUnfinishedDumpsAndErrorFiles) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const auto full0 = dump_text(0, 4, "failed");
+  const auto cut = full0.find("\"global_ranks\": [0]") + 20;  // inside group 'pp'
+  ASSERT_LT(cut, full0.size());
+  std::ofstream(dir.path() + "/rank-0.json.tmp") << full0.substr(0, cut);
+  std::ofstream(dir.path() + "/rank-2.json") << dump_text(2, 3, "completed");
+  std::ofstream(dir.path() + "/error-1.json")
+      << nlohmann::json{{"rank", 1}, {"message", kErrorOfRank1 + "\nsecond line"}}.dump();
+  ProcessRanks procs;
+  const auto out = analyzed(procs, dir.path());
+  EXPECT_TRUE(Contains(out, "verdict: rank 2 is behind in group 'default': its last collective is "
+                            "#3 all_reduce (Float [4], SUM) (completed), while ranks 0, 1 reached "
+                            "#4 all_reduce (Float [4], SUM) (failed: timed out [\"x\"])"));
+  EXPECT_TRUE(Contains(out, "rank 0 (node-a, pid 100) dumped on failure: all_reduce #4 timed out "
+                            "(incomplete: " + dir.path() + "/rank-0.json.tmp was cut short; what "
+                            "it holds whole is used)"));
+  EXPECT_TRUE(Contains(out, "rank 1 left no dump; its error file (" + dir.path() +
+                                "/error-1.json) says: " + kErrorOfRank1 + "\n"));
+  EXPECT_TRUE(Contains(out, "rank 1 failed in group 'default' at #4 all_reduce (failed: " +
+                                kErrorOfRank1 + ") (from its error file)"));
+  EXPECT_FALSE(Contains(out, "never arrived")) << out;
+
+  // Only error files for the ranks that waited (their dumps cut before any
+  // entry: nothing usable): still rank 2, the leaders' collective as their
+  // errors name it.
+  std::ofstream(dir.path() + "/rank-0.json.tmp") << full0.substr(0, 40);
+  std::ofstream(dir.path() + "/error-0.json")
+      << nlohmann::json{{"rank", 0}, {"message", kErrorOfRank1}}.dump();
+  const auto out2 = analyzed(procs, dir.path());
+  EXPECT_TRUE(Contains(out2, "verdict: rank 2 is behind in group 'default': its last collective "
+                             "is #3 all_reduce (Float [4], SUM) (completed), while ranks 0, 1 "
+                             "reached #4 all_reduce (failed: " + kErrorOfRank1 + ")"));
+  EXPECT_TRUE(Contains(out2, dir.path() + "/rank-0.json.tmp: an unfinished dump with nothing usable"));
+
+  // An error note that is not one is refused, naming the file.
+  std::ofstream(dir.path() + "/error-0.json") << "{\"rank\": \"zero\"}";
+  auto& bad = procs.spawn({kTrace, "analyze", dir.path()}, {});
+  ASSERT_TRUE(procs.wait(bad, Clock::now() + 30s));
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_TRUE(Contains(bad.output(), "dtrain-trace: " + dir.path() + "/error-0.json: 'rank' is not an integer"));
+}
+
 TEST(FlightRecorderLauncher, AnalyzerRefusesWhatIsNotADump) {
   TempDir dir;
   ASSERT_FALSE(dir.path().empty());

@@ -160,11 +160,13 @@ int finish_succeeded(const Options& o, Rendezvous& rdzv, const Round& round) {
 
 // With DTRAIN_TRACE_DIR set (workers inherit it), a failed round's
 // surviving workers write their flight recorders there before they are
-// stopped; says where they are and how to read them.
+// stopped, and the failed ones' error files are copied there
+// (error-R.json); says where they are and how to read them.
 void collect_traces(WorkerGroup& group) {
   const char* dir = std::getenv("DTRAIN_TRACE_DIR");
   if (!dir || !*dir) return;
   const auto ranks = group.collect_traces(dir, std::chrono::seconds(3));
+  group.copy_error_notes(dir);
   std::ostringstream list;
   for (size_t i = 0; i < ranks.size(); ++i) list << (i ? ", " : "") << ranks[i];
   std::cerr << "dtrain-run: flight recorder dumps of this node's "

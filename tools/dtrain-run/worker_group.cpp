@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 
 #include "error_file.h"
@@ -294,6 +295,40 @@ std::vector<int> WorkerGroup::collect_traces(const std::string& dir,
   std::vector<int> ranks;
   for (auto& w : workers_)
     if (modified_ns(dump_of(*w)) > 0) ranks.push_back(w->spec.rank);
+  return ranks;
+}
+
+namespace {
+
+// Whole or not at all: a temporary file renamed over `path`.
+bool write_whole(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    if (!out.flush()) return false;
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) == 0) return true;
+  std::remove(tmp.c_str());
+  return false;
+}
+
+}  // namespace
+
+std::vector<int> WorkerGroup::copy_error_notes(const std::string& dir) {
+  std::vector<int> ranks;
+  for (auto& w : workers_) {
+    note_exit(*w);
+    if (w->running || w->spec.error_file.empty()) continue;
+    if (WIFEXITED(w->status) && WEXITSTATUS(w->status) == 0) continue;
+    const auto report = read_error_file(w->spec.error_file);  // bounded, checked
+    if (!report || !report->problem.empty() || report->message.empty()) continue;
+    const nlohmann::json note = {{"rank", w->spec.rank}, {"message", report->message},
+                                 {"time_ns", report->time_ns}};
+    const auto text = note.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    if (write_whole(dir + "/error-" + std::to_string(w->spec.rank) + ".json", text))
+      ranks.push_back(w->spec.rank);
+  }
   return ranks;
 }
 

@@ -64,6 +64,10 @@ class WorkerGroup {
   // still running (dtrain writes its dump to `dir` on it), waits up to
   // `wait` for their dumps, and returns the ranks with a dump in `dir`.
   std::vector<int> collect_traces(const std::string& dir, std::chrono::milliseconds wait);
+  // What the failed workers' error files say, copied to `dir` as
+  // error-<rank>.json for dtrain-trace (a rank that died before its dump
+  // was complete still says where it failed); returns their ranks.
+  std::vector<int> copy_error_notes(const std::string& dir);
   // The global ranks of this node's workers.
   std::vector<int> ranks() const;
   // The last lines a worker printed (complete once stop() has returned).

@@ -18,5 +18,9 @@ struct Report {
 };
 
 Report analyze(const std::map<int, Dump>& dumps);
+// The same with partial evidence: incomplete dumps are used as dumps; a
+// rank with no dump but an error file saying where it failed counts as
+// having reached that collective (failed), not as absent.
+Report analyze(const Evidence& evidence);
 
 }  // namespace dtrain::trace

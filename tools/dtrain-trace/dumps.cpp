@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 namespace dtrain::trace {
@@ -128,31 +129,141 @@ Dump parse_dump(const std::string& text, const std::string& path) {
   }
 }
 
-std::map<int, Dump> load_dumps(const std::string& dir) {
+namespace {
+
+constexpr off_t kMaxErrorBytes = 1 << 20;  // dtrain-run writes at most 8 KiB of message
+constexpr size_t kMaxSalvageTries = 8;
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// The names in `dir` that start with `head` and end with `tail`, with
+// something between.
+std::vector<std::string> names_in(const std::string& dir, const std::string& head,
+                                  const std::string& tail) {
   std::unique_ptr<DIR, int (*)(DIR*)> d(opendir(dir.c_str()), closedir);
   if (!d) throw BadDump(dir + ": cannot open the directory");
-  std::map<int, Dump> dumps;
+  std::vector<std::string> out;
   while (dirent* ent = readdir(d.get())) {
     const std::string name = ent->d_name;
-    if (name.rfind("rank-", 0) != 0 || name.size() < 10 ||
-        name.compare(name.size() - 5, 5, ".json") != 0)
+    if (name.size() > head.size() + tail.size() && name.rfind(head, 0) == 0 && ends_with(name, tail))
+      out.push_back(name);
+  }
+  return out;
+}
+
+// The text of a regular file of at most `max` bytes; nullopt when `path`
+// is not a regular file.
+std::optional<std::string> read_capped(const std::string& path, off_t max, const char* what) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
+  if (st.st_size > max)
+    throw BadDump(path + ": " + std::to_string(st.st_size) + " bytes, more than " + what + " can be");
+  std::ifstream in(path, std::ios::binary);
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  in.read(text.data(), st.st_size);
+  if (!in) throw BadDump(path + ": cannot read it");
+  return text;
+}
+
+// The places where `text` may be cut and closed into valid JSON: after an
+// object ('}') or an array's opening ('['), outside strings, within the
+// root object. Each comes with the brackets that close it.
+std::vector<std::pair<size_t, std::string>> cut_points(const std::string& text) {
+  std::vector<std::pair<size_t, std::string>> cuts;
+  std::string open;  // the open brackets
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
       continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      if (open.size() >= 16) break;  // deeper than a dump: not one
+      open += c;
+    } else if (c == '}' || c == ']') {
+      if (open.empty() || (c == '}') != (open.back() == '{')) break;
+      open.pop_back();
+    } else {
+      continue;
+    }
+    if (open.empty() || (c != '}' && c != '[')) continue;
+    std::string closers;
+    for (auto it = open.rbegin(); it != open.rend(); ++it) closers += *it == '{' ? '}' : ']';
+    cuts.emplace_back(i + 1, closers);
+  }
+  return cuts;
+}
+
+}  // namespace
+
+Dump salvage_dump(const std::string& text, const std::string& path) {
+  const auto cuts = cut_points(text);
+  std::string last_problem = "nothing in it is whole";
+  size_t tries = 0;
+  for (auto it = cuts.rbegin(); it != cuts.rend() && tries < kMaxSalvageTries; ++it, ++tries) {
+    try {
+      Dump d = parse_dump(text.substr(0, it->first) + it->second, path);
+      d.incomplete = true;
+      return d;
+    } catch (const BadDump& e) {
+      last_problem = e.what();
+    }
+  }
+  throw BadDump(path + ": an unfinished dump with nothing usable (" + last_problem + ")");
+}
+
+std::map<int, Dump> load_dumps(const std::string& dir) {
+  std::map<int, Dump> dumps;
+  for (const auto& name : names_in(dir, "rank-", ".json")) {
     const std::string path = dir + "/" + name;
-    struct stat st {};
-    if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
-    if (st.st_size > kMaxDumpBytes)
-      throw BadDump(path + ": " + std::to_string(st.st_size) + " bytes, more than a dump can be");
-    std::ifstream in(path, std::ios::binary);
-    std::ostringstream text;
-    text << in.rdbuf();
-    if (!in) throw BadDump(path + ": cannot read it");
-    Dump dump = parse_dump(text.str(), path);
+    const auto text = read_capped(path, kMaxDumpBytes, "a dump");
+    if (!text) continue;
+    Dump dump = parse_dump(*text, path);
     if (dumps.count(dump.rank))
       throw BadDump(path + ": rank " + std::to_string(dump.rank) + " also dumped to " +
                     dumps[dump.rank].path);
     dumps[dump.rank] = std::move(dump);
   }
   return dumps;
+}
+
+Evidence load_evidence(const std::string& dir) {
+  Evidence ev;
+  ev.dumps = load_dumps(dir);
+  for (const auto& name : names_in(dir, "rank-", ".json.tmp")) {
+    const std::string path = dir + "/" + name;
+    const auto text = read_capped(path, kMaxDumpBytes, "a dump");
+    if (!text) continue;
+    try {
+      Dump dump = salvage_dump(*text, path);
+      if (!ev.dumps.count(dump.rank)) ev.dumps[dump.rank] = std::move(dump);
+    } catch (const BadDump& e) {
+      ev.unusable.push_back(e.what());
+    }
+  }
+  for (const auto& name : names_in(dir, "error-", ".json")) {
+    const std::string path = dir + "/" + name;
+    const auto text = read_capped(path, kMaxErrorBytes, "an error note");
+    if (!text) continue;
+    try {
+      const json j = json::parse(*text);
+      const int rank = field<int>(j, "rank");
+      if (rank < 0 || rank >= kMaxRanks) throw BadDump("rank " + std::to_string(rank) + " is out of range");
+      ev.errors[rank] = ErrorNote{path, field<std::string>(j, "message")};
+    } catch (const BadDump& e) {
+      throw BadDump(path + ": " + e.what());
+    } catch (const json::exception& e) {
+      throw BadDump(path + ": not a valid error note: " + e.what());
+    }
+  }
+  return ev;
 }
 
 }  // namespace dtrain::trace
