@@ -64,6 +64,12 @@ const Var kTcpStreams{"DTRAIN_TCP_STREAMS", "auto",
                       "auto: 2 on machines with more than 4 cores, else 1); messages of "
                       "256 KiB and more are split over all of them."};
 
+const Var kTcpUnexpectedBytes{
+    "DTRAIN_TCP_UNEXPECTED_BYTES", "67108864",
+    "Memory a rank of a tcp group holds at most for messages that arrive before their receive is "
+    "posted, in bytes (at least 65536), shared over its connections (each at least 4 KiB); a "
+    "sender that runs further ahead waits until the receive is posted."};
+
 const Var kStoreMaxBytes{"DTRAIN_STORE_MAX_BYTES", "1073741824",
                          "Cap on the keys and values a TCP store hosted by this process holds, "
                          "in bytes (at least 1048576); a set() that would pass it fails with an "
@@ -104,7 +110,7 @@ const std::vector<const Var*>& all() {
       &kRank,      &kWorldSize, &kLocalRank,    &kMasterAddr,   &kMasterPort,
       &kUseAgentStore, &kRestartCount, &kOmpiRank, &kOmpiSize, &kSlurmProcId,
       &kSlurmNTasks, &kSlurmStepNodelist, &kSlurmJobNodelist, &kSlurmJobId, &kSlurmStepId, &kDebug,   &kSocketIfname, &kGlooSocketIfname, &kTimeout, &kTty,
-      &kShmChunkBytes, &kCpuMemory, &kTcpStreams, &kStoreMaxBytes, &kStoreMaxKeys,
+      &kShmChunkBytes, &kCpuMemory, &kTcpStreams, &kTcpUnexpectedBytes, &kStoreMaxBytes, &kStoreMaxKeys,
       &kStoreToken, &kStoreTokenFile, &kLauncher, &kTraceDir, &kTraceBufferSize, &kTimeline, &kErrorFile};
   return vars;
 }

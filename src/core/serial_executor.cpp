@@ -7,13 +7,15 @@ namespace dtrain {
 
 SerialExecutor::SerialExecutor() : thread_([this] { loop(); }) {}
 
-SerialExecutor::~SerialExecutor() {
+SerialExecutor::~SerialExecutor() { shutdown(); }
+
+void SerialExecutor::shutdown() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
   }
   cv_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 void SerialExecutor::submit(std::function<void()> task) {

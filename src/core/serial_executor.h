@@ -31,6 +31,9 @@ class SerialExecutor {
   // Runs what is queued, then joins. Plain tasks each run under their own
   // timeout; operations queued behind a failed one finish at once.
   ~SerialExecutor();
+  // What the destructor does, earlier: runs what is queued, then joins.
+  // Nothing may be submitted afterwards.
+  void shutdown();
   SerialExecutor(const SerialExecutor&) = delete;
   SerialExecutor& operator=(const SerialExecutor&) = delete;
 

@@ -27,12 +27,21 @@
 //    mix it with specific receives of the same tag from the same peer that
 //    are posted at the same time: which of them gets which message is then
 //    not defined.
-//  - A transport's own threads never call back into the caller.
+//  - Memory for messages that arrive before their receive is posted is
+//    bounded: a sender runs ahead only within what the receiver granted
+//    (TCP: DTRAIN_TCP_UNEXPECTED_BYTES per group); beyond it a send stays
+//    pending until the receiver posts its receive. So a send of a large
+//    message may complete only once its receive is posted: post receives
+//    before waiting on sends that they answer.
+//  - A transport's own threads never call back into the caller, except
+//    for Request::on_done hooks, which must only signal (no transport
+//    call, no blocking).
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -49,6 +58,10 @@ class Request {
   virtual int source() const = 0;
   // Whether it has finished (or failed), without waiting or failing anything.
   virtual bool done() const = 0;
+  // Runs `fn` once done() is true: at once (on this thread) if it is
+  // already, else on the transport's thread that finishes it. Set at most
+  // once per request.
+  virtual void on_done(std::function<void()> fn) = 0;
 };
 using RequestPtr = std::shared_ptr<Request>;
 

@@ -90,7 +90,7 @@ TEST(TcpAuth, AStrangerWithoutTheTokenIsTurnedAwayAndTheGroupForms) {
                                static_cast<uint16_t>(std::stoi(addr.substr(nl + 1))),
                                net::Clock::now() + 10s);
     const tcp::Hello h{tcp::kHelloMagic, tcp::kHelloVersion, std::stoull(store.get_string("tcp/id")),
-                       1, 0, tcp::kHelloHasToken, 0, store_auth::random_nonce()};
+                       1, 0, tcp::kHelloHasToken, /*eager_kib=*/64, store_auth::random_nonce()};
     net::send_all(stranger.get(), &h, sizeof(h), net::Clock::now() + 10s, "rank 0");
     tcp::Hello reply{};
     net::recv_all(stranger.get(), &reply, sizeof(reply), net::Clock::now() + 10s, "rank 0");
@@ -121,11 +121,17 @@ TEST(TcpAuth, ARankWithoutTheTokenIsRefusedWithAHint) {
   HashStore store(10s);
   auto p = connect_pair(store, options_with("s3cret", 3s), options_with("", 3s));
   EXPECT_FALSE(p.t1);
-  EXPECT_TRUE(Contains(p.error1, "is DTRAIN_STORE_TOKEN set on every rank")) << p.error1;
+  // Rank 0 tells it why (a refusal hello) before closing.
+  EXPECT_TRUE(Contains(p.error1, "rank 0 (127.0.0.1:")) << p.error1;
+  EXPECT_TRUE(Contains(p.error1, "refused this rank's connection: it uses a job token and this "
+                                 "rank has none (is DTRAIN_STORE_TOKEN set on every rank?)"))
+      << p.error1;
   HashStore other(10s);
   auto q = connect_pair(other, options_with("", 3s), options_with("s3cret", 3s));
   EXPECT_FALSE(q.t1);
-  EXPECT_TRUE(Contains(q.error1, "is DTRAIN_STORE_TOKEN set on every rank")) << q.error1;
+  EXPECT_TRUE(Contains(q.error1, "refused this rank's connection: this rank uses a job token and "
+                                 "it has none (is DTRAIN_STORE_TOKEN set on every rank?)"))
+      << q.error1;
 }
 
 }  // namespace

@@ -93,7 +93,7 @@ class FakePeer {
       auto fd = net::connect_to(addr.substr(0, nl), port, net::Clock::now() + 10s);
       const transport::tcp::Hello hello{transport::tcp::kHelloMagic,
                                         transport::tcp::kHelloVersion, id, 1,
-                                        static_cast<uint32_t>(s), 0, 0, {}};
+                                        static_cast<uint32_t>(s), 0, /*eager_kib=*/64, {}};
       net::send_all(fd.get(), &hello, sizeof(hello), net::Clock::now() + 10s, "rank 0");
       transport::tcp::Hello reply{};
       net::recv_all(fd.get(), &reply, sizeof(reply), net::Clock::now() + 10s, "rank 0");
@@ -108,7 +108,8 @@ class FakePeer {
 
 // Rank 0's real transport against the fake rank 1; returns what rank 0's
 // receive of 100 bytes throws.
-std::string receive_from_fake(const std::function<void(FakePeer&)>& act) {
+std::string receive_from_fake(const std::function<void(FakePeer&)>& act,
+                              bool breaks = true) {
   HashStore store(10s);
   transport::TcpOptions options;
   options.streams = 2;
@@ -128,7 +129,7 @@ std::string receive_from_fake(const std::function<void(FakePeer&)>& act) {
     what = e.what();
   }
   // The group is broken for good; the transport still shuts down cleanly.
-  EXPECT_THROW(t->isend(1, 43, buf.data(), 1), NetworkError);
+  if (breaks) EXPECT_THROW(t->isend(1, 43, buf.data(), 1), NetworkError);
   return what;
 }
 
@@ -143,7 +144,7 @@ TEST(TcpTransport, GarbageFromAPeerFailsTheGroupNamingThePeer) {
 
 TEST(TcpTransport, APeerThatClosesMidMessageFailsTheGroupNamingThePeer) {
   auto what = receive_from_fake([](FakePeer& p) {
-    const uint64_t header[3] = {0x6d465464, 42, 100};  // magic + reserved, tag, total
+    const uint64_t header[3] = {0x6d465464, 42, 100};  // magic + kind (kData), tag, total
     p.send(header, sizeof(header));
     const uint8_t half[50] = {};
     p.send(half, sizeof(half));
@@ -151,6 +152,52 @@ TEST(TcpTransport, APeerThatClosesMidMessageFailsTheGroupNamingThePeer) {
   });
   EXPECT_NE(what.find("rank 1"), std::string::npos) << what;
   EXPECT_NE(what.find("closed the connection"), std::string::npos) << what;
+}
+
+// Before flow control, the receiver allocated whatever a header declared
+// (here 512 GiB on its I/O thread: std::terminate). Now a payload over the
+// credit it granted (64 KiB here, from the hello) is refused unread.
+TEST(TcpTransport, APeerThatSendsMoreThanItsCreditFailsTheGroupWithoutAllocating) {
+  auto what = receive_from_fake([](FakePeer& p) {
+    const uint64_t header[3] = {0x6d465464, 7, uint64_t{1} << 40};  // kData, tag 7, 1 TiB
+    p.send(header, sizeof(header));
+  });
+  EXPECT_TRUE(testing::Contains(what, "rank 1")) << what;
+  EXPECT_TRUE(testing::Contains(what, "bytes ahead of its receives, over the")) << what;
+}
+
+TEST(TcpTransport, APeerThatAsksForAnUnannouncedMessageFailsTheGroup) {
+  auto what = receive_from_fake([](FakePeer& p) {
+    const uint64_t header[3] = {0x6d465464 | (uint64_t{2} << 32), 0, 0};  // kCts, id 0
+    p.send(header, sizeof(header));
+  });
+  EXPECT_TRUE(testing::Contains(what, "asked for a message this rank never announced")) << what;
+}
+
+TEST(TcpTransport, APeerThatSendsAnUnaskedPayloadFailsTheGroup) {
+  auto what = receive_from_fake([](FakePeer& p) {
+    const uint64_t header[3] = {0x6d465464 | (uint64_t{3} << 32), 5, 100};  // kRndvData
+    p.send(header, sizeof(header));
+  });
+  EXPECT_TRUE(testing::Contains(what, "sent a payload this rank did not ask for")) << what;
+}
+
+TEST(TcpTransport, AnAnnouncedMessageIsFetchedOnlyOnceItsReceiveIsPosted) {
+  auto what = receive_from_fake([](FakePeer& p) {
+    // A kRts for tag 42 (rank 0's posted receive of 100 bytes): rank 0
+    // answers kCts for rendezvous 0; the payload follows as kRndvData.
+    const uint64_t rts[3] = {0x6d465464 | (uint64_t{1} << 32), 42, 100};
+    p.send(rts, sizeof(rts));
+    uint64_t cts[3] = {};
+    net::recv_all(p.fds[0].get(), cts, sizeof(cts), net::Clock::now() + 10s, "rank 0");
+    EXPECT_EQ(cts[0], 0x6d465464 | (uint64_t{2} << 32));
+    EXPECT_EQ(cts[1], 0u);
+    const uint64_t data[3] = {0x6d465464 | (uint64_t{3} << 32), 0, 100};
+    p.send(data, sizeof(data));
+    const uint8_t payload[100] = {};
+    p.send(payload, sizeof(payload));
+  }, /*breaks=*/false);
+  EXPECT_EQ(what, "");
 }
 
 TEST(TcpTransport, AStrangerWithABadHelloIsTurnedAwayAndTheGroupStillForms) {

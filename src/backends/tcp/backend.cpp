@@ -63,6 +63,8 @@ TcpProcessGroup::TcpProcessGroup(std::shared_ptr<Store> store, int rank, int siz
     t.timeout = timeout();
     t.name = name();
     t.token = store_auth::token_from_environment().value_or("");
+    t.unexpected_bytes =
+        static_cast<size_t>(*env::get_int(env::kTcpUnexpectedBytes, 65536, int64_t{1} << 50));
     transport_ = transport::connect_tcp(*store, rank, size, t);
   }
   scratch_ = std::make_unique<algorithms::Scratch>();
@@ -72,7 +74,16 @@ TcpProcessGroup::TcpProcessGroup(std::shared_ptr<Store> store, int rank, int siz
                                                           : this->options().local_address());
 }
 
-TcpProcessGroup::~TcpProcessGroup() = default;
+// Queued collectives run first (each under its deadline); then point-to-
+// point operations still pending (a send held back until its receive is
+// posted, a receive whose message never came) fail with an error naming
+// the destroyed group, instead of holding the destructor to their deadlines.
+TcpProcessGroup::~TcpProcessGroup() {
+  collectives_.shutdown();
+  if (transport_)
+    transport_->fail(std::make_exception_ptr(NetworkError(detail::cat(
+        "group '", name(), "' was destroyed while this operation was pending"))));
+}
 
 WorkPtr TcpProcessGroup::enqueue(const Call& call,
                                  std::function<void(const algorithms::Context&)> body) {
@@ -278,18 +289,20 @@ WorkPtr TcpProcessGroup::post_p2p(const Call& call, at::Tensor tensor, int peer,
     if (!transport_->error()) throw;
     std::rethrow_exception(broken_group_error(call.description, transport_->error()));
   }
-  // Posted above; only the waiting happens in order on the second thread.
+  // Posted above; each completes on its own (not in posting order).
   const auto deadline = transport::Clock::now() + call.timeout;
-  p2p_waits_.submit([work, request, tensor, deadline, is_send, what = call.description] {
-    std::exception_ptr error;
-    try {
-      request->wait(deadline, what);
-      if (!is_send) work->set_source_rank(request->source());
-    } catch (...) {
-      error = std::current_exception();
-    }
-    work->finish(error);
-  });
+  CompletionWatcher::Op op;
+  op.work = work;
+  op.deadline = deadline;
+  op.test = [work, request, tensor, is_send, what = call.description] {
+    if (!request->done()) return false;
+    request->wait(transport::Clock::now(), what);  // returns, or throws its error
+    if (!is_send) work->set_source_rank(request->source());
+    return true;
+  };
+  op.expire = [request, deadline, what = call.description] { request->wait(deadline, what); };
+  p2p_.add(std::move(op));
+  request->on_done(p2p_.notifier());
   return work;
 }
 

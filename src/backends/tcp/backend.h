@@ -8,14 +8,16 @@
 //
 // Collectives run in issue order on the group's executor thread, each under
 // its own deadline. Point-to-point operations are posted at once on the
-// caller's thread and awaited on a second thread, so isend / irecv in any
-// order never deadlock. The first failure (a timeout, a peer that closed or
+// caller's thread and each completes on its own, whatever the order they
+// were posted in (a second thread finishes their Works), so isend / irecv in
+// any order never deadlock. The first failure (a timeout, a peer that closed or
 // sent garbage, mismatched sizes) breaks the group: every later call fails
 // at once with that first error; destroy the group and create a new one.
 
 #include <memory>
 
 #include "dtrain/backend_hooks.h"
+#include "core/completion_watcher.h"
 #include "core/serial_executor.h"
 #include "dtrain/process_group.h"
 #include "transport/transport.h"
@@ -53,7 +55,7 @@ class TcpProcessGroup final : public ProcessGroup {
   std::unique_ptr<algorithms::Scratch> scratch_, copy_;
   // Declared last: destroyed first, so queued work finishes while the
   // transport is still alive.
-  SerialExecutor p2p_waits_;
+  CompletionWatcher p2p_;
   SerialExecutor collectives_;
 };
 

@@ -13,11 +13,13 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "common/socket.h"
@@ -27,11 +29,28 @@ namespace dtrain::transport::tcp {
 
 class TcpTransport;
 
-// Every frame starts with this header; `total` is the whole message's size
-// (the part on this stream follows from it, see part_range()).
+// Every frame starts with this header. A message's part on one stream
+// travels in one of two ways (flow control, see transport.h):
+//  - eager, as kData with its payload, while it fits the eager credit the
+//    receiver granted in its hello; the receiver gives credit back (kCredit)
+//    once the bytes reached a posted receive;
+//  - by rendezvous otherwise: kRts announces it (no payload), the receiver
+//    answers kCts once a receive is posted for it, and the payload follows
+//    as kRndvData. Rendezvous ids are not sent with kRts: both ends count
+//    the kRts frames of the connection.
+// kData and kRts carry the message's tag and `total` (its whole size; the
+// part on this stream follows from it, see part_range()) and are matched in
+// arrival order; kCts and kRndvData carry the rendezvous id in `tag`.
+enum FrameKind : uint32_t {
+  kData = 0,
+  kRts = 1,
+  kCts = 2,
+  kRndvData = 3,  // total: the part's bytes
+  kCredit = 4,    // total: eager bytes given back
+};
 struct FrameHeader {
   uint32_t magic;
-  uint32_t reserved;
+  uint32_t kind;
   uint64_t tag;
   uint64_t total;
 };
@@ -56,30 +75,39 @@ class TcpRequest final : public Request {
     std::lock_guard<std::mutex> lock(mutex_);
     return remaining_ == 0 || error_ != nullptr;
   }
+  void on_done(std::function<void()> fn) override;
   void bind(int peer) { peer_.store(peer); }  // an irecv_any matched with `peer`
   void part_done();
   void fail(std::exception_ptr error);
 
  private:
+  // Runs the on_done hook once the request finished (mutex_ not held).
+  void finished(std::unique_lock<std::mutex>& lock);
   TcpTransport& transport_;
   std::atomic<int> peer_;  // -1: an irecv_any not matched yet
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   int remaining_;
   std::exception_ptr error_;
+  std::function<void()> on_done_;
 };
 
-// One stream's share of a request.
+// One stream's share of a request. Queued to send, it is a kData or
+// kRndvData frame with this payload, or a kRts frame (bytes 0, no request:
+// the part itself waits in Connection::awaiting_cts).
 struct Part {
   uint8_t* data = nullptr;
   size_t bytes = 0;  // this part
   size_t done = 0;
   uint64_t tag = 0;
   uint64_t total = 0;  // the whole message
+  FrameKind kind = kData;
+  uint64_t rendezvous = 0;  // the id, for kRts and kRndvData
   std::shared_ptr<TcpRequest> request;
 };
 
-// A message that arrived before its receive was posted.
+// A message that arrived before its receive was posted: an eager payload,
+// held in full, or a kRts, which holds no bytes.
 struct Held {
   uint64_t tag = 0;
   uint64_t total = 0;
@@ -87,6 +115,8 @@ struct Held {
   size_t bytes = 0;
   size_t done = 0;
   bool complete = false;
+  bool rendezvous = false;  // a kRts: the payload comes after our kCts
+  uint64_t id = 0;          // its rendezvous id
   std::optional<Part> waiter;  // a receive posted while it was arriving
 };
 
@@ -99,11 +129,30 @@ struct Connection {
   std::string name;    // "rank 3 (10.0.0.2:41234)"
   std::exception_ptr dead;  // set once: EOF, error, or the transport failed
 
-  // Sending: parts in order; the front one's header may be partly written.
+  // Sending: parts in order, and control frames (kCts, kCredit), which go
+  // before the next part; the frame being written may be either.
   std::deque<Part> sendq;
+  std::deque<FrameHeader> controlq;
   FrameHeader send_header{};
   size_t send_header_done = 0;
+  enum class Writing { kNothing, kControl, kPart } writing = Writing::kNothing;
   bool watching_out = false;  // EPOLLOUT requested
+
+  // Flow control, this rank as the sender: eager bytes it may still send
+  // (the peer's grant, less what is out and not given back), and its parts
+  // waiting for the peer's kCts, by rendezvous id.
+  uint64_t credit = 0;
+  uint64_t credit_limit = 0;  // the peer's grant
+  uint64_t rts_sent = 0;
+  std::unordered_map<uint64_t, Part> awaiting_cts;
+  // ... and as the receiver: its own grant, the eager bytes received and
+  // not given back yet, those of them consumed (owed back), the kRts frames
+  // counted, and the receives whose rendezvous payload is due.
+  uint64_t eager_limit = 0;
+  uint64_t eager_in = 0;
+  uint64_t owed = 0;
+  uint64_t rts_seen = 0;
+  std::unordered_map<uint64_t, Part> awaiting_data;
 
   // Receiving.
   std::deque<Part> recvq;  // posted, not yet matched, in order
@@ -111,7 +160,7 @@ struct Connection {
   FrameHeader recv_header{};
   size_t recv_header_done = 0;
   bool in_message = false;
-  Part current;               // when the message goes straight to a receive
+  Part current;               // when the payload goes straight to a receive
   Held* current_held = nullptr;  // when it is held
   // Parts of an irecv_any that this connection's I/O thread matched, for
   // the peer's other streams: posted once this connection's mutex is free.

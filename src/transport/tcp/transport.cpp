@@ -1,5 +1,6 @@
-// The TCP transport's data path (see transport.h for the design, mesh.cpp
-// for connection setup).
+// The TCP transport: requests, setup and teardown, posting (see
+// transport.h for the design, transport_io.cpp for the I/O threads and the
+// wire protocol, mesh.cpp for connection setup).
 
 #include "transport/tcp/transport.h"
 
@@ -19,8 +20,7 @@
 
 #include "common/enforce.h"
 #include "common/logging.h"
-#include "transport/tcp/connection.h"
-#include "transport/tcp/mesh.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace dtrain::transport::tcp {
 
@@ -34,77 +34,44 @@ PartRange part_range(size_t total, int streams, int s) {
   return {cut(s), cut(s + 1) - cut(s), true};
 }
 
-class TcpTransport final : public Transport {
- public:
-  TcpTransport(Mesh mesh, int rank, int size, const TcpOptions& options);
-  ~TcpTransport() override;
-
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes) override;
-  RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes) override;
-  RequestPtr irecv_any(uint64_t tag, void* data, size_t bytes) override;
-  void fail(std::exception_ptr error) override;
-  std::exception_ptr error() const override {
-    std::lock_guard<std::mutex> lock(error_mutex_);
-    return error_;
-  }
-  const std::string& peer_name(int peer) const {
-    static const std::string any = "any rank";
-    return peer < 0 ? any : conns_[peer][0]->name;
-  }
-
- private:
-  using Parts = std::vector<std::pair<Connection*, Part>>;
-  Parts split(int peer, uint64_t tag, uint8_t* data, size_t bytes,
-              const std::shared_ptr<TcpRequest>& request, const char* op);
-  void post_send(Connection& c, Part part);
-  void post_recv(Connection& c, Part part);
-  // Removes `request` from the unmatched irecv_any list; false when it was
-  // matched (or failed) meanwhile. Takes any_mutex_.
-  std::optional<AnyReceive> take_any(const std::shared_ptr<TcpRequest>& request);
-  // On `c` (stream 0, its mutex held): the first unmatched irecv_any for
-  // `tag`, bound to c's peer; its part for `c` is returned, the others go
-  // to c.deferred. nullopt when there is none.
-  std::optional<Part> match_any(Connection& c, uint64_t tag);
-  void post_deferred(Connection& c);
-  void serve(int stream);
-  void on_event(Connection& c, uint32_t events);
-  bool flush(Connection& c);            // true when the send queue is empty
-  bool receive(Connection& c);          // false when the connection broke
-  void start_message(Connection& c);
-  void finish_message(Connection& c);
-  void watch_out(Connection& c, bool on);
-  // Marks the connection dead and fails what is queued on it; returns true
-  // when something was pending (the transport must then fail too).
-  bool kill(Connection& c, std::exception_ptr error);
-
-  const int rank_, size_;
-  const TcpOptions options_;
-  std::vector<std::vector<std::unique_ptr<Connection>>> conns_;  // [peer][stream]
-  std::vector<int> epoll_fds_;
-  int stop_fd_ = -1;
-  std::vector<std::thread> threads_;
-  mutable std::mutex error_mutex_;
-  std::exception_ptr error_;
-  // Unmatched irecv_any requests, in posting order. Lock order: a
-  // connection's mutex, then any_mutex_.
-  std::mutex any_mutex_;
-  std::list<AnyReceive> any_;
-  std::atomic<size_t> any_count_{0};
-};
-
 // ---- requests -------------------------------------------------------------
 
+uint64_t eager_grant(const TcpOptions& options, int size) {
+  const uint64_t connections = static_cast<uint64_t>(std::max(size - 1, 1)) * options.streams;
+  const uint64_t share = std::max<uint64_t>(options.unexpected_bytes / connections, kMinEagerBytes);
+  return std::min<uint64_t>(share, uint64_t{UINT32_MAX} << 10) & ~uint64_t{1023};
+}
+
 void TcpRequest::part_done() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (--remaining_ == 0) cv_.notify_all();
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (--remaining_ != 0) return;
+  cv_.notify_all();
+  finished(lock);
 }
 
 void TcpRequest::fail(std::exception_ptr error) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!error_) error_ = std::move(error);
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (error_) return;
+  error_ = std::move(error);
   cv_.notify_all();
+  if (remaining_ != 0) finished(lock);
+}
+
+void TcpRequest::finished(std::unique_lock<std::mutex>& lock) {
+  auto fn = std::move(on_done_);
+  on_done_ = nullptr;
+  lock.unlock();
+  if (fn) fn();
+}
+
+void TcpRequest::on_done(std::function<void()> fn) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (remaining_ != 0 && error_ == nullptr) {
+    on_done_ = std::move(fn);
+    return;
+  }
+  lock.unlock();
+  fn();
 }
 
 void TcpRequest::wait(Clock::time_point deadline, const std::string& what) {
@@ -149,6 +116,8 @@ TcpTransport::TcpTransport(Mesh mesh, int rank, int size, const TcpOptions& opti
       c->stream = s;
       c->epoll_fd = epoll_fds_[s];
       c->name = mesh.peer_names[p];
+      c->credit = c->credit_limit = mesh.grants[p][s];
+      c->eager_limit = eager_grant(options, size);
       const int flags = fcntl(c->fd.get(), F_GETFL);
       fcntl(c->fd.get(), F_SETFL, flags | O_NONBLOCK);
       epoll_event ev{};
@@ -213,11 +182,17 @@ bool TcpTransport::kill(Connection& c, std::exception_ptr error) {
   };
   for (auto& p : c.sendq) fail_part(p);
   for (auto& p : c.recvq) fail_part(p);
+  for (auto& [id, p] : c.awaiting_cts) fail_part(p);
+  for (auto& [id, p] : c.awaiting_data) fail_part(p);
   if (c.in_message && c.current.request) fail_part(c.current);
   for (auto& h : c.held)
     if (h.waiter) fail_part(*h.waiter);
   c.sendq.clear();
   c.recvq.clear();
+  c.awaiting_cts.clear();
+  c.awaiting_data.clear();
+  c.controlq.clear();
+  c.writing = Connection::Writing::kNothing;
   c.current = Part{};
   c.current_held = nullptr;
   c.in_message = false;
@@ -344,6 +319,10 @@ void TcpTransport::post_deferred(Connection& c) {
   for (auto& [conn, part] : parts) post_recv(*conn, std::move(part));
 }
 
+// A part that fits the peer's eager credit goes at once; a larger one is
+// announced (kRts) and waits in awaiting_cts for the peer's kCts. Either
+// way the frame keeps its place in the send queue, so that messages of one
+// tag are matched in the order they were posted.
 void TcpTransport::post_send(Connection& c, Part part) {
   std::exception_ptr broke;
   {
@@ -352,17 +331,41 @@ void TcpTransport::post_send(Connection& c, Part part) {
       part.request->fail(c.dead);
       return;
     }
-    c.sendq.push_back(std::move(part));
-    // Write on the caller's thread while the socket takes it; the I/O
+    if (part.bytes <= c.credit) {
+      c.credit -= part.bytes;
+      part.kind = kData;
+      c.sendq.push_back(std::move(part));
+    } else {
+      const uint64_t id = c.rts_sent++;
+      Part rts;
+      rts.kind = kRts;
+      rts.tag = part.tag;
+      rts.total = part.total;
+      rts.rendezvous = id;
+      part.kind = kRndvData;
+      part.rendezvous = id;
+      c.awaiting_cts.emplace(id, std::move(part));
+      c.sendq.push_back(std::move(rts));
+    }
+    // Written on the caller's thread while the socket takes it; the I/O
     // thread finishes what does not fit.
-    if (c.sendq.size() == 1 && !flush(c)) watch_out(c, true);
+    pump(c);
     if (c.dead && kill(c, c.dead)) broke = c.dead;
   }
   if (broke) fail(broke);
 }
 
 void TcpTransport::post_recv(Connection& c, Part part) {
-  std::lock_guard<std::mutex> lock(c.mutex);
+  std::exception_ptr broke;
+  {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    match_recv(c, std::move(part));
+    if (c.dead && kill(c, c.dead)) broke = c.dead;
+  }
+  if (broke) fail(broke);
+}
+
+void TcpTransport::match_recv(Connection& c, Part part) {
   for (auto it = c.held.begin(); it != c.held.end(); ++it) {
     if (it->tag != part.tag || it->waiter) continue;
     if (it->total != part.total) {
@@ -371,12 +374,22 @@ void TcpTransport::post_recv(Connection& c, Part part) {
           " (the ranks called collectives or send/recv of different sizes)"))));
       return;
     }
+    if (it->rendezvous) {
+      const uint64_t id = it->id;
+      c.held.erase(it);
+      answer_rts(c, id, std::move(part));
+      pump(c);
+      return;
+    }
     if (!it->complete) {
       it->waiter = std::move(part);
       return;
     }
     if (part.bytes) std::memcpy(part.data, it->data.get(), part.bytes);
+    const uint64_t bytes = it->bytes;
     c.held.erase(it);
+    give_back(c, bytes);
+    pump(c);
     part.request->part_done();
     return;
   }
@@ -385,197 +398,6 @@ void TcpTransport::post_recv(Connection& c, Part part) {
     return;
   }
   c.recvq.push_back(std::move(part));
-}
-
-// ---- the I/O threads ------------------------------------------------------
-
-void TcpTransport::watch_out(Connection& c, bool on) {
-  if (c.watching_out == on || c.dead) return;
-  c.watching_out = on;
-  epoll_event ev{};
-  ev.events = EPOLLIN | (on ? EPOLLOUT : 0u);
-  ev.data.ptr = &c;
-  epoll_ctl(c.epoll_fd, EPOLL_CTL_MOD, c.fd.get(), &ev);
-}
-
-void TcpTransport::serve(int stream) {
-  epoll_event events[64];
-  for (;;) {
-    const int n = epoll_wait(epoll_fds_[stream], events, 64, -1);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      log_warning(detail::cat("tcp: epoll_wait failed: ", strerror(errno)));
-      return;
-    }
-    for (int i = 0; i < n; ++i) {
-      if (events[i].data.ptr == nullptr) return;  // the transport is closing
-      on_event(*static_cast<Connection*>(events[i].data.ptr), events[i].events);
-    }
-  }
-}
-
-void TcpTransport::on_event(Connection& c, uint32_t events) {
-  std::exception_ptr broke;
-  bool deferred = false;
-  {
-    std::lock_guard<std::mutex> lock(c.mutex);
-    if (c.dead) return;
-    bool ok = true;
-    if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) ok = receive(c);
-    if (ok && (events & EPOLLOUT) && flush(c)) watch_out(c, false);
-    if (c.dead && kill(c, c.dead)) broke = c.dead;
-    deferred = !c.deferred.empty();
-  }
-  if (deferred) post_deferred(c);
-  if (broke) fail(broke);
-}
-
-bool TcpTransport::flush(Connection& c) {
-  while (!c.sendq.empty()) {
-    Part& p = c.sendq.front();
-    if (c.send_header_done == 0 && p.done == 0)
-      c.send_header = FrameHeader{kFrameMagic, 0, p.tag, p.total};
-    iovec iov[2];
-    int n = 0;
-    if (c.send_header_done < sizeof(FrameHeader))
-      iov[n++] = {reinterpret_cast<uint8_t*>(&c.send_header) + c.send_header_done,
-                  sizeof(FrameHeader) - c.send_header_done};
-    if (p.done < p.bytes) iov[n++] = {p.data + p.done, p.bytes - p.done};
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<size_t>(n);
-    ssize_t sent = n ? ::sendmsg(c.fd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT) : 0;
-    if (sent < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
-      c.dead = std::make_exception_ptr(NetworkError(detail::cat(
-          "tcp: sending to ", c.name, " failed: ", strerror(errno),
-          " (the peer may have exited or been killed)")));
-      return true;
-    }
-    const size_t header_left = sizeof(FrameHeader) - c.send_header_done;
-    const size_t to_header = std::min<size_t>(static_cast<size_t>(sent), header_left);
-    c.send_header_done += to_header;
-    p.done += static_cast<size_t>(sent) - to_header;
-    if (c.send_header_done == sizeof(FrameHeader) && p.done == p.bytes) {
-      auto request = std::move(p.request);
-      c.sendq.pop_front();
-      c.send_header_done = 0;
-      request->part_done();
-    }
-  }
-  return true;
-}
-
-// Reads what the socket has (up to a budget, so one busy peer does not
-// starve the others on this thread). False when the connection broke.
-bool TcpTransport::receive(Connection& c) {
-  size_t budget = 8u << 20;
-  while (budget > 0) {
-    uint8_t* dst;
-    size_t want;
-    if (!c.in_message) {
-      dst = reinterpret_cast<uint8_t*>(&c.recv_header) + c.recv_header_done;
-      want = sizeof(FrameHeader) - c.recv_header_done;
-    } else if (c.current_held) {
-      dst = c.current_held->data.get() + c.current_held->done;
-      want = c.current_held->bytes - c.current_held->done;
-    } else {
-      dst = c.current.data + c.current.done;
-      want = c.current.bytes - c.current.done;
-    }
-    ssize_t got = want ? ::recv(c.fd.get(), dst, std::min(want, budget), MSG_DONTWAIT) : 0;
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
-    if (want && got <= 0) {
-      c.dead = std::make_exception_ptr(NetworkError(detail::cat(
-          "tcp: ", c.name, got == 0 ? " closed the connection" : " connection failed: ",
-          got == 0 ? "" : strerror(errno), " (the peer may have exited or been killed)")));
-      return false;
-    }
-    budget -= static_cast<size_t>(std::max<ssize_t>(got, 0));
-    if (!c.in_message) {
-      c.recv_header_done += static_cast<size_t>(got);
-      if (c.recv_header_done == sizeof(FrameHeader)) start_message(c);
-      if (c.dead) return false;
-    } else {
-      (c.current_held ? c.current_held->done : c.current.done) += static_cast<size_t>(got);
-    }
-    if (c.in_message) {
-      const bool full = c.current_held ? c.current_held->done == c.current_held->bytes
-                                       : c.current.done == c.current.bytes;
-      if (full) finish_message(c);
-    }
-  }
-  return true;
-}
-
-// A header is in: check it, then route the payload to its receive or hold it.
-void TcpTransport::start_message(Connection& c) {
-  const FrameHeader h = c.recv_header;
-  c.recv_header_done = 0;
-  const auto range = part_range(h.total, options_.streams, c.stream);
-  if (h.magic != kFrameMagic || h.reserved != 0 || !range.present || h.total > (uint64_t{1} << 42)) {
-    c.dead = std::make_exception_ptr(NetworkError(detail::cat(
-        "tcp: ", c.name, " sent bytes that are not a dtrain frame (magic ", h.magic, ", ",
-        h.total, " bytes); closing the group")));
-    return;
-  }
-  c.in_message = true;
-  for (auto it = c.recvq.begin(); it != c.recvq.end(); ++it) {
-    if (it->tag != h.tag) continue;
-    if (it->total != h.total) {
-      c.dead = std::make_exception_ptr(CollectiveMismatch(detail::cat(
-          "tcp: ", c.name, " sent ", h.total, " bytes where this rank expected ", it->total,
-          " (the ranks called collectives or send/recv of different sizes)")));
-      c.in_message = false;
-      return;
-    }
-    c.current = std::move(*it);
-    c.recvq.erase(it);
-    return;
-  }
-  if (auto part = match_any(c, h.tag)) {
-    if (part->total != h.total) {
-      c.dead = std::make_exception_ptr(CollectiveMismatch(detail::cat(
-          "tcp: ", c.name, " sent ", h.total, " bytes where this rank expected ", part->total,
-          " (the ranks called collectives or send/recv of different sizes)")));
-      part->request->fail(c.dead);
-      c.in_message = false;
-      return;
-    }
-    c.current = std::move(*part);
-    return;
-  }
-  Held held;
-  held.tag = h.tag;
-  held.total = h.total;
-  held.data.reset(new uint8_t[std::max<size_t>(range.bytes, 1)]);
-  held.bytes = range.bytes;
-  c.held.push_back(std::move(held));
-  c.current_held = &c.held.back();
-}
-
-void TcpTransport::finish_message(Connection& c) {
-  c.in_message = false;
-  if (!c.current_held) {
-    auto request = std::move(c.current.request);
-    c.current = Part{};
-    request->part_done();
-    return;
-  }
-  Held& h = *c.current_held;
-  c.current_held = nullptr;
-  h.complete = true;
-  if (!h.waiter) return;
-  if (h.waiter->bytes) std::memcpy(h.waiter->data, h.data.get(), h.waiter->bytes);
-  auto request = std::move(h.waiter->request);
-  for (auto it = c.held.begin(); it != c.held.end(); ++it)
-    if (&*it == &h) {
-      c.held.erase(it);
-      break;
-    }
-  request->part_done();
 }
 
 }  // namespace dtrain::transport::tcp

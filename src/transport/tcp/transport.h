@@ -13,6 +13,10 @@
 // stream's connections to every peer through epoll: it reads each payload
 // straight into the posted receive buffer, or, when the receive is not
 // posted yet, into a held buffer that the receive later copies from.
+// Held buffers are bounded by flow control: each connection's receiver
+// grants its sender eager credit (unexpected_bytes shared over the
+// connections); a part that does not fit the sender's credit is announced
+// and sent only once its receive is posted (connection.h).
 // Sends are written on the caller's thread while the socket takes them and
 // finished by the I/O thread.
 //
@@ -39,7 +43,14 @@ struct TcpOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};  // connection setup
   std::string name;           // the group's name, for messages
   std::string token;          // the job token (DTRAIN_STORE_TOKEN); empty: none
+  // Memory this rank holds at most for messages that arrive before their
+  // receive is posted, over all its connections (each gets an equal share,
+  // at least kMinEagerBytes); see connection.h for the protocol.
+  size_t unexpected_bytes = size_t{64} << 20;
 };
+
+// The least eager credit a connection grants, whatever the group's size.
+constexpr size_t kMinEagerBytes = 4096;
 
 // Messages at least this long are split over every stream.
 constexpr size_t kSplitBytes = 256 * 1024;

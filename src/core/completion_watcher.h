@@ -1,0 +1,70 @@
+#pragma once
+
+// Finishes the Works of point-to-point operations each as soon as its own
+// operation is done, in whatever order that happens: a send's Work does not
+// wait for a receive posted before it (process_group.h: each send and recv
+// completes on its own; only collectives run in issue order). One thread
+// per group tests what is outstanding when told something finished
+// (notify(), from a transport's on_done hook), every `poll` interval for
+// sources that cannot tell (MPI), and at each operation's deadline. Works'
+// callbacks run on that thread, never on a transport's.
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "dtrain/work.h"
+
+namespace dtrain {
+
+class CompletionWatcher {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  struct Op {
+    WorkPtr work;
+    // Without blocking: true once the operation is done (then it throws its
+    // error, if it failed).
+    std::function<bool()> test;
+    // The deadline passed with test() false: throws the timeout (and may
+    // break the group).
+    std::function<void()> expire;
+    Clock::time_point deadline;
+  };
+
+  // `poll`: how often to test without being told; zero: only when told.
+  explicit CompletionWatcher(std::chrono::microseconds poll = std::chrono::microseconds(0));
+  // Waits for every operation to finish or expire.
+  ~CompletionWatcher();
+  CompletionWatcher(const CompletionWatcher&) = delete;
+  CompletionWatcher& operator=(const CompletionWatcher&) = delete;
+
+  void add(Op op);
+  // Something may have finished; safe from any thread, never blocks long.
+  void notify();
+  // A hook for Request::on_done that outlives this watcher safely.
+  std::function<void()> notifier() const;
+
+ private:
+  struct Signal {
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool told = false;
+  };
+  void loop();
+  // Tests each of `ops`; finishes those done or expired, keeps the others.
+  void sweep(std::vector<Op>& ops);
+
+  const std::chrono::microseconds poll_;
+  std::shared_ptr<Signal> signal_;
+  std::vector<Op> incoming_;  // guarded by signal_->mutex
+  bool stop_ = false;         // likewise
+  std::thread thread_;
+};
+
+}  // namespace dtrain

@@ -1,0 +1,103 @@
+#pragma once
+
+// The TCP transport's class (transport.h has the design): posting and
+// teardown in transport.cpp, the I/O threads and the wire protocol in
+// transport_io.cpp. Private to src/transport/tcp/.
+
+#include <atomic>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "transport/tcp/connection.h"
+#include "transport/tcp/mesh.h"
+#include "transport/tcp/transport.h"
+
+namespace dtrain::transport::tcp {
+
+// The eager credit each connection of a `size`-rank group grants its
+// sender: options.unexpected_bytes shared over the connections, at least
+// kMinEagerBytes, in whole KiB (the hello carries KiB).
+uint64_t eager_grant(const TcpOptions& options, int size);
+
+class TcpTransport final : public Transport {
+ public:
+  TcpTransport(Mesh mesh, int rank, int size, const TcpOptions& options);
+  ~TcpTransport() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes) override;
+  RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes) override;
+  RequestPtr irecv_any(uint64_t tag, void* data, size_t bytes) override;
+  void fail(std::exception_ptr error) override;
+  std::exception_ptr error() const override {
+    std::lock_guard<std::mutex> lock(error_mutex_);
+    return error_;
+  }
+  const std::string& peer_name(int peer) const {
+    static const std::string any = "any rank";
+    return peer < 0 ? any : conns_[peer][0]->name;
+  }
+
+ private:
+  using Parts = std::vector<std::pair<Connection*, Part>>;
+  Parts split(int peer, uint64_t tag, uint8_t* data, size_t bytes,
+              const std::shared_ptr<TcpRequest>& request, const char* op);
+  void post_send(Connection& c, Part part);
+  void post_recv(Connection& c, Part part);
+  // post_recv's work under c.mutex.
+  void match_recv(Connection& c, Part part);
+  // Removes `request` from the unmatched irecv_any list; false when it was
+  // matched (or failed) meanwhile. Takes any_mutex_.
+  std::optional<AnyReceive> take_any(const std::shared_ptr<TcpRequest>& request);
+  // On `c` (stream 0, its mutex held): the first unmatched irecv_any for
+  // `tag`, bound to c's peer; its part for `c` is returned, the others go
+  // to c.deferred. nullopt when there is none.
+  std::optional<Part> match_any(Connection& c, uint64_t tag);
+  void post_deferred(Connection& c);
+
+  // ---- transport_io.cpp: everything below runs with c.mutex held.
+  void serve(int stream);
+  void on_event(Connection& c, uint32_t events);
+  // Writes what the socket takes; asks for EPOLLOUT while output is left.
+  void pump(Connection& c);
+  bool flush(Connection& c);            // true when nothing is left to write
+  bool receive(Connection& c);          // false when the connection broke
+  void start_message(Connection& c);
+  void start_payload(Connection& c, const FrameHeader& h);
+  void start_rendezvous(Connection& c, const FrameHeader& h);
+  void on_control(Connection& c, const FrameHeader& h);
+  void finish_message(Connection& c);
+  // The receive `part` matched the peer's kRts `id`: ask for the payload.
+  void answer_rts(Connection& c, uint64_t id, Part part);
+  // `bytes` of eager payload reached their receive: credit owed back.
+  void give_back(Connection& c, uint64_t bytes);
+  void watch_out(Connection& c, bool on);
+  // Marks the connection dead and fails what is queued on it; returns true
+  // when something was pending (the transport must then fail too).
+  bool kill(Connection& c, std::exception_ptr error);
+  // A NetworkError (or `Error`) for what the peer sent; kills nothing.
+  template <typename Error = NetworkError, typename... Args>
+  void protocol_error(Connection& c, const Args&... what);
+
+  const int rank_, size_;
+  const TcpOptions options_;
+  std::vector<std::vector<std::unique_ptr<Connection>>> conns_;  // [peer][stream]
+  std::vector<int> epoll_fds_;
+  int stop_fd_ = -1;
+  std::vector<std::thread> threads_;
+  mutable std::mutex error_mutex_;
+  std::exception_ptr error_;
+  // Unmatched irecv_any requests, in posting order. Lock order: a
+  // connection's mutex, then any_mutex_.
+  std::mutex any_mutex_;
+  std::list<AnyReceive> any_;
+  std::atomic<size_t> any_count_{0};
+};
+
+}  // namespace dtrain::transport::tcp

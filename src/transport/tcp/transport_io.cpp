@@ -1,0 +1,374 @@
+// The TCP transport's I/O threads and wire protocol: frames, eager credit
+// and rendezvous (connection.h), read and written without blocking. Every
+// function here runs with the connection's mutex held.
+
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <new>
+
+#include "common/enforce.h"
+#include "common/logging.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace dtrain::transport::tcp {
+namespace {
+
+// The largest message a header may declare (4 TiB): more is garbage.
+constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 42;
+
+std::string mismatch_text(const Connection& c, uint64_t sent, uint64_t expected) {
+  return detail::cat("tcp: ", c.name, " sent ", sent, " bytes where this rank expected ",
+                     expected, " (the ranks called collectives or send/recv of different sizes)");
+}
+
+// The part of a kData or kRts frame's message on `stream`; false when the
+// header declares a message this stream cannot carry.
+bool plausible(const FrameHeader& h, int streams, int stream, PartRange* range) {
+  *range = part_range(h.total, streams, stream);
+  return range->present && h.total <= kMaxMessageBytes;
+}
+
+}  // namespace
+
+template <typename Error, typename... Args>
+void TcpTransport::protocol_error(Connection& c, const Args&... what) {
+  c.dead = std::make_exception_ptr(Error(detail::cat("tcp: ", c.name, " ", what...)));
+}
+
+void TcpTransport::watch_out(Connection& c, bool on) {
+  if (c.watching_out == on || c.dead) return;
+  c.watching_out = on;
+  epoll_event ev{};
+  ev.events = EPOLLIN | (on ? EPOLLOUT : 0u);
+  ev.data.ptr = &c;
+  epoll_ctl(c.epoll_fd, EPOLL_CTL_MOD, c.fd.get(), &ev);
+}
+
+void TcpTransport::serve(int stream) {
+  epoll_event events[64];
+  for (;;) {
+    const int n = epoll_wait(epoll_fds_[stream], events, 64, -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      log_warning(detail::cat("tcp: epoll_wait failed: ", strerror(errno)));
+      return;
+    }
+    for (int i = 0; i < n; ++i) {
+      if (events[i].data.ptr == nullptr) return;  // the transport is closing
+      on_event(*static_cast<Connection*>(events[i].data.ptr), events[i].events);
+    }
+  }
+}
+
+void TcpTransport::on_event(Connection& c, uint32_t events) {
+  std::exception_ptr broke;
+  bool deferred = false;
+  {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    if (c.dead) return;
+    try {
+      if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) receive(c);
+      // Output: what EPOLLOUT allows, and control frames the input queued.
+      if (!c.dead && ((events & EPOLLOUT) || !c.watching_out)) {
+        if (flush(c)) watch_out(c, false);
+        else watch_out(c, true);
+      }
+    } catch (const std::bad_alloc&) {
+      protocol_error(c, ": this rank ran out of memory receiving from it");
+    } catch (const std::exception& e) {
+      protocol_error(c, ": ", e.what());
+    }
+    if (c.dead && kill(c, c.dead)) broke = c.dead;
+    deferred = !c.deferred.empty();
+  }
+  if (deferred) post_deferred(c);
+  if (broke) fail(broke);
+}
+
+void TcpTransport::pump(Connection& c) {
+  if (c.watching_out || c.dead) return;  // the I/O thread writes once the socket takes more
+  if (!flush(c)) watch_out(c, true);
+}
+
+bool TcpTransport::flush(Connection& c) {
+  using Writing = Connection::Writing;
+  for (;;) {
+    if (c.writing == Writing::kNothing) {
+      if (!c.controlq.empty()) {
+        c.send_header = c.controlq.front();
+        c.controlq.pop_front();
+        c.writing = Writing::kControl;
+      } else if (!c.sendq.empty()) {
+        const Part& p = c.sendq.front();
+        c.send_header = FrameHeader{kFrameMagic, p.kind, p.kind == kRndvData ? p.rendezvous : p.tag,
+                                    p.kind == kRndvData ? p.bytes : p.total};
+        c.writing = Writing::kPart;
+      } else {
+        return true;
+      }
+      c.send_header_done = 0;
+    }
+    Part* p = c.writing == Writing::kPart ? &c.sendq.front() : nullptr;
+    const size_t payload = p && p->kind != kRts ? p->bytes : 0;
+    iovec iov[2];
+    int n = 0;
+    if (c.send_header_done < sizeof(FrameHeader))
+      iov[n++] = {reinterpret_cast<uint8_t*>(&c.send_header) + c.send_header_done,
+                  sizeof(FrameHeader) - c.send_header_done};
+    if (p && p->done < payload) iov[n++] = {p->data + p->done, payload - p->done};
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(n);
+    const ssize_t sent = n ? ::sendmsg(c.fd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT) : 0;
+    if (sent < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+      c.dead = std::make_exception_ptr(NetworkError(detail::cat(
+          "tcp: sending to ", c.name, " failed: ", strerror(errno),
+          " (the peer may have exited or been killed)")));
+      return true;
+    }
+    const size_t header_left = sizeof(FrameHeader) - c.send_header_done;
+    const size_t to_header = std::min<size_t>(static_cast<size_t>(sent), header_left);
+    c.send_header_done += to_header;
+    if (p) p->done += static_cast<size_t>(sent) - to_header;
+    if (c.send_header_done < sizeof(FrameHeader) || (p && p->done < payload)) continue;
+    c.writing = Writing::kNothing;
+    if (!p) continue;
+    auto request = std::move(p->request);  // none for a kRts
+    c.sendq.pop_front();
+    if (request) request->part_done();
+  }
+}
+
+// Reads what the socket has (up to a budget, so one busy peer does not
+// starve the others on this thread). False when the connection broke.
+bool TcpTransport::receive(Connection& c) {
+  size_t budget = 8u << 20;
+  while (budget > 0) {
+    uint8_t* dst;
+    size_t want;
+    if (!c.in_message) {
+      dst = reinterpret_cast<uint8_t*>(&c.recv_header) + c.recv_header_done;
+      want = sizeof(FrameHeader) - c.recv_header_done;
+    } else if (c.current_held) {
+      dst = c.current_held->data.get() + c.current_held->done;
+      want = c.current_held->bytes - c.current_held->done;
+    } else {
+      dst = c.current.data + c.current.done;
+      want = c.current.bytes - c.current.done;
+    }
+    ssize_t got = want ? ::recv(c.fd.get(), dst, std::min(want, budget), MSG_DONTWAIT) : 0;
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+    if (want && got <= 0) {
+      c.dead = std::make_exception_ptr(NetworkError(detail::cat(
+          "tcp: ", c.name, got == 0 ? " closed the connection" : " connection failed: ",
+          got == 0 ? "" : strerror(errno), " (the peer may have exited or been killed)")));
+      return false;
+    }
+    budget -= static_cast<size_t>(std::max<ssize_t>(got, 0));
+    if (!c.in_message) {
+      c.recv_header_done += static_cast<size_t>(got);
+      if (c.recv_header_done == sizeof(FrameHeader)) start_message(c);
+      if (c.dead) return false;
+    } else {
+      (c.current_held ? c.current_held->done : c.current.done) += static_cast<size_t>(got);
+    }
+    if (c.in_message) {
+      const bool full = c.current_held ? c.current_held->done == c.current_held->bytes
+                                       : c.current.done == c.current.bytes;
+      if (full) finish_message(c);
+    }
+  }
+  return true;
+}
+
+// A header is in: check it and act on it. Only kData and kRndvData frames
+// have a payload (c.in_message).
+void TcpTransport::start_message(Connection& c) {
+  const FrameHeader h = c.recv_header;
+  c.recv_header_done = 0;
+  if (h.magic != kFrameMagic) {
+    protocol_error(c, "sent bytes that are not a dtrain frame (magic ", h.magic,
+                   "); closing the group");
+    return;
+  }
+  switch (h.kind) {
+    case kData:
+      return start_payload(c, h);
+    case kRts:
+      return start_rendezvous(c, h);
+    case kRndvData: {
+      auto it = c.awaiting_data.find(h.tag);
+      if (it == c.awaiting_data.end() || it->second.bytes != h.total) {
+        protocol_error(c, "sent a payload this rank did not ask for (rendezvous ", h.tag, ", ",
+                       h.total, " bytes); closing the group");
+        return;
+      }
+      c.current = std::move(it->second);
+      c.current.kind = kRndvData;
+      c.awaiting_data.erase(it);
+      c.in_message = true;
+      return;
+    }
+    case kCts:
+    case kCredit:
+      return on_control(c, h);
+    default:
+      protocol_error(c, "sent a frame of unknown kind ", h.kind, "; closing the group");
+  }
+}
+
+// An eager payload: into its posted receive, or held, within the credit
+// this rank granted (a sender that overdraws it is refused, so what the
+// network makes this rank allocate stays bounded).
+void TcpTransport::start_payload(Connection& c, const FrameHeader& h) {
+  PartRange range;
+  if (!plausible(h, options_.streams, c.stream, &range)) {
+    protocol_error(c, "sent a frame of ", h.total, " bytes that this stream cannot carry; "
+                   "closing the group");
+    return;
+  }
+  if (c.eager_in + range.bytes > c.eager_limit) {
+    protocol_error(c, "sent ", c.eager_in + range.bytes, " bytes ahead of its receives, over "
+                   "the ", c.eager_limit, " bytes of credit this rank granted; closing the group");
+    return;
+  }
+  c.eager_in += range.bytes;
+  c.in_message = true;
+  for (auto it = c.recvq.begin(); it != c.recvq.end(); ++it) {
+    if (it->tag != h.tag) continue;
+    if (it->total != h.total) {
+      c.dead = std::make_exception_ptr(CollectiveMismatch(mismatch_text(c, h.total, it->total)));
+      c.in_message = false;
+      return;
+    }
+    c.current = std::move(*it);
+    c.current.kind = kData;
+    c.recvq.erase(it);
+    return;
+  }
+  if (auto part = match_any(c, h.tag)) {
+    if (part->total != h.total) {
+      c.dead = std::make_exception_ptr(CollectiveMismatch(mismatch_text(c, h.total, part->total)));
+      part->request->fail(c.dead);
+      c.in_message = false;
+      return;
+    }
+    c.current = std::move(*part);
+    c.current.kind = kData;
+    return;
+  }
+  Held held;
+  held.tag = h.tag;
+  held.total = h.total;
+  held.data.reset(new uint8_t[std::max<size_t>(range.bytes, 1)]);
+  held.bytes = range.bytes;
+  c.held.push_back(std::move(held));
+  c.current_held = &c.held.back();
+}
+
+// A kRts: answered at once when its receive is posted, else held (no
+// bytes) until it is.
+void TcpTransport::start_rendezvous(Connection& c, const FrameHeader& h) {
+  PartRange range;
+  if (!plausible(h, options_.streams, c.stream, &range)) {
+    protocol_error(c, "announced a message of ", h.total, " bytes that this stream cannot carry; "
+                   "closing the group");
+    return;
+  }
+  const uint64_t id = c.rts_seen++;
+  for (auto it = c.recvq.begin(); it != c.recvq.end(); ++it) {
+    if (it->tag != h.tag) continue;
+    if (it->total != h.total) {
+      c.dead = std::make_exception_ptr(CollectiveMismatch(mismatch_text(c, h.total, it->total)));
+      return;
+    }
+    Part part = std::move(*it);
+    c.recvq.erase(it);
+    return answer_rts(c, id, std::move(part));
+  }
+  if (auto part = match_any(c, h.tag)) {
+    if (part->total != h.total) {
+      c.dead = std::make_exception_ptr(CollectiveMismatch(mismatch_text(c, h.total, part->total)));
+      part->request->fail(c.dead);
+      return;
+    }
+    return answer_rts(c, id, std::move(*part));
+  }
+  Held held;
+  held.tag = h.tag;
+  held.total = h.total;
+  held.bytes = range.bytes;
+  held.rendezvous = true;
+  held.id = id;
+  c.held.push_back(std::move(held));
+}
+
+void TcpTransport::answer_rts(Connection& c, uint64_t id, Part part) {
+  part.kind = kRndvData;
+  c.awaiting_data.emplace(id, std::move(part));
+  c.controlq.push_back(FrameHeader{kFrameMagic, kCts, id, 0});
+}
+
+void TcpTransport::on_control(Connection& c, const FrameHeader& h) {
+  if (h.kind == kCredit) {
+    if (h.tag != 0 || h.total > c.credit_limit - c.credit) {
+      protocol_error(c, "gave back ", h.total, " bytes of credit, more than it was lent; "
+                     "closing the group");
+      return;
+    }
+    c.credit += h.total;
+    return;
+  }
+  auto it = c.awaiting_cts.find(h.tag);
+  if (it == c.awaiting_cts.end() || h.total != 0) {
+    protocol_error(c, "asked for a message this rank never announced (rendezvous ", h.tag,
+                   "); closing the group");
+    return;
+  }
+  c.sendq.push_back(std::move(it->second));
+  c.awaiting_cts.erase(it);
+}
+
+void TcpTransport::give_back(Connection& c, uint64_t bytes) {
+  c.owed += bytes;
+  // In batches, so that small messages do not each cost a frame back; the
+  // sender keeps at least three quarters of its credit meanwhile.
+  if (c.owed < std::max<uint64_t>(c.eager_limit / 4, 1)) return;
+  c.controlq.push_back(FrameHeader{kFrameMagic, kCredit, 0, c.owed});
+  c.eager_in -= c.owed;
+  c.owed = 0;
+}
+
+void TcpTransport::finish_message(Connection& c) {
+  c.in_message = false;
+  if (!c.current_held) {
+    auto request = std::move(c.current.request);
+    if (c.current.kind == kData) give_back(c, c.current.bytes);
+    c.current = Part{};
+    request->part_done();
+    return;
+  }
+  Held& h = *c.current_held;
+  c.current_held = nullptr;
+  h.complete = true;
+  if (!h.waiter) return;
+  if (h.waiter->bytes) std::memcpy(h.waiter->data, h.data.get(), h.waiter->bytes);
+  auto request = std::move(h.waiter->request);
+  give_back(c, h.bytes);
+  for (auto it = c.held.begin(); it != c.held.end(); ++it)
+    if (&*it == &h) {
+      c.held.erase(it);
+      break;
+    }
+  request->part_done();
+}
+
+}  // namespace dtrain::transport::tcp
