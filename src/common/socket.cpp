@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <system_error>
@@ -59,8 +60,11 @@ struct Lookup {
 // helper thread and waited for until the deadline; a lookup that misses it
 // is abandoned (the thread frees its answer when it finally gets one).
 // Numeric addresses are answered here, without a thread or DNS.
+// `check`, when given, is called every 50 ms while a name is looked up; an
+// exception from it abandons the lookup and propagates.
 int resolve(const std::string& host, const std::string& service, int socktype, int flags,
-            Clock::time_point deadline, AddrList* out) {
+            Clock::time_point deadline, AddrList* out,
+            const std::function<void()>& check = nullptr) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = socktype;
@@ -93,9 +97,23 @@ int resolve(const std::string& host, const std::string& service, int socktype, i
     throw NetworkError(detail::cat("cannot start a thread to resolve ", host, ": ", e.what()));
   }
   std::unique_lock<std::mutex> lock(lookup->mutex);
-  if (!lookup->done_cv.wait_until(lock, deadline, [&] { return lookup->done; })) {
-    lookup->abandoned = true;
-    return kResolveTimedOut;
+  for (;;) {
+    const auto until = check ? std::min(deadline, Clock::now() + milliseconds(50)) : deadline;
+    if (lookup->done_cv.wait_until(lock, until, [&] { return lookup->done; })) break;
+    if (Clock::now() >= deadline) {
+      lookup->abandoned = true;
+      return kResolveTimedOut;
+    }
+    lock.unlock();
+    try {
+      check();
+    } catch (...) {
+      lock.lock();
+      if (lookup->done && lookup->result) freeaddrinfo(lookup->result);
+      lookup->abandoned = true;
+      throw;
+    }
+    lock.lock();
   }
   out->reset(lookup->result);
   return lookup->rc;
@@ -352,10 +370,15 @@ void recv_all(int fd, void* data, size_t n, Clock::time_point deadline,
 }
 
 std::string local_address_towards(const std::string& host) {
+  return local_address_towards(host, resolve_deadline(), nullptr);
+}
+
+std::string local_address_towards(const std::string& host, Clock::time_point deadline,
+                                  const std::function<void()>& check) {
   // connect() on a UDP socket only asks the routing table which source
   // address it would use; no packet leaves the machine.
   AddrList list(nullptr, &freeaddrinfo);
-  const int rc = resolve(host, "9", SOCK_DGRAM, 0, resolve_deadline(), &list);
+  const int rc = resolve(host, "9", SOCK_DGRAM, 0, deadline, &list, check);
   if (rc == kResolveTimedOut)
     throw TimeoutError(detail::cat("cannot find a local address towards ", host, ": ", host,
                                    " did not resolve: ", resolve_error(rc)));

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace dtrain::net {
@@ -60,6 +61,11 @@ void recv_all(int fd, void* data, size_t n, Clock::time_point deadline,
 // sent: a UDP socket is connected and read back). Used to tell peers where to
 // find our listening sockets when ranks span machines.
 std::string local_address_towards(const std::string& host);
+// The same, giving up at `deadline` (TimeoutError) and calling `check`
+// every 50 ms while `host` is looked up: whatever `check` throws (a
+// launcher's "a signal arrived") abandons the lookup and propagates.
+std::string local_address_towards(const std::string& host, Clock::time_point deadline,
+                                  const std::function<void()>& check);
 
 // The first IPv4/IPv6 address of a network interface (DTRAIN_SOCKET_IFNAME).
 std::string interface_address(const std::string& ifname);

@@ -353,6 +353,44 @@ TEST(Launcher, SignalDuringTheRendezvousStopsItPromptly) {
   }
 }
 
+// A node that took a place in the round (its count) but died before it
+// wrote its address: the others wait for the node table no longer than the
+// join timeout, and a signal stops that wait at once (issue 30 item 8).
+TEST(Launcher, ANodeThatDiedWhileJoiningCostsAtMostTheJoinTimeoutAndASignalStopsTheWait) {
+  for (const bool signal : {true, false}) {
+    const std::string port = std::to_string(free_port());
+    const std::string id = signal ? "node-table-signal" : "node-table-timeout";
+    ProcessRanks procs;
+    auto& run = procs.spawn({kRun, "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                             "127.0.0.1:" + port, "--rdzv-id", id, "--rdzv-conf",
+                             signal ? "join_timeout=120" : "join_timeout=3", kProbe, "env"},
+                            {});
+    ASSERT_TRUE(wait_watching_signals(run.pid, Clock::now() + 30s)) << run.output();
+    ASSERT_TRUE(wait_listening(std::stoi(port), Clock::now() + 30s)) << run.output();
+    auto& ghost = procs.spawn({kProbe, "take-place", port, id}, {});
+    ASSERT_TRUE(procs.wait(ghost, Clock::now() + 30s)) << ghost.output();
+    ASSERT_TRUE(Contains(ghost.output(), "took place 1")) << ghost.output();
+    const auto since = Clock::now();
+    if (signal) {
+      std::this_thread::sleep_for(500ms);  // the launcher is reading the node table now
+      kill(run.pid, SIGTERM);
+    }
+    ASSERT_TRUE(procs.wait(run, Clock::now() + 30s)) << "the launcher still waits: " << run.output();
+    if (signal) {
+      EXPECT_LT(Clock::now() - since, 5s);
+      EXPECT_EQ(run.exit_code, 128 + SIGTERM) << run.output();
+      EXPECT_TRUE(Contains(run.output(), "dtrain-run: received SIGTERM during the rendezvous; exiting"));
+    } else {
+      EXPECT_LT(Clock::now() - since, 15s);
+      EXPECT_EQ(run.exit_code, 1) << run.output();
+      EXPECT_TRUE(Contains(run.output(), "dtrain-run: rendezvous '" + id + "' at 127.0.0.1:" + port +
+                                             " (round 0): node(s) 1 took a place in the round but "
+                                             "did not write their address within 3 s (did their "
+                                             "launchers die while joining?)"));
+    }
+  }
+}
+
 TEST(Launcher, SignalWhileWaitingForTheOtherNodesStopsPromptly) {
   const std::string port = std::to_string(free_port());
   ProcessRanks procs;

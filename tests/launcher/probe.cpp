@@ -20,6 +20,15 @@
 //                           dtrain::record_error and exits 2; others wait
 //   probe error-file TEXT   rank 1 writes TEXT to $TORCHELASTIC_ERROR_FILE itself (as a
 //                           program without dtrain) and exits 3; others wait
+//   probe take-place PORT ID
+//                           not a worker: a launcher that dies while joining. On the
+//                           rendezvous store at 127.0.0.1:PORT (rendezvous id ID),
+//                           waits until a node has joined round 0, takes the next
+//                           place in it (its count) without writing its address,
+//                           prints "took place N" and exits
+//   probe rdzv-keys N       prints which rendezvous keys of each earlier round are
+//                           still in the launcher's store ("attempt A round R: KEYS"),
+//                           then fails (exit 3) while TORCHELASTIC_RESTART_COUNT < N
 
 #include <poll.h>
 #include <signal.h>
@@ -47,6 +56,37 @@ int env_int(const char* name) {
 
 [[noreturn]] void wait_forever() {
   for (;;) pause();
+}
+
+std::shared_ptr<dtrain::Store> rendezvous_store(int port, const std::string& id) {
+  auto tcp = std::make_shared<dtrain::TcpStore>(dtrain::TcpStoreOptions()
+                                                    .host("127.0.0.1")
+                                                    .port(static_cast<uint16_t>(port))
+                                                    .timeout(std::chrono::seconds(20)));
+  return std::make_shared<dtrain::PrefixStore>("dtrain-run/" + id, tcp);
+}
+
+int take_place(int port, const std::string& id) {
+  auto store = rendezvous_store(port, id);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (store->add("round/0/count", 0) < 1) {
+    if (std::chrono::steady_clock::now() > deadline) return 2;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::printf("took place %lld\n", static_cast<long long>(store->add("round/0/count", 1) - 1));
+  return 0;
+}
+
+int rdzv_keys(int fail_until) {
+  const int attempt = env_int("TORCHELASTIC_RESTART_COUNT");
+  auto store = rendezvous_store(env_int("MASTER_PORT"), std::getenv("TORCHELASTIC_RUN_ID"));
+  for (int round = 0; round < attempt; ++round) {
+    std::string present;
+    for (const char* k : {"node/0", "alive/0", "failed", "counted"})
+      if (store->check({"round/" + std::to_string(round) + "/" + k})) present += std::string(" ") + k;
+    std::printf("attempt %d round %d:%s\n", attempt, round, present.empty() ? " (none)" : present.c_str());
+  }
+  return attempt < fail_until ? 3 : 0;
 }
 
 }  // namespace
@@ -149,6 +189,8 @@ int main(int argc, char** argv) {
     }
     return 3;
   }
+  if (mode == "take-place" && argc > 3) return take_place(std::atoi(argv[2]), argv[3]);
+  if (mode == "rdzv-keys" && argc > 2) return rdzv_keys(std::atoi(argv[2]));
   if (mode == "allreduce") {
     dtrain::init_process_group();
     auto t = at::ones({1000});

@@ -251,6 +251,8 @@ int run_round(const Options& o, Rendezvous& rdzv, const Round& round, const Erro
         break;
       }
     }
+  } catch (const Interrupted& e) {  // while starting the workers
+    return stop_for_signal(o, &round, &rdzv, &group, e.signal, "while starting the workers");
   } catch (const std::exception& e) {
     // Spawn failures, or the store vanished (its host node is gone).
     group.stop(SIGTERM, o.close_timeout);

@@ -7,7 +7,7 @@
 #include <utility>
 #include <thread>
 
-#include "address.h"
+#include "common/socket.h"
 #include "dtrain/errors.h"
 #include "dtrain/store/prefix_store.h"
 #include "dtrain/store/tcp_store.h"
@@ -55,9 +55,13 @@ Rendezvous::Rendezvous(const Options& o) : options_(o) {
   }
   store_port_ = store->port();
   store_ = std::make_shared<PrefixStore>("dtrain-run/" + o.rdzv_id, store);
+  // The store host's name may need DNS, which can stall: bounded by the
+  // join timeout, and a signal stops it.
   local_address_ = !o.local_addr.empty()           ? o.local_addr
                    : is_loopback_name(store_host_) ? "127.0.0.1"
-                                                   : address_towards(store_host_);
+                                                   : net::local_address_towards(
+                                                         store_host_, Clock::now() + o.join_timeout,
+                                                         throw_if_signalled);
 }
 
 // Connects to the store host within join_timeout, in short tries, so that a
@@ -249,6 +253,45 @@ std::pair<int, int> Rendezvous::join_dynamic(int number, const std::string& me) 
   return {participants, index};
 }
 
+// Node table: the workers of every participant, in node order. A node
+// that took a place (join_dynamic's count) writes its entry a moment later;
+// one that died in between would leave the others waiting, so the wait is
+// bounded by the join timeout and stops on a signal. Entries come from
+// other launchers through the store: each is checked.
+std::vector<int> Rendezvous::node_table(int number, int participants) {
+  const auto& o = options_;
+  std::vector<std::string> keys;
+  for (int i = 0; i < participants; ++i) keys.push_back(key(number, "node/" + std::to_string(i)));
+  try {
+    wait_keys(keys, o.join_timeout);
+  } catch (const TimeoutError&) {
+    std::string missing;
+    for (int i = 0; i < participants; ++i)
+      if (!store_->check({keys[i]})) missing += (missing.empty() ? "" : ", ") + std::to_string(i);
+    std::ostringstream msg;
+    msg << "rendezvous '" << o.rdzv_id << "' at " << endpoint() << " (round " << number
+        << "): node(s) " << missing << " took a place in the round but did not write their "
+        << "address within " << o.join_timeout.count() / 1000.0
+        << " s (did their launchers die while joining?)";
+    throw TimeoutError(msg.str());
+  }
+  std::vector<int> nprocs(participants);
+  for (int i = 0; i < participants; ++i) {
+    const auto entry = store_->get_string(keys[i]);
+    const auto bar = entry.rfind('|');
+    const std::string count = bar == std::string::npos ? "" : entry.substr(bar + 1);
+    const bool digits = !count.empty() && count.size() <= 6 &&
+                        count.find_first_not_of("0123456789") == std::string::npos;
+    nprocs[i] = digits ? std::stoi(count) : 0;
+    if (nprocs[i] < 1)
+      throw Error("rendezvous '" + o.rdzv_id + "' at " + endpoint() + " (round " +
+                  std::to_string(number) + "): node " + std::to_string(i) +
+                  "'s entry is not '<address>|<workers>' (" + std::to_string(entry.size()) +
+                  " bytes): is another program using this rendezvous id?");
+  }
+  return nprocs;
+}
+
 Round Rendezvous::join(int number) {
   const auto& o = options_;
   number = round_with_room(number);
@@ -263,13 +306,7 @@ Round Rendezvous::join(int number) {
     r.node_rank = o.node_rank;
   }
   r.nnodes = participants;
-  // Node table: address and workers of every participant, in node order.
-  std::vector<int> nprocs(participants);
-  for (int i = 0; i < participants; ++i) {
-    auto entry = store_->get_string(key(number, "node/" + std::to_string(i)));
-    auto bar = entry.find('|');
-    nprocs[i] = std::stoi(entry.substr(bar + 1));
-  }
+  const std::vector<int> nprocs = node_table(number, participants);
   r.rank_offset = 0;
   for (int i = 0; i < r.node_rank; ++i) r.rank_offset += nprocs[i];
   r.world_size = 0;

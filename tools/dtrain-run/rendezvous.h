@@ -103,6 +103,8 @@ class Rendezvous {
   int round_with_room(int round);
   int join_static(int round, const std::string& me);
   std::pair<int, int> join_dynamic(int round, const std::string& me);
+  // Every participant's number of workers, in node order.
+  std::vector<int> node_table(int round, int participants);
   const Options& options_;
   std::shared_ptr<Store> store_;
   bool host_ = false;

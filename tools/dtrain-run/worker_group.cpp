@@ -16,6 +16,7 @@
 #include <stdexcept>
 
 #include "error_file.h"
+#include "signals.h"
 
 namespace dtrain::run {
 
@@ -33,6 +34,56 @@ int64_t steady_ns() {
 int wait_status(const siginfo_t& info) {
   if (info.si_code == CLD_EXITED) return (info.si_status & 0xff) << 8;
   return (info.si_status & 0x7f) | (info.si_code == CLD_DUMPED ? 0x80 : 0);
+}
+
+using Clock = std::chrono::steady_clock;
+// An execve that has not returned by then (the program on a file system
+// that stopped answering) fails the start.
+constexpr auto kExecTimeout = std::chrono::seconds(60);
+constexpr auto kReapTimeout = std::chrono::seconds(5);
+
+// Reaps `pid` within `timeout`; false if it has not ended (a process in
+// uninterruptible sleep: stop()'s final sweep reaps it later).
+bool reap_within(pid_t pid, Clock::duration timeout) {
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    const pid_t r = waitpid(pid, nullptr, WNOHANG);
+    if (r == pid || (r < 0 && errno != EINTR)) return true;
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+// Waits for a child's execve: its exec_err pipe (close-on-exec) closes when
+// the program starts, or carries the errno of a failed execve. Returns that
+// errno, 0 once the program runs. A signal to the launcher (Interrupted) or
+// kExecTimeout kills the child and ends the wait.
+int wait_exec(int fd, pid_t pid, const std::string& program) {
+  const auto deadline = Clock::now() + kExecTimeout;
+  int child_errno = 0;
+  size_t got = 0;
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    const int ready = ::poll(&p, 1, 100);
+    if (ready > 0) {
+      const ssize_t n = read(fd, reinterpret_cast<char*>(&child_errno) + got, sizeof(child_errno) - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return got == sizeof(child_errno) ? child_errno : 0;  // closed: it runs
+      got += static_cast<size_t>(n);
+      if (got == sizeof(child_errno)) return child_errno;
+      continue;
+    }
+    if (ready < 0 && errno != EINTR)
+      throw std::runtime_error(std::string("poll on the exec pipe: ") + std::strerror(errno));
+    const int sig = pending_signal();
+    if (sig == 0 && Clock::now() < deadline) continue;
+    kill(pid, SIGKILL);
+    reap_within(pid, kReapTimeout);
+    if (sig != 0) throw Interrupted(sig);
+    throw std::runtime_error("cannot execute '" + program + "': execve did not return within " +
+                             std::to_string(kExecTimeout.count()) +
+                             " s (does the file system that holds it answer?)");
+  }
 }
 
 }  // namespace
@@ -125,10 +176,17 @@ void WorkerGroup::start(const std::vector<WorkerSpec>& specs) {
     close(err[1]);
     close(exec_err[1]);
     int child_errno = 0;
-    ssize_t n = read(exec_err[0], &child_errno, sizeof(child_errno));
+    try {
+      child_errno = wait_exec(exec_err[0], pid, options_.program);
+    } catch (...) {
+      close(exec_err[0]);
+      close(out[0]);
+      close(err[0]);
+      throw;
+    }
     close(exec_err[0]);
-    if (n == sizeof(child_errno)) {
-      waitpid(pid, nullptr, 0);
+    if (child_errno != 0) {
+      reap_within(pid, kReapTimeout);  // it _exit()s at once
       close(out[0]);
       close(err[0]);
       throw std::runtime_error("cannot execute '" + options_.program + "': " +
