@@ -30,6 +30,9 @@ constexpr uint32_t kValidateMagic = 0x3C85F7CE;
 constexpr uint64_t kMaxKeyBytes = wire::kMaxKeyBytes;
 constexpr uint64_t kMaxValueBytes = wire::kMaxPayloadBytes;
 constexpr uint64_t kMaxKeysPerRequest = 128 * 1024;
+// A whole request: one maximal value and key with their fields (a
+// MULTI_SET or WAIT may carry several, within this total).
+constexpr uint64_t kMaxRequestBytes = kMaxValueBytes + kMaxKeyBytes + 64;
 
 enum class Dialect : uint8_t { kUnknown, kDtrain, kC10dV1, kC10dV2 };
 
@@ -52,6 +55,25 @@ constexpr uint8_t kStopWaiting = 0, kWaitCanceled = 1;
 
 // Thrown while parsing: the request is not all there yet.
 struct Incomplete {};
+
+// How far the request at the front of a connection's buffer has been
+// looked at, so that bytes arriving in small pieces are each scanned once
+// (a 64 MiB MULTI_SET in 64 KiB reads is scanned once, not re-parsed from
+// its first byte 1,024 times). Positions count from the query byte.
+struct Scan {
+  uint64_t pos = 0;         // bytes of the request accounted for so far
+  uint8_t field = 0;        // next field of the request's layout
+  uint64_t items_left = 0;  // of the key or key-value list being read
+  bool in_list = false;
+  bool value_next = false;  // in a key-value list: the pair's value comes next
+};
+
+// Scans the request at p[0, n) (bytes before s.pos are not looked at
+// again). Returns the request's size once all of it is there (and resets
+// `s`); else 0, with *need the size the buffer must reach before scanning
+// again. Throws wire::Malformed for a length, count or request size over
+// its bound, as soon as the field that declares it has arrived.
+size_t scan(Dialect d, const uint8_t* p, size_t n, Scan& s, size_t* need);
 
 // Reads one request's fields; throws Incomplete when the buffer ends first
 // and wire::Malformed when a declared length is over its bound (checked
@@ -115,6 +137,7 @@ class Writer {
   Writer& u8(uint8_t v) { return raw(&v, 1); }
   Writer& u32(uint32_t v) { return raw(&v, sizeof(v)); }
   Writer& i64(int64_t v) { return raw(&v, sizeof(v)); }
+  Writer& u64(uint64_t v) { return raw(&v, sizeof(v)); }
   Writer& bytes(const std::vector<uint8_t>& v) {
     const uint64_t n = v.size();
     raw(&n, sizeof(n));

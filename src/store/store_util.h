@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,7 +28,21 @@ inline bool is_internal(const std::string& key) {
   return key.compare(0, std::char_traits<char>::length(kInternalPrefix), kInternalPrefix) == 0;
 }
 
-inline int64_t count_user_keys(const KeyMap& map) {
+// Values as the in-memory and file stores hold them (Bytes), or as the TCP
+// store's server does (shared with the replies that send them).
+using SharedValue = std::shared_ptr<Bytes>;
+using SharedKeyMap = std::map<std::string, SharedValue>;
+inline const Bytes& value_bytes(const Bytes& v) { return v; }
+inline const Bytes& value_bytes(const SharedValue& v) { return *v; }
+template <typename Value>
+Value make_value(Bytes b);
+template <>
+inline Bytes make_value<Bytes>(Bytes b) { return b; }
+template <>
+inline SharedValue make_value<SharedValue>(Bytes b) { return std::make_shared<Bytes>(std::move(b)); }
+
+template <typename Map>
+int64_t count_user_keys(const Map& map) {
   int64_t n = 0;
   for (const auto& kv : map) n += is_internal(kv.first) ? 0 : 1;
   return n;
@@ -53,8 +68,8 @@ inline std::string timeout_message(const std::string& where, std::chrono::millis
                      missing.size() == 1 ? "key " : "keys ", quote_all(missing));
 }
 
-inline std::vector<std::string> missing_keys(const KeyMap& map,
-                                             const std::vector<std::string>& keys) {
+template <typename Map>
+std::vector<std::string> missing_keys(const Map& map, const std::vector<std::string>& keys) {
   std::vector<std::string> missing;
   for (const auto& k : keys)
     if (map.count(k) == 0) missing.push_back(k);
@@ -64,11 +79,13 @@ inline std::vector<std::string> missing_keys(const KeyMap& map,
 // add(): a missing key counts as 0; the sum is stored as a decimal string.
 // A value that is not a decimal integer, or a sum that overflows, is the
 // caller's mistake (InvalidArgument naming the key).
-inline int64_t apply_add(KeyMap& map, const std::string& key, int64_t delta) {
+template <typename Map>
+int64_t apply_add(Map& map, const std::string& key, int64_t delta) {
   int64_t current = 0;
   auto it = map.find(key);
   if (it != map.end()) {
-    const std::string text(it->second.begin(), it->second.end());
+    const Bytes& stored = value_bytes(it->second);
+    const std::string text(stored.begin(), stored.end());
     char* end = nullptr;
     errno = 0;
     const long long v = text.empty() ? 0 : std::strtoll(text.c_str(), &end, 10);
@@ -81,7 +98,7 @@ inline int64_t apply_add(KeyMap& map, const std::string& key, int64_t delta) {
   DTRAIN_CHECK_ARG(!__builtin_add_overflow(current, delta, &sum), "add(", quote(key), ", ",
                    delta, "): the sum overflows int64 (stored value ", current, ")");
   const std::string text = std::to_string(sum);
-  map[key] = Bytes(text.begin(), text.end());
+  map[key] = make_value<typename Map::mapped_type>(Bytes(text.begin(), text.end()));
   return sum;
 }
 
@@ -90,18 +107,19 @@ inline int64_t apply_add(KeyMap& map, const std::string& key, int64_t delta) {
 // is empty. Returns the value now stored; for a missing key with a non-empty
 // `expected` nothing is stored and `expected` is returned (torch's rule).
 // *changed tells the caller whether to persist/notify.
-inline Bytes apply_compare_set(KeyMap& map, const std::string& key, const Bytes& expected,
-                               const Bytes& desired, bool* changed) {
+template <typename Map>
+typename Map::mapped_type apply_compare_set(Map& map, const std::string& key, const Bytes& expected,
+                                            const Bytes& desired, bool* changed) {
+  using Value = typename Map::mapped_type;
   *changed = false;
   auto it = map.find(key);
   if (it == map.end()) {
-    if (!expected.empty()) return expected;
-    map[key] = desired;
+    if (!expected.empty()) return make_value<Value>(expected);
     *changed = true;
-    return desired;
+    return map[key] = make_value<Value>(desired);
   }
-  if (it->second == expected) {
-    it->second = desired;
+  if (value_bytes(it->second) == expected) {
+    it->second = make_value<Value>(desired);
     *changed = true;
   }
   return it->second;

@@ -38,13 +38,21 @@
 // (handling a resumed connection may itself satisfy other waiters — the
 // list, unlike recursion, takes that in its stride).
 //
-// Output: replies are appended to the connection's output buffer and sent at
+// Output: replies are appended to the connection's output queue and sent at
 // once as far as the socket accepts; the rest goes out when poll() says the
-// socket is writable. A client that does not read its replies therefore
-// blocks nobody; once its unsent output reaches kMaxPendingOutput the server
+// socket is writable. A GET's reply refers to the stored value instead of
+// copying it. A client that does not read its replies therefore blocks
+// nobody; once its unsent output reaches kMaxPendingOutput the server
 // handles none of its buffered requests and reads no more of them until the
 // output drains (then the connection is resumed). A blocked connection is
 // still watched for POLLRDHUP, so a client that leaves is cleaned up.
+//
+// Memory: a connection's input buffer grows only as far as the request at
+// its front needs (known from a dtrain header, or from the c10d scan), and
+// only when the budget covers it; requests are handled only while the
+// budget is not spent. A connection that must wait goes on budget_queue_
+// (to read) or stalled_ (to handle), and is woken, first come first
+// served, when replies drain or buffers shrink (store/io_buffers.h).
 
 namespace dtrain {
 
@@ -53,9 +61,9 @@ using namespace store_detail;
 namespace {
 
 constexpr size_t kReadChunk = 64 * 1024;
-// A client's unprocessed input and unsent output are each allowed to grow
-// to one maximal frame (plus slack) before the server stops reading from it.
-constexpr size_t kBackpressureBytes = size_t(TcpStore::kMaxFrameBytes) + 2 * kReadChunk;
+// Reads of one connection in one turn, so that one fast client does not
+// hold the loop while others wait.
+constexpr int kReadsPerTurn = 64;
 
 std::string peer_of(int fd) {
   sockaddr_storage ss{};
@@ -72,6 +80,10 @@ std::string peer_of(int fd) {
 
 TcpStoreServer::Limits TcpStoreServer::Limits::from_environment() {
   Limits l;  // the handshake timeout keeps its default
+  // Each rank holds a connection or two (its own store client, and under a
+  // launcher the launcher's): a job of 4,096 ranks or more gets room.
+  if (const auto world = env::get_int(env::kWorldSize, 1, 1 << 24))
+    l.max_connections = std::max<size_t>(kMaxConnections, 2 * static_cast<size_t>(*world) + 64);
   l.max_bytes = static_cast<uint64_t>(*env::get_int(env::kStoreMaxBytes, 1 << 20, INT64_MAX));
   l.max_keys = static_cast<uint64_t>(*env::get_int(env::kStoreMaxKeys, 1024, INT64_MAX));
   return l;
@@ -79,7 +91,8 @@ TcpStoreServer::Limits TcpStoreServer::Limits::from_environment() {
 
 TcpStoreServer::TcpStoreServer(const std::string& host, uint16_t port, Limits limits,
                                std::optional<std::string> token)
-    : limits_(limits), token_(std::move(token)), listener_(net::listen_on(host, port, &port_)) {
+    : limits_(limits), token_(std::move(token)), listener_(net::listen_on(host, port, &port_)),
+      budget_(limits.io_budget) {
   where_ = net::endpoint(host, port_);
   const int flags = fcntl(listener_.get(), F_GETFL, 0);
   fcntl(listener_.get(), F_SETFL, flags | O_NONBLOCK);
@@ -123,8 +136,8 @@ void TcpStoreServer::run() {
       // Backpressure: no reading from a client that does not read its
       // replies, or whose requests wait behind a parked one.
       short events = POLLRDHUP;
-      if (!c.blocked() && c.in.size() < kBackpressureBytes) events |= POLLIN;
-      if (c.out_sent < c.out.size()) events |= POLLOUT;
+      if (!c.blocked() && !c.awaiting_budget) events |= POLLIN;
+      if (c.pending_output() > 0) events |= POLLOUT;
       fds.push_back({c.fd.get(), events, 0});
       ids.push_back(id);
     }
@@ -143,7 +156,8 @@ void TcpStoreServer::run() {
         serve(ids[i], [&](Connection& c) {
           // A client that closes while blocked: its requests will never be
           // handled, and reading them would only fill its buffer.
-          if ((ev & POLLRDHUP) && c.blocked()) return false;
+          if ((ev & POLLRDHUP) && (c.blocked() || c.awaiting_budget)) return false;
+          if (ev & (POLLHUP | POLLERR)) return false;  // reset, or gone both ways
           bool ok = true;
           if (ev & (POLLIN | POLLRDHUP | POLLHUP | POLLERR)) ok = read_from(ids[i], c);
           if (ok && (ev & POLLOUT)) {
@@ -157,6 +171,8 @@ void TcpStoreServer::run() {
     }
     expire_waiters();
     close_stale_connections();
+    close_stalled_holders();
+    wake_budget_waiters();
     while (!resume_.empty()) {
       const uint64_t id = resume_.back();
       resume_.pop_back();
@@ -164,6 +180,7 @@ void TcpStoreServer::run() {
     }
     for (uint64_t id : doomed_) close_connection(id);
     doomed_.clear();
+    peak_buffered_ = budget_.peak();
   }
 }
 
@@ -188,6 +205,9 @@ int TcpStoreServer::poll_timeout_ms() const {
   Clock::time_point next = waiters_.next_deadline();
   if (!pending_.empty()) next = std::min(next, pending_.begin()->second + limits_.handshake_timeout);
   if (Clock::now() < accept_paused_until_) next = std::min(next, accept_paused_until_);
+  if (!budget_queue_.empty() || !stalled_.empty())  // look again for stalled holders
+    next = std::min(next, std::max(budget_wait_since_ + limits_.stall_timeout,
+                                   Clock::now() + std::chrono::milliseconds(100)));
   if (next == Clock::time_point::max()) return -1;
   const auto left = next - Clock::now();
   if (left <= Clock::duration::zero()) return 0;
@@ -209,25 +229,49 @@ void TcpStoreServer::accept_clients() {
       return;  // EAGAIN: no more pending connections
     }
     net::Fd sock(fd);
-    if (established_ >= kMaxConnections) {
+    // With a token, connections are counted against the cap only while
+    // they have not proved it: the job's own processes are never refused.
+    if (!token_ && established_ >= limits_.max_connections) {
       log_line(detail::cat("TCP store ", where_, ": refusing ", peer_of(fd), ": already ",
-                           kMaxConnections, " connections"));
+                           limits_.max_connections, " connections (the limit for ",
+                           "a job of this size, set from WORLD_SIZE)"));
       continue;  // closes it
     }
-    if (pending_.size() >= kMaxPending) {  // the oldest silent one makes room
-      const uint64_t oldest = pending_.begin()->first;
-      DTRAIN_LOG_INFO("TCP store ", where_, ": closing ", conns_.at(oldest).peer,
-                      ": no request yet, and ", kMaxPending, " such connections are open");
-      close_connection(oldest);
-    }
-    Connection c;
+    if (pending_.size() >= max_pending()) make_room_for_pending();
+    Connection c(&budget_);
     c.peer = peer_of(fd);
     c.fd = std::move(sock);
-    c.opened = Clock::now();
+    c.opened = c.last_progress = Clock::now();
     pending_.emplace(next_conn_id_, c.opened);
     conns_.emplace(next_conn_id_++, std::move(c));
     conn_count_ = conns_.size();
   }
+}
+
+size_t TcpStoreServer::max_pending() const {
+  return std::max(kMaxPending, limits_.max_connections);
+}
+
+// Too many connections have made no request yet: the oldest one that has
+// not sent a byte goes (a job's rank sends its first request, or the job
+// token's AUTH_HELLO, as soon as it connects, so in a burst of thousands
+// of ranks the silent ones are strangers), else the oldest. Established
+// connections, which have proved the token where there is one, are never
+// taken.
+void TcpStoreServer::make_room_for_pending() {
+  uint64_t victim = pending_.begin()->first;
+  for (const auto& [id, opened] : pending_) {
+    const Connection& c = conns_.at(id);
+    char byte;
+    if (!c.in.empty() || c.challenged) continue;
+    if (::recv(c.fd.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT) < 0 && errno == EAGAIN) {
+      victim = id;
+      break;
+    }
+  }
+  DTRAIN_LOG_INFO("TCP store ", where_, ": closing ", conns_.at(victim).peer,
+                  ": no request yet, and ", max_pending(), " such connections are open");
+  close_connection(victim);
 }
 
 // Connections that have sent no well-formed request within
@@ -249,25 +293,34 @@ void TcpStoreServer::mark_established(uint64_t id, Connection& c) {
   pending_.erase(id);
 }
 
+// Reads what the budget allows (may_read) and handles what arrived after
+// each read: a header is looked at as soon as it is there (before the job
+// token is proved, a frame the handshake does not allow is refused before
+// its payload is read). The rest of a large request whose end is known is
+// read straight into the connection's buffer; anything else goes through a
+// 64 KiB scratch, so a connection holds only the bytes it has sent.
 bool TcpStoreServer::read_from(uint64_t id, Connection& c) {
-  uint8_t buf[kReadChunk];
-  for (;;) {
-    const ssize_t n = ::recv(c.fd.get(), buf, sizeof(buf), 0);
+  uint8_t scratch[kReadChunk];
+  for (int reads = 0; reads < kReadsPerTurn; ++reads) {
+    if (c.broken || c.blocked() || c.awaiting_budget || !may_read(id, c)) return true;
+    const bool direct = c.in_need > c.in.size() + kReadChunk;
+    const size_t room = direct ? c.in.room() : sizeof(scratch);
+    const ssize_t n = ::recv(c.fd.get(), direct ? c.in.tail() : scratch, room, 0);
     if (n > 0) {
-      c.in.insert(c.in.end(), buf, buf + n);
-      if (static_cast<size_t>(n) < sizeof(buf) || c.in.size() >= kBackpressureBytes) break;
-      // Before the job token is proved, each chunk is looked at as it
-      // comes: a frame the handshake does not allow is refused from its
-      // header, before its payload is read.
-      if (token_ && !c.authenticated && !process_input(id, c)) return false;
+      if (direct)
+        c.in.grew(static_cast<size_t>(n));
+      else
+        c.in.append(scratch, static_cast<size_t>(n));
+      c.last_progress = Clock::now();
+      if (!process_input(id, c)) return false;
+      if (static_cast<size_t>(n) < room) return true;
       continue;
     }
     if (n == 0) return false;  // the client closed
     if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-    return false;              // reset by the peer
+    return errno == EAGAIN || errno == EWOULDBLOCK;  // else reset by the peer
   }
-  return process_input(id, c);
+  return true;
 }
 
 bool TcpStoreServer::process_input(uint64_t id, Connection& c) {
@@ -277,7 +330,7 @@ bool TcpStoreServer::process_input(uint64_t id, Connection& c) {
     if (refused) {
       DTRAIN_LOG_INFO("TCP store ", where_, ": dropping client ", c.peer,
                       ": it speaks neither dtrain's nor c10d's store protocol (first byte ",
-                      int(c.in[0]), ")");
+                      int(c.in.data()[0]), ")");
       return false;
     }
     if (c.dialect == c10d_wire::Dialect::kUnknown) return true;  // wait for more bytes
@@ -289,6 +342,7 @@ bool TcpStoreServer::process_input(uint64_t id, Connection& c) {
   if (c.dialect != c10d_wire::Dialect::kDtrain) return process_c10d(id, c);
   size_t pos = 0;
   bool ok = true;
+  c.in_need = 0;
   while (ok && !c.blocked() && c.in.size() - pos >= wire::kHeaderBytes) {
     const wire::Header h = wire::decode_header(c.in.data() + pos);
     if (const char* problem = wire::header_problem(h, /*is_request=*/true)) {
@@ -303,7 +357,14 @@ bool TcpStoreServer::process_input(uint64_t id, Connection& c) {
         return false;
       }
     }
-    if (c.in.size() - pos - wire::kHeaderBytes < h.length) break;  // wait for the rest
+    if (c.in.size() - pos - wire::kHeaderBytes < h.length) {  // wait for the rest
+      c.in_need = wire::kHeaderBytes + h.length;
+      break;
+    }
+    if (budget_.spent()) {  // handled once replies drain
+      note_stalled(id, c);
+      break;
+    }
     wire::Reader r(c.in.data() + pos + wire::kHeaderBytes, h.length);
     try {
       const bool must_prove = token_ && !c.authenticated;
@@ -316,7 +377,7 @@ bool TcpStoreServer::process_input(uint64_t id, Connection& c) {
     }
     pos += wire::kHeaderBytes + h.length;
   }
-  c.in.erase(c.in.begin(), c.in.begin() + static_cast<std::ptrdiff_t>(pos));
+  c.in.consume(pos);
   return ok;
 }
 
@@ -339,7 +400,7 @@ bool TcpStoreServer::handle(uint64_t id, Connection& c, const wire::Header& h,
         check_key(key);
         admit(key, value.size());
         const size_t before = entry_bytes(key);
-        data_[key] = std::move(value);
+        data_[key] = std::make_shared<Bytes>(std::move(value));
         settle(key, before);
         key_added(key);
         break;
@@ -362,8 +423,9 @@ bool TcpStoreServer::handle(uint64_t id, Connection& c, const wire::Header& h,
         r.expect_end();
         for (const auto& k : keys) check_key(k);
         if (missing_keys(data_, keys).empty()) {
-          if (is_get) ok.bytes(data_.at(keys[0]));
-          break;
+          if (!is_get) break;
+          reply_value(c, wire::kOk, h.request_id, data_.at(keys[0]));
+          return flush(c);
         }
         Waiter w;
         w.conn = id;
@@ -389,8 +451,8 @@ bool TcpStoreServer::handle(uint64_t id, Connection& c, const wire::Header& h,
         auto desired = r.bytes();
         r.expect_end();
         check_key(key);
-        ok.bytes(store_compare_set(key, expected, desired));
-        break;
+        reply_value(c, wire::kOk, h.request_id, store_compare_set(key, expected, desired));
+        return flush(c);
       }
       case wire::kCheck: {
         const uint32_t n = r.count(4);
@@ -430,30 +492,29 @@ bool TcpStoreServer::handle(uint64_t id, Connection& c, const wire::Header& h,
 }
 
 void TcpStoreServer::reply(Connection& c, std::vector<uint8_t> frame) {
-  if (c.out_sent == c.out.size()) {
-    c.out = std::move(frame);
-    c.out_sent = 0;
-  } else {
-    c.out.insert(c.out.end(), frame.begin(), frame.end());
-  }
+  c.out.append(std::move(frame));
   if (c.pending_output() > peak_output_.load()) peak_output_ = c.pending_output();
 }
 
+void TcpStoreServer::reply(Connection& c, std::vector<uint8_t> head, SharedValue value) {
+  c.out.append(std::move(head));
+  c.out.append(std::move(value));
+  if (c.pending_output() > peak_output_.load()) peak_output_ = c.pending_output();
+}
+
+// A dtrain reply whose payload is one byte string: the stored value.
+void TcpStoreServer::reply_value(Connection& c, uint16_t status, uint32_t request_id,
+                                 SharedValue value) {
+  const size_t n = value->size();
+  reply(c, wire::Writer(status, request_id).u32(static_cast<uint32_t>(n)).finish(n),
+        std::move(value));
+}
+
 bool TcpStoreServer::flush(Connection& c) {
-  while (c.out_sent < c.out.size()) {
-    const ssize_t n = ::send(c.fd.get(), c.out.data() + c.out_sent, c.out.size() - c.out_sent,
-                             MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n > 0) {
-      c.out_sent += static_cast<size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;  // POLLOUT later
-    return false;
-  }
-  c.out.clear();
-  c.out_sent = 0;
-  return true;
+  size_t sent = 0;
+  const bool ok = c.out.flush(c.fd.get(), &sent);
+  if (sent > 0) c.last_progress = Clock::now();
+  return ok;
 }
 
 void TcpStoreServer::close_connection(uint64_t id) {
@@ -513,10 +574,10 @@ void TcpStoreServer::finish_waiter(const Waiter& w, bool timed_out) {
   }
   if (timed_out) {
     reply(c, wire::Writer(wire::kTimeout, w.request_id).finish());
+  } else if (w.kind == Waiter::kGet) {
+    reply_value(c, wire::kOk, w.request_id, data_.at(w.keys[0]));
   } else {
-    wire::Writer ok(wire::kOk, w.request_id);
-    if (w.kind == Waiter::kGet) ok.bytes(data_.at(w.keys[0]));
-    reply(c, ok.finish());
+    reply(c, wire::Writer(wire::kOk, w.request_id).finish());
   }
   c.parked = false;
   if (!flush(c)) {

@@ -20,22 +20,33 @@
 //    a connection's replies are built only while its unsent output is
 //    under kMaxPendingOutput, and its socket is not read while it is
 //    blocked (output backed up, or a GET/WAIT parked), so no request
-//    sequence makes replies or requests pile up; stored bytes and keys are
+//    sequence makes replies or requests pile up; the bytes held for all
+//    connections together (requests arriving, replies unsent; a GET's
+//    reply shares the stored value) stay within Limits::io_budget: when it
+//    is spent the server stops reading and handling rather than allocate,
+//    and a connection that holds part of it without sending or reading
+//    for Limits::stall_timeout while others wait is closed, with a log
+//    line (store/io_buffers.h); stored bytes and keys are
 //    capped (Limits; a request that would pass a cap gets an error naming
 //    it); a request names at most kMaxKeysPerRequest keys; a connection
 //    has at most kMaxWaitsPerConnection parked waits.
-//  - Connections: at most kMaxConnections established ones (a connection
-//    is established by its first well-formed request); further ones are
-//    closed at once. Connections that have not sent a well-formed request
-//    within Limits::handshake_timeout (10 s) are closed, and at most kMaxPending of them
-//    are kept (the oldest goes), so idle connections never lock a job's
-//    own ranks out.
+//  - Connections: without a job token, at most Limits::max_connections
+//    established ones (a connection is established by its first
+//    well-formed request; 4,096, or twice WORLD_SIZE and 64 when that is
+//    more); further ones are closed at once. With a token, connections
+//    that proved it are not capped. Connections that have not sent a
+//    well-formed request within Limits::handshake_timeout (10 s) are
+//    closed, and at most max(kMaxPending, max_connections) of them are
+//    kept (the oldest one that has sent nothing goes), so neither idle
+//    strangers nor a burst of thousands of ranks connecting at once lock
+//    a job's own ranks out, and established ones are never taken.
 //  - The destructor stops the thread and closes every socket before it
 //    returns, so clients waiting on this server see their connection close.
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <optional>
 #include <string>
@@ -46,6 +57,8 @@
 #include "common/socket.h"
 #include "store/auth.h"
 #include "store/c10d_wire.h"
+#include "store/io_buffers.h"
+#include "store/store_util.h"
 #include "store/waiter_table.h"
 #include "store/wire.h"
 
@@ -66,6 +79,13 @@ class TcpStoreServer {
     uint64_t max_keys = 1 << 20;
     // A connection that sends no well-formed request in this time is closed.
     std::chrono::milliseconds handshake_timeout{10000};
+    // Bytes held for all connections together (requests arriving, replies
+    // unsent), and how long a connection may hold some of them without
+    // progress while others wait for them.
+    size_t io_budget = size_t(256) << 20;
+    std::chrono::milliseconds stall_timeout{10000};
+    // Established connections without a job token (see above).
+    size_t max_connections = kMaxConnections;
     static Limits from_environment();
   };
 
@@ -88,11 +108,14 @@ class TcpStoreServer {
   size_t connections() const { return conn_count_.load(); }
   // The most reply bytes one connection has had waiting to be sent.
   size_t peak_pending_output() const { return peak_output_.load(); }
+  // The most bytes held for all connections at once (Limits::io_budget).
+  size_t peak_buffered() const { return peak_buffered_.load(); }
 
  private:
   using Clock = net::Clock;
 
   struct Connection {
+    explicit Connection(store_detail::IoBudget* budget) : in(budget), out(budget) {}
     net::Fd fd;
     std::string peer;               // "addr:port" for log lines
     Clock::time_point opened;
@@ -100,13 +123,18 @@ class TcpStoreServer {
     bool authenticated = false;     // has proved the job token
     bool challenged = false;        // AUTH_HELLO answered; AUTH_PROOF expected
     store_auth::Nonce client_nonce{}, server_nonce{};
-    std::vector<uint8_t> in;        // bytes received, not yet handled
-    std::vector<uint8_t> out;       // reply bytes not yet sent
-    size_t out_sent = 0;            // prefix of `out` already sent
+    store_detail::InputBuffer in;   // bytes received, not yet handled
+    store_detail::OutputQueue out;  // replies not yet sent
+    size_t in_need = 0;             // size the request in `in` has (0: not known yet)
+    c10d_wire::Scan scan;           // how far a c10d request in `in` was looked at
+    Clock::time_point last_progress;  // last byte received or sent
+    bool awaiting_budget = false;   // in budget_queue_: its buffer cannot grow now
+    bool budget_granted = false;    // taken off budget_queue_: its next read may go
+    bool stalled = false;           // in stalled_: requests wait for the budget
     bool parked = false;            // a GET/WAIT is waiting; hold later requests
     bool broken = false;            // to be closed at the end of this turn
     c10d_wire::Dialect dialect = c10d_wire::Dialect::kUnknown;
-    size_t pending_output() const { return out.size() - out_sent; }
+    size_t pending_output() const { return out.pending(); }
     // Requests are neither handled nor read while this is true.
     bool blocked() const { return parked || pending_output() >= kMaxPendingOutput; }
   };
@@ -125,6 +153,16 @@ class TcpStoreServer {
   void c10d_wait(uint64_t id, c10d_wire::Reader& r, c10d_wire::Writer& out);
   bool flush(Connection& c);
   void reply(Connection& c, std::vector<uint8_t> frame);
+  // A reply whose last bytes are a stored value (sent from the map's copy).
+  void reply(Connection& c, std::vector<uint8_t> head, store_detail::SharedValue value);
+  void reply_value(Connection& c, uint16_t status, uint32_t request_id,
+                   store_detail::SharedValue value);
+  // The budget (tcp_store_server_guard.cpp).
+  bool cover_next_read(Connection& c);
+  bool may_read(uint64_t id, Connection& c);
+  void note_stalled(uint64_t id, Connection& c);
+  void wake_budget_waiters();
+  void close_stalled_holders();
   template <typename Step>
   void serve(uint64_t id, Step step);
   void close_connection(uint64_t id);
@@ -139,14 +177,17 @@ class TcpStoreServer {
   void finish_waiter(const Waiter& w, bool timed_out);
   void doom(uint64_t id, Connection& c);
   void close_stale_connections();
+  size_t max_pending() const;
+  void make_room_for_pending();
   void mark_established(uint64_t id, Connection& c);
   // Before a value is stored under `key`: throws InvalidArgument when the
   // store would pass a cap. After: settle() updates the totals.
   void admit(const std::string& key, size_t value_bytes) const;
   void admit_all(size_t keys, uint64_t bytes) const;  // MULTI_SET, counting every pair as new
   int64_t store_add(const std::string& key, int64_t delta);
-  std::vector<uint8_t> store_compare_set(const std::string& key, const std::vector<uint8_t>& expected,
-                                         const std::vector<uint8_t>& desired);
+  store_detail::SharedValue store_compare_set(const std::string& key,
+                                              const std::vector<uint8_t>& expected,
+                                              const std::vector<uint8_t>& desired);
   size_t entry_bytes(const std::string& key) const;
   void settle(const std::string& key, size_t bytes_before);
   void erase_key(const std::string& key);
@@ -161,12 +202,17 @@ class TcpStoreServer {
   std::atomic<size_t> parked_count_{0};
   std::atomic<size_t> conn_count_{0};
   std::atomic<size_t> peak_output_{0};
+  std::atomic<size_t> peak_buffered_{0};
   std::thread thread_;
 
   // Everything below is touched by the server thread only.
-  std::map<std::string, std::vector<uint8_t>> data_;
+  store_detail::SharedKeyMap data_;
   uint64_t data_bytes_ = 0;         // sum of key and value sizes in data_
+  store_detail::IoBudget budget_;   // before conns_, whose buffers it counts
   std::unordered_map<uint64_t, Connection> conns_;
+  std::deque<uint64_t> budget_queue_;  // connections whose input waits for the budget
+  std::vector<uint64_t> stalled_;   // connections whose requests wait for the budget
+  Clock::time_point budget_wait_since_{};  // since someone has waited for the budget
   size_t established_ = 0;
   std::map<uint64_t, Clock::time_point> pending_;  // not established: id -> opened
   store_detail::WaiterTable waiters_;

@@ -59,23 +59,129 @@ const char* op_name(Op op) {
   return names[static_cast<size_t>(op)];
 }
 
+namespace {
+
+// The fields of each request after its query byte.
+enum Field : uint8_t { kU32, kI64, kKey, kValue, kKeyList, kPairList, kEnd };
+
+const Field* layout_of(Op op) {
+  static const Field u32[] = {kU32, kEnd}, key_value[] = {kKey, kValue, kEnd},
+                     pairs[] = {kPairList, kEnd}, cas[] = {kKey, kValue, kValue, kEnd},
+                     add[] = {kKey, kI64, kEnd}, key[] = {kKey, kEnd}, keys[] = {kKeyList, kEnd},
+                     none[] = {kEnd};
+  switch (op) {
+    case Op::kValidate:
+    case Op::kPing: return u32;
+    case Op::kSet:
+    case Op::kAppend: return key_value;
+    case Op::kMultiSet: return pairs;
+    case Op::kCompareSet: return cas;
+    case Op::kAdd: return add;
+    case Op::kGet:
+    case Op::kDelete: return key;
+    case Op::kMultiGet:
+    case Op::kCheck:
+    case Op::kWait: return keys;
+    default: return none;  // no fields, or not supported: the handler decides
+  }
+}
+
+}  // namespace
+
+size_t scan(Dialect d, const uint8_t* p, size_t n, Scan& s, size_t* need) {
+  if (n == 0) {
+    *need = 1;
+    return 0;
+  }
+  const Field* layout = layout_of(decode_op(d, p[0]));
+  if (s.pos == 0) s.pos = 1;
+  auto u64_at = [&](uint64_t at) {
+    uint64_t v;
+    std::memcpy(&v, p + at, sizeof(v));
+    return v;
+  };
+  for (;;) {
+    Field f = layout[s.field];
+    if (s.in_list) {
+      if (s.items_left == 0) {
+        s.in_list = false;
+        ++s.field;
+        continue;
+      }
+      f = f == kPairList && s.value_next ? kValue : kKey;
+    }
+    if (f == kEnd) {
+      const size_t size = s.pos;
+      s = Scan{};
+      return size;
+    }
+    uint64_t end = s.pos + (f == kU32 ? 4 : 8);
+    if (end > n) {
+      *need = end;
+      return 0;
+    }
+    if (f == kKey || f == kValue) {
+      const uint64_t len = u64_at(s.pos);
+      if (len > (f == kKey ? kMaxKeyBytes : kMaxValueBytes))
+        throw wire::Malformed{f == kKey ? "key over the 64 KiB limit" : "value over the 64 MiB limit"};
+      end += len;
+    } else if (f == kKeyList || f == kPairList) {
+      const uint64_t count = u64_at(s.pos);
+      if (count > kMaxKeysPerRequest) throw wire::Malformed{"more than 131072 keys in one request"};
+      s.in_list = true;
+      s.items_left = count;
+    }
+    if (end > kMaxRequestBytes) throw wire::Malformed{"request over the 64 MiB limit"};
+    if (end > n) {
+      *need = end;
+      return 0;
+    }
+    s.pos = end;
+    if (!s.in_list || f == kKeyList || f == kPairList) {
+      if (!s.in_list) ++s.field;
+      continue;
+    }
+    if (layout[s.field] == kPairList && !s.value_next) {
+      s.value_next = true;  // the pair's value
+      continue;
+    }
+    s.value_next = false;
+    --s.items_left;
+  }
+}
+
 }  // namespace c10d_wire
 
 namespace cw = c10d_wire;
 
-// Handles every complete request in the buffer, in order.
+// Handles every complete request in the buffer, in order. A request is
+// scanned as its bytes arrive (cw::scan), and parsed once it is all there.
 bool TcpStoreServer::process_c10d(uint64_t id, Connection& c) {
   size_t pos = 0;
   bool ok = true;
+  c.in_need = 0;
   while (ok && pos < c.in.size() && !c.blocked()) {
     const uint8_t* start = c.in.data() + pos;
-    cw::Reader r(start, c.in.size() - pos);
-    const cw::Op op = cw::decode_op(c.dialect, r.u8());
+    const cw::Op op = cw::decode_op(c.dialect, *start);
     try {
+      size_t need = 0;
+      const size_t size = cw::scan(c.dialect, start, c.in.size() - pos, c.scan, &need);
+      if (size == 0) {
+        c.in_need = need;
+        break;  // the rest of this request has not arrived yet
+      }
+      if (budget_.spent()) {  // handled once replies drain
+        note_stalled(id, c);
+        break;
+      }
+      cw::Reader r(start + 1, size - 1);
       ok = handle_c10d(id, c, op, r);
       mark_established(id, c);
-    } catch (const cw::Incomplete&) {
-      break;  // the rest of this request has not arrived yet
+      pos += size;
+    } catch (const cw::Incomplete&) {  // a field its scan did not count: refuse, never wait
+      DTRAIN_LOG_INFO("TCP store ", where_, ": dropping c10d client ", c.peer, ": ",
+                      cw::op_name(op), " request shorter than its fields");
+      return false;
     } catch (const wire::Malformed& m) {
       DTRAIN_LOG_INFO("TCP store ", where_, ": dropping c10d client ", c.peer, ": malformed ",
                       cw::op_name(op), " request: ", m.what);
@@ -85,9 +191,8 @@ bool TcpStoreServer::process_c10d(uint64_t id, Connection& c) {
                       cw::op_name(op), ": ", e.what());
       return false;
     }
-    pos += r.consumed(start);
   }
-  c.in.erase(c.in.begin(), c.in.begin() + static_cast<std::ptrdiff_t>(pos));
+  c.in.consume(pos);
   return ok && flush(c);
 }
 
@@ -113,7 +218,9 @@ bool TcpStoreServer::handle_c10d(uint64_t id, Connection& c, c10d_wire::Op op,
       std::string key = r.key();
       auto expected = r.value();
       auto desired = r.value();
-      out.bytes(store_compare_set(key, expected, desired));
+      auto now = store_compare_set(key, expected, desired);
+      out.u64(now->size());
+      reply(c, out.take(), std::move(now));
       break;
     }
     case cw::Op::kAdd: {
@@ -130,7 +237,11 @@ bool TcpStoreServer::handle_c10d(uint64_t id, Connection& c, c10d_wire::Op op,
       const auto missing = missing_keys(data_, keys);
       if (!missing.empty())
         throw wire::Malformed{"GET of a key that does not exist (the client did not WAIT)"};
-      for (const auto& k : keys) out.bytes(data_.at(k));
+      for (const auto& k : keys) {  // each value sent from the map's copy
+        const auto& v = data_.at(k);
+        out.u64(v->size());
+        reply(c, out.take(), v);
+      }
       break;
     }
     case cw::Op::kCheck:
@@ -186,10 +297,12 @@ void TcpStoreServer::c10d_store_values(c10d_wire::Op op, c10d_wire::Reader& r) {
                         before - key.size() + value.size() <= cw::kMaxValueBytes;
     if (kv.size() == 1) admit(key, append ? before - key.size() + value.size() : value.size());
     auto& slot = data_[key];
+    if (append && slot.use_count() > 1)  // unsent replies hold the old value
+      slot = std::make_shared<Bytes>(*slot);
     if (append)
-      slot.insert(slot.end(), value.begin(), value.end());
+      slot->insert(slot->end(), value.begin(), value.end());
     else
-      slot = std::move(value);
+      slot = std::make_shared<Bytes>(std::move(value));
     settle(key, before);
   }
   for (const auto& kvp : kv) key_added(kvp.first);

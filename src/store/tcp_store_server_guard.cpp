@@ -1,6 +1,7 @@
 // The TCP store server's guards: what a request may store (the caps and
-// their accounting), the job token's challenge and response, and the
-// rate-limited log line of a refusal. (tcp_store_server.cpp has the loop.)
+// their accounting), the budget of bytes held for connections, the job
+// token's challenge and response, and the rate-limited log line of a
+// refusal. (tcp_store_server.cpp has the loop.)
 
 #include <algorithm>
 
@@ -13,6 +14,10 @@ namespace dtrain {
 
 using namespace store_detail;
 
+namespace {
+constexpr size_t kReadChunk = 64 * 1024;  // a read when the request's size is not known yet
+}  // namespace
+
 // ADD and COMPARE_SET in both dialects: admitted against the caps, applied,
 // accounted, and their waiters told.
 int64_t TcpStoreServer::store_add(const std::string& key, int64_t delta) {
@@ -24,9 +29,9 @@ int64_t TcpStoreServer::store_add(const std::string& key, int64_t delta) {
   return sum;
 }
 
-std::vector<uint8_t> TcpStoreServer::store_compare_set(const std::string& key,
-                                                       const std::vector<uint8_t>& expected,
-                                                       const std::vector<uint8_t>& desired) {
+SharedValue TcpStoreServer::store_compare_set(const std::string& key,
+                                              const std::vector<uint8_t>& expected,
+                                              const std::vector<uint8_t>& desired) {
   admit(key, desired.size());
   const size_t before = entry_bytes(key);
   bool changed = false;
@@ -38,7 +43,7 @@ std::vector<uint8_t> TcpStoreServer::store_compare_set(const std::string& key,
 
 size_t TcpStoreServer::entry_bytes(const std::string& key) const {
   auto it = data_.find(key);
-  return it == data_.end() ? 0 : key.size() + it->second.size();
+  return it == data_.end() ? 0 : key.size() + it->second->size();
 }
 
 void TcpStoreServer::admit(const std::string& key, size_t value_bytes) const {
@@ -101,6 +106,94 @@ bool TcpStoreServer::authenticate(Connection& c, const wire::Header& h, wire::Re
   }
   refuse(c, detail::cat("sent ", wire::op_name(h.opcode), " before proving the job token"));
   return false;
+}
+
+// Whether the next read of `c` is covered by the budget: its buffer is
+// reserved up to the end of a large request whose end is known (a dtrain
+// header or the c10d scan tells), or one read's worth is free.
+bool TcpStoreServer::cover_next_read(Connection& c) {
+  const size_t have = c.in.size();
+  if (c.in_need <= have + kReadChunk) return budget_.used() + kReadChunk <= budget_.limit();
+  const size_t most =
+      c.dialect == c10d_wire::Dialect::kDtrain ? c.in_need : c10d_wire::kMaxRequestBytes;
+  return c.in.reserve(c.in_need, most) || c.in.room() > 0;
+}
+
+// Whether `c` may read now; if not, it waits its turn on budget_queue_
+// (connections already waiting come first).
+bool TcpStoreServer::may_read(uint64_t id, Connection& c) {
+  if (c.budget_granted) {
+    c.budget_granted = false;
+    return true;
+  }
+  if (c.in_need > c.in.size() + kReadChunk && c.in.room() > 0) return true;  // reserved before
+  if (budget_queue_.empty() && cover_next_read(c)) return true;
+  if (budget_queue_.empty() && stalled_.empty()) budget_wait_since_ = Clock::now();
+  c.awaiting_budget = true;
+  budget_queue_.push_back(id);
+  return false;
+}
+
+// Requests are handled only while the budget is not spent; a connection
+// with a whole request left then waits on stalled_.
+void TcpStoreServer::note_stalled(uint64_t id, Connection& c) {
+  if (c.stalled) return;
+  if (budget_queue_.empty() && stalled_.empty()) budget_wait_since_ = Clock::now();
+  c.stalled = true;
+  stalled_.push_back(id);
+}
+
+// Once per turn: connections waiting for the budget go on, in the order
+// they came, as far as it covers them (a reader is polled again, and its
+// next read is let through).
+void TcpStoreServer::wake_budget_waiters() {
+  while (!budget_queue_.empty()) {
+    auto it = conns_.find(budget_queue_.front());
+    if (it == conns_.end() || it->second.broken) {
+      budget_queue_.pop_front();
+      continue;
+    }
+    Connection& c = it->second;
+    if (!cover_next_read(c)) break;
+    c.awaiting_budget = false;
+    c.budget_granted = true;
+    budget_queue_.pop_front();
+  }
+  if (budget_.spent()) return;
+  for (uint64_t id : stalled_) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) continue;
+    it->second.stalled = false;
+    resume_.push_back(id);
+  }
+  stalled_.clear();
+  if (budget_queue_.empty()) budget_wait_since_ = {};
+}
+
+// While others have waited for the budget for stall_timeout, the
+// connection that holds most of it and has neither sent nor read for as
+// long is closed, one per stall_timeout: a client that never reads its
+// replies, or that sends half a request and stops, cannot hold the store.
+void TcpStoreServer::close_stalled_holders() {
+  if (budget_queue_.empty() && stalled_.empty()) return;
+  const auto now = Clock::now();
+  if (now - budget_wait_since_ < limits_.stall_timeout) return;
+  uint64_t victim = 0;
+  size_t most = 0;
+  for (auto& [id, c] : conns_) {
+    const size_t held = c.in.capacity() + c.pending_output();
+    if (c.awaiting_budget || c.stalled || c.broken || held <= most) continue;
+    if (now - c.last_progress < limits_.stall_timeout) continue;
+    victim = id;
+    most = held;
+  }
+  budget_wait_since_ = now;  // next look in one stall_timeout
+  if (victim == 0) return;
+  log_line(detail::cat("TCP store ", where_, ": closing ", conns_.at(victim).peer, ": it holds ",
+                       most, " bytes of the store's buffers and has neither sent nor read for ",
+                       limits_.stall_timeout.count(), " ms while other clients wait for them (",
+                       budget_.used(), " of ", budget_.limit(), " bytes in use)"));
+  close_connection(victim);
 }
 
 // Before the proof only the next frame of the handshake is allowed, and no

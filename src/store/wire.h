@@ -110,8 +110,10 @@ class Writer {
   Writer& str(const std::string& s) { return bytes(s.data(), s.size()); }
   Writer& bytes(const std::vector<uint8_t>& v) { return bytes(v.data(), v.size()); }
   size_t payload_size() const { return buf_.size() - kHeaderBytes; }
-  std::vector<uint8_t> finish() {
-    put32(8, static_cast<uint32_t>(payload_size()));
+  // `trailing`: bytes the caller sends right after this frame's bytes as
+  // the end of its payload (a stored value, not copied into the frame).
+  std::vector<uint8_t> finish(size_t trailing = 0) {
+    put32(8, static_cast<uint32_t>(payload_size() + trailing));
     return std::move(buf_);
   }
 
