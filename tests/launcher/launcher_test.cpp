@@ -391,6 +391,21 @@ TEST(Launcher, ANodeThatDiedWhileJoiningCostsAtMostTheJoinTimeoutAndASignalStops
   }
 }
 
+// Restarts leave the store holding two rounds of rendezvous keys, not all
+// of them: when round N forms, round N-2's keys (node table, keep-alives,
+// its end and count) are gone, round N-1's still there (issue 30 item 15).
+TEST(Launcher, RestartsDeleteTheKeysOfRoundsNoNodeNeeds) {
+  auto r = launch({"--nproc-per-node", "1", "--max-restarts", "3", "--master-port",
+                   std::to_string(free_port()), kProbe, "rdzv-keys", "3"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "[0]:attempt 1 round 0: node/0 failed counted"));
+  EXPECT_TRUE(Contains(r.output, "[0]:attempt 2 round 0: (none)\n"));
+  EXPECT_TRUE(Contains(r.output, "[0]:attempt 2 round 1: node/0 failed counted"));
+  EXPECT_TRUE(Contains(r.output, "[0]:attempt 3 round 0: (none)\n"));
+  EXPECT_TRUE(Contains(r.output, "[0]:attempt 3 round 1: (none)\n"));
+  EXPECT_TRUE(Contains(r.output, "[0]:attempt 3 round 2: node/0 failed counted"));
+}
+
 TEST(Launcher, SignalWhileWaitingForTheOtherNodesStopsPromptly) {
   const std::string port = std::to_string(free_port());
   ProcessRanks procs;

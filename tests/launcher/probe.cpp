@@ -82,7 +82,7 @@ int rdzv_keys(int fail_until) {
   auto store = rendezvous_store(env_int("MASTER_PORT"), std::getenv("TORCHELASTIC_RUN_ID"));
   for (int round = 0; round < attempt; ++round) {
     std::string present;
-    for (const char* k : {"node/0", "alive/0", "failed", "counted"})
+    for (const char* k : {"node/0", "failed", "counted", "alive/0"})
       if (store->check({"round/" + std::to_string(round) + "/" + k})) present += std::string(" ") + k;
     std::printf("attempt %d round %d:%s\n", attempt, round, present.empty() ? " (none)" : present.c_str());
   }

@@ -113,11 +113,39 @@ int Rendezvous::current_round() {
 void Rendezvous::advance(int round) {
   // Every node of the ended round calls this; only the first moves it, and
   // exactly one counts the round when it failed.
+  // How the round ended is read before this node counts itself out of it:
+  // once every node has, the round's keys may be deleted (prune).
   const auto now = std::to_string(round), next = std::to_string(round + 1);
   store_->compare_set("current_round", {now.begin(), now.end()}, {next.begin(), next.end()});
-  if (store_->add(key(round, "counted"), 1) != 1) return;
   const auto end = ended(round);
+  if (store_->add(key(round, "counted"), 1) != 1) return;
   if (!end || !end->scale_up) store_->add("restarts_used", 1);
+}
+
+// A round's keys are deleted once no participant can still read them: by
+// node 0 of round + 2 (every node of that round has left `round` behind),
+// and only when every participant of `round` has counted itself out of it
+// in advance() (a node of `round` that has not — dead, or still stopping
+// its workers — keeps them). A node that never got a place (one beyond MAX)
+// reads no more than "closed" and "count" before it gives up.
+void Rendezvous::prune(int round) {
+  if (round < 0 || !store_->check({key(round, "counted")})) return;
+  int participants = options_.max_nodes;
+  int places = participants;
+  if (options_.elastic()) {
+    if (!store_->check({key(round, "closed")})) return;
+    const auto closed = store_->get_string(key(round, "closed"));
+    if (closed.empty() || closed.size() > 6 || closed.find_first_not_of("0123456789") != std::string::npos)
+      return;  // not a launcher's value: leave the round alone
+    participants = std::stoi(closed);
+    places = std::max<int>(participants, static_cast<int>(store_->add(key(round, "count"), 0)));
+  }
+  if (store_->add(key(round, "counted"), 0) < participants) return;
+  for (int i = 0; i < places; ++i)
+    for (const char* k : {"node/", "alive/", "done/"})
+      store_->delete_key(key(round, k + std::to_string(i)));
+  for (const char* k : {"count", "closed", "waiting", "failed", "counted"})
+    store_->delete_key(key(round, k));
 }
 
 bool Rendezvous::any_done(const Round& r) {
@@ -307,6 +335,7 @@ Round Rendezvous::join(int number) {
   }
   r.nnodes = participants;
   const std::vector<int> nprocs = node_table(number, participants);
+  if (r.node_rank == 0) prune(number - 2);
   r.rank_offset = 0;
   for (int i = 0; i < r.node_rank; ++i) r.rank_offset += nprocs[i];
   r.world_size = 0;

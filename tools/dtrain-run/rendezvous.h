@@ -18,7 +18,9 @@
 // failed rounds, so the restart budget is the job's, whichever node fails or
 // rejoins. During a round each node bumps a keep-alive counter; a node whose
 // counter stops moving for keep_alive_max_attempt intervals is declared
-// gone, which fails the round for everyone.
+// gone, which fails the round for everyone. The keys of a round are deleted
+// two rounds later, once all of its nodes have moved on, so a job that
+// restarts often keeps two rounds of keys in the store, not all of them.
 //
 // Scale-up (c10d, torchrun's behaviour): a node that arrives while a round
 // of fewer than MAX nodes runs waits for the next round; the running nodes
@@ -105,6 +107,8 @@ class Rendezvous {
   std::pair<int, int> join_dynamic(int round, const std::string& me);
   // Every participant's number of workers, in node order.
   std::vector<int> node_table(int round, int participants);
+  // Deletes round `round`'s keys when no participant can need them.
+  void prune(int round);
   const Options& options_;
   std::shared_ptr<Store> store_;
   bool host_ = false;
