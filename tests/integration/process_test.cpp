@@ -476,6 +476,18 @@ TEST_P(MpiBackend, MonitoredBarrierNamesTheMissingRank) {
               std::string::npos) << describe(p);
 }
 
+// Before, one thread completed p2p requests in posting order: rank 0's send
+// waited behind its earlier receive until the timeout.
+TEST_P(MpiBackend, EachSendAndRecvCompletesOnItsOwn) {
+  ProcessRanks procs;
+  auto& p = mpirun(procs, {"p2p-order", "mpi"});
+  ASSERT_TRUE(procs.wait(p, Clock::now() + 120s)) << "mpirun did not finish: " << p.output();
+  EXPECT_EQ(p.exit_code, 0) << describe(p);
+  for (int r = 0; r < GetParam(); ++r)
+    EXPECT_NE(p.output().find("rank " + std::to_string(r) + " p2p order ok on mpi"),
+              std::string::npos) << describe(p);
+}
+
 TEST_P(MpiBackend, DdpMatchesSingleProcessTraining) {
   ProcessRanks procs;
   auto& p = mpirun(procs, {"ddp-equivalence", "mpi"});

@@ -560,6 +560,33 @@ int trace_uncaught() {
   return 0;
 }
 
+// Each send and recv completes on its own: rank 0's send of tag 2 while its
+// receive of tag 1, posted first, waits for rank 1's reply to two sends.
+int p2p_order(const std::string& backend) {
+  dtrain::init_process_group(dtrain::InitOptions().backend(backend));
+  const int rank = dtrain::get_rank();
+  auto& g = *dtrain::default_group();
+  if (rank == 0) {
+    auto in = at::zeros({4});
+    auto r = g.recv(in, 1, 1);
+    g.send(at::full({4}, 2.0f), 1, 2)->wait();
+    if (r->is_completed()) throw std::runtime_error("the receive completed before its message");
+    g.send(at::full({4}, 3.0f), 1, 3)->wait();
+    r->wait();
+    if (!at::equal(in, at::full({4}, 1.0f))) throw std::runtime_error("wrong data received");
+  } else if (rank == 1) {
+    auto a = at::zeros({4}), b = at::zeros({4});
+    g.recv(a, 0, 2)->wait();
+    g.recv(b, 0, 3)->wait();
+    g.send(at::full({4}, 1.0f), 0, 1)->wait();
+    if (!at::equal(a, at::full({4}, 2.0f)) || !at::equal(b, at::full({4}, 3.0f)))
+      throw std::runtime_error("wrong data received");
+  }
+  dtrain::barrier();
+  std::cout << "rank " << rank << " p2p order ok on " << backend << std::endl;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -578,6 +605,7 @@ int main(int argc, char** argv) {
     if (mode == "checkpoint-crash" && argc > 3) return checkpoint_crash(argv[2], argv[3], false);
     if (mode == "checkpoint-check" && argc > 2) return checkpoint_crash(argv[2], "", true);
     if (mode == "monitored") return monitored(argc > 2 ? argv[2] : "auto");
+    if (mode == "p2p-order") return p2p_order(argc > 2 ? argv[2] : "auto");
     if (mode == "mismatch") return mismatch();
     if (mode == "trace" && argc > 3) return trace_fault(argv[2], argv[3]);
     if (mode == "timeline") return timeline_training();

@@ -144,7 +144,8 @@ PeerCounts peer_counts(const std::vector<int64_t>& numels, const std::string& wh
 }
 
 MpiProcessGroup::MpiProcessGroup(int rank, int size, GroupOptions options)
-    : ProcessGroup(rank, size, std::move(options)), comm_(std::make_unique<Comm>()) {
+    : ProcessGroup(rank, size, std::move(options)), comm_(std::make_unique<Comm>()),
+      p2p_(std::chrono::microseconds(50)) {
   ensure_initialized();
   const auto what = detail::cat("mpi: creating group '", name(), "' (rank ", rank, "/", size, ")");
   const auto [world_rank, world_size] = world_rank_and_size();
@@ -213,20 +214,72 @@ WorkPtr MpiProcessGroup::launch(const Call& call, SerialExecutor& executor,
   return work;
 }
 
+WorkPtr MpiProcessGroup::launch_p2p(const Call& call, at::Tensor tensor,
+                                    const std::function<void(Posted&)>& post) {
+  auto work = std::make_shared<Work>(call.description);
+  in_flight().reap();
+  {
+    std::lock_guard<std::mutex> lock(broken_mutex_);
+    if (broken_) {
+      work->finish(broken_group_error(call.description, broken_));
+      return work;
+    }
+  }
+  auto posted = std::make_shared<Posted>();
+  posted->buffers = {std::move(tensor)};
+  post(*posted);  // on the caller's thread, in issue order
+  CompletionWatcher::Op op;
+  op.work = work;
+  op.deadline = Clock::now() + call.timeout;
+  op.test = [this, work, posted, call] {
+    try {
+      if (!test(call, *posted)) return false;
+    } catch (...) {
+      mark_broken(std::current_exception());
+      throw;
+    }
+    if (posted->receive) work->set_source_rank(posted->source);
+    return true;
+  };
+  op.expire = [this, work, posted, call] {
+    try {
+      expire(call, posted);
+    } catch (...) {
+      mark_broken(std::current_exception());
+      throw;
+    }
+    if (posted->receive) work->set_source_rank(posted->source);
+  };
+  p2p_.add(std::move(op));
+  return work;
+}
+
+void MpiProcessGroup::mark_broken(std::exception_ptr error) {
+  std::lock_guard<std::mutex> lock(broken_mutex_);
+  if (!broken_) broken_ = std::move(error);
+}
+
+bool MpiProcessGroup::test(const Call& call, Posted& posted) {
+  int done = 0;
+  MPI_Status status;
+  check(MPI_Test(&posted.request, &done, &status), call.description);
+  if (done && posted.receive) posted.source = status.MPI_SOURCE;
+  return done != 0;
+}
+
 void MpiProcessGroup::complete(const Call& call, const std::shared_ptr<Posted>& posted) {
   const auto deadline = Clock::now() + call.timeout;
-  MPI_Status status;
   for (int polls = 0;; ++polls) {
-    int done = 0;
-    check(MPI_Test(&posted->request, &done, &status), call.description);
-    if (done) {
-      if (posted->receive) posted->source = status.MPI_SOURCE;
-      return;
-    }
+    if (test(call, *posted)) return;
     if (Clock::now() >= deadline) break;
     // Poll hot at first, then back off so a waiting rank leaves the CPU.
     if (polls > 200) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
+  expire(call, posted);
+}
+
+void MpiProcessGroup::expire(const Call& call, const std::shared_ptr<Posted>& posted) {
+  MPI_Status status;
   const auto timed_out = detail::cat(call.description, " timed out after ", call.timeout.count(),
                                      " ms");
   if (posted->cancellable) {
@@ -393,7 +446,7 @@ WorkPtr MpiProcessGroup::do_barrier(const Call& call) {
 WorkPtr MpiProcessGroup::do_send(const Call& call, at::Tensor tensor, int dst, int tag) {
   check_tag(call, tag);
   const int n = count_of(tensor, call.description);
-  return launch(call, p2p_waits_, {tensor}, [&](Posted& p) {
+  return launch_p2p(call, tensor, [&](Posted& p) {
     p.cancellable = true;
     check(MPI_Isend(tensor.data_ptr(), n, datatype(tensor.scalar_type()), dst, tag, comm_->comm,
                     &p.request),
@@ -522,7 +575,7 @@ void MpiProcessGroup::run_monitored_barrier(const Call& call, bool wait_all_rank
 WorkPtr MpiProcessGroup::do_recv(const Call& call, at::Tensor tensor, int src, int tag) {
   check_tag(call, tag);
   const int n = count_of(tensor, call.description);
-  return launch(call, p2p_waits_, {tensor}, [&](Posted& p) {
+  return launch_p2p(call, tensor, [&](Posted& p) {
     p.cancellable = true;
     p.receive = true;
     check(MPI_Irecv(tensor.data_ptr(), n, datatype(tensor.scalar_type()),

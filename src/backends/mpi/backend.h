@@ -4,8 +4,9 @@
 // was started with (mpirun), as MPI-3 non-blocking calls behind the Work
 // contract: each call is posted on the caller's thread, in issue order, and
 // completed (MPI_Test, under the operation's timeout) on the group's thread.
-// Point-to-point completes on a second thread, so isend/irecv in any order
-// never deadlock.
+// Point-to-point operations each complete on their own (a second thread
+// MPI_Tests them all), whatever the order they were posted in, so isend /
+// irecv in any order never deadlock.
 //
 // After a timeout the group is broken (later calls fail at once, see
 // core/broken_group.h). A timed-out send or recv is cancelled (MPI_Cancel;
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "dtrain/backend_hooks.h"
+#include "core/completion_watcher.h"
 #include "core/serial_executor.h"
 #include "dtrain/process_group.h"
 
@@ -49,10 +51,19 @@ class MpiProcessGroup final : public ProcessGroup {
   // `buffers` are the tensors MPI reads or writes until the request is done.
   WorkPtr launch(const Call& call, SerialExecutor& executor, std::vector<at::Tensor> buffers,
                  const std::function<void(Posted&)>& post, std::function<void()> after = {});
-  // Polls the request until MPI is done with it; at the deadline cancels
-  // what can be, hands the rest to the requests in flight and throws
-  // TimeoutError.
+  // Posts a send or recv now; its Work finishes when MPI says it is done
+  // (p2p_), not behind earlier ones.
+  WorkPtr launch_p2p(const Call& call, at::Tensor tensor,
+                     const std::function<void(Posted&)>& post);
+  // Polls the request until MPI is done with it; at the deadline expire()s.
   void complete(const Call& call, const std::shared_ptr<Posted>& posted);
+  // One MPI_Test: true once MPI is done with the request.
+  bool test(const Call& call, Posted& posted);
+  // The deadline passed: cancels what can be, hands the rest to the
+  // requests in flight and throws TimeoutError (returns when the request
+  // completed after all).
+  void expire(const Call& call, const std::shared_ptr<Posted>& posted);
+  void mark_broken(std::exception_ptr error);
   void run_monitored_barrier(const Call& call, bool wait_all_ranks);
   // User tags stay below MPI_TAG_UB, which monitored_barrier uses.
   void check_tag(const Call& call, int tag) const;
@@ -60,7 +71,7 @@ class MpiProcessGroup final : public ProcessGroup {
   std::unique_ptr<Comm> comm_;
   std::exception_ptr broken_;
   std::mutex broken_mutex_;
-  SerialExecutor p2p_waits_;
+  CompletionWatcher p2p_;
   SerialExecutor collectives_;  // last: drained first on destruction
 };
 
