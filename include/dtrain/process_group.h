@@ -118,10 +118,14 @@ class ProcessGroup {
   // 2(n-1) messages through rank 0.
   WorkPtr monitored_barrier(Timeout timeout = {}, bool wait_all_ranks = false);
   // Point to point. Sends and receives are matched by (peer, tag) in order;
-  // they are posted at once, so isend/irecv pairs in any order never
-  // deadlock. recv from kAnySource takes the first message with its tag
-  // from any rank (receives from a named rank are matched before it); the
-  // work's source_rank() names the sender.
+  // they are posted at once and each completes on its own (not in posting
+  // order), so isend/irecv pairs in any order never deadlock. A receiver
+  // holds messages that come before their recv only up to a budget
+  // (DTRAIN_TCP_UNEXPECTED_BYTES); a larger send completes once its recv is
+  // posted, as in gloo and MPI, so post receives before waiting on the
+  // sends they answer. recv from kAnySource takes the first message with
+  // its tag from any rank (receives from a named rank are matched before
+  // it); the work's source_rank() names the sender.
   WorkPtr send(at::Tensor tensor, int dst, int tag = 0, Timeout timeout = {});
   WorkPtr recv(at::Tensor tensor, int src, int tag = 0, Timeout timeout = {});
 

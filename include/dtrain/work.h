@@ -15,8 +15,10 @@
 //    escapes the program finds the flight recorder's dump already written.
 //  - exception() is null until the operation fails, then holds the failure.
 //  - After wait() returns normally, output tensors hold their results.
-//  - Operations of one group run in the order they were issued, on every
-//    rank; Work handles may be waited on in any order and from any thread.
+//  - Collectives of one group run in the order they were issued, on every
+//    rank. Each send and recv completes on its own, as soon as its message
+//    has gone or arrived, whatever was posted before it. Work handles may
+//    be waited on in any order and from any thread.
 //
 // Device work (CUDA tensors on the nccl backend; PyTorch's ProcessGroupNCCL
 // semantics):

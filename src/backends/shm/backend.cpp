@@ -199,7 +199,15 @@ void ShmProcessGroup::attach(Store& store) {
       throw InternalError(detail::cat(what, ": /dev/shm", segment_.name(),
                                       " is not a dtrain segment of this group (magic, version "
                                       "or size differ; a different dtrain build?)"));
-    half_bytes_ = header->half_bytes;
+    // The header is memory any process of this user can write: its layout
+    // is checked against the mapping before anything is placed by it.
+    const uint64_t half = header->half_bytes;
+    if (half < std::max<size_t>(4096, size_t(n) * kLine) || half > (uint64_t{1} << 30) ||
+        half % 4096 != 0 || Layout(n, static_cast<size_t>(half)).total != segment_.size())
+      throw InternalError(detail::cat(what, ": /dev/shm", segment_.name(), " declares slots of ",
+                                      half, " bytes, which do not fit its ", segment_.size(),
+                                      " bytes for ", n, " ranks (a damaged or foreign segment)"));
+    half_bytes_ = static_cast<size_t>(half);
     segment_.lock_slot(rank());
   }
   // 3. Once everyone holds the mapping, the name is no longer needed: rank 0
