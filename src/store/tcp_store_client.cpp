@@ -57,12 +57,32 @@ void TcpStoreClient::connect(ms timeout) {
     fd_.reset();
     throw TimeoutError(detail::cat("TCP store: ", e.what()));
   } catch (const NetworkError& e) {
+    // The server says why it closes a connection (a REFUSED frame: no job
+    // token proved, its connection limit); a bare close is not blamed on
+    // the token.
     fd_.reset();
-    throw NetworkError(detail::cat("TCP store: ", e.what(),
-                                   token_ ? "" : " (a store that requires a job token closes "
-                                                 "connections without one: is DTRAIN_STORE_TOKEN "
-                                                 "set where it runs?)"));
+    const std::string why = e.what();
+    throw NetworkError(detail::cat(
+        "TCP store: ", why,
+        why.find("connection closed by") == std::string::npos &&
+                why.find("reset by peer") == std::string::npos
+            ? ""
+            : " before answering the connection's first request (the store may be shutting "
+              "down, or it closed this connection among too many that had made no request)"));
   }
+}
+
+// A REFUSED frame: the server closes this connection and says why.
+void TcpStoreClient::refused(const wire::Header& h, net::Clock::time_point deadline) {
+  std::vector<uint8_t> body(std::min<uint32_t>(h.length, 4096));
+  std::string why = "(no reason given)";
+  try {
+    net::recv_all(fd_.get(), body.data(), body.size(), deadline, where_);
+    wire::Reader r(body.data(), body.size());
+    why = r.str();
+  } catch (const std::exception&) {
+  }
+  throw NetworkError(detail::cat(where_, " closed the connection: ", why));
 }
 
 wire::Header TcpStoreClient::exchange(const std::vector<uint8_t>& request,
@@ -74,6 +94,8 @@ wire::Header TcpStoreClient::exchange(const std::vector<uint8_t>& request,
   uint8_t head[wire::kHeaderBytes];
   net::recv_all(fd_.get(), head, sizeof(head), deadline, where_);
   const wire::Header h = wire::decode_header(head);
+  if (!wire::header_problem(h, /*is_request=*/false) && h.opcode == wire::kRefused)
+    refused(h, deadline);
   if (wire::header_problem(h, /*is_request=*/false) || h.request_id != id || h.length > 4096)
     throw NetworkError(detail::cat(where_, " answered with a frame that is not a dtrain store reply"));
   body->resize(h.length);
@@ -110,8 +132,10 @@ void TcpStoreClient::prove_token(net::Clock::time_point deadline) {
   try {
     h = exchange(wire::Writer(wire::kAuthProof, 0).bytes(answer.data(), answer.size()).finish(),
                  &body, deadline);
-  } catch (const NetworkError&) {
-    h.opcode = wire::kError;  // it closed the connection
+  } catch (const NetworkError& e) {
+    if (std::string(e.what()).find("closed the connection: ") != std::string::npos) throw;
+    throw NetworkError(detail::cat(where_, " closed the connection before answering this job "
+                                   "token's proof"));
   }
   if (h.opcode != wire::kOk)
     throw NetworkError(detail::cat(where_, " refused this job token"));
@@ -141,6 +165,7 @@ uint16_t TcpStoreClient::call(std::vector<uint8_t> frame, ms timeout, bool block
     h = wire::decode_header(head);
     if (const char* problem = wire::header_problem(h, /*is_request=*/false))
       throw NetworkError(detail::cat("bad reply header: ", problem));
+    if (h.opcode == wire::kRefused) refused(h, start + reply_budget);
     if (h.request_id != id)
       throw NetworkError(detail::cat("reply to request ", h.request_id, " while waiting for ", id));
     body.resize(h.length);

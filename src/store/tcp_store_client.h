@@ -64,6 +64,8 @@ class TcpStoreClient {
   wire::Header exchange(const std::vector<uint8_t>& frame, std::vector<uint8_t>* body,
                         net::Clock::time_point deadline);
   void prove_token(net::Clock::time_point deadline);
+  // Reads a REFUSED frame's reason and throws it as a NetworkError.
+  [[noreturn]] void refused(const wire::Header& h, net::Clock::time_point deadline);
 
   std::string host_;
   uint16_t port_;

@@ -232,9 +232,13 @@ void TcpStoreServer::accept_clients() {
     // With a token, connections are counted against the cap only while
     // they have not proved it: the job's own processes are never refused.
     if (!token_ && established_ >= limits_.max_connections) {
-      log_line(detail::cat("TCP store ", where_, ": refusing ", peer_of(fd), ": already ",
-                           limits_.max_connections, " connections (the limit for ",
-                           "a job of this size, set from WORLD_SIZE)"));
+      const std::string why = detail::cat("the store already has ", limits_.max_connections,
+                                          " connections, its limit (4096, or twice WORLD_SIZE "
+                                          "and 64 where the store runs)");
+      log_line(detail::cat("TCP store ", where_, ": refusing ", peer_of(fd), ": ", why));
+      const auto frame = wire::Writer(wire::kRefused, 0).str(why).finish();
+      ssize_t ignored = ::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      (void)ignored;
       continue;  // closes it
     }
     if (pending_.size() >= max_pending()) make_room_for_pending();
@@ -269,8 +273,10 @@ void TcpStoreServer::make_room_for_pending() {
       break;
     }
   }
-  DTRAIN_LOG_INFO("TCP store ", where_, ": closing ", conns_.at(victim).peer,
-                  ": no request yet, and ", max_pending(), " such connections are open");
+  const std::string why = detail::cat("it had made no request yet, and ", max_pending(),
+                                      " such connections were open");
+  DTRAIN_LOG_INFO("TCP store ", where_, ": closing ", conns_.at(victim).peer, ": ", why);
+  say_why(conns_.at(victim), 0, why);
   close_connection(victim);
 }
 
@@ -280,8 +286,10 @@ void TcpStoreServer::close_stale_connections() {
   const auto now = Clock::now();
   while (!pending_.empty() && pending_.begin()->second + limits_.handshake_timeout <= now) {
     const uint64_t id = pending_.begin()->first;
-    DTRAIN_LOG_INFO("TCP store ", where_, ": closing ", conns_.at(id).peer, ": no request within ",
-                    limits_.handshake_timeout.count(), " ms");
+    const std::string why = detail::cat("no request within ", limits_.handshake_timeout.count(),
+                                        " ms of connecting");
+    DTRAIN_LOG_INFO("TCP store ", where_, ": closing ", conns_.at(id).peer, ": ", why);
+    say_why(conns_.at(id), 0, why);
     close_connection(id);
   }
 }
@@ -354,6 +362,12 @@ bool TcpStoreServer::process_input(uint64_t id, Connection& c) {
       const std::string why = pre_auth_problem(c, h);
       if (!why.empty()) {
         refuse(c, why);
+        say_why(c, h.request_id,
+                h.opcode == wire::kAuthHello || h.opcode == wire::kAuthProof
+                    ? why
+                    : detail::cat("this store requires a job token, and this connection sent ",
+                                  wire::op_name(h.opcode), " without proving it (is ",
+                                  "DTRAIN_STORE_TOKEN set where the client runs?)"));
         return false;
       }
     }
@@ -515,6 +529,15 @@ bool TcpStoreServer::flush(Connection& c) {
   const bool ok = c.out.flush(c.fd.get(), &sent);
   if (sent > 0) c.last_progress = Clock::now();
   return ok;
+}
+
+// The last frame of a connection the server closes (REFUSED), for a
+// dtrain client to report; c10d clients, which would not understand it,
+// get none.
+void TcpStoreServer::say_why(Connection& c, uint32_t request_id, const std::string& why) {
+  if (c.dialect != c10d_wire::Dialect::kDtrain && c.dialect != c10d_wire::Dialect::kUnknown) return;
+  reply(c, wire::Writer(wire::kRefused, request_id).str(why).finish());
+  flush(c);
 }
 
 void TcpStoreServer::close_connection(uint64_t id) {

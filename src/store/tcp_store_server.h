@@ -166,6 +166,7 @@ class TcpStoreServer {
   template <typename Step>
   void serve(uint64_t id, Step step);
   void close_connection(uint64_t id);
+  void say_why(Connection& c, uint32_t request_id, const std::string& why);
   void park(Waiter w);
   void key_added(const std::string& key);
   bool authenticate(Connection& c, const wire::Header& h, wire::Reader& r);

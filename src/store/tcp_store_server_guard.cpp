@@ -98,6 +98,7 @@ bool TcpStoreServer::authenticate(Connection& c, const wire::Header& h, wire::Re
     const auto want = auth::proof(*token_, 'C', c.server_nonce, c.client_nonce);
     if (!auth::matches(want, got.data(), got.size())) {
       refuse(c, "wrong job token");
+      say_why(c, h.request_id, "wrong job token: its proof does not match this store's token");
       return false;
     }
     c.authenticated = true;

@@ -40,7 +40,11 @@ enum Op : uint16_t {
 
 // Reply opcodes. An ERROR payload is one string: the message of the
 // InvalidArgument the client throws (e.g. add() on a non-integer value).
-enum Status : uint16_t { kOk = 0x100, kTimeout = 0x101, kError = 0x102 };
+// REFUSED (request id 0, or that of the request refused) is the last frame
+// of a connection the server closes, one string saying why (no job token
+// proved, the connection limit, no request in time); the client throws it
+// as a NetworkError.
+enum Status : uint16_t { kOk = 0x100, kTimeout = 0x101, kError = 0x102, kRefused = 0x103 };
 
 inline const char* op_name(uint16_t op) {
   static const char* names[] = {"?",     "SET",    "GET",      "ADD",  "COMPARE_SET", "CHECK",
@@ -77,7 +81,7 @@ inline const char* header_problem(const Header& h, bool is_request) {
   if (h.magic != kMagic) return "bad magic";
   if (h.version != kVersion) return "unsupported protocol version";
   const bool known = is_request ? (h.opcode >= kSet && h.opcode <= kLastOp)
-                                : (h.opcode >= kOk && h.opcode <= kError);
+                                : (h.opcode >= kOk && h.opcode <= kRefused);
   if (!known) return "unknown opcode";
   if (h.length > kMaxPayloadBytes) return "declared payload length over the 64 MiB limit";
   return nullptr;

@@ -3,13 +3,16 @@
 // never appears in a message.
 
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <string>
+#include <thread>
 
 #include "dtrain/errors.h"
 #include "dtrain/store/tcp_store.h"
@@ -17,6 +20,7 @@
 #include "harness/raw_socket.h"
 #include "store/auth.h"
 #include "store/c10d_wire.h"
+#include "store/tcp_store_server.h"
 #include "store/wire.h"
 
 namespace dtrain {
@@ -154,7 +158,9 @@ TEST(StoreToken, MismatchedSetupsSayWhatIsMissing) {
     client_with(guarded->port(), "");  // no token here (DTRAIN_STORE_TOKEN unset)
     FAIL() << "a client without the token was served";
   } catch (const NetworkError& e) {
-    EXPECT_TRUE(Contains(e.what(), "is DTRAIN_STORE_TOKEN set where it runs?")) << e.what();
+    EXPECT_TRUE(Contains(e.what(), "this store requires a job token, and this connection sent "
+                                   "NUM_KEYS without proving it (is DTRAIN_STORE_TOKEN set where "
+                                   "the client runs?)")) << e.what();
   }
   auto open = server_with("");
   try {
@@ -163,6 +169,39 @@ TEST(StoreToken, MismatchedSetupsSayWhatIsMissing) {
   } catch (const InvalidArgument& e) {
     EXPECT_TRUE(Contains(e.what(), "this store has no job token")) << e.what();
   }
+}
+
+// A client the store closes for another reason than the token is told
+// that reason, not to check DTRAIN_STORE_TOKEN (issue 30, item 9).
+TEST(StoreToken, AClientClosedForAnotherReasonIsToldThatReason) {
+  TcpStoreServer::Limits one;
+  one.max_connections = 1;
+  TcpStoreServer server("127.0.0.1", 0, one);
+  auto first = client_with(server.port(), "");
+  try {
+    client_with(server.port(), "");
+    FAIL() << "a connection over the limit was served";
+  } catch (const NetworkError& e) {
+    EXPECT_TRUE(Contains(e.what(), "closed the connection: the store already has 1 connections, "
+                                   "its limit")) << e.what();
+    EXPECT_FALSE(Contains(e.what(), "DTRAIN_STORE_TOKEN")) << e.what();
+  }
+  // A server that closes without a word: the client says so, and does not
+  // guess at a token.
+  uint16_t port = 0;
+  net::Fd listener = net::listen_on("127.0.0.1", 0, &port);
+  std::thread closer([&] {
+    pollfd p{listener.get(), POLLIN, 0};
+    if (::poll(&p, 1, 5000) == 1) ::close(::accept(listener.get(), nullptr, nullptr));
+  });
+  try {
+    client_with(port, "");
+    FAIL() << "a closed connection was taken for a store";
+  } catch (const NetworkError& e) {
+    EXPECT_TRUE(Contains(e.what(), "before answering the connection's first request")) << e.what();
+    EXPECT_FALSE(Contains(e.what(), "DTRAIN_STORE_TOKEN")) << e.what();
+  }
+  closer.join();
 }
 
 TEST(StoreToken, PyTorchC10dClientsAreRefusedByATokenStore) {
