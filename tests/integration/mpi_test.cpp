@@ -1,5 +1,6 @@
-// The mpi backend after a timeout (the memory MPI may still write into) and
-// at its int limits.
+// The mpi backend after a timeout (the memory MPI may still write into),
+// after ranks called a collective with sizes that do not pair up, and at
+// its int limits.
 //
 // One binary, two roles: run plainly it is the gtest binary; the two-rank
 // tests start `mpirun -np 2 <this binary> worker MODE`, whose ranks talk
@@ -139,11 +140,52 @@ int late_collective(int rank) {
   return check_sentinels(rank, later);
 }
 
+// An all_to_all whose sizes do not pair up: rank 1 sends rank 0 three
+// elements where rank 0 posted two. Rank 0's MPI reports the truncation,
+// which is a CollectiveMismatch naming the call, as on the other backends;
+// both ranks have finished the collective, so the group stays usable (as
+// after an InvalidArgument): the next all_reduce works on both.
+int mismatch(int rank) {
+  auto group = default_group();
+  std::vector<at::Tensor> inputs = {at::ones({2}), at::ones({rank == 1 ? 3 : 2})};
+  if (rank == 1) std::swap(inputs[0], inputs[1]);  // rank 1: 3 elements to rank 0
+  std::vector<at::Tensor> outputs = {at::zeros({2}), at::zeros({2})};
+  auto work = group->all_to_all(outputs, inputs, 10s);
+  if (rank == 0) {
+    try {
+      work->wait();
+      return fail(rank, "the mismatched all_to_all succeeded");
+    } catch (const CollectiveMismatch& e) {
+      const std::string what = e.what();
+      for (const std::string part :
+           {"all_to_all #0 on group 'default' (rank 0/2, backend mpi)",
+            "a peer sent more than this rank expected (MPI: ",
+            "the ranks called collectives of different sizes"})
+        if (what.find(part) == std::string::npos)
+          return fail(rank, "the CollectiveMismatch does not say '" + part + "': " + what);
+    } catch (const std::exception& e) {
+      return fail(rank, std::string("not a CollectiveMismatch: ") + e.what());
+    }
+  } else {
+    work->wait();
+  }
+  auto t = at::ones({4});
+  try {
+    group->all_reduce(t, ReduceOp::SUM, 10s)->wait();
+  } catch (const std::exception& e) {
+    return fail(rank, std::string("the group is unusable after the mismatch: ") + e.what());
+  }
+  if (!at::equal(t, at::full({4}, 2.0f))) return fail(rank, "wrong all_reduce after the mismatch");
+  return 0;
+}
+
 int run_worker(const std::string& mode) {
   init_process_group(InitOptions().backend("mpi"));
   const int rank = get_rank();
   if (get_world_size() != 2) return fail(rank, "run with mpirun -np 2");
-  const int rc = mode == "late-recv" ? late_recv(rank) : late_collective(rank);
+  const int rc = mode == "late-recv"  ? late_recv(rank)
+                 : mode == "mismatch" ? mismatch(rank)
+                                      : late_collective(rank);
   if (rc == 0) std::cout << "rank " << rank << " " << mode << " ok" << std::endl;
   destroy_process_group();
   return rc;
@@ -176,6 +218,10 @@ TEST(MpiTimeout, TimedOutRecvIsCancelledAndItsBuffersNeverWritten) {
 
 TEST(MpiTimeout, TimedOutCollectiveKeepsItsBuffersUntilMpiIsDone) {
   expect_two_ranks_pass("late-collective");
+}
+
+TEST(MpiErrors, ACollectiveMismatchFailsTheCallAndLeavesTheGroupUsable) {
+  expect_two_ranks_pass("mismatch");
 }
 
 std::string error_of(const std::vector<int64_t>& numels) {

@@ -97,8 +97,17 @@ std::string error_text(int code) {
   return std::string(text, len);
 }
 
+// A truncated message is the ranks' mismatch (more was sent than posted),
+// not a failure of MPI: named as the other backends name it.
 void check(int code, const std::string& what) {
-  if (code != MPI_SUCCESS) throw NetworkError(what + " failed: MPI error: " + error_text(code));
+  if (code == MPI_SUCCESS) return;
+  int error_class = MPI_ERR_OTHER;
+  MPI_Error_class(code, &error_class);
+  if (error_class == MPI_ERR_TRUNCATE)
+    throw CollectiveMismatch(what + ": a peer sent more than this rank expected (MPI: " +
+                             error_text(code) + "): the ranks called collectives of different "
+                             "sizes, or a send larger than its recv");
+  throw NetworkError(what + " failed: MPI error: " + error_text(code));
 }
 
 int count_of(const at::Tensor& t, const std::string& what) {
@@ -198,12 +207,21 @@ WorkPtr MpiProcessGroup::launch(const Call& call, SerialExecutor& executor,
   auto posted = std::make_shared<Posted>();
   posted->buffers = std::move(buffers);
   post(*posted);  // on the caller's thread, in issue order
+  // As the other backends (core/serial_executor.cpp): an InvalidArgument
+  // or a CollectiveMismatch fails this call only. Either is raised once
+  // MPI has finished the operation on this rank (a truncated message was
+  // received and dropped), so the ranks are still in step; anything else
+  // (a timeout, an MPI failure) breaks the group.
   executor.submit([this, work, posted, after = std::move(after), call] {
     std::exception_ptr error;
     try {
       complete(call, posted);
       if (posted->receive) work->set_source_rank(posted->source);
       if (after) after();
+    } catch (const InvalidArgument&) {
+      error = std::current_exception();
+    } catch (const CollectiveMismatch&) {
+      error = std::current_exception();
     } catch (...) {
       error = std::current_exception();
       std::lock_guard<std::mutex> lock(broken_mutex_);
