@@ -19,10 +19,13 @@ class AgentStore final : public Store {
     call([&] { store_->set(key, value); });
   }
   using Store::set;
+  // The wait carries this store's timeout itself: c10d's get() would use
+  // the c10d store's own timeout, and setting that on every call (as this
+  // did) changed it under every other thread's calls, unsynchronized.
   std::vector<uint8_t> get(const std::string& key) override {
     std::vector<uint8_t> value;
     call([&] {
-      store_->setTimeout(timeout());
+      store_->wait({key}, timeout());
       value = store_->get(key);
     }, key);
     return value;

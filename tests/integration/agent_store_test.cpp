@@ -67,5 +67,29 @@ TEST(AgentStore, AWaitThatTimesOutIsATimeoutErrorNamingTheStore) {
       << msg;
 }
 
+// get() waits with this store's timeout, passed to each wait, instead of
+// setting the shared c10d client's timeout on every call (issue 30, item
+// 14): a get that times out says so after the store's timeout, and one
+// whose key comes in time returns it, while another thread's explicit wait
+// keeps its own timeout.
+TEST(AgentStore, GetWaitsWithTheStoresTimeoutWithoutSettingTheClients) {
+  TcpStore server(TcpStoreOptions().host("127.0.0.1").port(0).is_server(true).timeout(5s));
+  auto torch = connect_agent_store("127.0.0.1", server.port(), 5s);
+  torch->set_timeout(300ms);
+  const auto start = std::chrono::steady_clock::now();
+  const auto msg = what_thrown<TimeoutError>([&] { torch->get("absent"); });
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_TRUE(Contains(msg, "(key absent)")) << msg;
+  EXPECT_GE(took, 250ms);
+  EXPECT_LT(took, 3s);
+  std::thread later([&] {
+    std::this_thread::sleep_for(100ms);
+    server.set("/soon", "1");
+  });
+  EXPECT_EQ(torch->get_string("soon"), "1");
+  later.join();
+  torch->wait({"soon"}, 5s);
+}
+
 }  // namespace
 }  // namespace dtrain
