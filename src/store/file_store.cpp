@@ -110,14 +110,21 @@ class FileStore::Locked {
     // whoever was queued on that lock then finds the path gone or pointing
     // to a new file, and must reopen rather than write to the dead inode.
     for (;;) {
-      fd_ = ::open(s_.path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+      // Not through a symbolic link, created private, and only a regular
+      // file this user owns: anyone who can write the file can change the
+      // job's keys, so a file planted by someone else is refused.
+      fd_ = ::open(s_.path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
       if (fd_ < 0) {
         const int err = errno;
         throw InvalidArgument(detail::cat(
             where(s_.path_), ": cannot open the file: ", std::strerror(err),
-            err == ENOENT ? " (does its directory exist?)" : ""));
+            err == ENOENT  ? " (does its directory exist?)"
+            : err == ELOOP ? " (it is a symbolic link; a FileStore opens only a regular file "
+                             "of its own)"
+                           : ""));
       }
       try {
+        check_owned(fd_);
         lock(exclusive, deadline, wait_ms);
         struct stat opened {}, named {};
         if (::fstat(fd_, &opened) != 0) fail("fstat");
@@ -132,6 +139,18 @@ class FileStore::Locked {
       }
       ::close(fd_);
     }
+  }
+
+  void check_owned(int fd) {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) fail("fstat");
+    if (!S_ISREG(st.st_mode))
+      throw InvalidArgument(detail::cat(where(s_.path_), ": is not a regular file"));
+    if (st.st_uid != ::geteuid())
+      throw InvalidArgument(detail::cat(
+          where(s_.path_), ": is owned by uid ", st.st_uid, ", not by this process's user (uid ",
+          ::geteuid(), "); a FileStore uses only a file of its own user, as another user could "
+          "read and change the job's keys"));
   }
 
   // flock(2) has no timeout: try without blocking, back off from 100 us to

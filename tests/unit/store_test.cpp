@@ -8,6 +8,7 @@
 
 #include "common/paths.h"
 #include "harness/assertions.h"
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -387,6 +388,44 @@ TEST(FileStore, AMissingDirectoryIsInvalidArgumentNamingThePath) {
     EXPECT_TRUE(Contains(e.what(), "'" + path + "'"));
     EXPECT_TRUE(Contains(e.what(), "No such file or directory (does its directory exist?)"));
   }
+}
+
+std::string file_store_error(const std::string& path) {
+  try {
+    FileStore s(path);
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// The file is opened without following a symbolic link, created private
+// (0600), and used only when it is a regular file of this user (issue 30,
+// item 13: a link or a file planted by another user was used as is).
+TEST(FileStore, OnlyARegularFileOfThisUserIsUsed) {
+  TempDir dir;
+  const std::string target = dir.file("target"), link = dir.file("link");
+  ASSERT_EQ(::symlink(target.c_str(), link.c_str()), 0);
+  std::string err = file_store_error(link);
+  EXPECT_TRUE(Contains(err, "'" + link + "'")) << err;
+  EXPECT_TRUE(Contains(err, "it is a symbolic link")) << err;
+  EXPECT_FALSE(paths::exists(target)) << "the link was followed";
+
+  const std::string mine = dir.file("mine");
+  {
+    FileStore keep(mine);  // the file stays while a user holds it
+    struct stat st {};
+    ASSERT_EQ(::stat(mine.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+  }
+
+  if (::geteuid() != 0) return;  // only root can give a file to another user
+  const std::string planted = dir.file("planted");
+  std::ofstream(planted).close();
+  ASSERT_EQ(::chown(planted.c_str(), 65534, 65534), 0);
+  err = file_store_error(planted);
+  EXPECT_TRUE(Contains(err, "'" + planted + "'")) << err;
+  EXPECT_TRUE(Contains(err, "is owned by uid 65534, not by this process's user (uid 0)")) << err;
 }
 
 TEST(FileStore, ACorruptRecordIsReportedNotSkipped) {
