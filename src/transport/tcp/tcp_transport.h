@@ -69,6 +69,10 @@ class TcpTransport final : public Transport {
   bool flush(Connection& c);            // true when nothing is left to write
   bool receive(Connection& c);          // false when the connection broke
   void start_message(Connection& c);
+  // The posted receive a kData or kRts header matches: the first for its
+  // tag from this peer, else an irecv_any. nullopt when there is none, or
+  // when the sizes differ (c.dead is then set and the receive failed).
+  std::optional<Part> claim_receive(Connection& c, const FrameHeader& h);
   void start_payload(Connection& c, const FrameHeader& h);
   void start_rendezvous(Connection& c, const FrameHeader& h);
   void on_control(Connection& c, const FrameHeader& h);

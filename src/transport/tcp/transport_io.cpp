@@ -225,6 +225,24 @@ void TcpTransport::start_message(Connection& c) {
   }
 }
 
+std::optional<Part> TcpTransport::claim_receive(Connection& c, const FrameHeader& h) {
+  std::optional<Part> part;
+  auto it = std::find_if(c.recvq.begin(), c.recvq.end(),
+                         [&](const Part& p) { return p.tag == h.tag; });
+  if (it != c.recvq.end()) {
+    part = std::move(*it);
+    c.recvq.erase(it);
+  } else {
+    part = match_any(c, h.tag);
+  }
+  if (part && part->total != h.total) {
+    c.dead = std::make_exception_ptr(CollectiveMismatch(mismatch_text(c, h.total, part->total)));
+    part->request->fail(c.dead);
+    return std::nullopt;
+  }
+  return part;
+}
+
 // An eager payload: into its posted receive, or held, within the credit
 // this rank granted (a sender that overdraws it is refused, so what the
 // network makes this rank allocate stays bounded).
@@ -241,30 +259,14 @@ void TcpTransport::start_payload(Connection& c, const FrameHeader& h) {
     return;
   }
   c.eager_in += range.bytes;
-  c.in_message = true;
-  for (auto it = c.recvq.begin(); it != c.recvq.end(); ++it) {
-    if (it->tag != h.tag) continue;
-    if (it->total != h.total) {
-      c.dead = std::make_exception_ptr(CollectiveMismatch(mismatch_text(c, h.total, it->total)));
-      c.in_message = false;
-      return;
-    }
-    c.current = std::move(*it);
-    c.current.kind = kData;
-    c.recvq.erase(it);
-    return;
-  }
-  if (auto part = match_any(c, h.tag)) {
-    if (part->total != h.total) {
-      c.dead = std::make_exception_ptr(CollectiveMismatch(mismatch_text(c, h.total, part->total)));
-      part->request->fail(c.dead);
-      c.in_message = false;
-      return;
-    }
+  if (auto part = claim_receive(c, h)) {
     c.current = std::move(*part);
     c.current.kind = kData;
+    c.in_message = true;
     return;
   }
+  if (c.dead) return;
+  c.in_message = true;
   Held held;
   held.tag = h.tag;
   held.total = h.total;
@@ -284,24 +286,8 @@ void TcpTransport::start_rendezvous(Connection& c, const FrameHeader& h) {
     return;
   }
   const uint64_t id = c.rts_seen++;
-  for (auto it = c.recvq.begin(); it != c.recvq.end(); ++it) {
-    if (it->tag != h.tag) continue;
-    if (it->total != h.total) {
-      c.dead = std::make_exception_ptr(CollectiveMismatch(mismatch_text(c, h.total, it->total)));
-      return;
-    }
-    Part part = std::move(*it);
-    c.recvq.erase(it);
-    return answer_rts(c, id, std::move(part));
-  }
-  if (auto part = match_any(c, h.tag)) {
-    if (part->total != h.total) {
-      c.dead = std::make_exception_ptr(CollectiveMismatch(mismatch_text(c, h.total, part->total)));
-      part->request->fail(c.dead);
-      return;
-    }
-    return answer_rts(c, id, std::move(*part));
-  }
+  if (auto part = claim_receive(c, h)) return answer_rts(c, id, std::move(*part));
+  if (c.dead) return;
   Held held;
   held.tag = h.tag;
   held.total = h.total;
