@@ -76,7 +76,22 @@ seeds["c10d_v2_wait_cancel"] = hello + c(V["WAIT"], keys("/never")) + c(V["CANCE
 seeds["c10d_v1_basic"] = (c(0, cs("/k"), cs("v")) + c(2, cs("/k")) + c(3, cs("/n"), struct.pack("<q", 1))
                           + c(4, keys("/k")) + c(5, keys("/k")) + c(6) + c(8, cs("/k")))
 
+# odd length (the server with a job token): frames that must be refused from their header
+# before the proof, a SET declaring 63 MiB and an AUTH_HELLO longer than one can be
+seeds["dtrain_preauth_big_set_odd"] = struct.pack("<IHHII", 0x53525444, 1, SET, 63 << 20, 1) + b"k"
+seeds["dtrain_preauth_long_hello_odd"] = dtrain(9, 1, s(bytes(40))) + b"\x00"
+
 write_corpus("store_server", seeds)
+
+# c10d_scan: one byte (bit 0: v1, else v2; the rest: piece size - 1), then the stream
+c10d_scan_seeds = {
+    "v2_basic_pieces_of_1": b"\x00" + seeds["c10d_v2_basic"],
+    "v2_multi_pieces_of_8": b"\x0e" + seeds["c10d_v2_multi"],
+    "v2_wait_cancel_pieces_of_3": b"\x04" + seeds["c10d_v2_wait_cancel"],
+    "v1_basic_pieces_of_5": b"\x09" + seeds["c10d_v1_basic"],
+    "v2_mset_big_value": b"\x20" + hello + c(V["MSET"], struct.pack("<Q", 1), cs("/big"), cs(bytes(5000))),
+}
+write_corpus("c10d_scan", c10d_scan_seeds)
 
 
 # file_store_fuzz: whole store files ('S'|'D', u32 key length, u32 value length, key, value).

@@ -25,8 +25,11 @@ using namespace std::chrono_literals;
 using dtrain::TcpStoreServer;
 
 // Two servers: one without a job token, one with (its AUTH_HELLO /
-// AUTH_PROOF exchange and refusals). Inputs of odd length go to the one
-// with a token (a mutation that adds or drops a byte moves an input over).
+// AUTH_PROOF exchange, and its refusal of any other frame, or of one
+// longer than the handshake's, from the header before the proof). Inputs
+// of odd length go to the one with a token (a mutation that adds or drops
+// a byte moves an input over). The c10d scan fed in pieces has its own
+// harness (c10d_scan_fuzz).
 TcpStoreServer& server(bool with_token) {
   static TcpStoreServer* s[2] = {nullptr, nullptr};
   if (!s[with_token]) {
