@@ -73,7 +73,12 @@ void on_dump_signal(int sig) {
 void dump_on_signal(int sig) {
   const std::string name = sig == SIGTERM ? "SIGTERM" : "SIGUSR2";
   try {
-    log_warning(cat("flight recorder written to ", dump_all(name)));
+    // A process ending (its groups destroyed) keeps the dump it has, e.g.
+    // its failure's, rather than one with no group in it.
+    const auto path = dump_all(name, "", /*only_with_groups=*/true);
+    if (path.empty()) log_warning(cat("flight recorder: no process group is alive on ", name,
+                                      "; an earlier dump is left as it is"));
+    else log_warning(cat("flight recorder written to ", path));
   } catch (const std::exception& e) {
     log_warning(cat("flight recorder dump on ", name, " failed: ", e.what()));
   }
@@ -244,7 +249,7 @@ std::string FlightRecorder::json() const {
   return out.str();
 }
 
-std::string dump_all(const std::string& reason, const std::string& dir_arg) {
+std::string dump_all(const std::string& reason, const std::string& dir_arg, bool only_with_groups) {
   std::string dir = dir_arg.empty() ? env::get(env::kTraceDir).value_or("") : dir_arg;
   DTRAIN_CHECK_ARG(!dir.empty(),
                    "dump_flight_recorder: no directory given and DTRAIN_TRACE_DIR is not set");
@@ -258,6 +263,7 @@ std::string dump_all(const std::string& reason, const std::string& dir_arg) {
     rank = r.global_rank;
     world = r.world_size;
   }
+  if (live.empty() && only_with_groups) return "";
   std::ostringstream out;
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);

@@ -76,7 +76,10 @@ class FlightRecorder {
 
 // Writes every live group's ring to DIR/rank-<global rank>.json (DIR:
 // `dir`, else DTRAIN_TRACE_DIR) atomically; returns the file's path.
-// Throws InvalidArgument when neither names a directory.
-std::string dump_all(const std::string& reason, const std::string& dir = "");
+// Throws InvalidArgument when neither names a directory. With
+// `only_with_groups`, writes nothing (and returns "") when no group is
+// alive, so a process ending keeps its earlier dump.
+std::string dump_all(const std::string& reason, const std::string& dir = "",
+                     bool only_with_groups = false);
 
 }  // namespace dtrain::detail
