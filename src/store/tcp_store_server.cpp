@@ -252,34 +252,6 @@ void TcpStoreServer::accept_clients() {
   }
 }
 
-size_t TcpStoreServer::max_pending() const {
-  return std::max(kMaxPending, limits_.max_connections);
-}
-
-// Too many connections have made no request yet: the oldest one that has
-// not sent a byte goes (a job's rank sends its first request, or the job
-// token's AUTH_HELLO, as soon as it connects, so in a burst of thousands
-// of ranks the silent ones are strangers), else the oldest. Established
-// connections, which have proved the token where there is one, are never
-// taken.
-void TcpStoreServer::make_room_for_pending() {
-  uint64_t victim = pending_.begin()->first;
-  for (const auto& [id, opened] : pending_) {
-    const Connection& c = conns_.at(id);
-    char byte;
-    if (!c.in.empty() || c.challenged) continue;
-    if (::recv(c.fd.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT) < 0 && errno == EAGAIN) {
-      victim = id;
-      break;
-    }
-  }
-  const std::string why = detail::cat("it had made no request yet, and ", max_pending(),
-                                      " such connections were open");
-  DTRAIN_LOG_INFO("TCP store ", where_, ": closing ", conns_.at(victim).peer, ": ", why);
-  say_why(conns_.at(victim), 0, why);
-  close_connection(victim);
-}
-
 // Connections that have sent no well-formed request within
 // Limits::handshake_timeout are closed: they hold a slot and a descriptor.
 void TcpStoreServer::close_stale_connections() {
@@ -529,15 +501,6 @@ bool TcpStoreServer::flush(Connection& c) {
   const bool ok = c.out.flush(c.fd.get(), &sent);
   if (sent > 0) c.last_progress = Clock::now();
   return ok;
-}
-
-// The last frame of a connection the server closes (REFUSED), for a
-// dtrain client to report; c10d clients, which would not understand it,
-// get none.
-void TcpStoreServer::say_why(Connection& c, uint32_t request_id, const std::string& why) {
-  if (c.dialect != c10d_wire::Dialect::kDtrain && c.dialect != c10d_wire::Dialect::kUnknown) return;
-  reply(c, wire::Writer(wire::kRefused, request_id).str(why).finish());
-  flush(c);
 }
 
 void TcpStoreServer::close_connection(uint64_t id) {

@@ -1,9 +1,12 @@
 // The TCP store server's guards: what a request may store (the caps and
-// their accounting), the budget of bytes held for connections, the job
-// token's challenge and response, and the rate-limited log line of a
-// refusal. (tcp_store_server.cpp has the loop.)
+// their accounting), the budget of bytes held for connections, room for
+// new connections, the job token's challenge and response, and what a
+// refused client and the log are told. (tcp_store_server.cpp has the loop.)
+
+#include <sys/socket.h>
 
 #include <algorithm>
+#include <cerrno>
 
 #include "common/enforce.h"
 #include "common/logging.h"
@@ -195,6 +198,43 @@ void TcpStoreServer::close_stalled_holders() {
                        limits_.stall_timeout.count(), " ms while other clients wait for them (",
                        budget_.used(), " of ", budget_.limit(), " bytes in use)"));
   close_connection(victim);
+}
+
+size_t TcpStoreServer::max_pending() const {
+  return std::max(kMaxPending, limits_.max_connections);
+}
+
+// Too many connections have made no request yet: the oldest one that has
+// not sent a byte goes (a job's rank sends its first request, or the job
+// token's AUTH_HELLO, as soon as it connects, so in a burst of thousands
+// of ranks the silent ones are strangers), else the oldest. Established
+// connections, which have proved the token where there is one, are never
+// taken.
+void TcpStoreServer::make_room_for_pending() {
+  uint64_t victim = pending_.begin()->first;
+  for (const auto& [id, opened] : pending_) {
+    const Connection& c = conns_.at(id);
+    char byte;
+    if (!c.in.empty() || c.challenged) continue;
+    if (::recv(c.fd.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT) < 0 && errno == EAGAIN) {
+      victim = id;
+      break;
+    }
+  }
+  const std::string why = detail::cat("it had made no request yet, and ", max_pending(),
+                                      " such connections were open");
+  DTRAIN_LOG_INFO("TCP store ", where_, ": closing ", conns_.at(victim).peer, ": ", why);
+  say_why(conns_.at(victim), 0, why);
+  close_connection(victim);
+}
+
+// The last frame of a connection the server closes (REFUSED), for a
+// dtrain client to report; c10d clients, which would not understand it,
+// get none.
+void TcpStoreServer::say_why(Connection& c, uint32_t request_id, const std::string& why) {
+  if (c.dialect != c10d_wire::Dialect::kDtrain && c.dialect != c10d_wire::Dialect::kUnknown) return;
+  reply(c, wire::Writer(wire::kRefused, request_id).str(why).finish());
+  flush(c);
 }
 
 // Before the proof only the next frame of the handshake is allowed, and no
