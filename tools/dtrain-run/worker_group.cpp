@@ -86,6 +86,29 @@ int wait_exec(int fd, pid_t pid, const std::string& program) {
   }
 }
 
+// --redirects / --tee: LOG_DIR/RDZV_ID/attempt_N/LOCAL_RANK/std{out,err}.log.
+void open_logs(const Options& options, int attempt, int local_rank, std::ofstream& out,
+               std::ofstream& err) {
+  const int to_file = static_cast<int>(options.redirect_of(local_rank)) |
+                      static_cast<int>(options.tee_of(local_rank));
+  if (to_file == 0) return;
+  const std::string dir = options.log_dir + "/" + options.rdzv_id + "/attempt_" +
+                          std::to_string(attempt) + "/" + std::to_string(local_rank);
+  make_dirs(dir);
+  if (to_file & 1) out.open(dir + "/stdout.log");
+  if (to_file & 2) err.open(dir + "/stderr.log");
+}
+
+// The program and its arguments, ${local_rank} replaced.
+std::vector<std::string> worker_argv(const Options& options, int local_rank) {
+  std::vector<std::string> argv{options.program};
+  for (const auto& a : options.args) argv.push_back(a);
+  for (auto& a : argv)
+    for (size_t p; (p = a.find("${local_rank}")) != std::string::npos;)
+      a.replace(p, 13, std::to_string(local_rank));
+  return argv;
+}
+
 }  // namespace
 
 std::string WorkerExit::describe() const {
@@ -117,28 +140,14 @@ void WorkerGroup::start(const std::vector<WorkerSpec>& specs) {
   for (const auto& spec : specs) {
     auto w = std::make_unique<Worker>();
     w->spec = spec;
-    const Std redirect = options_.redirect_of(spec.local_rank);
-    const Std tee = options_.tee_of(spec.local_rank);
-    const int to_file = static_cast<int>(redirect) | static_cast<int>(tee);
-    if (to_file != 0) {
-      const std::string dir = options_.log_dir + "/" + options_.rdzv_id + "/attempt_" +
-                              std::to_string(attempt_) + "/" + std::to_string(spec.local_rank);
-      make_dirs(dir);
-      if (to_file & 1) w->out_file.open(dir + "/stdout.log");
-      if (to_file & 2) w->err_file.open(dir + "/stderr.log");
-    }
+    open_logs(options_, attempt_, spec.local_rank, w->out_file, w->err_file);
 
     int out[2], err[2], exec_err[2];
     if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC) || pipe2(exec_err, O_CLOEXEC))
       throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
     // Everything the child needs is prepared before fork (only
     // async-signal-safe calls are allowed after it).
-    std::vector<std::string> argv_s{options_.program};
-    for (const auto& a : options_.args) argv_s.push_back(a);
-    for (auto& a : argv_s) {
-      for (size_t p; (p = a.find("${local_rank}")) != std::string::npos;)
-        a.replace(p, 13, std::to_string(spec.local_rank));
-    }
+    std::vector<std::string> argv_s = worker_argv(options_, spec.local_rank);
     std::vector<char*> argv, envp;
     for (auto& a : argv_s) argv.push_back(a.data());
     argv.push_back(nullptr);
