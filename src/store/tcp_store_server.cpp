@@ -282,6 +282,12 @@ void TcpStoreServer::mark_established(uint64_t id, Connection& c) {
 bool TcpStoreServer::read_from(uint64_t id, Connection& c) {
   uint8_t scratch[kReadChunk];
   for (int reads = 0; reads < kReadsPerTurn; ++reads) {
+    if (c.in_need > budget_.limit()) {  // could never be buffered (a budget set below a frame)
+      log_line(detail::cat("TCP store ", where_, ": dropping client ", c.peer, ": its request of ",
+                           c.in_need, " bytes is more than the store's whole buffer budget (",
+                           budget_.limit(), " bytes)"));
+      return false;
+    }
     if (c.broken || c.blocked() || c.awaiting_budget || !may_read(id, c)) return true;
     const bool direct = c.in_need > c.in.size() + kReadChunk;
     const size_t room = direct ? c.in.room() : sizeof(scratch);

@@ -174,10 +174,14 @@ TEST(StoreLimits, OneBudgetBoundsTheBuffersOfAllConnections) {
     send_bytes(stalled.back().get(), head);
     send_bytes(stalled.back().get(), part);
   }
+  // The first two hold the whole budget; the other two wait for it.
+  ASSERT_TRUE(wait_until([&] { return server.peak_buffered() >= size_t(16 << 20); }, 5s));
+  std::this_thread::sleep_for(100ms);
   ::testing::internal::CaptureStderr();
   const auto start = Clock::now();
   const std::vector<uint8_t> value(4 << 20, 0x22);
-  auto late = client_of(server.port());
+  auto late = std::make_unique<TcpStore>(
+      TcpStoreOptions().host("127.0.0.1").port(server.port()).timeout(10s * kSlowdown));
   late->set("after", value);  // waits its turn, then is served whole
   const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
   const std::string log = ::testing::internal::GetCapturedStderr();
@@ -196,6 +200,23 @@ TEST(StoreLimits, OneBudgetBoundsTheBuffersOfAllConnections) {
     closed += n == 0 || (n < 0 && errno == ECONNRESET);
   }
   EXPECT_EQ(closed, 3);
+}
+
+// A request larger than the whole budget (a budget set below a frame's
+// size) could never be buffered: its client is dropped, saying why, and
+// the store goes on.
+TEST(StoreLimits, ARequestLargerThanTheWholeBudgetIsRefused) {
+  TcpStoreServer::Limits l;
+  l.io_budget = 1 << 20;
+  TcpStoreServer server("127.0.0.1", 0, l);
+  auto c = client_of(server.port());
+  ::testing::internal::CaptureStderr();
+  EXPECT_THROW(c->set("big", std::vector<uint8_t>(2 << 20, 1)), NetworkError);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(Contains(log, "is more than the store's whole buffer budget (1048576 bytes)")) << log;
+  auto d = client_of(server.port());
+  d->set("small", "fits");
+  EXPECT_EQ(d->get_string("small"), "fits");
 }
 
 TcpStoreServer::Limits small_limits() {
