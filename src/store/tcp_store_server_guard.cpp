@@ -186,7 +186,8 @@ void TcpStoreServer::close_stalled_holders() {
   size_t most = 0;
   for (auto& [id, c] : conns_) {
     const size_t held = c.in.capacity() + c.pending_output();
-    if (c.awaiting_budget || c.stalled || c.broken || held <= most) continue;
+    // A parked GET/WAIT waits for a key, not for its client: never taken.
+    if (c.awaiting_budget || c.stalled || c.parked || c.broken || held <= most) continue;
     if (now - c.last_progress < limits_.stall_timeout) continue;
     victim = id;
     most = held;
