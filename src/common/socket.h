@@ -72,4 +72,9 @@ std::string interface_address(const std::string& ifname);
 
 bool is_loopback(const std::string& host);
 
+// Raises the soft RLIMIT_NOFILE to the hard limit (where it is lower): a
+// store serving N ranks holds N connections, a tcp group's rank (N-1) x
+// streams. Called when a store server or a tcp group starts.
+void raise_open_file_limit();
+
 }  // namespace dtrain::net

@@ -93,6 +93,7 @@ TcpStoreServer::TcpStoreServer(const std::string& host, uint16_t port, Limits li
                                std::optional<std::string> token)
     : limits_(limits), token_(std::move(token)), listener_(net::listen_on(host, port, &port_)),
       budget_(limits.io_budget) {
+  net::raise_open_file_limit();  // it serves a connection per rank (and agent)
   where_ = net::endpoint(host, port_);
   const int flags = fcntl(listener_.get(), F_GETFL, 0);
   fcntl(listener_.get(), F_SETFL, flags | O_NONBLOCK);

@@ -176,3 +176,25 @@ TEST(StoreScale, TheConnectionCapFollowsTheWorldSize) {
 
 }  // namespace
 }  // namespace dtrain
+
+namespace dtrain {
+namespace {
+
+// A store serves a connection per rank: before, nothing raised the soft
+// limit, so under a usual soft 1,024 rank 0 refused the 1,000th rank.
+TEST(StoreScale, AStoreServerRaisesTheSoftOpenFileLimitToTheHardOne) {
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+  if (saved.rlim_max <= 512) GTEST_SKIP() << "the hard open-file limit is " << saved.rlim_max;
+  rlimit low = saved;
+  low.rlim_cur = 512;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  { TcpStoreServer server("127.0.0.1", 0, TcpStoreServer::Limits()); }
+  rlimit now{};
+  getrlimit(RLIMIT_NOFILE, &now);
+  setrlimit(RLIMIT_NOFILE, &saved);
+  EXPECT_EQ(now.rlim_cur, saved.rlim_max);
+}
+
+}  // namespace
+}  // namespace dtrain

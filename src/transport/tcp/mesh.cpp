@@ -14,7 +14,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <mutex>
 #include <optional>
 
 #include "common/enforce.h"
@@ -62,17 +61,10 @@ size_t open_descriptors() {
 }
 
 // Makes room for `needed` more descriptors: the soft RLIMIT_NOFILE is raised
-// to the hard one (once per process; what every large job needs), and if
-// that is still too low the error names the limit and the count.
+// to the hard one (net::raise_open_file_limit), and if that is still too low
+// the error names the limit and the count.
 void ensure_descriptors(size_t needed, const TcpOptions& options, int size) {
-  static std::once_flag raised;
-  std::call_once(raised, [] {
-    rlimit lim{};
-    if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
-      lim.rlim_cur = lim.rlim_max;
-      setrlimit(RLIMIT_NOFILE, &lim);
-    }
-  });
+  net::raise_open_file_limit();
   rlimit lim{};
   if (getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return;
   const size_t open = open_descriptors();
