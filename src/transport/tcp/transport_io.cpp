@@ -325,9 +325,10 @@ void TcpTransport::on_control(Connection& c, const FrameHeader& h) {
 
 void TcpTransport::give_back(Connection& c, uint64_t bytes) {
   c.owed += bytes;
-  // In batches, so that small messages do not each cost a frame back; the
-  // sender keeps at least three quarters of its credit meanwhile.
-  if (c.owed < std::max<uint64_t>(c.eager_limit / 4, 1)) return;
+  // In batches (a quarter of the credit, 1 MiB at most), so that small
+  // messages do not each cost a frame back, and a sender streaming large
+  // ones rarely finds its credit short (which would cost it a round trip).
+  if (c.owed < std::clamp<uint64_t>(c.eager_limit / 4, 1, uint64_t{1} << 20)) return;
   c.controlq.push_back(FrameHeader{kFrameMagic, kCredit, 0, c.owed});
   c.eager_in -= c.owed;
   c.owed = 0;
