@@ -32,12 +32,7 @@ using testing::closed_by_server;
 using testing::Contains;
 using testing::raw_connect;
 
-// Sanitizers slow the server several times over; time bounds scale with them.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr int kSlowdown = 10;
-#else
-constexpr int kSlowdown = 1;
-#endif
+constexpr int kSlowdown = testing::kSanitizerSlowdown;
 
 std::unique_ptr<TcpStore> client_of(uint16_t port) {
   return std::make_unique<TcpStore>(TcpStoreOptions().host("127.0.0.1").port(port).timeout(5s));

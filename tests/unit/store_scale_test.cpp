@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/socket.h"
+#include "harness/assertions.h"
 #include "harness/raw_socket.h"
 #include "store/auth.h"
 #include "store/tcp_store_server.h"
@@ -28,11 +29,7 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 using testing::raw_connect;
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr int kSlowdown = 10;
-#else
-constexpr int kSlowdown = 1;
-#endif
+constexpr int kSlowdown = testing::kSanitizerSlowdown;
 
 const std::string kToken = "scale-token-41c7";
 

@@ -26,11 +26,16 @@ std::string mismatch_text(const Connection& c, uint64_t sent, uint64_t expected)
                      expected, " (the ranks called collectives or send/recv of different sizes)");
 }
 
-// The part of a kData or kRts frame's message on `stream`; false when the
-// header declares a message this stream cannot carry.
-bool plausible(const FrameHeader& h, int streams, int stream, PartRange* range) {
-  *range = part_range(h.total, streams, stream);
-  return range->present && h.total <= kMaxMessageBytes;
+// The part of a kData or kRts frame's message on c's stream; false (the
+// connection's error set) when the header declares a message this stream
+// cannot carry.
+bool part_of(Connection& c, const FrameHeader& h, int streams, PartRange* range) {
+  *range = part_range(h.total, streams, c.stream);
+  if (range->present && h.total <= kMaxMessageBytes) return true;
+  c.dead = std::make_exception_ptr(NetworkError(detail::cat(
+      "tcp: ", c.name, h.kind == kRts ? " announced" : " sent", " a message of ", h.total,
+      " bytes that this stream cannot carry; closing the group")));
+  return false;
 }
 
 }  // namespace
@@ -248,11 +253,7 @@ std::optional<Part> TcpTransport::claim_receive(Connection& c, const FrameHeader
 // network makes this rank allocate stays bounded).
 void TcpTransport::start_payload(Connection& c, const FrameHeader& h) {
   PartRange range;
-  if (!plausible(h, options_.streams, c.stream, &range)) {
-    protocol_error(c, "sent a frame of ", h.total, " bytes that this stream cannot carry; "
-                   "closing the group");
-    return;
-  }
+  if (!part_of(c, h, options_.streams, &range)) return;
   if (c.eager_in + range.bytes > c.eager_limit) {
     protocol_error(c, "sent ", c.eager_in + range.bytes, " bytes ahead of its receives, over "
                    "the ", c.eager_limit, " bytes of credit this rank granted; closing the group");
@@ -280,11 +281,7 @@ void TcpTransport::start_payload(Connection& c, const FrameHeader& h) {
 // bytes) until it is.
 void TcpTransport::start_rendezvous(Connection& c, const FrameHeader& h) {
   PartRange range;
-  if (!plausible(h, options_.streams, c.stream, &range)) {
-    protocol_error(c, "announced a message of ", h.total, " bytes that this stream cannot carry; "
-                   "closing the group");
-    return;
-  }
+  if (!part_of(c, h, options_.streams, &range)) return;
   const uint64_t id = c.rts_seen++;
   if (auto part = claim_receive(c, h)) return answer_rts(c, id, std::move(*part));
   if (c.dead) return;
