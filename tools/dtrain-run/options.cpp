@@ -82,24 +82,24 @@ bool Options::shown(int lr) const {
   return false;
 }
 
-Options parse_options(int argc, char** argv) {
-  CLI::App app{
-      "dtrain-run: start PROGRAM as several ranks per node, on one or more machines, and keep "
-      "the job alive through failures. Accepts torchrun's flags; each worker gets torchrun's "
-      "environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...).",
-      "dtrain-run"};
-  app.get_formatter()->column_width(34);
-  Options o;
+namespace {
+
+// Flags as typed, before they are checked and turned into Options.
+struct Typed {
   std::string nproc = "1", nnodes = "1", rdzv_conf, redirects = "0", tee = "0", filter;
   double monitor = 0.1;
   bool no_python = false, module_flag = false;
+};
+
+void declare_options(CLI::App& app, Options& o, Typed& t) {
+  app.get_formatter()->column_width(34);
   auto opt = [&](const std::string& names, auto& target, const std::string& help,
                  const std::string& pet) {
     return app.add_option(names, target, help)->envname("PET_" + pet)->capture_default_str();
   };
-  opt("--nproc-per-node,--nproc_per_node", nproc,
+  opt("--nproc-per-node,--nproc_per_node", t.nproc,
       "Workers per node: a number, auto (GPUs if any, else CPUs), cpu or gpu", "NPROC_PER_NODE");
-  opt("--nnodes", nnodes, "Number of nodes, or MIN:MAX for elastic jobs", "NNODES");
+  opt("--nnodes", t.nnodes, "Number of nodes, or MIN:MAX for elastic jobs", "NNODES");
   opt("--node-rank,--node_rank", o.node_rank, "Rank of this node (static rendezvous)", "NODE_RANK");
   opt("--master-addr,--master_addr", o.master_addr,
       "Address of node 0, which hosts the rendezvous store (static)", "MASTER_ADDR");
@@ -114,21 +114,21 @@ Options parse_options(int argc, char** argv) {
       "host[:port] of the c10d rendezvous store (the node owning host hosts it; port 29400)",
       "RDZV_ENDPOINT");
   opt("--rdzv-id,--rdzv_id", o.rdzv_id, "Job id shared by all nodes of one job", "RDZV_ID");
-  opt("--rdzv-conf,--rdzv_conf", rdzv_conf,
+  opt("--rdzv-conf,--rdzv_conf", t.rdzv_conf,
       "k=v,... : join_timeout, last_call_timeout, close_timeout, keep_alive_interval, "
       "keep_alive_max_attempt (seconds / count)",
       "RDZV_CONF");
   opt("--max-restarts,--max_restarts", o.max_restarts,
       "Restarts of the whole job after a worker fails", "MAX_RESTARTS");
-  opt("--monitor-interval,--monitor_interval", monitor, "Seconds between worker checks",
+  opt("--monitor-interval,--monitor_interval", t.monitor, "Seconds between worker checks",
       "MONITOR_INTERVAL");
   opt("--role", o.role, "Role name of the workers (ROLE_NAME)", "ROLE");
   opt("--log-dir,--log_dir", o.log_dir, "Directory for per-rank log files", "LOG_DIR");
-  opt("--redirects,-r", redirects,
+  opt("--redirects,-r", t.redirects,
       "Send stdout (1), stderr (2) or both (3) to files in --log-dir; N or LOCAL_RANK:N,...",
       "REDIRECTS");
-  opt("--tee,-t", tee, "Like --redirects but also to the console", "TEE");
-  opt("--local-ranks-filter,--local_ranks_filter", filter,
+  opt("--tee,-t", t.tee, "Like --redirects but also to the console", "TEE");
+  opt("--local-ranks-filter,--local_ranks_filter", t.filter,
       "Comma-separated local ranks whose output is shown on the console", "LOCAL_RANKS_FILTER");
   opt("--local-addr,--local_addr", o.local_addr,
       "This node's address as other nodes reach it (default: the route to the store)",
@@ -136,13 +136,16 @@ Options parse_options(int argc, char** argv) {
   app.add_flag("--keep-stdin,--keep_stdin", o.keep_stdin,
                "Workers read dtrain-run's standard input (default: /dev/null; a worker reading "
                "a terminal would be stopped by SIGTTIN)");
-  app.add_flag("--no-python,--no_python", no_python,
+  app.add_flag("--no-python,--no_python", t.no_python,
                "Accepted for torchrun compatibility (dtrain-run always runs PROGRAM directly)");
-  app.add_flag("-m,--module", module_flag, "Not supported (no Python); rejected");
+  app.add_flag("-m,--module", t.module_flag, "Not supported (no Python); rejected");
   app.add_option("program", o.program, "The program to run, followed by its arguments")->required();
+}
 
-  // Split argv by hand: launcher flags (and their values) come first, then
-  // PROGRAM and everything after it, untouched — even what looks like a flag.
+// Splits argv by hand: launcher flags (and their values) come first, then
+// PROGRAM and everything after it, untouched — even what looks like a flag.
+// Parses the launcher's part; PROGRAM's arguments go to o.args.
+void parse_command_line(CLI::App& app, int argc, char** argv, Options& o) {
   std::vector<std::string> launcher_args;
   int program_at = argc;
   for (int i = 1; i < argc; ++i) {
@@ -170,37 +173,41 @@ Options parse_options(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     bad(app, e.what());
   }
-  if (module_flag) bad(app, "-m/--module runs Python modules; dtrain-run runs programs directly");
   for (int i = program_at + 1; i < argc; ++i) o.args.push_back(argv[i]);
-  o.monitor_interval = std::chrono::milliseconds(static_cast<long long>(monitor * 1000));
-  if (monitor <= 0) bad(app, "--monitor-interval must be positive");
+}
 
-  if (nproc == "auto") {
+// Workers per node, nodes, and the plain numeric flags.
+void check_sizes(const CLI::App& app, const Typed& t, Options& o) {
+  if (t.module_flag) bad(app, "-m/--module runs Python modules; dtrain-run runs programs directly");
+  o.monitor_interval = std::chrono::milliseconds(static_cast<long long>(t.monitor * 1000));
+  if (t.monitor <= 0) bad(app, "--monitor-interval must be positive");
+  if (t.nproc == "auto") {
     o.nproc_per_node = gpu_count() > 0 ? gpu_count() : static_cast<int>(std::thread::hardware_concurrency());
-  } else if (nproc == "cpu") {
+  } else if (t.nproc == "cpu") {
     o.nproc_per_node = static_cast<int>(std::thread::hardware_concurrency());
-  } else if (nproc == "gpu") {
+  } else if (t.nproc == "gpu") {
     o.nproc_per_node = gpu_count();
     if (o.nproc_per_node == 0) bad(app, "--nproc-per-node gpu: this machine has no NVIDIA GPU");
   } else {
-    o.nproc_per_node = to_int(app, "--nproc-per-node", nproc, 1, 4096);
+    o.nproc_per_node = to_int(app, "--nproc-per-node", t.nproc, 1, 4096);
   }
-
-  auto colon = nnodes.find(':');
+  auto colon = t.nnodes.find(':');
   if (colon == std::string::npos) {
-    o.min_nodes = o.max_nodes = to_int(app, "--nnodes", nnodes, 1, 1 << 20);
+    o.min_nodes = o.max_nodes = to_int(app, "--nnodes", t.nnodes, 1, 1 << 20);
   } else {
-    o.min_nodes = to_int(app, "--nnodes", nnodes.substr(0, colon), 1, 1 << 20);
-    o.max_nodes = to_int(app, "--nnodes", nnodes.substr(colon + 1), 1, 1 << 20);
+    o.min_nodes = to_int(app, "--nnodes", t.nnodes.substr(0, colon), 1, 1 << 20);
+    o.max_nodes = to_int(app, "--nnodes", t.nnodes.substr(colon + 1), 1, 1 << 20);
     if (o.min_nodes > o.max_nodes)
-      bad(app, "--nnodes " + nnodes + ": MIN must not exceed MAX");
+      bad(app, "--nnodes " + t.nnodes + ": MIN must not exceed MAX");
   }
   if (o.master_port < 1 || o.master_port > 65535)
     bad(app, "--master-port " + std::to_string(o.master_port) + ": expected 1..65535");
   if (o.max_restarts < 0) bad(app, "--max-restarts must be >= 0");
   if (o.rdzv_backend != "static" && o.rdzv_backend != "c10d")
     bad(app, "--rdzv-backend " + o.rdzv_backend + ": expected static or c10d");
+}
 
+void apply_rdzv_conf(const CLI::App& app, const std::string& rdzv_conf, Options& o) {
   std::stringstream conf(rdzv_conf);
   std::string item;
   while (std::getline(conf, item, ',')) {
@@ -219,7 +226,10 @@ Options parse_options(int argc, char** argv) {
                    "' (known: join_timeout, last_call_timeout, close_timeout, "
                    "keep_alive_interval, keep_alive_max_attempt)");
   }
+}
 
+// --standalone, and what static or c10d rendezvous needs.
+void check_rendezvous(const CLI::App& app, const std::string& nnodes, Options& o) {
   if (o.standalone) {
     if (o.max_nodes != 1) bad(app, "--standalone runs on one node; drop --nnodes " + nnodes);
     o.rdzv_backend = "c10d";
@@ -235,26 +245,49 @@ Options parse_options(int argc, char** argv) {
     if (o.node_rank < 0 || o.node_rank >= o.max_nodes)
       bad(app, "--node-rank " + std::to_string(o.node_rank) + " is out of range for --nnodes " +
                    nnodes + " (expected 0.." + std::to_string(o.max_nodes - 1) + ")");
-  } else {
-    if (o.rdzv_endpoint.empty()) bad(app, "--rdzv-backend c10d needs --rdzv-endpoint host[:port]");
-    auto c = o.rdzv_endpoint.rfind(':');
-    if (c != std::string::npos && o.rdzv_endpoint.find(']') == std::string::npos &&
-        o.rdzv_endpoint.find(':') == c) {
-      o.rdzv_host = o.rdzv_endpoint.substr(0, c);
-      o.rdzv_port = to_int(app, "--rdzv-endpoint port", o.rdzv_endpoint.substr(c + 1), 0, 65535);
-    } else {
-      o.rdzv_host = o.rdzv_endpoint;
-    }
+    return;
   }
-  o.redirects = parse_std(app, "--redirects", redirects);
-  o.tee = parse_std(app, "--tee", tee);
-  std::stringstream fs(filter);
+  if (o.rdzv_endpoint.empty()) bad(app, "--rdzv-backend c10d needs --rdzv-endpoint host[:port]");
+  auto c = o.rdzv_endpoint.rfind(':');
+  if (c != std::string::npos && o.rdzv_endpoint.find(']') == std::string::npos &&
+      o.rdzv_endpoint.find(':') == c) {
+    o.rdzv_host = o.rdzv_endpoint.substr(0, c);
+    o.rdzv_port = to_int(app, "--rdzv-endpoint port", o.rdzv_endpoint.substr(c + 1), 0, 65535);
+  } else {
+    o.rdzv_host = o.rdzv_endpoint;
+  }
+}
+
+// --redirects, --tee, --local-ranks-filter and the --log-dir they need.
+void check_output(const CLI::App& app, const Typed& t, Options& o) {
+  o.redirects = parse_std(app, "--redirects", t.redirects);
+  o.tee = parse_std(app, "--tee", t.tee);
+  std::stringstream fs(t.filter);
+  std::string item;
   while (std::getline(fs, item, ','))
     if (!item.empty()) o.local_ranks_filter.push_back(to_int(app, "--local-ranks-filter", item, 0, 1 << 20));
   bool any_file = false;
   for (int lr = 0; lr < o.nproc_per_node; ++lr)
     any_file = any_file || o.redirect_of(lr) != Std::None || o.tee_of(lr) != Std::None;
   if (any_file && o.log_dir.empty()) bad(app, "--redirects/--tee need --log-dir");
+}
+
+}  // namespace
+
+Options parse_options(int argc, char** argv) {
+  CLI::App app{
+      "dtrain-run: start PROGRAM as several ranks per node, on one or more machines, and keep "
+      "the job alive through failures. Accepts torchrun's flags; each worker gets torchrun's "
+      "environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...).",
+      "dtrain-run"};
+  Options o;
+  Typed t;
+  declare_options(app, o, t);
+  parse_command_line(app, argc, argv, o);
+  check_sizes(app, t, o);
+  apply_rdzv_conf(app, t.rdzv_conf, o);
+  check_rendezvous(app, t.nnodes, o);
+  check_output(app, t, o);
   return o;
 }
 
