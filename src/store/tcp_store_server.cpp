@@ -374,16 +374,64 @@ bool TcpStoreServer::process_input(uint64_t id, Connection& c) {
   return ok;
 }
 
+namespace {
+
+void check_key(const std::string& key) {
+  DTRAIN_CHECK_ARG(key.size() <= wire::kMaxKeyBytes, "TCP store key of ", key.size(),
+                   " bytes is over the limit of ", wire::kMaxKeyBytes, " bytes");
+}
+
+// A request's count-prefixed list of keys (WAIT, CHECK).
+std::vector<std::string> read_keys(wire::Reader& r) {
+  const uint32_t n = r.count(4);
+  if (n > TcpStoreServer::kMaxKeysPerRequest)
+    throw wire::Malformed{"more than 131072 keys in one request"};
+  std::vector<std::string> keys;
+  keys.reserve(n);
+  for (uint32_t i = 0; i < n; ++i) keys.push_back(r.str());
+  return keys;
+}
+
+}  // namespace
+
+// GET and WAIT: answered now when every key is there, else parked until
+// key_added() or expire_waiters() answers them.
+bool TcpStoreServer::handle_lookup(uint64_t id, Connection& c, const wire::Header& h,
+                                   wire::Reader& r) {
+  const bool is_get = h.opcode == wire::kGet;
+  std::vector<std::string> keys;
+  uint32_t timeout_ms = 0;
+  if (is_get) {
+    keys.push_back(r.str());
+    timeout_ms = r.u32();
+  } else {
+    timeout_ms = r.u32();
+    keys = read_keys(r);
+  }
+  r.expect_end();
+  for (const auto& k : keys) check_key(k);
+  if (missing_keys(data_, keys).empty()) {
+    if (is_get) reply_value(c, wire::kOk, h.request_id, data_.at(keys[0]));
+    else reply(c, wire::Writer(wire::kOk, h.request_id).finish());
+    return flush(c);
+  }
+  Waiter w;
+  w.conn = id;
+  w.request_id = h.request_id;
+  w.kind = is_get ? Waiter::kGet : Waiter::kWait;
+  w.keys = std::move(keys);
+  w.deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  park(std::move(w));
+  c.parked = true;
+  return true;
+}
+
 // Answers one request. A well-formed request the store must refuse (a key
 // over the size limit, add() on a non-integer) gets an ERROR reply that the
 // client throws as InvalidArgument; a malformed one throws wire::Malformed.
 bool TcpStoreServer::handle(uint64_t id, Connection& c, const wire::Header& h,
                             wire::Reader& r) {
   wire::Writer ok(wire::kOk, h.request_id);
-  auto check_key = [](const std::string& key) {
-    DTRAIN_CHECK_ARG(key.size() <= wire::kMaxKeyBytes, "TCP store key of ", key.size(),
-                     " bytes is over the limit of ", wire::kMaxKeyBytes, " bytes");
-  };
   try {
     switch (h.opcode) {
       case wire::kSet: {
@@ -399,37 +447,8 @@ bool TcpStoreServer::handle(uint64_t id, Connection& c, const wire::Header& h,
         break;
       }
       case wire::kGet:
-      case wire::kWait: {
-        const bool is_get = h.opcode == wire::kGet;
-        std::vector<std::string> keys;
-        uint32_t timeout_ms = 0;
-        if (is_get) {
-          keys.push_back(r.str());
-          timeout_ms = r.u32();
-        } else {
-          timeout_ms = r.u32();
-          const uint32_t n = r.count(4);
-          if (n > kMaxKeysPerRequest) throw wire::Malformed{"more than 131072 keys in one request"};
-          keys.reserve(n);
-          for (uint32_t i = 0; i < n; ++i) keys.push_back(r.str());
-        }
-        r.expect_end();
-        for (const auto& k : keys) check_key(k);
-        if (missing_keys(data_, keys).empty()) {
-          if (!is_get) break;
-          reply_value(c, wire::kOk, h.request_id, data_.at(keys[0]));
-          return flush(c);
-        }
-        Waiter w;
-        w.conn = id;
-        w.request_id = h.request_id;
-        w.kind = is_get ? Waiter::kGet : Waiter::kWait;
-        w.keys = std::move(keys);
-        w.deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-        park(std::move(w));
-        c.parked = true;
-        return true;  // answered later by key_added() or expire_waiters()
-      }
+      case wire::kWait:
+        return handle_lookup(id, c, h, r);
       case wire::kAdd: {
         std::string key = r.str();
         const int64_t delta = r.i64();
@@ -448,11 +467,7 @@ bool TcpStoreServer::handle(uint64_t id, Connection& c, const wire::Header& h,
         return flush(c);
       }
       case wire::kCheck: {
-        const uint32_t n = r.count(4);
-        if (n > kMaxKeysPerRequest) throw wire::Malformed{"more than 131072 keys in one request"};
-        std::vector<std::string> keys;
-        keys.reserve(n);
-        for (uint32_t i = 0; i < n; ++i) keys.push_back(r.str());
+        const auto keys = read_keys(r);
         r.expect_end();
         ok.u32(missing_keys(data_, keys).empty() ? 1 : 0);
         break;

@@ -147,6 +147,7 @@ class TcpStoreServer {
   bool read_from(uint64_t id, Connection& c);
   bool process_input(uint64_t id, Connection& c);
   bool handle(uint64_t id, Connection& c, const wire::Header& h, wire::Reader& r);
+  bool handle_lookup(uint64_t id, Connection& c, const wire::Header& h, wire::Reader& r);
   bool process_c10d(uint64_t id, Connection& c);
   bool handle_c10d(uint64_t id, Connection& c, c10d_wire::Op op, c10d_wire::Reader& r);
   void c10d_store_values(c10d_wire::Op op, c10d_wire::Reader& r);
