@@ -7,11 +7,11 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <optional>
 
 #include "common/enforce.h"
+#include "backends/shm/node.h"
 #include "common/socket.h"
 
 namespace dtrain {
@@ -19,13 +19,6 @@ namespace {
 
 constexpr const char* kHostKey = "local_address/rank0";
 constexpr const char* kRemoteKey = "local_address/remote";
-
-std::string first_line(const char* path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
 
 // An address as raw bytes (4 or 16), parsed from "addr" or "addr/len".
 struct Net {
@@ -92,18 +85,6 @@ std::vector<std::string> split_lines(const std::string& s) {
 
 }  // namespace
 
-std::string host_identity() {
-  char ns[128] = {};
-  const ssize_t n = readlink("/proc/self/ns/net", ns, sizeof(ns) - 1);
-  std::string boot = first_line("/proc/sys/kernel/random/boot_id");
-  if (boot.empty()) {
-    char name[256] = {};
-    gethostname(name, sizeof(name) - 1);
-    boot = name;
-  }
-  return boot + " " + (n > 0 ? std::string(ns, static_cast<size_t>(n)) : "net:?");
-}
-
 std::vector<std::string> interface_networks() {
   ifaddrs* raw = nullptr;
   if (getifaddrs(&raw) != 0) return {};
@@ -148,7 +129,9 @@ std::string address_facing(const std::vector<std::string>& theirs) {
 
 LocalAddressFinder::LocalAddressFinder(Store& store, int rank, std::chrono::milliseconds timeout)
     : store_(store) {
-  const std::string me = host_identity();
+  // The one host identity (shm's: boot id, network namespace, /dev/shm):
+  // equal keys can use loopback, and shared memory too.
+  const std::string me = shm::node_key();
   if (rank == 0) {
     std::string value = me;
     for (const auto& n : interface_networks()) value += "\n" + n;

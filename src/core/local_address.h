@@ -7,8 +7,8 @@
 // this host's name is no answer (Debian maps it to 127.0.1.1), so the ranks
 // find out through the store who shares a network namespace with whom:
 //
-//  1. before joining, rank 0 publishes its host identity (boot id and
-//     network namespace) and its interface addresses; every other rank
+//  1. before joining, rank 0 publishes its host identity (shm::node_key():
+//     boot id, network namespace, /dev/shm) and its interface addresses; every other rank
 //     reads them, and a rank on another host picks its own address on rank
 //     0's subnet (else the one that routes towards rank 0) and publishes it
 //     as "a remote rank is here";
@@ -25,10 +25,6 @@
 #include "dtrain/store/store.h"
 
 namespace dtrain {
-
-// Boot id plus network-namespace inode: equal exactly when two processes
-// can reach each other over loopback.
-std::string host_identity();
 
 class LocalAddressFinder {
  public:
