@@ -3,7 +3,7 @@
 
 #include <torch/nn/module.h>
 
-#include "checkpoint/optimizer_state.h"
+#include "optim/optimizer_state.h"
 #include "checkpoint/state_entries.h"
 #include "common/enforce.h"
 #include "dtrain/checkpoint/distributed.h"
@@ -31,7 +31,7 @@ void add_optimizer(DistributedState& state, torch::optim::Optimizer& optimizer,
                    torch::nn::Module& module, const std::string& prefix) {
   for (const auto& item : module.named_parameters()) {
     const std::string base = prefix + "optim/" + item.key() + "/";
-    auto view = detail::param_state(optimizer, item.value());
+    auto view = optim::detail::param_state(optimizer, item.value());
     for (const auto& [field, t] : view.tensors) add_replicated(state, base + field, t);
     add_step(state, base + "step", view);
   }
@@ -43,7 +43,7 @@ void add_fsdp_shards(DistributedState& state, const std::vector<FSDPShard>& shar
   for (const auto& s : shards) {
     const std::string base = prefix + "fsdp/" + (s.unit.empty() ? "root" : s.unit) + "/";
     add_sharded(state, base + "param", piece_of(s.shard, s.offset, s.numel));
-    auto view = detail::param_state(optimizer, s.shard);
+    auto view = optim::detail::param_state(optimizer, s.shard);
     for (const auto& [field, t] : view.tensors) add_sharded(state, base + field, piece_of(t, s.offset, s.numel));
     add_step(state, base + "step", view);
   }

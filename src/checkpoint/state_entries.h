@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <string>
 
-#include "checkpoint/optimizer_state.h"
+#include "optim/optimizer_state.h"
 #include "common/enforce.h"
 #include "dtrain/checkpoint/distributed.h"
 
@@ -25,7 +25,7 @@ inline void add_sharded(DistributedState& state, const std::string& name, Sharde
 }
 
 // A step count: saved as a scalar, put back into the optimizer by load().
-inline void add_step(DistributedState& state, const std::string& name, detail::ParamStateView& view) {
+inline void add_step(DistributedState& state, const std::string& name, optim::detail::ParamStateView& view) {
   if (!view.step.defined()) return;
   add_replicated(state, name, view.step);
   state.after_load.push_back(view.store_step);

@@ -6,7 +6,7 @@
 
 #include <memory>
 
-#include "checkpoint/optimizer_state.h"
+#include "optim/optimizer_state.h"
 #include "checkpoint/state_entries.h"
 #include "dtrain/checkpoint/distributed.h"
 #include "dtrain/optim/zero_redundancy_optimizer.h"
@@ -18,8 +18,8 @@ using detail::add_sharded;
 void add_zero(DistributedState& state, ZeroRedundancyOptimizer& optimizer, const std::string& prefix) {
   auto& local = optimizer.local_optimizer();
   const auto& shards = local.param_groups().at(0).params();
-  auto views = std::make_shared<std::vector<detail::ParamStateView>>();
-  for (const auto& shard : shards) views->push_back(detail::param_state(local, shard));
+  auto views = std::make_shared<std::vector<optim::detail::ParamStateView>>();
+  for (const auto& shard : shards) views->push_back(optim::detail::param_state(local, shard));
   const auto& params = optimizer.param_groups().at(0).params();
   std::vector<const ZeroRedundancyOptimizer::Piece*> piece_of(params.size(), nullptr);
   for (const auto& piece : optimizer.pieces()) piece_of[piece.param] = &piece;

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <deque>
 
-#include "checkpoint/optimizer_state.h"
 #include "common/enforce.h"
+#include "optim/optimizer_state.h"
 #include "core/storage_alias.h"
 #include "ddp/sharded_gradients.h"
 #include "dtrain/ddp.h"
@@ -175,8 +175,8 @@ std::map<std::string, torch::Tensor> ZeroRedundancyOptimizer::consolidate_state_
   at::NoGradGuard no_grad;
   const int world = group_->size();
   const bool mine = group_->rank() == to_rank;
-  std::vector<checkpoint::detail::ParamStateView> views;
-  for (const auto& shard : shards_) views.push_back(checkpoint::detail::param_state(*local_, shard));
+  std::vector<optim::detail::ParamStateView> views;
+  for (const auto& shard : shards_) views.push_back(optim::detail::param_state(*local_, shard));
   std::map<std::string, torch::Tensor> out;
   const auto& all = param_groups()[0].params();
   for (size_t f = 0; f < views[0].tensors.size(); ++f) {

@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "checkpoint/optimizer_state.h"
+#include "optim/optimizer_state.h"
 #include "dtrain/dtrain.h"
 #include "harness/assertions.h"
 #include "harness/thread_ranks.h"
@@ -86,7 +86,7 @@ void expect_zero2_equals_plain(int world, const testing::MakeOptimizer& make) {
     const auto full = opt_zero.consolidate_state_dict(0);
     if (r != 0) return;
     for (size_t i = 0; i < a.size(); ++i) {
-      auto reference = checkpoint::detail::param_state(*opt_plain, a[i]);
+      auto reference = optim::detail::param_state(*opt_plain, a[i]);
       for (const auto& [field, value] : reference.tensors)
         EXPECT_TRUE(torch::allclose(full.at(std::to_string(i) + "/" + field), value, 1e-5, 1e-6))
             << "parameter " << i << " " << field << " max diff "

@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "checkpoint/optimizer_state.h"
+#include "optim/optimizer_state.h"
 #include "dtrain/dtrain.h"
 #include "harness/assertions.h"
 #include "harness/thread_ranks.h"
@@ -71,7 +71,7 @@ void expect_zero_equals_plain(int world, const MakeOptimizer& make) {
       return;
     }
     for (size_t i = 0; i < a.size(); ++i) {
-      auto reference = checkpoint::detail::param_state(*opt_plain, a[i]);
+      auto reference = optim::detail::param_state(*opt_plain, a[i]);
       for (const auto& [field, value] : reference.tensors) {
         const auto& got = full.at(std::to_string(i) + "/" + field);
         EXPECT_TRUE(torch::allclose(got, value, 1e-5, 1e-8)) << "parameter " << i << " " << field;

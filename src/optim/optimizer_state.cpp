@@ -1,4 +1,4 @@
-#include "checkpoint/optimizer_state.h"
+#include "optim/optimizer_state.h"
 
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -10,7 +10,7 @@
 #include "common/enforce.h"
 #include "common/torch_compat.h"
 
-namespace dtrain::checkpoint::detail {
+namespace dtrain::optim::detail {
 namespace {
 
 // libtorch keys an optimizer's state by the parameter's TensorImpl: as a
@@ -81,4 +81,4 @@ ParamStateView param_state(torch::optim::Optimizer& optimizer, const at::Tensor&
       " is not supported (Adam, AdamW and SGD are; a ZeroRedundancyOptimizer goes through add_zero)"));
 }
 
-}  // namespace dtrain::checkpoint::detail
+}  // namespace dtrain::optim::detail

@@ -1,7 +1,7 @@
 #pragma once
 
-// The per-parameter state of libtorch's optimizers as named tensors, for
-// checkpoints: Adam and AdamW (exp_avg, exp_avg_sq, max_exp_avg_sq with
+// The per-parameter state of libtorch's optimizers as named tensors (for
+// checkpoints, and for ZeRO's shards): Adam and AdamW (exp_avg, exp_avg_sq, max_exp_avg_sq with
 // amsgrad, and the step count), SGD (momentum_buffer when momentum is on).
 
 #include <ATen/ATen.h>
@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-namespace dtrain::checkpoint::detail {
+namespace dtrain::optim::detail {
 
 struct ParamStateView {
   std::vector<std::pair<std::string, at::Tensor>> tensors;  // the live state tensors
@@ -26,4 +26,4 @@ struct ParamStateView {
 // and no state yet (its first step would not start from zeros).
 ParamStateView param_state(torch::optim::Optimizer& optimizer, const at::Tensor& param);
 
-}  // namespace dtrain::checkpoint::detail
+}  // namespace dtrain::optim::detail
