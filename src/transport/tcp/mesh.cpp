@@ -284,7 +284,7 @@ class MeshBuilder {
                                      refusal_text(h.eager_kib)));
     if (r == Read::kClosed) {
       ++j.closed;
-      log_info_once(detail::cat("tcp: group '", options_.name, "': ", name,
+      warn_once(detail::cat("tcp: group '", options_.name, "': ", name,
                                 " closed a connection before answering (too many connections "
                                 "pending there); connecting again"));
       open_join(j);
@@ -318,7 +318,7 @@ class MeshBuilder {
     net::send_all(j.fd.get(), ours.data(), ours.size(), deadline_, name);
   }
 
-  void log_info_once(const std::string& text) {
+  void warn_once(const std::string& text) {
     if (evicted_logged_) return;
     evicted_logged_ = true;
     log_warning(text);
