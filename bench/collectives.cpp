@@ -3,7 +3,8 @@
 //
 //   dtrain-run --standalone --nproc-per-node 2 dtrain-bench collectives
 //       [--backend auto|shm|tcp] [--op all_reduce|broadcast|reduce|all_gather|gather|
-//        scatter|reduce_scatter|all_to_all|all_gather_into_tensor|reduce_scatter_tensor]
+//        scatter|reduce_scatter|all_to_all|all_gather_into_tensor|reduce_scatter_tensor|
+//        send_recv]
 //       [--dtype float32|float64|float16|bfloat16|int32|int64|uint8|int8]
 //       [--redop sum|avg|prod|min|max]
 //       [--min-bytes 4] [--max-bytes 268435456] [--iters N]
@@ -15,7 +16,8 @@
 // definitions: all_reduce busbw = algbw * 2(n-1)/n; all_gather,
 // reduce_scatter (and their _tensor forms), all_to_all, gather, scatter
 // algbw * (n-1)/n; broadcast and
-// reduce busbw = algbw) and #wrong, the elements that differ from the
+// reduce busbw = algbw; send_recv, each rank sending to the next around a
+// ring and receiving from the previous, busbw = algbw) and #wrong, the elements that differ from the
 // exact expected result after one checked call (summed over ranks).
 //
 // --baseline runs PyTorch's gloo all_reduce (py_allreduce.py) side by side,
@@ -117,6 +119,22 @@ Case make_case(const std::string& op, int64_t count, at::ScalarType dt, ReduceOp
     }
     return c;
   }
+  if (op == "send_recv") {  // around a ring: to rank + 1, from rank - 1
+    auto out = std::make_shared<at::Tensor>(), in = std::make_shared<at::Tensor>();
+    const int next = (me + 1) % n, prev = (me + n - 1) % n;
+    c.reset = [=] {
+      *out = fill(me, count, dt);
+      *in = at::zeros({count}, dt);
+    };
+    c.run = [=] {
+      auto r = g->recv(*in, prev);
+      g->send(*out, next)->wait();
+      r->wait();
+    };
+    c.check = [=] { return wrong(*in, fill(prev, count, dt)); };
+    c.bus_factor = 1;
+    return c;
+  }
   auto in = std::make_shared<std::vector<at::Tensor>>();
   auto out = std::make_shared<std::vector<at::Tensor>>();
   c.bus_factor = ring;
@@ -193,7 +211,7 @@ Case make_case(const std::string& op, int64_t count, at::ScalarType dt, ReduceOp
       return bad;
     };
   } else {
-    throw std::invalid_argument("--op " + op + " is not one of all_reduce, broadcast, reduce, all_gather, gather, scatter, reduce_scatter, all_to_all, all_gather_into_tensor, reduce_scatter_tensor");
+    throw std::invalid_argument("--op " + op + " is not one of all_reduce, broadcast, reduce, all_gather, gather, scatter, reduce_scatter, all_to_all, all_gather_into_tensor, reduce_scatter_tensor, send_recv");
   }
   return c;
 }

@@ -11,7 +11,7 @@
 #include <optional>
 
 #include "common/enforce.h"
-#include "backends/shm/node.h"
+#include "transport/shm/node.h"
 #include "common/socket.h"
 
 namespace dtrain {

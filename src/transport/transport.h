@@ -76,6 +76,12 @@ class Transport {
   // Breaks the transport with `error` (the first one wins); pending requests
   // fail with it, their buffers released before this returns.
   virtual void fail(std::exception_ptr error) = 0;
+  // Ends the transport for good. With nothing pending, each link closes in
+  // order, so that what was sent arrives even though a send completes once
+  // the kernel (or the ring) holds its bytes; with operations pending, they
+  // fail with `error` at once and the peers hear of it. Later posts fail
+  // with the first error. Destroying a transport closes it too.
+  virtual void close(std::exception_ptr error) = 0;
   // The first error, or null while the transport works.
   virtual std::exception_ptr error() const = 0;
 };

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "harness/assertions.h"
+#include "harness/scoped_env.h"
 #include "harness/thread_ranks.h"
 
 namespace dtrain {
@@ -30,22 +31,7 @@ size_t resident_bytes() {
   return 0;
 }
 
-// Sets an environment variable for one test (groups read it when created).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = getenv(name)) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_.empty()) unsetenv(name_);
-    else setenv(name_, old_.c_str(), 1);
-  }
-
- private:
-  const char* name_;
-  std::string old_;
-};
+using testing::ScopedEnv;
 
 class P2pOrder : public ::testing::TestWithParam<std::string> {};
 

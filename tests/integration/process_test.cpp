@@ -263,10 +263,10 @@ std::vector<std::string> shm_leftovers(ProcessRanks& procs) {
 
 // Starts `world` looping ranks and waits until each has initialized.
 void start_loop(ProcessRanks& procs, int world, const std::string& timeout_s,
-                const std::string& backend) {
+                const std::string& backend, const std::string& mode = "loop") {
   const int port = free_port();
   for (int r = 0; r < world; ++r)
-    procs.spawn({kWorker, "loop", backend}, rank_env(r, world, port, timeout_s));
+    procs.spawn({kWorker, mode, backend}, rank_env(r, world, port, timeout_s));
   for (int r = 0; r < world; ++r)
     ASSERT_TRUE(procs.wait_for_output(procs.ranks()[r], "ready", 60s))
         << "rank " << r << " never became ready: " << describe(procs.ranks()[r]);
@@ -322,6 +322,31 @@ TEST_P(PeerFailure, StoppedPeerBecomesTimeoutErrorWithinTheTimeout) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, PeerFailure, ::testing::Values("auto", "tcp"));
+
+// shm's send/recv run over rings in shared memory: a killed peer's
+// liveness lock goes, and the survivors hear of it well before the timeout.
+TEST(ShmPointToPoint, KilledPeerBecomesAnErrorOnEverySurvivor) {
+  const auto timeout = 6s;
+  ProcessRanks procs;
+  start_loop(procs, 3, "6", "shm", "p2p-loop");
+  for (int r = 0; r < 3; ++r)
+    ASSERT_TRUE(procs.wait_for_output(procs.ranks()[r], "steps 200", 30s)) << describe(procs.ranks()[r]);
+  const auto killed_at = Clock::now();
+  kill(procs.ranks()[1].pid, SIGKILL);
+  ASSERT_TRUE(procs.wait_all(2 * timeout + 10s)) << "a survivor hung after its peer was killed";
+  for (int r : {0, 2}) {
+    auto& p = procs.ranks()[r];
+    EXPECT_EQ(p.exit_code, 3) << describe(p);
+    EXPECT_NE(p.output().find("caught NetworkError"), std::string::npos) << describe(p);
+    // Rank 2 waited for rank 1; rank 0 may hear first of rank 2 giving up.
+    EXPECT_NE(p.output().find(r == 2 ? "shm: rank 1 (pid " : "shm: rank "), std::string::npos)
+        << describe(p);
+    EXPECT_NE(p.output().find("(the peer may have exited or been killed)"), std::string::npos)
+        << describe(p);
+    EXPECT_LT(p.end - killed_at, timeout / 2) << describe(p);
+  }
+  EXPECT_EQ(shm_leftovers(procs), std::vector<std::string>{});
+}
 
 TEST(ShmCleanup, NothingLeftInDevShmAfterNormalExitOrError) {
   {

@@ -13,6 +13,9 @@
 //   rank_worker loop [BACKEND] init, then all_reduce forever, printing
 //                             "rank R steps N" every 200 steps; on a failure
 //                             print "caught <Type>: <message>" and exit 3
+//   rank_worker p2p-loop [BACKEND]
+//                             as loop, with send/recv around a ring of ranks
+//                             (rank r sends to r+1, receives from r-1)
 //   rank_worker init          init only; on failure print "caught ..." and
 //                             exit 2 (used for bad-environment tests)
 //   rank_worker ddp           DDP training of a small MLP for 3 steps; prints
@@ -431,6 +434,20 @@ int loop(const std::string& backend) {
   }
 }
 
+int p2p_loop(const std::string& backend) {
+  dtrain::init_process_group(dtrain::InitOptions().backend(backend));
+  const int rank = dtrain::get_rank(), world = dtrain::get_world_size();
+  std::cout << "rank " << rank << " ready" << std::endl;
+  auto out = at::full({4096}, float(rank)), in = at::zeros({4096});
+  auto& g = *dtrain::default_group();
+  for (long step = 0;; ++step) {
+    auto r = g.recv(in, (rank + world - 1) % world);
+    g.send(out, (rank + 1) % world)->wait();
+    r->wait();
+    if (step % 200 == 0) std::cout << "rank " << rank << " steps " << step << std::endl;
+  }
+}
+
 int ddp_training() {
   dtrain::init_process_group();
   const int rank = dtrain::get_rank();
@@ -596,6 +613,7 @@ int main(int argc, char** argv) {
     if (mode == "collectives")
       return check_collectives(argc > 2 ? argv[2] : "env://", argc > 3 ? argv[3] : "auto");
     if (mode == "loop") return loop(argc > 2 ? argv[2] : "auto");
+    if (mode == "p2p-loop") return p2p_loop(argc > 2 ? argv[2] : "auto");
     if (mode == "matrix") return check_matrix(argc > 2 ? argv[2] : "auto");
     if (mode == "ddp-equivalence") return ddp_equivalence(argc > 2 ? argv[2] : "auto");
     if (mode == "fsdp-equivalence") return fsdp_equivalence(argc > 2 ? argv[2] : "auto", false);

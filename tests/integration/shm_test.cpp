@@ -14,9 +14,10 @@
 #include <thread>
 
 #include "common/paths.h"
-#include "backends/shm/segment.h"
+#include "transport/shm/segment.h"
 #include "common/enforce.h"
 #include "harness/assertions.h"
+#include "harness/scoped_env.h"
 #include "harness/thread_ranks.h"
 
 namespace dtrain {
@@ -31,15 +32,7 @@ std::vector<std::string> run_shm(int world, const std::function<void(ProcessGrou
   return testing::run_ranks(world, body, timeout, GroupOptions(), "shm");
 }
 
-// Sets an environment variable for one scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
-  ~ScopedEnv() { ::unsetenv(name_); }
-
- private:
-  const char* name_;
-};
+using testing::ScopedEnv;
 
 at::Tensor values(int seed, int64_t n, at::ScalarType dt) {
   return (at::fmod(at::arange(n, at::kDouble) + seed, 5) + 1).to(dt);

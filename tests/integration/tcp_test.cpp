@@ -11,7 +11,9 @@
 
 #include "common/socket.h"
 #include "harness/assertions.h"
+#include "harness/scoped_env.h"
 #include "harness/thread_ranks.h"
+#include "transport/tcp/connection.h"
 #include "transport/tcp/hello.h"
 #include "transport/tcp/transport.h"
 
@@ -84,7 +86,7 @@ TEST(TcpBackend, AfterATimeoutTheNextCallFailsAtOnceNamingTheFirstError) {
 // Rank 1 of a two-rank transport, played by hand over raw sockets.
 class FakePeer {
  public:
-  FakePeer(Store& store, int streams) {
+  FakePeer(Store& store, int streams, uint32_t eager_kib = 64) {
     const auto id = std::stoull(store.get_string("tcp/id"));
     const auto addr = store.get_string("tcp/addr/0");
     const auto nl = addr.find('\n');
@@ -93,7 +95,7 @@ class FakePeer {
       auto fd = net::connect_to(addr.substr(0, nl), port, net::Clock::now() + 10s);
       const transport::tcp::Hello hello{transport::tcp::kHelloMagic,
                                         transport::tcp::kHelloVersion, id, 1,
-                                        static_cast<uint32_t>(s), 0, /*eager_kib=*/64, {}};
+                                        static_cast<uint32_t>(s), 0, eager_kib, {}};
       net::send_all(fd.get(), &hello, sizeof(hello), net::Clock::now() + 10s, "rank 0");
       transport::tcp::Hello reply{};
       net::recv_all(fd.get(), &reply, sizeof(reply), net::Clock::now() + 10s, "rank 0");
@@ -198,6 +200,62 @@ TEST(TcpTransport, AnAnnouncedMessageIsFetchedOnlyOnceItsReceiveIsPosted) {
     p.send(payload, sizeof(payload));
   }, /*breaks=*/false);
   EXPECT_EQ(what, "");
+}
+
+// A send completes once the kernel holds its bytes, not once they arrived.
+// A rank that leaves right after must close in order: had it closed with a
+// frame from its peer unread, or had a frame come after its close, the
+// kernel would reset the connection and drop the bytes it had not passed on
+// yet (CI saw "Connection reset by peer", now and then). `send_and_leave`
+// plays rank 0: it sends 1 MiB to the fake rank 1, then leaves.
+void expect_delivered_after_leaving(
+    const std::function<void(Store&, std::function<void()>& leave)>& send_and_leave) {
+  HashStore store(10s);
+  std::function<void()> leave;
+  std::thread real([&] { send_and_leave(store, leave); });
+  FakePeer fake(store, 1, /*eager_kib=*/4096);  // 1 MiB goes eager
+  real.join();
+  // The fake has read nothing yet: most of the message is in rank 0's kernel.
+  std::thread leaving(leave);
+  std::this_thread::sleep_for(200ms);
+  // The credit for those bytes comes back late, then the fake's FIN, as a
+  // real rank sends it once it has seen rank 0's.
+  const uint64_t credit[3] = {transport::tcp::kFrameMagic | (uint64_t{4} << 32), 0, 1 << 20};
+  fake.send(credit, sizeof(credit));
+  ::shutdown(fake.fds[0].get(), SHUT_WR);
+  std::vector<uint8_t> in(64 << 10);
+  size_t got = 0;
+  ssize_t n;
+  while ((n = ::recv(fake.fds[0].get(), in.data(), in.size(), 0)) > 0) got += static_cast<size_t>(n);
+  EXPECT_EQ(n, 0) << "rank 0's connection ended with " << strerror(errno) << " after " << got
+                  << " bytes";
+  EXPECT_EQ(got, sizeof(transport::tcp::FrameHeader) + (1 << 20));
+  leaving.join();
+}
+
+TEST(TcpTransport, ATransportDestroyedRightAfterASendStillDeliversIt) {
+  std::unique_ptr<transport::Transport> t;
+  std::vector<uint8_t> out(1 << 20, 7);
+  expect_delivered_after_leaving([&](Store& store, std::function<void()>& leave) {
+    transport::TcpOptions options;
+    options.streams = 1;
+    options.timeout = 10s;
+    options.name = "leaving";
+    t = transport::connect_tcp(store, 0, 2, options);
+    t->isend(1, 5, out.data(), out.size())->wait(transport::Clock::now() + 10s, "send");
+    leave = [&] { t.reset(); };
+  });
+}
+
+TEST(TcpBackend, AGroupDestroyedRightAfterASendStillDeliversIt) {
+  testing::ScopedEnv streams("DTRAIN_TCP_STREAMS", "1");
+  std::shared_ptr<ProcessGroup> g;
+  expect_delivered_after_leaving([&](Store& store, std::function<void()>& leave) {
+    std::shared_ptr<Store> borrowed(&store, [](Store*) {});
+    g = create_process_group("tcp", borrowed, 0, 2, GroupOptions().timeout(10s));
+    g->send(at::full({1 << 18}, 7.0f), 1, 5)->wait();
+    leave = [&] { g.reset(); };
+  });
 }
 
 TEST(TcpTransport, AStrangerWithABadHelloIsTurnedAwayAndTheGroupStillForms) {

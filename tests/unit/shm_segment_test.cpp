@@ -12,7 +12,7 @@
 #include <string>
 #include <utility>
 
-#include "backends/shm/segment.h"
+#include "transport/shm/segment.h"
 
 namespace dtrain::shm {
 namespace {

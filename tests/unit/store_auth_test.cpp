@@ -18,6 +18,7 @@
 #include "dtrain/store/tcp_store.h"
 #include "harness/assertions.h"
 #include "harness/raw_socket.h"
+#include "harness/scoped_env.h"
 #include "store/auth.h"
 #include "store/c10d_wire.h"
 #include "store/tcp_store_server.h"
@@ -215,15 +216,7 @@ TEST(StoreToken, PyTorchC10dClientsAreRefusedByATokenStore) {
   EXPECT_TRUE(closed_by_server(sock.get()));
 }
 
-// Sets an environment variable for one scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) { setenv(name, value.c_str(), 1); }
-  ~ScopedEnv() { unsetenv(name_); }
-
- private:
-  const char* name_;
-};
+using testing::ScopedEnv;
 
 std::string token_error() {
   try {

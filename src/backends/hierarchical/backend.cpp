@@ -8,7 +8,7 @@
 #include "backends/device_routing/routing_group.h"
 #include "backends/tcp/backend.h"
 #include "backends/shm/backend.h"
-#include "backends/shm/node.h"
+#include "transport/shm/node.h"
 #include "common/enforce.h"
 #include "core/average.h"
 #include "core/backend_registry.h"

@@ -6,7 +6,8 @@
 #include <cstring>
 
 #include "backends/tcp/backend.h"
-#include "backends/shm/node.h"
+#include "transport/shm/attach.h"
+#include "transport/shm/shm_transport.h"
 #include "algorithms/reduce_kernels.h"
 #include "common/enforce.h"
 #include "common/env.h"
@@ -138,11 +139,19 @@ ShmProcessGroup::ShmProcessGroup(std::shared_ptr<Store> store, int rank, int siz
     : ProcessGroup(rank, size, std::move(options)) {
   attach(*store);
   barrier_ = std::make_unique<PhaseBarrier>(counters_, rank, size, segment_);
-  // Point to point is not native (see docs/backends.md): a tcp group over
-  // the same ranks carries it.
+  // Point to point: the tcp backend's engine over this machine's shared
+  // memory (transport/shm/), in a segment of its own.
   p2p_ = std::make_shared<tcp_backend::TcpProcessGroup>(
       std::make_shared<PrefixStore>("shm/p2p", std::move(store)), rank, size,
-      GroupOptions(this->options()).name(name() + "/p2p").check_collectives(false));
+      GroupOptions(this->options()).name(name() + "/p2p").check_collectives(false),
+      [](Store& s, int r, int n, const GroupOptions& o) {
+        transport::ShmOptions t;
+        t.timeout = o.timeout();
+        t.name = o.name();
+        t.unexpected_bytes = static_cast<size_t>(
+            *env::get_int(env::kTcpUnexpectedBytes, 65536, int64_t{1} << 50));
+        return transport::connect_shm(s, r, n, t);
+      });
   DTRAIN_LOG_INFO("shm: group '", name(), "' attached to /dev/shm", segment_.name(), " (",
                   segment_.size() >> 10, " KiB), rank ", rank, "/", size);
 }
@@ -151,70 +160,38 @@ ShmProcessGroup::~ShmProcessGroup() = default;
 
 void ShmProcessGroup::attach(Store& store) {
   const int n = size();
-  const auto what = detail::cat("shm: setting up group '", name(), "' (rank ", rank(), "/", n, ")");
-  // 1. All ranks must share memory.
-  store.set(detail::cat("shm/node/", rank()), node_key());
-  std::vector<std::string> keys;
-  for (int r = 0; r < n; ++r) keys.push_back(store.get_string(detail::cat("shm/node/", r)));
-  store.set(detail::cat("shm/node_read/", rank()), "1");
-  const auto nodes = group_by_node(keys);
-  if (nodes.size() > 1) {
-    // Every rank fails the same way; rank 0, which often hosts the store,
-    // leaves last so that nobody is cut off in the middle of reading.
-    if (rank() == 0) {
-      std::vector<std::string> read;
-      for (int r = 0; r < n; ++r) read.push_back(detail::cat("shm/node_read/", r));
-      store.wait(read);
-    }
-    std::vector<std::string> parts;
-    for (const auto& node : nodes) parts.push_back("ranks " + detail::join(node, ","));
-    throw BackendUnavailable(detail::cat(
-        what, ": the ranks are on ", nodes.size(), " different machines (",
-        detail::join(parts, " | "),
-        "); shm needs one machine. Use backend \"auto\" (shm within machines, tcp between "
-        "them) or \"tcp\"."));
-  }
-  // 2. Rank 0 creates the segment, everyone maps it and takes its lock.
-  if (rank() == 0) {
-    remove_stale_segments();
+  SegmentPlan plan;
+  plan.what = detail::cat("shm: setting up group '", name(), "' (rank ", rank(), "/", n, ")");
+  plan.bytes = [&] {
     half_bytes_ = static_cast<size_t>(*env::get_int(env::kShmChunkBytes, 4096, 1LL << 30));
     // At least a cache line per rank and element, so a piece always splits.
     half_bytes_ = round_up(std::max<size_t>(half_bytes_, size_t(n) * kLine), 4096);
-    segment_ = Segment::create(Layout(n, half_bytes_).total);
-    auto* header = static_cast<Header*>(segment_.data());
+    return Layout(n, half_bytes_).total;
+  };
+  plan.init = [&](void* base) {
+    auto* header = static_cast<Header*>(base);
     header->size = static_cast<uint32_t>(n);
     header->half_bytes = half_bytes_;
     header->version = kVersion;
     header->magic = kMagic;
-    segment_.lock_slot(0);
-    store.set("shm/segment", detail::cat(segment_.name(), " ", segment_.size()));
-  } else {
-    const auto published = store.get_string("shm/segment");
-    const auto space = published.find(' ');
-    DTRAIN_ENFORCE(space != std::string::npos);
-    segment_ = Segment::open(published.substr(0, space), std::stoull(published.substr(space + 1)));
-    const auto* header = static_cast<const Header*>(segment_.data());
+  };
+  plan.check = [&](const Segment& segment) {
+    const auto* header = static_cast<const Header*>(segment.data());
     if (header->magic != kMagic || header->version != kVersion ||
         header->size != static_cast<uint32_t>(n))
-      throw InternalError(detail::cat(what, ": /dev/shm", segment_.name(),
+      throw InternalError(detail::cat(plan.what, ": /dev/shm", segment.name(),
                                       " is not a dtrain segment of this group (magic, version "
                                       "or size differ; a different dtrain build?)"));
-    // The header is memory any process of this user can write: its layout
-    // is checked against the mapping before anything is placed by it.
+    // Checked against the mapping before anything is placed by it.
     const uint64_t half = header->half_bytes;
     if (half < std::max<size_t>(4096, size_t(n) * kLine) || half > (uint64_t{1} << 30) ||
-        half % 4096 != 0 || Layout(n, static_cast<size_t>(half)).total != segment_.size())
-      throw InternalError(detail::cat(what, ": /dev/shm", segment_.name(), " declares slots of ",
-                                      half, " bytes, which do not fit its ", segment_.size(),
+        half % 4096 != 0 || Layout(n, static_cast<size_t>(half)).total != segment.size())
+      throw InternalError(detail::cat(plan.what, ": /dev/shm", segment.name(), " declares slots of ",
+                                      half, " bytes, which do not fit its ", segment.size(),
                                       " bytes for ", n, " ranks (a damaged or foreign segment)"));
     half_bytes_ = static_cast<size_t>(half);
-    segment_.lock_slot(rank());
-  }
-  // 3. Once everyone holds the mapping, the name is no longer needed: rank 0
-  // unlinks it (its destructor does so on every failure path too).
-  if (store.add("shm/attached", 1) == n) store.set("shm/ready", "1");
-  store.wait({"shm/ready"});
-  if (rank() == 0) segment_.unlink();
+  };
+  segment_ = attach_segment(store, rank(), n, plan);
 
   const Layout layout(n, half_bytes_);
   auto* base = static_cast<uint8_t*>(segment_.data());

@@ -17,15 +17,15 @@
 // a CollectiveMismatch on every rank and leaves the group usable. A timeout
 // or a dead peer breaks the group: later calls fail at once with that error.
 //
-// send/recv go through a tcp group on loopback built alongside (documented);
-// everything else is native.
+// send/recv run on the tcp backend's engine over the shm transport (byte
+// rings in a second segment, transport/shm/): no socket between the ranks.
 
 #include <exception>
 #include <memory>
 #include <mutex>
 
 #include "backends/shm/phase_barrier.h"
-#include "backends/shm/segment.h"
+#include "transport/shm/segment.h"
 #include "dtrain/backend_hooks.h"
 #include "core/serial_executor.h"
 #include "dtrain/process_group.h"

@@ -1,25 +1,11 @@
 #include "backends/shm/phase_barrier.h"
 
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
-#include <climits>
-#include <ctime>
 
-#include "backends/shm/segment.h"
 #include "common/enforce.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define DTRAIN_CPU_RELAX() _mm_pause()
-#elif defined(__aarch64__)
-#define DTRAIN_CPU_RELAX() asm volatile("yield")
-#else
-#define DTRAIN_CPU_RELAX() ((void)0)
-#endif
+#include "transport/shm/futex.h"
+#include "transport/shm/segment.h"
 
 namespace dtrain::shm {
 namespace {
@@ -31,18 +17,6 @@ constexpr auto kLivenessCheck = std::chrono::milliseconds(100);
 bool reached(const std::atomic<uint32_t>& phase, uint32_t target) {
   // Wrap-around safe: counters only move forward, by less than 2^31.
   return static_cast<int32_t>(phase.load(std::memory_order_acquire) - target) >= 0;
-}
-
-// Shared (not FUTEX_PRIVATE) futexes: the word is mapped in several processes.
-void futex_wait(std::atomic<uint32_t>& word, uint32_t seen, std::chrono::nanoseconds timeout) {
-  timespec ts{static_cast<time_t>(timeout.count() / 1000000000),
-              static_cast<long>(timeout.count() % 1000000000)};
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT, seen, &ts, nullptr, 0);
-}
-
-void futex_wake_all(std::atomic<uint32_t>& word) {
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr, nullptr,
-            0);
 }
 
 }  // namespace

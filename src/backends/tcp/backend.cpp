@@ -51,37 +51,48 @@ int streams_from_env() {
   return static_cast<int>(*env::get_int(env::kTcpStreams, 1, 16));
 }
 
+// dtrain's TCP transport, configured from the group's options and the
+// environment.
+std::unique_ptr<transport::Transport> connect_tcp(Store& store, int rank, int size,
+                                                  const GroupOptions& options) {
+  transport::TcpOptions t;
+  t.local_address = options.local_address();
+  t.streams = streams_from_env();
+  t.timeout = options.timeout();
+  t.name = options.name();
+  t.token = store_auth::token_from_environment().value_or("");
+  t.unexpected_bytes =
+      static_cast<size_t>(*env::get_int(env::kTcpUnexpectedBytes, 65536, int64_t{1} << 50));
+  auto transport = transport::connect_tcp(store, rank, size, t);
+  DTRAIN_LOG_INFO("tcp: group '", options.name(), "' connected, rank ", rank, "/", size, " via ",
+                  options.local_address().empty() ? "127.0.0.1" : options.local_address());
+  return transport;
+}
+
 }  // namespace
 
 TcpProcessGroup::TcpProcessGroup(std::shared_ptr<Store> store, int rank, int size,
                                  GroupOptions options)
+    : TcpProcessGroup(std::move(store), rank, size, std::move(options), connect_tcp) {}
+
+TcpProcessGroup::TcpProcessGroup(std::shared_ptr<Store> store, int rank, int size,
+                                 GroupOptions options, const Connect& connect)
     : ProcessGroup(rank, size, std::move(options)) {
-  if (size > 1) {
-    transport::TcpOptions t;
-    t.local_address = this->options().local_address();
-    t.streams = streams_from_env();
-    t.timeout = timeout();
-    t.name = name();
-    t.token = store_auth::token_from_environment().value_or("");
-    t.unexpected_bytes =
-        static_cast<size_t>(*env::get_int(env::kTcpUnexpectedBytes, 65536, int64_t{1} << 50));
-    transport_ = transport::connect_tcp(*store, rank, size, t);
-  }
+  if (size > 1) transport_ = connect(*store, rank, size, this->options());
   scratch_ = std::make_unique<algorithms::Scratch>();
   copy_ = std::make_unique<algorithms::Scratch>();
-  DTRAIN_LOG_INFO("tcp: group '", name(), "' connected, rank ", rank, "/", size, " via ",
-                  this->options().local_address().empty() ? "127.0.0.1"
-                                                          : this->options().local_address());
 }
 
 // Queued collectives run first (each under its deadline); then point-to-
 // point operations still pending (a send held back until its receive is
 // posted, a receive whose message never came) fail with an error naming
 // the destroyed group, instead of holding the destructor to their deadlines.
+// With nothing pending, the connections close in order, so what this rank
+// sent last still arrives (transport.h: close()).
 TcpProcessGroup::~TcpProcessGroup() {
   collectives_.shutdown();
   if (transport_)
-    transport_->fail(std::make_exception_ptr(NetworkError(detail::cat(
+    transport_->close(std::make_exception_ptr(NetworkError(detail::cat(
         "group '", name(), "' was destroyed while this operation was pending"))));
 }
 

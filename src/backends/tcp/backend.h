@@ -14,6 +14,7 @@
 // sent garbage, mismatched sizes) breaks the group: every later call fails
 // at once with that first error; destroy the group and create a new one.
 
+#include <functional>
 #include <memory>
 
 #include "dtrain/backend_hooks.h"
@@ -31,7 +32,15 @@ namespace dtrain::tcp_backend {
 
 class TcpProcessGroup final : public ProcessGroup {
  public:
+  // Builds the group's transport (called only when size > 1).
+  using Connect = std::function<std::unique_ptr<transport::Transport>(
+      Store& store, int rank, int size, const GroupOptions& options)>;
+
   TcpProcessGroup(std::shared_ptr<Store> store, int rank, int size, GroupOptions options);
+  // The same engine over another transport (the shm backend's send/recv
+  // run over its rings).
+  TcpProcessGroup(std::shared_ptr<Store> store, int rank, int size, GroupOptions options,
+                  const Connect& connect);
   ~TcpProcessGroup() override;
 
   std::string backend_name() const override { return "tcp"; }

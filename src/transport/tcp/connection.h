@@ -22,7 +22,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "common/socket.h"
+#include "transport/link.h"
 #include "transport/transport.h"
 
 namespace dtrain::transport::tcp {
@@ -64,6 +64,10 @@ struct PartRange {
   bool present;
 };
 PartRange part_range(size_t total, int streams, int s);
+
+struct Connection;
+// A CollectiveMismatch's text: the peer sent `sent` bytes, `expected` were posted.
+std::string mismatch_text(const Connection& c, uint64_t sent, uint64_t expected);
 
 class TcpRequest final : public Request {
  public:
@@ -122,11 +126,12 @@ struct Held {
 
 struct Connection {
   std::mutex mutex;
-  net::Fd fd;
+  std::unique_ptr<Link> link;
   int peer = 0;
   int stream = 0;
-  int epoll_fd = -1;   // the stream thread's
+  Poller* poller = nullptr;  // the stream thread's
   std::string name;    // "rank 3 (10.0.0.2:41234)"
+  std::string label;   // "tcp" or "shm": the first word of its messages
   std::exception_ptr dead;  // set once: EOF, error, or the transport failed
 
   // Sending: parts in order, and control frames (kCts, kCredit), which go
@@ -136,7 +141,8 @@ struct Connection {
   FrameHeader send_header{};
   size_t send_header_done = 0;
   enum class Writing { kNothing, kControl, kPart } writing = Writing::kNothing;
-  bool watching_out = false;  // EPOLLOUT requested
+  bool watching_out = false;  // Poller::kOut requested
+  int output_error = 0;  // errno of a failed write of control frames only (see flush)
 
   // Flow control, this rank as the sender: eager bytes it may still send
   // (the peer's grant, less what is out and not given back), and its parts

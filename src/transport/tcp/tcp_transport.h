@@ -24,9 +24,18 @@ namespace dtrain::transport::tcp {
 // kMinEagerBytes, in whole KiB (the hello carries KiB).
 uint64_t eager_grant(const TcpOptions& options, int size);
 
+// What the transport runs over: a link per peer and stream, the eager credit
+// each of those peers granted, the peers' names, and a poller per stream.
+struct Links {
+  std::vector<std::vector<std::unique_ptr<Link>>> links;  // [peer][stream]; none to itself
+  std::vector<std::vector<uint64_t>> grants;              // [peer][stream], bytes
+  std::vector<std::string> peer_names;                    // "rank 3 (10.0.0.2:41234)"
+  std::vector<std::unique_ptr<Poller>> pollers;           // [stream]
+};
+
 class TcpTransport final : public Transport {
  public:
-  TcpTransport(Mesh mesh, int rank, int size, const TcpOptions& options);
+  TcpTransport(Links links, int rank, int size, const TcpOptions& options);
   ~TcpTransport() override;
 
   int rank() const override { return rank_; }
@@ -35,6 +44,7 @@ class TcpTransport final : public Transport {
   RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes) override;
   RequestPtr irecv_any(uint64_t tag, void* data, size_t bytes) override;
   void fail(std::exception_ptr error) override;
+  void close(std::exception_ptr error) override;
   std::exception_ptr error() const override {
     std::lock_guard<std::mutex> lock(error_mutex_);
     return error_;
@@ -82,6 +92,12 @@ class TcpTransport final : public Transport {
   // `bytes` of eager payload reached their receive: credit owed back.
   void give_back(Connection& c, uint64_t bytes);
   void watch_out(Connection& c, bool on);
+  // True when a request is still queued or awaited on a live connection.
+  bool pending();
+  // Stops the I/O threads (idempotent); nothing moves afterwards.
+  void stop_threads();
+  // Closes the live connections without a reset; see transport.cpp.
+  void close_in_order();
   // Marks the connection dead and fails what is queued on it; returns true
   // when something was pending (the transport must then fail too).
   bool kill(Connection& c, std::exception_ptr error);
@@ -92,8 +108,7 @@ class TcpTransport final : public Transport {
   const int rank_, size_;
   const TcpOptions options_;
   std::vector<std::vector<std::unique_ptr<Connection>>> conns_;  // [peer][stream]
-  std::vector<int> epoll_fds_;
-  int stop_fd_ = -1;
+  std::vector<std::unique_ptr<Poller>> pollers_;  // [stream]
   std::vector<std::thread> threads_;
   mutable std::mutex error_mutex_;
   std::exception_ptr error_;

@@ -4,14 +4,10 @@
 
 #include "transport/tcp/transport.h"
 
-#include <fcntl.h>
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
-#include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <optional>
 #include <cerrno>
 #include <algorithm>
@@ -20,6 +16,7 @@
 
 #include "common/enforce.h"
 #include "common/logging.h"
+#include "transport/tcp/socket_link.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace dtrain::transport::tcp {
@@ -93,37 +90,23 @@ void TcpRequest::wait(Clock::time_point deadline, const std::string& what) {
 
 // ---- setup and teardown ---------------------------------------------------
 
-TcpTransport::TcpTransport(Mesh mesh, int rank, int size, const TcpOptions& options)
-    : rank_(rank), size_(size), options_(options) {
-  stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (stop_fd_ < 0) throw NetworkError(detail::cat("tcp: eventfd failed: ", strerror(errno)));
-  for (int s = 0; s < options.streams; ++s) {
-    const int ep = epoll_create1(EPOLL_CLOEXEC);
-    if (ep < 0) throw NetworkError(detail::cat("tcp: epoll_create1 failed: ", strerror(errno)));
-    epoll_fds_.push_back(ep);
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.ptr = nullptr;  // the stop signal
-    epoll_ctl(ep, EPOLL_CTL_ADD, stop_fd_, &ev);
-  }
+TcpTransport::TcpTransport(Links links, int rank, int size, const TcpOptions& options)
+    : rank_(rank), size_(size), options_(options), pollers_(std::move(links.pollers)) {
+  DTRAIN_ENFORCE(static_cast<int>(pollers_.size()) == options.streams);
   conns_.resize(size);
   for (int p = 0; p < size; ++p) {
     if (p == rank) continue;
     for (int s = 0; s < options.streams; ++s) {
       auto c = std::make_unique<Connection>();
-      c->fd = std::move(mesh.conns[p][s]);
+      c->link = std::move(links.links[p][s]);
       c->peer = p;
       c->stream = s;
-      c->epoll_fd = epoll_fds_[s];
-      c->name = mesh.peer_names[p];
-      c->credit = c->credit_limit = mesh.grants[p][s];
+      c->poller = pollers_[s].get();
+      c->name = links.peer_names[p];
+      c->label = options.label;
+      c->credit = c->credit_limit = links.grants[p][s];
       c->eager_limit = eager_grant(options, size);
-      const int flags = fcntl(c->fd.get(), F_GETFL);
-      fcntl(c->fd.get(), F_SETFL, flags | O_NONBLOCK);
-      epoll_event ev{};
-      ev.events = EPOLLIN;
-      ev.data.ptr = c.get();
-      epoll_ctl(c->epoll_fd, EPOLL_CTL_ADD, c->fd.get(), &ev);
+      c->poller->add(*c->link, c.get());
       conns_[p].push_back(std::move(c));
     }
   }
@@ -131,13 +114,21 @@ TcpTransport::TcpTransport(Mesh mesh, int rank, int size, const TcpOptions& opti
 }
 
 TcpTransport::~TcpTransport() {
-  const uint64_t one = 1;
-  (void)!::write(stop_fd_, &one, sizeof(one));
-  for (auto& t : threads_) t.join();
-  fail(std::make_exception_ptr(
-      NetworkError(detail::cat("tcp: group '", options_.name, "' was destroyed"))));
-  for (int ep : epoll_fds_) ::close(ep);
-  ::close(stop_fd_);
+  close(std::make_exception_ptr(
+      NetworkError(detail::cat(options_.label, ": group '", options_.name, "' was destroyed"))));
+}
+
+void TcpTransport::stop_threads() {
+  for (auto& p : pollers_) p->stop();
+  for (auto& t : threads_)
+    if (t.joinable()) t.join();
+}
+
+void TcpTransport::close(std::exception_ptr error) {
+  stop_threads();
+  // With operations pending, the peers must hear of the failure at once.
+  if (!this->error() && !pending()) close_in_order();
+  fail(error);
 }
 
 void TcpTransport::fail(std::exception_ptr error) {
@@ -165,15 +156,68 @@ void TcpTransport::fail(std::exception_ptr error) {
       kill(*c, error);
       // Tell the peers at once, unless we merely gave up waiting (they
       // then time out themselves, with their own view of who is late).
-      if (!timeout) ::shutdown(c->fd.get(), SHUT_RDWR);
+      if (!timeout) c->link->abort();
     }
+  }
+}
+
+bool TcpTransport::pending() {
+  {
+    std::lock_guard<std::mutex> lock(any_mutex_);
+    if (!any_.empty()) return true;
+  }
+  for (auto& peer : conns_)
+    for (auto& c : peer) {
+      std::lock_guard<std::mutex> lock(c->mutex);
+      if (c->dead) continue;
+      if (!c->sendq.empty() || !c->recvq.empty() || !c->awaiting_cts.empty() ||
+          !c->awaiting_data.empty() || (c->in_message && c->current.request))
+        return true;
+      for (const auto& h : c->held)
+        if (h.waiter) return true;
+    }
+  return false;
+}
+
+// A send completes once the kernel holds its bytes, not once the peer has
+// them. Closing a socket with bytes from the peer unread in it (a credit
+// frame, say), or receiving any after the close, makes the kernel reset the
+// connection and drop what the peer's kernel has not acknowledged yet. So
+// each live link ends its output (a FIN after the last byte) and the link
+// stays open, whatever the peer still sends read and dropped, until the
+// peer's kernel has acknowledged everything (Link::delivered: at once for
+// rings, and for a peer that is alive, even if stopped) or the peer ended
+// its output too; at most kCloseWait for a peer that does neither. The I/O
+// threads are stopped: this thread reads, looking every millisecond.
+void TcpTransport::close_in_order() {
+  constexpr auto kCloseWait = std::chrono::seconds(2);
+  std::vector<Link*> open;
+  for (auto& peer : conns_)
+    for (auto& c : peer) {
+      if (c->dead) continue;
+      c->link->end_output();
+      open.push_back(c->link.get());
+    }
+  const auto deadline = Clock::now() + std::min<Clock::duration>(options_.timeout, kCloseWait);
+  std::vector<uint8_t> sink(64 << 10);
+  for (;;) {
+    for (auto it = open.begin(); it != open.end();) {
+      ssize_t got;
+      do got = (*it)->read(sink.data(), sink.size());
+      while (got > 0 || (got < 0 && errno == EINTR));
+      // The peer's FIN (0), or it is gone; or nothing more for now.
+      const bool ended = !(got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+      it = ended || (*it)->delivered() ? open.erase(it) : std::next(it);
+    }
+    if (open.empty() || Clock::now() >= deadline) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
 
 bool TcpTransport::kill(Connection& c, std::exception_ptr error) {
   if (!c.dead) {
     c.dead = error;
-    epoll_ctl(c.epoll_fd, EPOLL_CTL_DEL, c.fd.get(), nullptr);
+    c.poller->remove(*c.link);
   }
   bool pending = false;
   auto fail_part = [&](Part& p) {
@@ -207,7 +251,7 @@ bool TcpTransport::kill(Connection& c, std::exception_ptr error) {
 TcpTransport::Parts TcpTransport::split(int peer, uint64_t tag, uint8_t* data, size_t bytes,
                                         const std::shared_ptr<TcpRequest>& request,
                                         const char* op) {
-  DTRAIN_CHECK_ARG(peer >= 0 && peer < size_ && peer != rank_, "tcp: ", op, " with peer ", peer,
+  DTRAIN_CHECK_ARG(peer >= 0 && peer < size_ && peer != rank_, options_.label, ": ", op, " with peer ", peer,
                    " on rank ", rank_, " of ", size_);
   Parts parts;
   for (int s = 0; s < options_.streams; ++s) {
@@ -245,7 +289,7 @@ RequestPtr TcpTransport::irecv(int peer, uint64_t tag, void* data, size_t bytes)
 
 RequestPtr TcpTransport::irecv_any(uint64_t tag, void* data, size_t bytes) {
   if (auto e = error()) std::rethrow_exception(e);
-  DTRAIN_CHECK_ARG(size_ > 1, "tcp: a receive from any rank in a group of one rank");
+  DTRAIN_CHECK_ARG(size_ > 1, options_.label, ": a receive from any rank in a group of one rank");
   const int n = bytes >= kSplitBytes ? options_.streams : 1;
   auto request = std::make_shared<TcpRequest>(*this, -1, n);
   {
@@ -369,9 +413,8 @@ void TcpTransport::match_recv(Connection& c, Part part) {
   for (auto it = c.held.begin(); it != c.held.end(); ++it) {
     if (it->tag != part.tag || it->waiter) continue;
     if (it->total != part.total) {
-      part.request->fail(std::make_exception_ptr(CollectiveMismatch(detail::cat(
-          "tcp: ", c.name, " sent ", it->total, " bytes where this rank expected ", part.total,
-          " (the ranks called collectives or send/recv of different sizes)"))));
+      part.request->fail(
+          std::make_exception_ptr(CollectiveMismatch(mismatch_text(c, it->total, part.total))));
       return;
     }
     if (it->rendezvous) {
@@ -406,8 +449,16 @@ namespace dtrain::transport {
 
 std::unique_ptr<Transport> connect_tcp(Store& store, int rank, int size,
                                        const TcpOptions& options) {
-  return std::make_unique<tcp::TcpTransport>(tcp::connect_mesh(store, rank, size, options), rank,
-                                             size, options);
+  auto mesh = tcp::connect_mesh(store, rank, size, options);
+  tcp::Links links;
+  links.links.resize(size);
+  for (int p = 0; p < size; ++p)
+    for (auto& fd : mesh.conns[p]) links.links[p].push_back(std::make_unique<tcp::SocketLink>(std::move(fd)));
+  links.grants = std::move(mesh.grants);
+  links.peer_names = std::move(mesh.peer_names);
+  for (int s = 0; s < options.streams; ++s)
+    links.pollers.push_back(std::make_unique<tcp::EpollPoller>());
+  return std::make_unique<tcp::TcpTransport>(std::move(links), rank, size, options);
 }
 
 }  // namespace dtrain::transport

@@ -42,6 +42,7 @@ struct TcpOptions {
   int streams = 2;            // connections per pair of ranks (1..16)
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};  // connection setup
   std::string name;           // the group's name, for messages
+  std::string label = "tcp";  // the first word of its messages ("shm" over rings)
   std::string token;          // the job token (DTRAIN_STORE_TOKEN); empty: none
   // Memory this rank holds at most for messages that arrive before their
   // receive is posted, over all its connections (each gets an equal share,

@@ -2,8 +2,6 @@
 // and rendezvous (connection.h), read and written without blocking. Every
 // function here runs with the connection's mutex held.
 
-#include <sys/epoll.h>
-#include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -21,10 +19,14 @@ namespace {
 // The largest message a header may declare (4 TiB): more is garbage.
 constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 42;
 
+}  // namespace
+
 std::string mismatch_text(const Connection& c, uint64_t sent, uint64_t expected) {
-  return detail::cat("tcp: ", c.name, " sent ", sent, " bytes where this rank expected ",
+  return detail::cat(c.label, ": ", c.name, " sent ", sent, " bytes where this rank expected ",
                      expected, " (the ranks called collectives or send/recv of different sizes)");
 }
+
+namespace {
 
 // The part of a kData or kRts frame's message on c's stream; false (the
 // connection's error set) when the header declares a message this stream
@@ -33,7 +35,7 @@ bool part_of(Connection& c, const FrameHeader& h, int streams, PartRange* range)
   *range = part_range(h.total, streams, c.stream);
   if (range->present && h.total <= kMaxMessageBytes) return true;
   c.dead = std::make_exception_ptr(NetworkError(detail::cat(
-      "tcp: ", c.name, h.kind == kRts ? " announced" : " sent", " a message of ", h.total,
+      c.label, ": ", c.name, h.kind == kRts ? " announced" : " sent", " a message of ", h.total,
       " bytes that this stream cannot carry; closing the group")));
   return false;
 }
@@ -42,32 +44,19 @@ bool part_of(Connection& c, const FrameHeader& h, int streams, PartRange* range)
 
 template <typename Error, typename... Args>
 void TcpTransport::protocol_error(Connection& c, const Args&... what) {
-  c.dead = std::make_exception_ptr(Error(detail::cat("tcp: ", c.name, " ", what...)));
+  c.dead = std::make_exception_ptr(Error(detail::cat(c.label, ": ", c.name, " ", what...)));
 }
 
 void TcpTransport::watch_out(Connection& c, bool on) {
   if (c.watching_out == on || c.dead) return;
   c.watching_out = on;
-  epoll_event ev{};
-  ev.events = EPOLLIN | (on ? EPOLLOUT : 0u);
-  ev.data.ptr = &c;
-  epoll_ctl(c.epoll_fd, EPOLL_CTL_MOD, c.fd.get(), &ev);
+  c.poller->watch(*c.link, &c, on);
 }
 
 void TcpTransport::serve(int stream) {
-  epoll_event events[64];
-  for (;;) {
-    const int n = epoll_wait(epoll_fds_[stream], events, 64, -1);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      log_warning(detail::cat("tcp: epoll_wait failed: ", strerror(errno)));
-      return;
-    }
-    for (int i = 0; i < n; ++i) {
-      if (events[i].data.ptr == nullptr) return;  // the transport is closing
-      on_event(*static_cast<Connection*>(events[i].data.ptr), events[i].events);
-    }
-  }
+  std::vector<Poller::Ready> ready;
+  while (pollers_[stream]->wait(ready))
+    for (const auto& r : ready) on_event(*static_cast<Connection*>(r.key), r.events);
 }
 
 void TcpTransport::on_event(Connection& c, uint32_t events) {
@@ -77,9 +66,9 @@ void TcpTransport::on_event(Connection& c, uint32_t events) {
     std::lock_guard<std::mutex> lock(c.mutex);
     if (c.dead) return;
     try {
-      if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) receive(c);
-      // Output: what EPOLLOUT allows, and control frames the input queued.
-      if (!c.dead && ((events & EPOLLOUT) || !c.watching_out)) {
+      if (events & Poller::kIn) receive(c);
+      // Output: what the link takes now, and control frames the input queued.
+      if (!c.dead && ((events & Poller::kOut) || !c.watching_out)) {
         if (flush(c)) watch_out(c, false);
         else watch_out(c, true);
       }
@@ -102,6 +91,14 @@ void TcpTransport::pump(Connection& c) {
 
 bool TcpTransport::flush(Connection& c) {
   using Writing = Connection::Writing;
+  if (c.output_error != 0) {  // the peer stopped reading: only data for it matters
+    c.controlq.clear();
+    if (c.sendq.empty()) return true;
+    c.dead = std::make_exception_ptr(NetworkError(detail::cat(
+        c.label, ": sending to ", c.name, " failed: ", strerror(c.output_error),
+        " (the peer may have exited or been killed)")));
+    return true;
+  }
   for (;;) {
     if (c.writing == Writing::kNothing) {
       if (!c.controlq.empty()) {
@@ -126,15 +123,21 @@ bool TcpTransport::flush(Connection& c) {
       iov[n++] = {reinterpret_cast<uint8_t*>(&c.send_header) + c.send_header_done,
                   sizeof(FrameHeader) - c.send_header_done};
     if (p && p->done < payload) iov[n++] = {p->data + p->done, payload - p->done};
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<size_t>(n);
-    const ssize_t sent = n ? ::sendmsg(c.fd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT) : 0;
+    const ssize_t sent = n ? c.link->write(iov, n) : 0;
     if (sent < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+      // A credit or kCts frame the peer no longer reads: it closed after its
+      // last send, whose bytes may still be on their way in. Keep reading
+      // them; only a send of ours to it fails (above, on the next flush).
+      if (!p && c.sendq.empty()) {
+        c.output_error = errno;
+        c.writing = Writing::kNothing;
+        c.controlq.clear();
+        return true;
+      }
       c.dead = std::make_exception_ptr(NetworkError(detail::cat(
-          "tcp: sending to ", c.name, " failed: ", strerror(errno),
+          c.label, ": sending to ", c.name, " failed: ", strerror(errno),
           " (the peer may have exited or been killed)")));
       return true;
     }
@@ -168,12 +171,15 @@ bool TcpTransport::receive(Connection& c) {
       dst = c.current.data + c.current.done;
       want = c.current.bytes - c.current.done;
     }
-    ssize_t got = want ? ::recv(c.fd.get(), dst, std::min(want, budget), MSG_DONTWAIT) : 0;
+    ssize_t got = want ? c.link->read(dst, std::min(want, budget)) : 0;
     if (got < 0 && errno == EINTR) continue;
     if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
     if (want && got <= 0) {
+      // The peer closed in order (close_in_order): answer with our FIN,
+      // which is what lets its close complete.
+      if (got == 0) c.link->end_output();
       c.dead = std::make_exception_ptr(NetworkError(detail::cat(
-          "tcp: ", c.name, got == 0 ? " closed the connection" : " connection failed: ",
+          c.label, ": ", c.name, got == 0 ? " closed the connection" : " connection failed: ",
           got == 0 ? "" : strerror(errno), " (the peer may have exited or been killed)")));
       return false;
     }

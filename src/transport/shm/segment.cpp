@@ -1,4 +1,4 @@
-#include "backends/shm/segment.h"
+#include "transport/shm/segment.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-#include "backends/shm/node.h"
+#include "transport/shm/node.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

@@ -1,0 +1,62 @@
+#include "transport/shm/attach.h"
+
+#include <vector>
+
+#include "common/enforce.h"
+#include "transport/shm/node.h"
+
+namespace dtrain::shm {
+namespace {
+
+// Throws BackendUnavailable on every rank when the ranks are not on one node.
+void check_one_node(Store& store, int rank, int n, const std::string& what) {
+  store.set(detail::cat("shm/node/", rank), node_key());
+  std::vector<std::string> keys;
+  for (int r = 0; r < n; ++r) keys.push_back(store.get_string(detail::cat("shm/node/", r)));
+  store.set(detail::cat("shm/node_read/", rank), "1");
+  const auto nodes = group_by_node(keys);
+  if (nodes.size() == 1) return;
+  // Every rank fails the same way; rank 0, which often hosts the store,
+  // leaves last so that nobody is cut off in the middle of reading.
+  if (rank == 0) {
+    std::vector<std::string> read;
+    for (int r = 0; r < n; ++r) read.push_back(detail::cat("shm/node_read/", r));
+    store.wait(read);
+  }
+  std::vector<std::string> parts;
+  for (const auto& node : nodes) parts.push_back("ranks " + detail::join(node, ","));
+  throw BackendUnavailable(detail::cat(
+      what, ": the ranks are on ", nodes.size(), " different machines (",
+      detail::join(parts, " | "),
+      "); shm needs one machine. Use backend \"auto\" (shm within machines, tcp between "
+      "them) or \"tcp\"."));
+}
+
+}  // namespace
+
+Segment attach_segment(Store& store, int rank, int n, const SegmentPlan& plan) {
+  check_one_node(store, rank, n, plan.what);
+  Segment segment;
+  if (rank == 0) {
+    remove_stale_segments();
+    segment = Segment::create(plan.bytes());
+    plan.init(segment.data());
+    segment.lock_slot(0);
+    store.set("shm/segment", detail::cat(segment.name(), " ", segment.size()));
+  } else {
+    const auto published = store.get_string("shm/segment");
+    const auto space = published.find(' ');
+    DTRAIN_ENFORCE(space != std::string::npos);
+    segment = Segment::open(published.substr(0, space), std::stoull(published.substr(space + 1)));
+    plan.check(segment);
+    segment.lock_slot(rank);
+  }
+  // Once everyone holds the mapping, the name is no longer needed: rank 0
+  // unlinks it (Segment's destructor does so on every failure path too).
+  if (store.add("shm/attached", 1) == n) store.set("shm/ready", "1");
+  store.wait({"shm/ready"});
+  if (rank == 0) segment.unlink();
+  return segment;
+}
+
+}  // namespace dtrain::shm

@@ -1,0 +1,110 @@
+#include "transport/shm/shm_transport.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "common/enforce.h"
+#include "transport/shm/attach.h"
+#include "transport/shm/ring_link.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace dtrain::transport {
+namespace {
+
+constexpr uint64_t kMagic = 0x6474726e72696e67ULL;  // "dtrnring"
+constexpr uint32_t kVersion = 1;
+
+struct alignas(64) Header {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t size;
+  uint64_t ring_bytes;
+};
+
+// Header, one doorbell per rank, then a ring per ordered pair of ranks.
+struct Layout {
+  size_t bells, rings, stride, total;
+  int n;
+  Layout(int n_, size_t ring_bytes) : n(n_) {
+    bells = sizeof(Header);
+    rings = (bells + size_t(n) * sizeof(shm::Doorbell) + 4095) / 4096 * 4096;
+    stride = sizeof(shm::RingControl) + ring_bytes;
+    total = rings + size_t(n) * (n - 1) * stride;
+  }
+  // The ring that carries `from`'s bytes to `to`.
+  size_t ring(int from, int to) const {
+    return rings + (size_t(from) * (n - 1) + (to < from ? to : to - 1)) * stride;
+  }
+};
+
+}  // namespace
+
+size_t shm_ring_bytes(int size) {
+  const size_t share = (size_t{32} << 20) / (size_t(size) * std::max(size - 1, 1));
+  size_t bytes = size_t{16} << 10;
+  while (bytes < (size_t{1} << 20) && bytes * 2 <= share) bytes *= 2;
+  return bytes;
+}
+
+std::unique_ptr<Transport> connect_shm(Store& store, int rank, int size,
+                                       const ShmOptions& options) {
+  TcpOptions engine;
+  engine.streams = 1;
+  engine.timeout = options.timeout;
+  engine.name = options.name;
+  engine.label = "shm";
+  engine.unexpected_bytes = options.unexpected_bytes;
+  // Each rank's grant (its receive budget per peer) and pid, for the peers.
+  store.set(detail::cat("shm/grant/", rank), detail::cat(tcp::eager_grant(engine, size), " ", ::getpid()));
+
+  const size_t ring_bytes = shm_ring_bytes(size);
+  shm::SegmentPlan plan;
+  plan.what = detail::cat("shm: setting up the transport of group '", options.name, "' (rank ",
+                          rank, "/", size, ")");
+  plan.bytes = [&] { return Layout(size, ring_bytes).total; };
+  plan.init = [&](void* base) {
+    auto* h = static_cast<Header*>(base);
+    h->size = static_cast<uint32_t>(size);
+    h->ring_bytes = ring_bytes;
+    h->version = kVersion;
+    h->magic = kMagic;
+  };
+  plan.check = [&](const shm::Segment& segment) {
+    const auto* h = static_cast<const Header*>(segment.data());
+    if (h->magic != kMagic || h->version != kVersion || h->size != static_cast<uint32_t>(size) ||
+        h->ring_bytes != ring_bytes || Layout(size, ring_bytes).total != segment.size())
+      throw InternalError(detail::cat(plan.what, ": /dev/shm", segment.name(),
+                                      " is not a ring segment of this group (magic, version, "
+                                      "size or ring size differ; a different dtrain build?)"));
+  };
+  auto segment = std::make_shared<shm::Segment>(shm::attach_segment(store, rank, size, plan));
+
+  const Layout layout(size, ring_bytes);
+  auto* base = static_cast<uint8_t*>(segment->data());
+  auto* bells = reinterpret_cast<shm::Doorbell*>(base + layout.bells);
+  tcp::Links links;
+  links.links.resize(size);
+  links.grants.resize(size);
+  links.peer_names.resize(size);
+  for (int p = 0; p < size; ++p) {
+    if (p == rank) continue;
+    const auto grant = store.get_string(detail::cat("shm/grant/", p));
+    char* end = nullptr;
+    const uint64_t bytes = std::strtoull(grant.c_str(), &end, 10);
+    if (end == grant.c_str() || *end != ' ' || bytes < kMinEagerBytes)
+      throw NetworkError(detail::cat(plan.what, ": rank ", p, " published a malformed grant '",
+                                     grant.substr(0, 64), "' (a different dtrain build?)"));
+    links.grants[p].push_back(bytes);
+    links.peer_names[p] = detail::cat("rank ", p, " (pid ", std::string(end + 1).substr(0, 16), ", shm)");
+    links.links[p].push_back(std::make_unique<shm::RingLink>(
+        reinterpret_cast<shm::RingControl*>(base + layout.ring(rank, p)),
+        reinterpret_cast<shm::RingControl*>(base + layout.ring(p, rank)), ring_bytes,
+        &bells[rank], &bells[p], p));
+  }
+  links.pollers.push_back(std::make_unique<shm::RingPoller>(&bells[rank], segment));
+  return std::make_unique<tcp::TcpTransport>(std::move(links), rank, size, engine);
+}
+
+}  // namespace dtrain::transport
