@@ -24,6 +24,7 @@
 #include <cstring>
 #include <ctime>
 #include <csignal>
+#include <functional>
 #include <iostream>
 
 #include "checkpoint.h"
@@ -162,16 +163,111 @@ static bool make_dirs(const std::string& path) {
   return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+namespace {
+
+// Joins the job; on GPUs, one per local rank (the nccl group picks the same
+// one). Returns the device to train on.
+torch::Device init_distributed(const Flags& f) {
+  const int gpus = f.device == "cuda" ? static_cast<int>(torch::cuda::device_count()) : 0;
+  if (f.device == "cuda" && gpus == 0) throw std::runtime_error("--device cuda: no CUDA device is visible");
+  const int local_rank = dtrain::local_rank();
+  dtrain::init_process_group(dtrain::InitOptions().backend(f.backend).device_id(
+      gpus > 0 ? local_rank % gpus : -1));
+  torch::set_num_threads(f.threads);
+  return gpus > 0 ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank % gpus))
+                  : torch::Device(torch::kCPU);
+}
+
+// --out-dir, or runs/<date-time>; created by rank 0. Empty when it cannot be.
+std::string make_out_dir(const Flags& f, bool leader) {
+  std::string out_dir = f.out_dir;
+  if (out_dir.empty()) {
+    char stamp[32];
+    std::time_t now = std::time(nullptr);
+    std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", std::localtime(&now));
+    mkdir("runs", 0755);
+    out_dir = std::string("runs/") + stamp;
+  }
+  if (leader && !make_dirs(out_dir)) {
+    std::cerr << "cannot create --out-dir " << out_dir << ": " << std::strerror(errno) << std::endl;
+    return "";
+  }
+  return out_dir;
+}
+
+// What an epoch of training uses; main owns all of it.
+struct Job {
+  const Flags& f;
+  int rank, world;
+  bool leader, first_attempt;
+  torch::Device device;
+  int64_t train_size, steps_per_epoch;
+  dtrain::DistributedSampler& sampler;
+  torch::optim::Adam& opt;
+  dtrain::DistributedDataParallel<ConvNetImpl>& ddp;
+  Progress& progress;
+  // Every rank writes its share and learns the outcome, so nobody runs
+  // ahead of a checkpoint that may fail, and a failure stops all ranks at once.
+  std::function<void(const TrainingState&)> checkpoint;
+};
+
+struct EpochSums {
+  int64_t steps = 0;
+  double loss = 0;
+};
+
+// One epoch's batches from where `state` stands; advances state.global_step.
+template <typename Loader>
+EpochSums train_epoch(Job& job, Loader& loader, TrainingState& state, int64_t epoch) {
+  const Flags& f = job.f;
+  job.sampler.set_epoch(epoch);
+  // A function of the epoch alone, so a resumed run uses the same rate.
+  static_cast<torch::optim::AdamOptions&>(job.opt.param_groups()[0].options())
+      .lr(f.lr * std::pow(f.lr_decay, static_cast<double>(epoch)));
+  job.sampler.set_global_position(static_cast<size_t>(state.samples_in_epoch));
+  // Steps already done, as this world size counts them (for the display):
+  // what is left of the epoch, counted back from its full length, so a
+  // resumed epoch ends at steps_per_epoch whatever world size began it.
+  const int64_t steps_left = (static_cast<int64_t>(job.sampler.num_samples()) + f.batch_size - 1) / f.batch_size;
+  const int64_t first_step = std::max<int64_t>(0, job.steps_per_epoch - steps_left);
+  job.progress.start_epoch(epoch, first_step);
+  EpochSums sums;
+  for (auto& batch : loader) {
+    job.opt.zero_grad();
+    const torch::Tensor loss = torch::nn::functional::cross_entropy(job.ddp.forward(batch.data.to(job.device)),
+                                                     batch.target.to(job.device));
+    loss.backward();
+    {
+      dtrain::TimelineSpan span("optimizer.step");  // DTRAIN_TIMELINE
+      job.opt.step();
+    }
+    ++sums.steps, ++state.global_step;
+    sums.loss += loss.item<double>();
+    if (job.first_attempt && state.global_step == f.crash_at_step && job.rank == job.world - 1) raise(SIGKILL);
+    if (job.leader) job.progress.update(first_step + sums.steps, sums.loss / sums.steps);
+    // Exact with workers(0): what every rank's loop has consumed.
+    const auto samples = static_cast<int64_t>(job.sampler.global_position());
+    if (f.checkpoint_every > 0 && state.global_step % f.checkpoint_every == 0 && samples < job.train_size)
+      job.checkpoint({epoch, samples, state.global_step, job.world});
+  }
+  if (job.leader) job.progress.finish_epoch();
+  return sums;
+}
+
+void print_epoch(const EpochMetrics& r, int64_t epochs, int64_t correct, int64_t total) {
+  std::printf("epoch %lld/%lld: train loss %.4f, test accuracy %.2f%% (%lld/%lld), %.0f samples/s, %.1f s\n",
+              static_cast<long long>(r.epoch), static_cast<long long>(epochs), r.train_loss,
+              100 * r.test_accuracy, static_cast<long long>(correct), static_cast<long long>(total),
+              r.samples_per_s, r.seconds);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   const Flags f = parse(argc, argv);
   try {
-    // On GPUs, one per local rank (the nccl group picks the same one).
-    const int gpus = f.device == "cuda" ? static_cast<int>(torch::cuda::device_count()) : 0;
-    if (f.device == "cuda" && gpus == 0) throw std::runtime_error("--device cuda: no CUDA device is visible");
-    const int local_rank = dtrain::local_rank();
-    dtrain::init_process_group(dtrain::InitOptions().backend(f.backend).device_id(
-        gpus > 0 ? local_rank % gpus : -1));
-    torch::set_num_threads(f.threads);
+    const torch::Device device = init_distributed(f);
     const int rank = dtrain::get_rank(), world = dtrain::get_world_size();
     const bool leader = rank == 0;
 
@@ -191,92 +287,44 @@ int main(int argc, char** argv) {
 
     torch::manual_seed(f.seed);
     ConvNet model;
-    const torch::Device device = gpus > 0 ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank % gpus))
-                                          : torch::Device(torch::kCPU);
     model->to(device);
     torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(f.lr));
-
     const bool restarted = dtrain::restart_count() > 0;
     TrainingState state = resume_if_asked(f, train_size, model, opt);
     dtrain::DistributedDataParallel ddp(model.ptr());
-    const bool first_attempt = !f.resume && !restarted;
 
-    std::string out_dir = f.out_dir;
-    if (out_dir.empty()) {
-      char stamp[32];
-      std::time_t now = std::time(nullptr);
-      std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", std::localtime(&now));
-      mkdir("runs", 0755);
-      out_dir = std::string("runs/") + stamp;
-    }
-    if (leader && !make_dirs(out_dir)) {
-      std::cerr << "cannot create --out-dir " << out_dir << ": " << std::strerror(errno) << std::endl;
-      return 2;
-    }
+    const std::string out_dir = make_out_dir(f, leader);
+    if (out_dir.empty()) return 2;
     Metrics metrics(out_dir);
     Progress progress(leader && dtrain::console_is_terminal(), f.epochs, steps_per_epoch,
                       f.batch_size * world);
-    // Every rank writes its share and learns the outcome, so nobody runs
-    // ahead of a checkpoint that may fail, and a failure stops all ranks at once.
-    auto checkpoint = [&](const TrainingState& s) {
-      CheckpointFaults faults;
-      faults.die_while_writing = first_attempt && leader && s.global_step == f.crash_in_checkpoint_at_step;
-      save_checkpoint(dtrain::default_group(), f.checkpoint_dir, *model, opt, s, faults);
-    };
+    const bool first_attempt = !f.resume && !restarted;
+    Job job{f, rank, world, leader, first_attempt, device, train_size, steps_per_epoch, sampler, opt, ddp,
+            progress, [&](const TrainingState& s) {
+              CheckpointFaults faults;
+              faults.die_while_writing = first_attempt && leader && s.global_step == f.crash_in_checkpoint_at_step;
+              save_checkpoint(dtrain::default_group(), f.checkpoint_dir, *model, opt, s, faults);
+            }};
     if (leader)
       std::cout << "training on " << train_size << " images, " << world << " rank(s), batch "
                 << f.batch_size << " per rank, " << f.epochs << " epoch(s)" << std::endl;
 
     double last_accuracy = 0, last_rate = 0;
     for (int64_t epoch = state.epoch; epoch < f.epochs; ++epoch) {
-      sampler.set_epoch(epoch);
-      // A function of the epoch alone, so a resumed run uses the same rate.
-      static_cast<torch::optim::AdamOptions&>(opt.param_groups()[0].options())
-          .lr(f.lr * std::pow(f.lr_decay, static_cast<double>(epoch)));
-      sampler.set_global_position(static_cast<size_t>(state.samples_in_epoch));
-      // Steps already done, as this world size counts them (for the display):
-      // what is left of the epoch, counted back from its full length, so a
-      // resumed epoch ends at steps_per_epoch whatever world size began it.
-      const int64_t steps_left = (static_cast<int64_t>(sampler.num_samples()) + f.batch_size - 1) / f.batch_size;
-      const int64_t first_step = std::max<int64_t>(0, steps_per_epoch - steps_left);
-      progress.start_epoch(epoch, first_step);
       const auto start = std::chrono::steady_clock::now();
-      int64_t trained = 0;
-      double loss_sum = 0;
-      for (auto& batch : *loader) {
-        opt.zero_grad();
-        auto loss = torch::nn::functional::cross_entropy(ddp.forward(batch.data.to(device)),
-                                                         batch.target.to(device));
-        loss.backward();
-        {
-          dtrain::TimelineSpan span("optimizer.step");  // DTRAIN_TIMELINE
-          opt.step();
-        }
-        ++trained, ++state.global_step;
-        loss_sum += loss.item<double>();
-        if (first_attempt && state.global_step == f.crash_at_step && rank == world - 1) raise(SIGKILL);
-        if (leader) progress.update(first_step + trained, loss_sum / trained);
-        // Exact with workers(0): what every rank's loop has consumed.
-        const auto samples = static_cast<int64_t>(sampler.global_position());
-        if (f.checkpoint_every > 0 && state.global_step % f.checkpoint_every == 0 && samples < train_size)
-          checkpoint({epoch, samples, state.global_step, world});
-      }
-      if (leader) progress.finish_epoch();
+      const EpochSums sums = train_epoch(job, *loader, state, epoch);
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      auto loss_stats = reduce_over_ranks(torch::tensor({loss_sum, static_cast<double>(trained)}, torch::kDouble));
+      auto loss_stats = reduce_over_ranks(torch::tensor({sums.loss, static_cast<double>(sums.steps)}, torch::kDouble));
       auto [correct, total] = evaluate(model, test, f.test_limit, device);
       last_accuracy = static_cast<double>(correct) / static_cast<double>(total);
-      last_rate = trained * f.batch_size * world / seconds;
+      last_rate = sums.steps * f.batch_size * world / seconds;
       state = {epoch + 1, 0, state.global_step, world};
-      checkpoint(state);
+      job.checkpoint(state);
       if (leader) {
         const double train_loss = loss_stats[0].item<double>() / std::max(1.0, loss_stats[1].item<double>());
-        std::printf("epoch %lld/%lld: train loss %.4f, test accuracy %.2f%% (%lld/%lld), %.0f samples/s, %.1f s\n",
-                    static_cast<long long>(epoch + 1), static_cast<long long>(f.epochs), train_loss,
-                    100 * last_accuracy, static_cast<long long>(correct), static_cast<long long>(total),
-                    last_rate, seconds);
-        std::fflush(stdout);
-        metrics.add({epoch + 1, train_loss, last_accuracy, last_rate, seconds});
+        const EpochMetrics record{epoch + 1, train_loss, last_accuracy, last_rate, seconds};
+        print_epoch(record, f.epochs, correct, total);
+        metrics.add(record);
       }
     }
     if (leader) {
