@@ -188,7 +188,7 @@ class ProcessGroup {
   Call next_call(const char* op, Timeout timeout, bool collective);
   void check_member(const char* op) const;
   void fingerprint(const Call& call, const at::Tensor& tensor, int64_t root, int64_t reduce_op);
-  // The flight recorder (core/flight_recorder.h): record() notes an
+  // The flight recorder (diagnostics/flight_recorder.h): record() notes an
   // operation as issued, begin() records and fingerprints a collective,
   // tracked() marks it finished when its work does.
   uint64_t record(const Call& call, const at::Tensor& tensor, int64_t root, int64_t reduce_op);
@@ -207,7 +207,7 @@ class ProcessGroup {
   uint64_t next_p2p_ = 0;
   std::shared_ptr<detail::FlightRecorder> recorder_;
   bool recorder_made_ = false;
-  std::shared_ptr<void> timeline_track_;  // core/timeline.h, created on first use
+  std::shared_ptr<void> timeline_track_;  // diagnostics/timeline.h, created on first use
 };
 
 }  // namespace dtrain

@@ -4,7 +4,7 @@
 #include <ATen/core/grad_mode.h>  // at::NoGradGuard (its own header on libtorch 2.x)
 
 #include "common/enforce.h"
-#include "core/flight_recorder.h"
+#include "diagnostics/flight_recorder.h"
 #include "dtrain/distributed.h"
 
 namespace dtrain {

@@ -12,9 +12,9 @@
 
 #include "common/enforce.h"
 #include "common/logging.h"
-#include "core/fingerprint.h"
-#include "core/flight_recorder.h"
-#include "core/timeline.h"
+#include "diagnostics/fingerprint.h"
+#include "diagnostics/flight_recorder.h"
+#include "diagnostics/timeline.h"
 #include "core/tensor_checks.h"
 
 namespace dtrain {

@@ -7,7 +7,7 @@
 #include "common/cpu_memory.h"
 #include "common/enforce.h"
 #include "core/control_tensors.h"
-#include "core/timeline.h"
+#include "diagnostics/timeline.h"
 #include "common/logging.h"
 #include "ddp/model_sync.h"
 #include "ddp/reducer.h"

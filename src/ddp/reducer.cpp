@@ -11,7 +11,7 @@
 #include "common/enforce.h"
 #include "core/control_tensors.h"
 #include "core/storage_alias.h"
-#include "core/timeline.h"
+#include "diagnostics/timeline.h"
 #include "common/logging.h"
 #include "ddp/bucket_assignment.h"
 #include "ddp/reducer_bucket.h"

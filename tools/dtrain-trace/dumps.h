@@ -1,7 +1,7 @@
 #pragma once
 
 // Flight recorder dumps (DTRAIN_TRACE_DIR/rank-R.json, written by
-// src/core/flight_recorder.cpp), read and checked: a file that is not a
+// src/diagnostics/flight_recorder.cpp), read and checked: a file that is not a
 // dump, or is cut short, is an error naming the file and what was wrong.
 // Two kinds of partial evidence are used too: rank-R.json.tmp, a dump its
 // process did not finish (what it holds whole is read), and error-R.json,

@@ -15,7 +15,7 @@
 
 #include "common/env.h"
 #include "common/json_text.h"
-#include "core/error_file.h"
+#include "diagnostics/error_file.h"
 #include "dtrain/launch_env.h"
 
 namespace dtrain {

@@ -5,7 +5,7 @@
 // server on rank 0 (or, under torchrun's agent, join the agent's store),
 // file:// uses a FileStore.
 
-#include "core/rendezvous.h"
+#include "world/rendezvous.h"
 
 #include <algorithm>
 #include <climits>
@@ -19,7 +19,7 @@
 #include "dtrain/store/file_store.h"
 #include "dtrain/store/prefix_store.h"
 #include "dtrain/store/tcp_store.h"
-#include "core/local_address.h"
+#include "world/local_address.h"
 #include "store/agent_store.h"
 #include "store/auth.h"
 
@@ -76,7 +76,7 @@ bool truthy(const std::string& v) {
 // The address peers should use for our tcp sockets when a master host is
 // known (env://, tcp://): the interface the user named, else the one that
 // routes towards the master. Empty: found through the store (file://, a
-// user's store; see core/local_address.h).
+// user's store; see world/local_address.h).
 std::string address_from_environment(const std::string& master_host) {
   auto ifname = env::get(env::kSocketIfname);
   if (!ifname) ifname = env::get(env::kGlooSocketIfname);

@@ -1,4 +1,4 @@
-#include "core/fingerprint.h"
+#include "diagnostics/fingerprint.h"
 
 #include <cstring>
 #include <sstream>

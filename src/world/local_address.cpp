@@ -1,4 +1,4 @@
-#include "core/local_address.h"
+#include "world/local_address.h"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>

@@ -1,4 +1,4 @@
-#include "core/timeline.h"
+#include "diagnostics/timeline.h"
 
 #include <unistd.h>
 
