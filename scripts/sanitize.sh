@@ -16,7 +16,7 @@
 #                                 ours to judge. ~15 min on 2 cores.
 #   scripts/sanitize.sh thread    ThreadSanitizer over the store suites (server
 #                                 thread, many clients, waiters, limits) and
-#                                 the shm segments. Not over libtorch: a
+#                                 the shm segments and rings. Not over libtorch: a
 #                                 process that loads Debian's uninstrumented
 #                                 libtorch 1.13 built with -fsanitize=thread
 #                                 dies in the dynamic loader (a relocation in
@@ -31,7 +31,7 @@ shift
 case $mode in
   # CpuMemory.* measures glibc malloc, which AddressSanitizer replaces.
   address) flags=address,undefined dir=build-asan filter='-CpuMemory.*' ;;
-  thread) flags=thread dir=build-tsan filter='AllStores/*:TcpStore*:C10dStore*:FileStore*:PrefixStore*:StoreLimits*:StoreToken*:StoreScale*:ShmSegment*' ;;
+  thread) flags=thread dir=build-tsan filter='AllStores/*:TcpStore*:C10dStore*:FileStore*:PrefixStore*:StoreLimits*:StoreToken*:StoreScale*:ShmSegment*:RingLink*' ;;
   # The every-dtype matrix at world sizes 2 and 3 (4 and 5 take the same
   # code paths and most of the time: CI's budget).
   address-torch) flags=address,undefined dir=build-asan filter='-*_world4_*:*_world5_*' ;;
