@@ -65,8 +65,8 @@ Segment Segment::create(size_t bytes) {
   if (int rc = ::posix_fallocate(s.fd_, 0, static_cast<off_t>(bytes)); rc != 0)
     throw Error(detail::cat("shm: cannot reserve ", bytes, " bytes in /dev/shm for ", s.name_,
                             ": ", std::strerror(rc),
-                            " (is /dev/shm large enough? see `df -h /dev/shm`, or lower "
-                            "DTRAIN_SHM_CHUNK_BYTES)"));
+                            " (is /dev/shm large enough? see `df -h /dev/shm`; "
+                            "docs/backends.md says what an shm group takes)"));
   s.data_ = map(s.fd_, bytes, s.name_);
   return s;
 }
