@@ -38,8 +38,8 @@ struct Pair {
     bells = reinterpret_cast<Doorbell*>(base);
     auto* r01 = reinterpret_cast<RingControl*>(base + 4096);
     auto* r10 = reinterpret_cast<RingControl*>(base + 4096 + ring);
-    a = std::make_unique<RingLink>(r01, r10, kRing, &bells[0], &bells[1], 1);
-    b = std::make_unique<RingLink>(r10, r01, kRing, &bells[1], &bells[0], 0);
+    a = std::make_unique<RingLink>(r01, r10, kRing, &bells[1], 1);
+    b = std::make_unique<RingLink>(r10, r01, kRing, &bells[0], 0);
   }
 };
 

@@ -23,10 +23,9 @@ void ring(Doorbell& bell) {
 
 }  // namespace
 
-RingLink::RingLink(RingControl* out, RingControl* in, size_t ring_bytes, Doorbell* own_bell,
-                   Doorbell* peer_bell, int peer)
-    : out_(out), in_(in), ring_bytes_(ring_bytes), own_bell_(own_bell), peer_bell_(peer_bell),
-      peer_(peer) {}
+RingLink::RingLink(RingControl* out, RingControl* in, size_t ring_bytes, Doorbell* peer_bell,
+                   int peer)
+    : out_(out), in_(in), ring_bytes_(ring_bytes), peer_bell_(peer_bell), peer_(peer) {}
 
 void RingLink::ring_peer() { ring(*peer_bell_); }
 

@@ -47,9 +47,8 @@ static_assert(sizeof(RingControl) == 128, "two cache lines");
 class RingLink final : public transport::Link {
  public:
   // `out` carries this rank's bytes to the peer, `in` the peer's to this
-  // rank; `peer_bell` is the peer's doorbell, `own_bell` this rank's.
-  RingLink(RingControl* out, RingControl* in, size_t ring_bytes, Doorbell* own_bell,
-           Doorbell* peer_bell, int peer);
+  // rank; `peer_bell` is the peer's doorbell, rung after every move.
+  RingLink(RingControl* out, RingControl* in, size_t ring_bytes, Doorbell* peer_bell, int peer);
   ssize_t read(void* dst, size_t n) override;
   ssize_t write(const iovec* iov, int count) override;
   void end_output() override;
@@ -69,7 +68,6 @@ class RingLink final : public transport::Link {
   RingControl* out_;
   RingControl* in_;
   size_t ring_bytes_;
-  Doorbell* own_bell_;
   Doorbell* peer_bell_;
   int peer_;
   std::atomic<bool> gone_{false};

@@ -100,8 +100,8 @@ std::unique_ptr<Transport> connect_shm(Store& store, int rank, int size,
     links.peer_names[p] = detail::cat("rank ", p, " (pid ", std::string(end + 1).substr(0, 16), ", shm)");
     links.links[p].push_back(std::make_unique<shm::RingLink>(
         reinterpret_cast<shm::RingControl*>(base + layout.ring(rank, p)),
-        reinterpret_cast<shm::RingControl*>(base + layout.ring(p, rank)), ring_bytes,
-        &bells[rank], &bells[p], p));
+        reinterpret_cast<shm::RingControl*>(base + layout.ring(p, rank)), ring_bytes, &bells[p],
+        p));
   }
   links.pollers.push_back(std::make_unique<shm::RingPoller>(&bells[rank], segment));
   return std::make_unique<tcp::TcpTransport>(std::move(links), rank, size, engine);
