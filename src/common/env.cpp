@@ -53,6 +53,10 @@ const Var kShmChunkBytes{"DTRAIN_SHM_CHUNK_BYTES", "131072",
                           "Bytes each rank of an shm group moves per step (its slot holds "
                           "two); read by group rank 0 when the group is created."};
 
+const Var kShmDisable{"DTRAIN_SHM_DISABLE", "0",
+                       "1: no shared memory between ranks: backend auto uses tcp for every "
+                       "rank, also on one machine, and backend shm is refused."};
+
 const Var kCpuMemory{"DTRAIN_CPU_MEMORY", "cache",
                      "cache: freed CPU tensor memory stays in the process for the next step "
                      "(malloc keeps blocks below 1 GiB, 32 MiB on older glibc, and never trims; "
@@ -110,7 +114,7 @@ const std::vector<const Var*>& all() {
       &kRank,      &kWorldSize, &kLocalRank,    &kMasterAddr,   &kMasterPort,
       &kUseAgentStore, &kRestartCount, &kOmpiRank, &kOmpiSize, &kSlurmProcId,
       &kSlurmNTasks, &kSlurmStepNodelist, &kSlurmJobNodelist, &kSlurmJobId, &kSlurmStepId, &kDebug,   &kSocketIfname, &kGlooSocketIfname, &kTimeout, &kTty,
-      &kShmChunkBytes, &kCpuMemory, &kTcpStreams, &kTcpUnexpectedBytes, &kStoreMaxBytes, &kStoreMaxKeys,
+      &kShmChunkBytes, &kShmDisable, &kCpuMemory, &kTcpStreams, &kTcpUnexpectedBytes, &kStoreMaxBytes, &kStoreMaxKeys,
       &kStoreToken, &kStoreTokenFile, &kLauncher, &kTraceDir, &kTraceBufferSize, &kTimeline, &kErrorFile};
   return vars;
 }

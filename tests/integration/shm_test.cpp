@@ -317,6 +317,23 @@ std::vector<std::string> own_names() {
   return found;
 }
 
+// DTRAIN_SHM_DISABLE=1, as NCCL_SHM_DISABLE: auto goes over tcp even on one
+// machine, and an explicit shm group is refused, naming the variable.
+TEST(ShmDisable, AutoUsesTcpOnOneMachineAndShmIsRefused) {
+  ScopedEnv off("DTRAIN_SHM_DISABLE", "1");
+  expect_no_errors(testing::run_ranks(2, [](ProcessGroup& g) {
+    EXPECT_EQ(g.backend_name().rfind("tcp", 0), 0u) << g.backend_name();
+    auto t = at::full({5}, float(g.rank() + 1));
+    g.all_reduce(t)->wait();
+    EXPECT_TRUE(at::equal(t, at::full({5}, 3.0f)));
+  }, 20s, GroupOptions(), "auto"));
+  for (const auto& e : run_shm(2, [](ProcessGroup&) {}, 10s))
+    EXPECT_TRUE(Contains(e, "asks for shared memory, which DTRAIN_SHM_DISABLE=1 forbids")) << e;
+  ScopedEnv bad("DTRAIN_SHM_DISABLE", "yes");
+  for (const auto& e : run_shm(2, [](ProcessGroup&) {}, 10s))
+    EXPECT_TRUE(Contains(e, "DTRAIN_SHM_DISABLE='yes' is not an integer")) << e;
+}
+
 TEST(Shm, GroupLeavesNoNameInDevShm) {
   expect_no_errors(run_shm(3, [&](ProcessGroup& g) {
     g.barrier()->wait();

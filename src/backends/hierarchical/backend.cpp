@@ -10,6 +10,7 @@
 #include "backends/shm/backend.h"
 #include "transport/shm/node.h"
 #include "common/enforce.h"
+#include "common/env.h"
 #include "core/average.h"
 #include "core/backend_registry.h"
 #include "dtrain/distributed.h"
@@ -38,6 +39,12 @@ namespace {
 std::shared_ptr<ProcessGroup> create_cpu_group(std::shared_ptr<Store> store, int rank, int size,
                                                const GroupOptions& options,
                                                std::vector<std::vector<int>> nodes) {
+  if (*env::get_int(env::kShmDisable, 0, 1) == 1) {
+    DTRAIN_LOG_INFO("auto: group '", options.name(), "' on ", nodes.size(),
+                    " machine(s): tcp for every rank (DTRAIN_SHM_DISABLE=1)");
+    return std::make_shared<tcp_backend::TcpProcessGroup>(
+        std::make_shared<PrefixStore>("auto", store), rank, size, options);
+  }
   if (nodes.size() == 1) {
     DTRAIN_LOG_INFO("auto: group '", options.name(), "' is on one machine: shm");
     return std::make_shared<shm::ShmProcessGroup>(std::make_shared<PrefixStore>("auto", store),

@@ -507,6 +507,10 @@ WorkPtr ShmProcessGroup::do_recv(const Call& call, at::Tensor tensor, int src, i
 
 DTRAIN_REGISTER_BACKEND(shm, register_backend("shm", [](std::shared_ptr<Store> store, int rank,
                                                         int size, const GroupOptions& options) {
+  if (*env::get_int(env::kShmDisable, 0, 1) == 1)
+    throw BackendUnavailable(detail::cat(
+        "shm: group '", options.name(), "' asks for shared memory, which DTRAIN_SHM_DISABLE=1 "
+        "forbids; unset it, or use backend \"tcp\" (or \"auto\", which then uses tcp)"));
   return std::make_shared<ShmProcessGroup>(std::move(store), rank, size, options);
 }))
 
