@@ -4,8 +4,6 @@
 
 #include "transport/tcp/transport.h"
 
-#include <sys/socket.h>
-
 #include <atomic>
 #include <chrono>
 #include <optional>
