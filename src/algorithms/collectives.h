@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "dtrain/process_group.h"
+#include "transport/topology.h"
 #include "transport/transport.h"
 
 namespace dtrain::algorithms {
@@ -55,12 +56,19 @@ struct Context {
   const std::string& what;              // names the call in timeouts
   Scratch& scratch;                     // the ring's receive buffers, trees' temporaries
   Scratch& copy;                        // reduce's working copy
+  // Where the ranks are (backend auto over several hosts); null: one flat
+  // group, as far as the algorithms are concerned.
+  const transport::Topology* topology = nullptr;
   int rank() const { return transport.rank(); }
   int size() const { return transport.size(); }
 };
 
 // Marks the tag of a collective's second phase (see all_reduce).
 constexpr uint64_t kSecondHalf = uint64_t{1} << 62;
+// Mark the tags of the two-level all_reduce's phases inside a host and
+// across hosts (two_level.cpp), each of which may use kSecondHalf too.
+constexpr uint64_t kInsideHost = uint64_t{1} << 61;
+constexpr uint64_t kAcrossHosts = uint64_t{1} << 60;
 
 // Below this many bytes the latency algorithms run (recursive doubling,
 // binomial trees); above it the bandwidth ones (pipelined ring and chain).
@@ -70,7 +78,9 @@ constexpr size_t kLatencyBytes = 64 * 1024;
 constexpr size_t kPieceBytes = 512 * 1024;
 
 // data (count elements) becomes op over ranks, in place. AVG sums; the
-// caller divides.
+// caller divides. Over several hosts with the same number of ranks each
+// (ctx.topology), messages above kLatencyBytes take the two-level path
+// (two_level.cpp); the others a flat ring or recursive doubling.
 void all_reduce(const Context& ctx, void* data, size_t count, c10::ScalarType dtype, ReduceOp op);
 
 // Root's `bytes` reach every rank.

@@ -125,6 +125,10 @@ void all_reduce(const Context& ctx, void* data, size_t count, c10::ScalarType dt
     recursive_doubling(ctx, data, count, dtype, op);
     return;
   }
+  if (two_level_fits(ctx, bytes)) {
+    two_level_all_reduce(ctx, data, count, dtype, op);
+    return;
+  }
   const Blocks blocks{(count + n - 1) / n * elem, bytes};
   // A piece of the second half can only arrive once this rank has sent its
   // share of that block in the first: receiving straight into place early

@@ -57,6 +57,11 @@ const Var kShmDisable{"DTRAIN_SHM_DISABLE", "0",
                        "1: no shared memory between ranks: backend auto uses tcp for every "
                        "rank, also on one machine, and backend shm is refused."};
 
+const Var kHostId{"DTRAIN_HOST_ID", nullptr,
+                  "Splits one machine into separate hosts for dtrain: ranks with different "
+                  "values never share memory (auto joins them over tcp); equal values never "
+                  "join ranks of different machines."};
+
 const Var kCpuMemory{"DTRAIN_CPU_MEMORY", "cache",
                      "cache: freed CPU tensor memory stays in the process for the next step "
                      "(malloc keeps blocks below 1 GiB, 32 MiB on older glibc, and never trims; "
@@ -114,7 +119,7 @@ const std::vector<const Var*>& all() {
       &kRank,      &kWorldSize, &kLocalRank,    &kMasterAddr,   &kMasterPort,
       &kUseAgentStore, &kRestartCount, &kOmpiRank, &kOmpiSize, &kSlurmProcId,
       &kSlurmNTasks, &kSlurmStepNodelist, &kSlurmJobNodelist, &kSlurmJobId, &kSlurmStepId, &kDebug,   &kSocketIfname, &kGlooSocketIfname, &kTimeout, &kTty,
-      &kShmChunkBytes, &kShmDisable, &kCpuMemory, &kTcpStreams, &kTcpUnexpectedBytes, &kStoreMaxBytes, &kStoreMaxKeys,
+      &kShmChunkBytes, &kShmDisable, &kHostId, &kCpuMemory, &kTcpStreams, &kTcpUnexpectedBytes, &kStoreMaxBytes, &kStoreMaxKeys,
       &kStoreToken, &kStoreTokenFile, &kLauncher, &kTraceDir, &kTraceBufferSize, &kTimeline, &kErrorFile};
   return vars;
 }

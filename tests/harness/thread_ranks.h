@@ -17,7 +17,25 @@
 
 #include "dtrain/dtrain.h"
 
+namespace dtrain::shm {
+void set_thread_host_id(const std::string& id);  // transport/shm/node.h
+}
+
 namespace dtrain::testing {
+
+// create_process_group, and one more backend name: "auto@H" is backend
+// auto with this process's thread ranks spread over H stand-in hosts (rank r
+// on host r*H/world), which share no memory: shared-memory rings inside a
+// host, TCP across. Call it on the rank's own thread.
+inline std::shared_ptr<ProcessGroup> create_test_group(const std::string& backend,
+                                                       std::shared_ptr<Store> store, int rank,
+                                                       int world, const GroupOptions& options) {
+  const auto at = backend.find('@');
+  if (at == std::string::npos) return create_process_group(backend, store, rank, world, options);
+  const int hosts = std::stoi(backend.substr(at + 1));
+  shm::set_thread_host_id("test-host-" + std::to_string(rank * hosts / world));
+  return create_process_group(backend.substr(0, at), store, rank, world, options);
+}
 
 // What each rank's body gets: its group over all ranks and the shared
 // store (to build subgroups with create_process_group).
@@ -38,8 +56,8 @@ inline std::vector<std::string> run_rank_contexts(
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
       try {
-        RankContext ctx{create_process_group(backend, store, rank, world,
-                                             GroupOptions(options).timeout(timeout)),
+        RankContext ctx{create_test_group(backend, store, rank, world,
+                                          GroupOptions(options).timeout(timeout)),
                         store, rank, world};
         body(ctx);
       } catch (const std::exception& e) {

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <tuple>
 
 #include "common/enforce.h"
@@ -374,14 +375,27 @@ TEST_P(Collectives, AllToAllSingleUnevenAndEqualSplits) {
   }));
 }
 
+std::string case_name(const ::testing::TestParamInfo<Collectives::ParamType>& info) {
+  std::string backend = std::get<0>(info.param);
+  for (auto& c : backend) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  return detail::cat(backend, "_world", std::get<1>(info.param), "_",
+                     c10::toString(std::get<2>(info.param)));
+}
+
 INSTANTIATE_TEST_SUITE_P(
     BackendWorldDtype, Collectives,
     ::testing::Combine(::testing::Values("tcp", "shm"), ::testing::Values(1, 2, 3, 4, 5),
                        ::testing::ValuesIn(kDtypes)),
-    [](const auto& info) {
-      return detail::cat(std::get<0>(info.param), "_world", std::get<1>(info.param), "_",
-                         c10::toString(std::get<2>(info.param)));
-    });
+    case_name);
+
+// auto over two stand-in hosts (harness/thread_ranks.h): world 4 is 2 + 2
+// ranks (the two-level all_reduce), world 3 is 2 + 1 (flat, rings and TCP
+// in one ring).
+INSTANTIATE_TEST_SUITE_P(
+    AutoOverHosts, Collectives,
+    ::testing::Combine(::testing::Values("auto@2"), ::testing::Values(3, 4),
+                       ::testing::ValuesIn(kDtypes)),
+    case_name);
 
 TEST(CollectivesLayout, NonContiguousTensorsAreStagedAndWrittenBack) {
   expect_no_errors(run_ranks(2, [](ProcessGroup& g) {

@@ -10,7 +10,7 @@
 
 #include <thread>
 
-#include "backends/device_routing/routing_group.h"
+#include "backends/auto/routing_group.h"
 #include "dtrain/dtrain.h"
 #include "harness/assertions.h"
 #include "harness/training.h"

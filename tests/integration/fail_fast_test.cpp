@@ -1,17 +1,17 @@
 // After a timeout a group is broken on every backend: the next call fails at
 // once naming the first error, and destroying a group with operations still
 // queued behind the failed one takes one timeout, not one per operation.
-// "auto-split" is the hierarchical auto backend with each thread rank on a
-// machine of its own (shm per machine, tcp between), which thread ranks
-// otherwise never reach (on one machine auto is plain shm).
+// "auto@2" is backend auto with the thread ranks on two stand-in hosts
+// (thread_ranks.h), which thread ranks otherwise never reach (on one machine
+// auto is plain shm).
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cctype>
 #include <thread>
 
-#include "backends/hierarchical/backend.h"
 #include "core/serial_executor.h"
 #include "harness/assertions.h"
 #include "harness/thread_ranks.h"
@@ -27,11 +27,7 @@ using testing::what_thrown;
 
 std::shared_ptr<ProcessGroup> make_group(const std::string& backend, std::shared_ptr<Store> store,
                                          int rank, int world, GroupOptions options) {
-  if (backend != "auto-split") return create_process_group(backend, store, rank, world, options);
-  std::vector<std::vector<int>> machines;
-  for (int r = 0; r < world; ++r) machines.push_back({r});
-  return std::make_shared<hierarchical::HierarchicalProcessGroup>(std::move(store), rank, world,
-                                                                  options, machines);
+  return testing::create_test_group(backend, std::move(store), rank, world, options);
 }
 
 // Rank 1 joins and then stays silent (a stopped peer) until rank 0's body
@@ -85,7 +81,7 @@ TEST_P(FailFast, AfterATimeoutEveryLaterCallFailsAtOnceNamingTheFirstError) {
       EXPECT_TRUE(Contains(what, ") cannot run: the group is broken by an earlier error (" +
                                      first + "); destroy it and create a new one"));
     }
-    if (GetParam() == "auto-split") {  // point-to-point too (shm's goes to its own tcp group)
+    if (GetParam() == "auto@2") {  // point-to-point too
       const auto start = Clock::now();
       const auto what = what_thrown<NetworkError>([&] { g.recv(t, 1)->wait(); });
       EXPECT_LT(testing::seconds_since(start), 2.0);
@@ -95,9 +91,8 @@ TEST_P(FailFast, AfterATimeoutEveryLaterCallFailsAtOnceNamingTheFirstError) {
 }
 
 TEST_P(FailFast, DestroyingAGroupWithQueuedOperationsTakesOneTimeout) {
-  // Each queued operation has the whole timeout of its own. For auto the
-  // first times out in the leaders' tcp group and the second would wait out
-  // another in the tcp group over all ranks, were it run.
+  // Each queued operation has the whole timeout of its own: run, the second
+  // would wait out another.
   const auto timeout = 2s;
   with_silent_peer(GetParam(), timeout, [&](std::shared_ptr<ProcessGroup>& group) {
     ProcessGroup& g = *group;
@@ -119,14 +114,14 @@ TEST_P(FailFast, DestroyingAGroupWithQueuedOperationsTakesOneTimeout) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, FailFast, ::testing::Values("tcp", "shm", "auto-split"),
+INSTANTIATE_TEST_SUITE_P(Backends, FailFast, ::testing::Values("tcp", "shm", "auto@2"),
                          [](const auto& info) {
                            std::string name = info.param;
-                           for (auto& c : name) c = c == '-' ? '_' : c;
+                           for (auto& c : name) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
                            return name;
                          });
 
-// The fate-sharing executor leaves the working path alone: auto-split
+// Over stand-in hosts of 2 and 1 ranks (rings and TCP in one group), auto
 // computes what one flat group would.
 TEST(AutoSplit, CollectivesAndPointToPointStillWork) {
   auto store = std::make_shared<HashStore>(30s);
@@ -135,7 +130,7 @@ TEST(AutoSplit, CollectivesAndPointToPointStillWork) {
   for (int rank = 0; rank < 3; ++rank) {
     threads.emplace_back([&, rank] {
       try {
-        auto g = make_group("auto-split", store, rank, 3, GroupOptions().timeout(30s));
+        auto g = make_group("auto@2", store, rank, 3, GroupOptions().timeout(30s));
         auto t = at::full({5}, rank + 1.0);
         g->all_reduce(t)->wait();
         EXPECT_TRUE(at::equal(t, at::full({5}, 6.0))) << "rank " << rank;

@@ -3,7 +3,7 @@
 # two ranks in each (world 4). Nothing is shared between them but the
 # 10.213.x link (and /dev/shm, which dtrain must not use across them), so
 # this proves that the TCP store, the tcp backend (and its "gloo" alias) and
-# the hierarchical "auto" backend (shm within each namespace, tcp between) work across
+# the "auto" backend (shared-memory rings within each namespace, tcp between) work across
 # hosts, that ranks meeting through file:// or a store the user built find
 # addresses their peers can reach (no master host names the network there),
 # and that a forced "shm" refuses ranks on different machines.

@@ -58,6 +58,51 @@ TEST_P(EnvInit, CollectivesAndSubgroupOverTcpStore) {
 
 INSTANTIATE_TEST_SUITE_P(World, EnvInit, ::testing::Values(1, 2, 3, 4));
 
+// One machine split into two hosts by DTRAIN_HOST_ID, two ranks on each:
+// backend auto is one group (shared-memory rings inside a host, TCP
+// across), says so at DTRAIN_DEBUG=INFO, runs every collective exactly, and
+// DDP over it equals one process on the whole batch. (netns.TwoHostsFourRanks
+// does the same across network namespaces.)
+TEST(AutoOverHosts, TwoHostIdsOfTwoRanksRunEveryCollective) {
+  const int port = free_port();
+  ProcessRanks procs;
+  for (int r = 0; r < 4; ++r) {
+    auto env = rank_env(r, 4, port);
+    env["DTRAIN_HOST_ID"] = r < 2 ? "a" : "b";
+    env["DTRAIN_DEBUG"] = "INFO";
+    procs.spawn({kWorker, "collectives", "env://", "auto"}, env);
+  }
+  ASSERT_TRUE(procs.wait_all(90s)) << "ranks did not finish";
+  for (int r = 0; r < 4; ++r) {
+    auto& p = procs.ranks()[r];
+    const auto out = p.output(), me = "rank " + std::to_string(r);
+    EXPECT_EQ(p.exit_code, 0) << describe(p);
+    EXPECT_NE(out.find(me + " ok"), std::string::npos) << describe(p);
+    EXPECT_NE(out.find(me + " backend auto (shm within 2 machines, tcp between)"), std::string::npos)
+        << describe(p);
+    EXPECT_NE(out.find("spans 2 hosts (ranks 0,1 | ranks 2,3): shared-memory rings within a "
+                       "host, tcp between; all_reduce above 64 KiB in two levels"),
+              std::string::npos) << describe(p);
+  }
+}
+
+TEST(AutoOverHosts, DdpOverTwoHostIdsMatchesSingleProcessTraining) {
+  const int port = free_port();
+  ProcessRanks procs;
+  for (int r = 0; r < 4; ++r) {
+    auto env = rank_env(r, 4, port);
+    env["DTRAIN_HOST_ID"] = r < 2 ? "a" : "b";
+    procs.spawn({kWorker, "ddp-equivalence", "auto", "wide"}, env);  // two-level buckets
+  }
+  ASSERT_TRUE(procs.wait_all(120s)) << "ranks did not finish";
+  for (int r = 0; r < 4; ++r) {
+    auto& p = procs.ranks()[r];
+    EXPECT_EQ(p.exit_code, 0) << describe(p);
+    EXPECT_NE(p.output().find("rank " + std::to_string(r) + " ddp matches single-process "
+                              "training on auto"), std::string::npos) << describe(p);
+  }
+}
+
 TEST(InitMethods, TcpUrl) {
   const int port = free_port();
   expect_collectives_pass(3, [](int r) {

@@ -12,6 +12,7 @@
 
 #include "dtrain/dtrain.h"
 #include "harness/assertions.h"
+#include "harness/scoped_env.h"
 #include "harness/thread_ranks.h"
 #include "transport/shm/shm_transport.h"
 
@@ -168,6 +169,32 @@ TEST(ShmTransport, TheShmBackendsSendAndRecvOpenNoSocket) {
     g.barrier()->wait();
   }, 20s, GroupOptions(), "shm"));
   EXPECT_EQ(during.load(), before);  // the thread ranks' store is in memory
+}
+
+// Backend auto over two stand-in hosts of two ranks each (thread_ranks.h):
+// one group, whose pairs inside a host are rings and whose pairs across
+// hosts are TCP. 4 such pairs with DTRAIN_TCP_STREAMS sockets each, both
+// ends in this process; a full mesh (the nested groups before) holds more.
+TEST(ShmTransport, AutoOverTwoHostsOpensSocketsOnlyAcrossThem) {
+  testing::ScopedEnv streams("DTRAIN_TCP_STREAMS", "2");
+  const int before = open_sockets();
+  std::atomic<int> during{-1};
+  expect_no_errors(testing::run_ranks(4, [&](ProcessGroup& g) {
+    EXPECT_EQ(g.backend_name(), "auto (shm within 2 machines, tcp between)");
+    const int next = (g.rank() + 1) % 4, prev = (g.rank() + 3) % 4;
+    auto in = at::zeros({100000});
+    auto r = g.recv(in, prev);
+    g.send(at::full({100000}, float(g.rank())), next)->wait();
+    r->wait();
+    EXPECT_TRUE(at::equal(in, at::full({100000}, float(prev))));
+    auto sum = at::full({300000}, float(g.rank() + 1));
+    g.all_reduce(sum)->wait();  // two-level: rings, then TCP, then rings
+    EXPECT_TRUE(at::equal(sum, at::full({300000}, 10.f)));
+    g.barrier()->wait();
+    if (g.rank() == 0) during = open_sockets();
+    g.barrier()->wait();
+  }, 20s, GroupOptions(), "auto@2"));
+  EXPECT_EQ(during.load() - before, 4 * 2 * 2);
 }
 
 }  // namespace

@@ -150,7 +150,7 @@ TEST(ReduceKernels, IntegerAverageDividesByTheWorldSizeUnnarrowed) {
   }
 }
 
-// The transports that only sum (tcp, hierarchical, mpi) divide afterwards
+// The backends that only sum (tcp, auto over hosts, mpi) divide afterwards
 // with divide_for_average: the same rule.
 TEST(ReduceKernels, DivideForAverageDividesByTheWorldSizeUnnarrowed) {
   const auto i8 = at::tensor({-128, -127, -1, 0, 1, 100, 127}, at::kChar);

@@ -144,14 +144,16 @@ ShmProcessGroup::ShmProcessGroup(std::shared_ptr<Store> store, int rank, int siz
   p2p_ = std::make_shared<tcp_backend::TcpProcessGroup>(
       std::make_shared<PrefixStore>("shm/p2p", std::move(store)), rank, size,
       GroupOptions(this->options()).name(name() + "/p2p").check_collectives(false),
-      [](Store& s, int r, int n, const GroupOptions& o) {
-        transport::ShmOptions t;
-        t.timeout = o.timeout();
-        t.name = o.name();
-        t.unexpected_bytes = static_cast<size_t>(
-            *env::get_int(env::kTcpUnexpectedBytes, 65536, int64_t{1} << 50));
-        return transport::connect_shm(s, r, n, t);
-      });
+      tcp_backend::TcpProcessGroup::Carrier{
+          [](Store& s, int r, int n, const GroupOptions& o) {
+            transport::ShmOptions t;
+            t.timeout = o.timeout();
+            t.name = o.name();
+            t.unexpected_bytes = static_cast<size_t>(
+                *env::get_int(env::kTcpUnexpectedBytes, 65536, int64_t{1} << 50));
+            return transport::connect_shm(s, r, n, t);
+          },
+          "shm", nullptr});
   DTRAIN_LOG_INFO("shm: group '", name(), "' attached to /dev/shm", segment_.name(), " (",
                   segment_.size() >> 10, " KiB), rank ", rank, "/", size);
 }

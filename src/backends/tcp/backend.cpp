@@ -51,10 +51,9 @@ int streams_from_env() {
   return static_cast<int>(*env::get_int(env::kTcpStreams, 1, 16));
 }
 
-// dtrain's TCP transport, configured from the group's options and the
-// environment.
-std::unique_ptr<transport::Transport> connect_tcp(Store& store, int rank, int size,
-                                                  const GroupOptions& options) {
+}  // namespace
+
+transport::TcpOptions tcp_options(const GroupOptions& options) {
   transport::TcpOptions t;
   t.local_address = options.local_address();
   t.streams = streams_from_env();
@@ -63,7 +62,14 @@ std::unique_ptr<transport::Transport> connect_tcp(Store& store, int rank, int si
   t.token = store_auth::token_from_environment().value_or("");
   t.unexpected_bytes =
       static_cast<size_t>(*env::get_int(env::kTcpUnexpectedBytes, 65536, int64_t{1} << 50));
-  auto transport = transport::connect_tcp(store, rank, size, t);
+  return t;
+}
+
+namespace {
+
+std::unique_ptr<transport::Transport> connect_tcp(Store& store, int rank, int size,
+                                                  const GroupOptions& options) {
+  auto transport = transport::connect_tcp(store, rank, size, tcp_options(options));
   DTRAIN_LOG_INFO("tcp: group '", options.name(), "' connected, rank ", rank, "/", size, " via ",
                   options.local_address().empty() ? "127.0.0.1" : options.local_address());
   return transport;
@@ -73,12 +79,15 @@ std::unique_ptr<transport::Transport> connect_tcp(Store& store, int rank, int si
 
 TcpProcessGroup::TcpProcessGroup(std::shared_ptr<Store> store, int rank, int size,
                                  GroupOptions options)
-    : TcpProcessGroup(std::move(store), rank, size, std::move(options), connect_tcp) {}
+    : TcpProcessGroup(std::move(store), rank, size, std::move(options),
+                      Carrier{connect_tcp, "tcp", nullptr}) {}
 
 TcpProcessGroup::TcpProcessGroup(std::shared_ptr<Store> store, int rank, int size,
-                                 GroupOptions options, const Connect& connect)
-    : ProcessGroup(rank, size, std::move(options)) {
-  if (size > 1) transport_ = connect(*store, rank, size, this->options());
+                                 GroupOptions options, Carrier carrier)
+    : ProcessGroup(rank, size, std::move(options)),
+      backend_name_(std::move(carrier.backend_name)),
+      topology_(std::move(carrier.topology)) {
+  if (size > 1) transport_ = carrier.connect(*store, rank, size, this->options());
   scratch_ = std::make_unique<algorithms::Scratch>();
   copy_ = std::make_unique<algorithms::Scratch>();
 }
@@ -108,7 +117,7 @@ WorkPtr TcpProcessGroup::enqueue(const Call& call,
     try {
       const algorithms::Context ctx{*transport_, transport::collective_tag(call.seq),
                                     transport::Clock::now() + call.timeout, call.description,
-                                    *scratch_, *copy_};
+                                    *scratch_, *copy_, topology_.get()};
       body(ctx);
     } catch (...) {
       error = std::current_exception();

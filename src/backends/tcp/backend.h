@@ -21,6 +21,8 @@
 #include "core/completion_watcher.h"
 #include "core/serial_executor.h"
 #include "dtrain/process_group.h"
+#include "transport/tcp/transport.h"
+#include "transport/topology.h"
 #include "transport/transport.h"
 
 namespace dtrain::algorithms {
@@ -30,20 +32,30 @@ struct Context;
 
 namespace dtrain::tcp_backend {
 
+// dtrain's TCP transport options, from the group's options and the
+// environment (DTRAIN_TCP_STREAMS, DTRAIN_TCP_UNEXPECTED_BYTES, the token).
+transport::TcpOptions tcp_options(const GroupOptions& options);
+
 class TcpProcessGroup final : public ProcessGroup {
  public:
   // Builds the group's transport (called only when size > 1).
   using Connect = std::function<std::unique_ptr<transport::Transport>(
       Store& store, int rank, int size, const GroupOptions& options)>;
+  // The same engine over another transport: the shm backend's send/recv
+  // over its rings, auto's group over hosts (rings inside, TCP across).
+  struct Carrier {
+    Connect connect;
+    std::string backend_name;
+    // Where the ranks are, for the algorithms; null: a flat group.
+    std::shared_ptr<const transport::Topology> topology;
+  };
 
   TcpProcessGroup(std::shared_ptr<Store> store, int rank, int size, GroupOptions options);
-  // The same engine over another transport (the shm backend's send/recv
-  // run over its rings).
   TcpProcessGroup(std::shared_ptr<Store> store, int rank, int size, GroupOptions options,
-                  const Connect& connect);
+                  Carrier carrier);
   ~TcpProcessGroup() override;
 
-  std::string backend_name() const override { return "tcp"; }
+  std::string backend_name() const override { return backend_name_; }
   bool supports(c10::DeviceType type) const override { return type == c10::DeviceType::CPU; }
 
  protected:
@@ -59,6 +71,8 @@ class TcpProcessGroup final : public ProcessGroup {
   WorkPtr enqueue(const Call& call, std::function<void(const algorithms::Context&)> body);
   WorkPtr post_p2p(const Call& call, at::Tensor tensor, int peer, int tag, bool is_send);
 
+  std::string backend_name_;
+  std::shared_ptr<const transport::Topology> topology_;
   std::unique_ptr<transport::Transport> transport_;
   // Used only on the collectives thread (see algorithms::Scratch).
   std::unique_ptr<algorithms::Scratch> scratch_, copy_;

@@ -7,8 +7,14 @@
 #include <map>
 
 #include "common/enforce.h"
+#include "common/env.h"
 
 namespace dtrain::shm {
+namespace {
+thread_local std::string thread_host_id;
+}
+
+void set_thread_host_id(const std::string& id) { thread_host_id = id; }
 
 std::string node_key() {
   std::string boot_id;
@@ -21,7 +27,10 @@ std::string node_key() {
   struct stat netns {}, shm_dir {};
   ::stat("/proc/self/ns/net", &netns);
   ::stat("/dev/shm", &shm_dir);
-  return detail::cat(boot_id, "/net:", netns.st_ino, "/shm:", shm_dir.st_dev);
+  std::string key = detail::cat(boot_id, "/net:", netns.st_ino, "/shm:", shm_dir.st_dev);
+  if (auto id = env::get(env::kHostId); id && !id->empty()) key += "/id:" + *id;
+  if (!thread_host_id.empty()) key += "/thread:" + thread_host_id;
+  return key;
 }
 
 std::vector<std::vector<int>> group_by_node(const std::vector<std::string>& keys) {

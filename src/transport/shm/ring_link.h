@@ -47,7 +47,9 @@ static_assert(sizeof(RingControl) == 128, "two cache lines");
 class RingLink final : public transport::Link {
  public:
   // `out` carries this rank's bytes to the peer, `in` the peer's to this
-  // rank; `peer_bell` is the peer's doorbell, rung after every move.
+  // rank; `peer_bell` is the peer's doorbell, rung after every move;
+  // `peer` is the peer's slot in the segment (whose liveness lock the
+  // poller checks), not its rank in the group.
   RingLink(RingControl* out, RingControl* in, size_t ring_bytes, Doorbell* peer_bell, int peer);
   ssize_t read(void* dst, size_t n) override;
   ssize_t write(const iovec* iov, int count) override;

@@ -8,6 +8,7 @@
 #include "common/enforce.h"
 #include "transport/shm/attach.h"
 #include "transport/shm/ring_link.h"
+#include "transport/shm/ring_mesh.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace dtrain::transport {
@@ -48,6 +49,61 @@ size_t shm_ring_bytes(int size) {
   return bytes;
 }
 
+int add_ring_links(Store& store, int rank, const std::vector<int>& ranks, uint64_t granted,
+                   const std::string& name, tcp::Links& links) {
+  const int n = static_cast<int>(ranks.size());
+  const int me = static_cast<int>(std::find(ranks.begin(), ranks.end(), rank) - ranks.begin());
+  DTRAIN_ENFORCE(me < n);
+  // Each rank's grant (its receive budget per peer) and pid, for the peers.
+  store.set(detail::cat("shm/grant/", me), detail::cat(granted, " ", ::getpid()));
+
+  const size_t ring_bytes = shm_ring_bytes(n);
+  shm::SegmentPlan plan;
+  plan.what = detail::cat("shm: setting up the transport of group '", name, "' (rank ", rank,
+                          ", ", me, "/", n, " on this machine)");
+  plan.bytes = [&] { return Layout(n, ring_bytes).total; };
+  plan.init = [&](void* base) {
+    auto* h = static_cast<Header*>(base);
+    h->size = static_cast<uint32_t>(n);
+    h->ring_bytes = ring_bytes;
+    h->version = kVersion;
+    h->magic = kMagic;
+  };
+  plan.check = [&](const shm::Segment& segment) {
+    const auto* h = static_cast<const Header*>(segment.data());
+    if (h->magic != kMagic || h->version != kVersion || h->size != static_cast<uint32_t>(n) ||
+        h->ring_bytes != ring_bytes || Layout(n, ring_bytes).total != segment.size())
+      throw InternalError(detail::cat(plan.what, ": /dev/shm", segment.name(),
+                                      " is not a ring segment of this group (magic, version, "
+                                      "size or ring size differ; a different dtrain build?)"));
+  };
+  auto segment = std::make_shared<shm::Segment>(shm::attach_segment(store, me, n, plan));
+
+  const Layout layout(n, ring_bytes);
+  auto* base = static_cast<uint8_t*>(segment->data());
+  auto* bells = reinterpret_cast<shm::Doorbell*>(base + layout.bells);
+  const int poller = static_cast<int>(links.pollers.size());
+  for (int j = 0; j < n; ++j) {
+    if (j == me) continue;
+    const int p = ranks[j];
+    const auto grant = store.get_string(detail::cat("shm/grant/", j));
+    char* end = nullptr;
+    const uint64_t bytes = std::strtoull(grant.c_str(), &end, 10);
+    if (end == grant.c_str() || *end != ' ' || bytes < kMinEagerBytes)
+      throw NetworkError(detail::cat(plan.what, ": rank ", p, " published a malformed grant '",
+                                     grant.substr(0, 64), "' (a different dtrain build?)"));
+    links.grants[p] = {bytes};
+    links.peer_names[p] = detail::cat("rank ", p, " (pid ", std::string(end + 1).substr(0, 16), ", shm)");
+    links.links[p].clear();
+    links.links[p].push_back(std::make_unique<shm::RingLink>(
+        reinterpret_cast<shm::RingControl*>(base + layout.ring(me, j)),
+        reinterpret_cast<shm::RingControl*>(base + layout.ring(j, me)), ring_bytes, &bells[j], j));
+    if (!links.poller_of.empty()) links.poller_of[p] = {poller};
+  }
+  links.pollers.push_back(std::make_unique<shm::RingPoller>(&bells[me], segment));
+  return poller;
+}
+
 std::unique_ptr<Transport> connect_shm(Store& store, int rank, int size,
                                        const ShmOptions& options) {
   TcpOptions engine;
@@ -56,54 +112,14 @@ std::unique_ptr<Transport> connect_shm(Store& store, int rank, int size,
   engine.name = options.name;
   engine.label = "shm";
   engine.unexpected_bytes = options.unexpected_bytes;
-  // Each rank's grant (its receive budget per peer) and pid, for the peers.
-  store.set(detail::cat("shm/grant/", rank), detail::cat(tcp::eager_grant(engine, size), " ", ::getpid()));
-
-  const size_t ring_bytes = shm_ring_bytes(size);
-  shm::SegmentPlan plan;
-  plan.what = detail::cat("shm: setting up the transport of group '", options.name, "' (rank ",
-                          rank, "/", size, ")");
-  plan.bytes = [&] { return Layout(size, ring_bytes).total; };
-  plan.init = [&](void* base) {
-    auto* h = static_cast<Header*>(base);
-    h->size = static_cast<uint32_t>(size);
-    h->ring_bytes = ring_bytes;
-    h->version = kVersion;
-    h->magic = kMagic;
-  };
-  plan.check = [&](const shm::Segment& segment) {
-    const auto* h = static_cast<const Header*>(segment.data());
-    if (h->magic != kMagic || h->version != kVersion || h->size != static_cast<uint32_t>(size) ||
-        h->ring_bytes != ring_bytes || Layout(size, ring_bytes).total != segment.size())
-      throw InternalError(detail::cat(plan.what, ": /dev/shm", segment.name(),
-                                      " is not a ring segment of this group (magic, version, "
-                                      "size or ring size differ; a different dtrain build?)"));
-  };
-  auto segment = std::make_shared<shm::Segment>(shm::attach_segment(store, rank, size, plan));
-
-  const Layout layout(size, ring_bytes);
-  auto* base = static_cast<uint8_t*>(segment->data());
-  auto* bells = reinterpret_cast<shm::Doorbell*>(base + layout.bells);
   tcp::Links links;
   links.links.resize(size);
   links.grants.resize(size);
   links.peer_names.resize(size);
-  for (int p = 0; p < size; ++p) {
-    if (p == rank) continue;
-    const auto grant = store.get_string(detail::cat("shm/grant/", p));
-    char* end = nullptr;
-    const uint64_t bytes = std::strtoull(grant.c_str(), &end, 10);
-    if (end == grant.c_str() || *end != ' ' || bytes < kMinEagerBytes)
-      throw NetworkError(detail::cat(plan.what, ": rank ", p, " published a malformed grant '",
-                                     grant.substr(0, 64), "' (a different dtrain build?)"));
-    links.grants[p].push_back(bytes);
-    links.peer_names[p] = detail::cat("rank ", p, " (pid ", std::string(end + 1).substr(0, 16), ", shm)");
-    links.links[p].push_back(std::make_unique<shm::RingLink>(
-        reinterpret_cast<shm::RingControl*>(base + layout.ring(rank, p)),
-        reinterpret_cast<shm::RingControl*>(base + layout.ring(p, rank)), ring_bytes, &bells[p],
-        p));
-  }
-  links.pollers.push_back(std::make_unique<shm::RingPoller>(&bells[rank], segment));
+  links.granted = tcp::eager_grant(engine, size);
+  std::vector<int> ranks(size);
+  for (int r = 0; r < size; ++r) ranks[r] = r;
+  add_ring_links(store, rank, ranks, links.granted, options.name, links);
   return std::make_unique<tcp::TcpTransport>(std::move(links), rank, size, engine);
 }
 

@@ -80,7 +80,12 @@ class TcpRequest final : public Request {
     return remaining_ == 0 || error_ != nullptr;
   }
   void on_done(std::function<void()> fn) override;
-  void bind(int peer) { peer_.store(peer); }  // an irecv_any matched with `peer`
+  // An irecv_any matched with `peer`, before any of its `parts` is posted.
+  void bind(int peer, int parts) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    remaining_ = parts;
+    peer_.store(peer);
+  }
   void part_done();
   void fail(std::exception_ptr error);
 

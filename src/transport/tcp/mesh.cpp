@@ -157,23 +157,25 @@ class MeshBuilder {
  public:
   MeshBuilder(Store& store, int rank, int size, const TcpOptions& options, const MeshScope& scope)
       : store_(store), rank_(rank), size_(size), options_(options), scope_(scope),
-        deadline_(Clock::now() + options.timeout), grant_(eager_grant(options, size)) {
+        deadline_(Clock::now() + options.timeout),
+        grant_(scope.grant ? scope.grant : eager_grant(options, size)) {
     mesh_.conns.resize(size);
     mesh_.grants.resize(size);
     mesh_.peer_names.resize(size);
     for (int p = 0; p < size; ++p) {
-      if (p == rank) continue;
+      if (p == rank || !scope.wants(p)) continue;
       mesh_.conns[p].resize(options.streams);
       mesh_.grants[p].resize(options.streams);
     }
     const int lower = scope.lower < 0 ? rank : std::min(scope.lower, rank);
     for (int p = 0; p < lower; ++p)
-      for (int s = 0; s < options.streams; ++s) {
+      for (int s = 0; s < options.streams && scope.wants(p); ++s) {
         joins_.emplace_back();
         joins_.back().peer = p;
         joins_.back().stream = s;
       }
-    if (scope.higher) missing_ = static_cast<size_t>(size - 1 - rank) * options.streams;
+    for (int p = rank + 1; p < size && scope.higher; ++p)
+      if (scope.wants(p)) missing_ += options.streams;
   }
 
   Mesh build() {
@@ -403,6 +405,7 @@ class MeshBuilder {
   std::optional<Refusal> hello_problem(const Hello& h) const {
     if (h.group_id != id_) return Refusal::kAnotherGroup;
     if (h.rank <= static_cast<uint32_t>(rank_) || h.rank >= static_cast<uint32_t>(size_) ||
+        !scope_.wants(static_cast<int>(h.rank)) ||
         h.stream >= static_cast<uint32_t>(options_.streams) || h.eager_kib == 0)
       return Refusal::kOutOfRange;
     const bool theirs = (h.flags & kHelloHasToken) != 0;
@@ -477,6 +480,7 @@ class MeshBuilder {
   TimeoutError timeout_naming_missing() const {
     std::string higher, lower;
     for (int p = rank_ + 1; p < size_ && scope_.higher; ++p) {
+      if (!scope_.wants(p)) continue;
       int open = 0;
       for (const auto& fd : mesh_.conns[p]) open += fd ? 1 : 0;
       if (open < options_.streams) higher += detail::cat(higher.empty() ? "" : ", ", p);

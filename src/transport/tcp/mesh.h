@@ -22,9 +22,16 @@ struct Mesh {
 // Which connections a rank opens: by default all of them. Tests stand in
 // for many light peers with `lower` = 1, `higher` = false (each joins rank 0
 // only), so that rank 0 of a large group meets all its peers in one process.
+// A group whose hosts share memory inside (auto) connects only the ranks
+// of other hosts: `peers` says which ([rank]; empty: every other rank), the
+// same relation on every rank, and `grant` is the credit each connection
+// grants when the budget is shared with other links too.
 struct MeshScope {
   int lower = -1;      // join ranks [0, lower); -1: every lower rank
   bool higher = true;  // accept every higher rank
+  std::vector<bool> peers;
+  uint64_t grant = 0;  // 0: eager_grant(options, size)
+  bool wants(int peer) const { return peers.empty() || peers[peer]; }
 };
 
 // Joins every lower rank and accepts every higher one at the same time, in

@@ -19,18 +19,28 @@
 
 namespace dtrain::transport::tcp {
 
-// The eager credit each connection of a `size`-rank group grants its
-// sender: options.unexpected_bytes shared over the connections, at least
-// kMinEagerBytes, in whole KiB (the hello carries KiB).
+// The eager credit each of a rank's `connections` grants its sender:
+// unexpected_bytes shared over them, at least kMinEagerBytes, in whole KiB
+// (the hello carries KiB).
+uint64_t eager_grant(size_t unexpected_bytes, size_t connections);
+// The same for a full mesh of `size` ranks and options.streams per pair.
 uint64_t eager_grant(const TcpOptions& options, int size);
 
-// What the transport runs over: a link per peer and stream, the eager credit
-// each of those peers granted, the peers' names, and a poller per stream.
+// What the transport runs over: links to each peer (one per stream; peers
+// may have different counts, as rings and sockets in one group do), the
+// eager credit each link's peer granted and the credit this rank granted
+// each link, the peers' names, and the pollers whose threads serve them.
 struct Links {
   std::vector<std::vector<std::unique_ptr<Link>>> links;  // [peer][stream]; none to itself
   std::vector<std::vector<uint64_t>> grants;              // [peer][stream], bytes
+  uint64_t granted = 0;                                   // bytes, each link
   std::vector<std::string> peer_names;                    // "rank 3 (10.0.0.2:41234)"
-  std::vector<std::unique_ptr<Poller>> pollers;           // [stream]
+  std::vector<std::unique_ptr<Poller>> pollers;           // one I/O thread each
+  // [peer][stream]: the index of the poller serving that link; empty:
+  // stream s is served by pollers[s].
+  std::vector<std::vector<int>> poller_of;
+  // [peer]: the first word of that link's messages; empty: options.label.
+  std::vector<std::string> labels;
 };
 
 class TcpTransport final : public Transport {
@@ -56,6 +66,13 @@ class TcpTransport final : public Transport {
 
  private:
   using Parts = std::vector<std::pair<Connection*, Part>>;
+  int streams_of(int peer) const { return static_cast<int>(conns_[peer].size()); }
+  // How many parts (streams) a message of `bytes` to or from `peer` takes.
+  int parts_for(int peer, size_t bytes) const {
+    return bytes >= kSplitBytes ? streams_of(peer) : 1;
+  }
+  // Throws InvalidArgument unless `peer` is another rank of the group.
+  void check_peer(int peer, const char* op) const;
   Parts split(int peer, uint64_t tag, uint8_t* data, size_t bytes,
               const std::shared_ptr<TcpRequest>& request, const char* op);
   void post_send(Connection& c, Part part);
@@ -72,7 +89,7 @@ class TcpTransport final : public Transport {
   void post_deferred(Connection& c);
 
   // ---- transport_io.cpp: everything below runs with c.mutex held.
-  void serve(int stream);
+  void serve(int poller);
   void on_event(Connection& c, uint32_t events);
   // Writes what the socket takes; asks for EPOLLOUT while output is left.
   void pump(Connection& c);
@@ -108,7 +125,7 @@ class TcpTransport final : public Transport {
   const int rank_, size_;
   const TcpOptions options_;
   std::vector<std::vector<std::unique_ptr<Connection>>> conns_;  // [peer][stream]
-  std::vector<std::unique_ptr<Poller>> pollers_;  // [stream]
+  std::vector<std::unique_ptr<Poller>> pollers_;  // one I/O thread each
   std::vector<std::thread> threads_;
   mutable std::mutex error_mutex_;
   std::exception_ptr error_;

@@ -31,10 +31,15 @@ PartRange part_range(size_t total, int streams, int s) {
 
 // ---- requests -------------------------------------------------------------
 
-uint64_t eager_grant(const TcpOptions& options, int size) {
-  const uint64_t connections = static_cast<uint64_t>(std::max(size - 1, 1)) * options.streams;
-  const uint64_t share = std::max<uint64_t>(options.unexpected_bytes / connections, kMinEagerBytes);
+uint64_t eager_grant(size_t unexpected_bytes, size_t connections) {
+  const uint64_t share = std::max<uint64_t>(unexpected_bytes / std::max<size_t>(connections, 1),
+                                            kMinEagerBytes);
   return std::min<uint64_t>(share, uint64_t{UINT32_MAX} << 10) & ~uint64_t{1023};
+}
+
+uint64_t eager_grant(const TcpOptions& options, int size) {
+  return eager_grant(options.unexpected_bytes,
+                     static_cast<size_t>(std::max(size - 1, 1)) * options.streams);
 }
 
 void TcpRequest::part_done() {
@@ -90,25 +95,28 @@ void TcpRequest::wait(Clock::time_point deadline, const std::string& what) {
 
 TcpTransport::TcpTransport(Links links, int rank, int size, const TcpOptions& options)
     : rank_(rank), size_(size), options_(options), pollers_(std::move(links.pollers)) {
-  DTRAIN_ENFORCE(static_cast<int>(pollers_.size()) == options.streams);
   conns_.resize(size);
   for (int p = 0; p < size; ++p) {
     if (p == rank) continue;
-    for (int s = 0; s < options.streams; ++s) {
+    const int streams = static_cast<int>(links.links[p].size());
+    DTRAIN_ENFORCE(streams >= 1);
+    for (int s = 0; s < streams; ++s) {
+      const size_t poller = links.poller_of.empty() ? s : links.poller_of[p][s];
+      DTRAIN_ENFORCE(poller < pollers_.size());
       auto c = std::make_unique<Connection>();
       c->link = std::move(links.links[p][s]);
       c->peer = p;
       c->stream = s;
-      c->poller = pollers_[s].get();
+      c->poller = pollers_[poller].get();
       c->name = links.peer_names[p];
-      c->label = options.label;
+      c->label = links.labels.empty() ? options.label : links.labels[p];
       c->credit = c->credit_limit = links.grants[p][s];
-      c->eager_limit = eager_grant(options, size);
+      c->eager_limit = links.granted;
       c->poller->add(*c->link, c.get());
       conns_[p].push_back(std::move(c));
     }
   }
-  for (int s = 0; s < options.streams; ++s) threads_.emplace_back([this, s] { serve(s); });
+  for (size_t i = 0; i < pollers_.size(); ++i) threads_.emplace_back([this, i] { serve(int(i)); });
 }
 
 TcpTransport::~TcpTransport() {
@@ -246,14 +254,17 @@ bool TcpTransport::kill(Connection& c, std::exception_ptr error) {
 
 // ---- posting --------------------------------------------------------------
 
+void TcpTransport::check_peer(int peer, const char* op) const {
+  DTRAIN_CHECK_ARG(peer >= 0 && peer < size_ && peer != rank_, options_.label, ": ", op,
+                   " with peer ", peer, " on rank ", rank_, " of ", size_);
+}
+
 TcpTransport::Parts TcpTransport::split(int peer, uint64_t tag, uint8_t* data, size_t bytes,
                                         const std::shared_ptr<TcpRequest>& request,
                                         const char* op) {
-  DTRAIN_CHECK_ARG(peer >= 0 && peer < size_ && peer != rank_, options_.label, ": ", op, " with peer ", peer,
-                   " on rank ", rank_, " of ", size_);
   Parts parts;
-  for (int s = 0; s < options_.streams; ++s) {
-    const auto range = part_range(bytes, options_.streams, s);
+  for (int s = 0; s < streams_of(peer); ++s) {
+    const auto range = part_range(bytes, streams_of(peer), s);
     if (!range.present) continue;
     Part p;
     p.data = data + range.offset;
@@ -268,8 +279,8 @@ TcpTransport::Parts TcpTransport::split(int peer, uint64_t tag, uint8_t* data, s
 
 RequestPtr TcpTransport::isend(int peer, uint64_t tag, const void* data, size_t bytes) {
   if (auto e = error()) std::rethrow_exception(e);
-  const int n = bytes >= kSplitBytes ? options_.streams : 1;
-  auto request = std::make_shared<TcpRequest>(*this, peer, n);
+  check_peer(peer, "isend");
+  auto request = std::make_shared<TcpRequest>(*this, peer, parts_for(peer, bytes));
   for (auto& [c, part] : split(peer, tag, static_cast<uint8_t*>(const_cast<void*>(data)), bytes,
                                request, "isend"))
     post_send(*c, std::move(part));
@@ -278,8 +289,8 @@ RequestPtr TcpTransport::isend(int peer, uint64_t tag, const void* data, size_t 
 
 RequestPtr TcpTransport::irecv(int peer, uint64_t tag, void* data, size_t bytes) {
   if (auto e = error()) std::rethrow_exception(e);
-  const int n = bytes >= kSplitBytes ? options_.streams : 1;
-  auto request = std::make_shared<TcpRequest>(*this, peer, n);
+  check_peer(peer, "irecv");
+  auto request = std::make_shared<TcpRequest>(*this, peer, parts_for(peer, bytes));
   for (auto& [c, part] : split(peer, tag, static_cast<uint8_t*>(data), bytes, request, "irecv"))
     post_recv(*c, std::move(part));
   return request;
@@ -288,8 +299,8 @@ RequestPtr TcpTransport::irecv(int peer, uint64_t tag, void* data, size_t bytes)
 RequestPtr TcpTransport::irecv_any(uint64_t tag, void* data, size_t bytes) {
   if (auto e = error()) std::rethrow_exception(e);
   DTRAIN_CHECK_ARG(size_ > 1, options_.label, ": a receive from any rank in a group of one rank");
-  const int n = bytes >= kSplitBytes ? options_.streams : 1;
-  auto request = std::make_shared<TcpRequest>(*this, -1, n);
+  // Its parts are counted once it is bound to a peer (TcpRequest::bind).
+  auto request = std::make_shared<TcpRequest>(*this, -1, 1);
   {
     std::lock_guard<std::mutex> lock(any_mutex_);
     any_.push_back({tag, static_cast<uint8_t*>(data), bytes, request});
@@ -309,7 +320,7 @@ RequestPtr TcpTransport::irecv_any(uint64_t tag, void* data, size_t bytes) {
     auto mine = take_any(request);
     lock.unlock();
     if (!mine) break;  // an I/O thread matched it meanwhile
-    request->bind(p);
+    request->bind(p, parts_for(p, mine->bytes));
     for (auto& [conn, part] : split(p, tag, mine->data, mine->bytes, request, "irecv"))
       post_recv(*conn, std::move(part));
     break;
@@ -343,7 +354,7 @@ std::optional<Part> TcpTransport::match_any(Connection& c, uint64_t tag) {
     any_.erase(it);
     --any_count_;
   }
-  a.request->bind(c.peer);
+  a.request->bind(c.peer, parts_for(c.peer, a.bytes));
   std::optional<Part> mine;
   for (auto& [conn, part] : split(c.peer, tag, a.data, a.bytes, a.request, "irecv")) {
     if (conn == &c) mine = std::move(part);
@@ -453,6 +464,7 @@ std::unique_ptr<Transport> connect_tcp(Store& store, int rank, int size,
   for (int p = 0; p < size; ++p)
     for (auto& fd : mesh.conns[p]) links.links[p].push_back(std::make_unique<tcp::SocketLink>(std::move(fd)));
   links.grants = std::move(mesh.grants);
+  links.granted = tcp::eager_grant(options, size);
   links.peer_names = std::move(mesh.peer_names);
   for (int s = 0; s < options.streams; ++s)
     links.pollers.push_back(std::make_unique<tcp::EpollPoller>());

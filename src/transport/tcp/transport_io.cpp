@@ -53,9 +53,9 @@ void TcpTransport::watch_out(Connection& c, bool on) {
   c.poller->watch(*c.link, &c, on);
 }
 
-void TcpTransport::serve(int stream) {
+void TcpTransport::serve(int poller) {
   std::vector<Poller::Ready> ready;
-  while (pollers_[stream]->wait(ready))
+  while (pollers_[poller]->wait(ready))
     for (const auto& r : ready) on_event(*static_cast<Connection*>(r.key), r.events);
 }
 
@@ -259,7 +259,7 @@ std::optional<Part> TcpTransport::claim_receive(Connection& c, const FrameHeader
 // network makes this rank allocate stays bounded).
 void TcpTransport::start_payload(Connection& c, const FrameHeader& h) {
   PartRange range;
-  if (!part_of(c, h, options_.streams, &range)) return;
+  if (!part_of(c, h, streams_of(c.peer), &range)) return;
   if (c.eager_in + range.bytes > c.eager_limit) {
     protocol_error(c, "sent ", c.eager_in + range.bytes, " bytes ahead of its receives, over "
                    "the ", c.eager_limit, " bytes of credit this rank granted; closing the group");
@@ -287,7 +287,7 @@ void TcpTransport::start_payload(Connection& c, const FrameHeader& h) {
 // bytes) until it is.
 void TcpTransport::start_rendezvous(Connection& c, const FrameHeader& h) {
   PartRange range;
-  if (!part_of(c, h, options_.streams, &range)) return;
+  if (!part_of(c, h, streams_of(c.peer), &range)) return;
   const uint64_t id = c.rts_seen++;
   if (auto part = claim_receive(c, h)) return answer_rts(c, id, std::move(*part));
   if (c.dead) return;

@@ -1,4 +1,4 @@
-#include "backends/device_routing/routing_group.h"
+#include "backends/auto/routing_group.h"
 
 #include <ATen/ATen.h>
 #include <ATen/detail/CUDAHooksInterface.h>
