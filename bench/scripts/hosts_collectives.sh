@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# dtrain-bench collectives between two "hosts" with several ranks on each:
+# two network namespaces joined by a veth pair (shaped to RATE with tc tbf,
+# or left as it is with RATE "none"), PER_HOST ranks in each (needs root).
+# Each BENCH binary (this build's, and others built beside it, such as an
+# older commit's) runs in turn, RUNS times, in the same namespaces; after
+# each run the bytes that crossed the veth and the run's wall time are
+# printed, so the link's use can be read off.
+# Usage: hosts_collectives.sh RATE PER_HOST RUNS "BENCH..." [collectives flags...]
+#   e.g. hosts_collectives.sh 2gbit 2 3 "build/bench/dtrain-bench /tmp/old/build/bench/dtrain-bench" \
+#          --backend auto --op all_reduce --min-bytes 16777216 --max-bytes 16777216
+set -euo pipefail
+rate=$1 per_host=$2 runs=$3 benches=$4
+shift 4
+source "$(dirname "$0")/../../tests/harness/netns.sh"
+netns_up 10.215.0
+dev_a=$(ip -n "$NS_A" -o link show | awk -F': ' '$2 ~ /^dtv/ {print $2}' | cut -d@ -f1)
+if [ "$rate" != none ]; then
+  for ns in "$NS_A" "$NS_B"; do
+    dev=$(ip -n "$ns" -o link show | awk -F': ' '$2 ~ /^dtv/ {print $2}' | cut -d@ -f1)
+    ip netns exec "$ns" tc qdisc add dev "$dev" root tbf rate "$rate" burst 2mb latency 100ms
+  done
+fi
+world=$((2 * per_host))
+out=$(mktemp -d)
+trap 'rm -rf "$out"; netns_cleanup' EXIT
+port=29641
+for run in $(seq 1 "$runs"); do
+  for bench in $benches; do
+    port=$((port + 1))
+    tx0=$(ip netns exec "$NS_A" cat /sys/class/net/"$dev_a"/statistics/tx_bytes)
+    rx0=$(ip netns exec "$NS_A" cat /sys/class/net/"$dev_a"/statistics/rx_bytes)
+    start=$(date +%s.%N)
+    for rank in $(seq 0 $((world - 1))); do
+      ns=$NS_A; [ "$rank" -ge "$per_host" ] && ns=$NS_B
+      ip netns exec "$ns" env RANK=$rank WORLD_SIZE=$world LOCAL_RANK=$((rank % per_host)) \
+        MASTER_ADDR=10.215.0.1 MASTER_PORT=$port OMP_NUM_THREADS=1 \
+        timeout 600 "$bench" collectives "$@" >"$out/$rank" 2>&1 &
+    done
+    wait
+    end=$(date +%s.%N)
+    tx1=$(ip netns exec "$NS_A" cat /sys/class/net/"$dev_a"/statistics/tx_bytes)
+    rx1=$(ip netns exec "$NS_A" cat /sys/class/net/"$dev_a"/statistics/rx_bytes)
+    echo "== run $run: $bench ($world ranks, $per_host per host, link $rate)"
+    grep -v '^#' "$out/0" | grep -E '^ *[0-9]' || cat "$out/0"
+    awk -v a="$tx1" -v b="$tx0" -v c="$rx1" -v d="$rx0" -v s="$start" -v e="$end" 'BEGIN {
+      printf "link: %.1f MB out, %.1f MB in over %.2f s of run\n", (a-b)/1e6, (c-d)/1e6, e-s }'
+  done
+done
