@@ -49,6 +49,13 @@ class Scratch {
   size_t size_ = 0;
 };
 
+// all_reduce's algorithm (DTRAIN_ALGO): kAuto picks by size and topology.
+enum class AllReduceAlgo { kAuto, kRing, kRecursiveDoubling, kTwoLevel };
+
+// DTRAIN_ALGO's value; anything else throws InvalidArgument naming it.
+AllReduceAlgo all_reduce_algo_from_env();
+const char* to_string(AllReduceAlgo algo);
+
 struct Context {
   transport::Transport& transport;
   uint64_t tag;                         // transport::collective_tag(call.seq)
@@ -59,6 +66,7 @@ struct Context {
   // Where the ranks are (backend auto over several hosts); null: one flat
   // group, as far as the algorithms are concerned.
   const transport::Topology* topology = nullptr;
+  AllReduceAlgo algo = AllReduceAlgo::kAuto;
   int rank() const { return transport.rank(); }
   int size() const { return transport.size(); }
 };
@@ -80,7 +88,9 @@ constexpr size_t kPieceBytes = 512 * 1024;
 // data (count elements) becomes op over ranks, in place. AVG sums; the
 // caller divides. Over several hosts with the same number of ranks each
 // (ctx.topology), messages above kLatencyBytes take the two-level path
-// (two_level.cpp); the others a flat ring or recursive doubling.
+// (two_level.cpp); the others a flat ring or recursive doubling. ctx.algo
+// forces one of them where it can run (two levels need such a topology, the
+// ring one element per rank).
 void all_reduce(const Context& ctx, void* data, size_t count, c10::ScalarType dtype, ReduceOp op);
 
 // Root's `bytes` reach every rank.

@@ -121,11 +121,21 @@ void all_reduce(const Context& ctx, void* data, size_t count, c10::ScalarType dt
   const int n = ctx.size();
   const size_t elem = c10::elementSize(dtype), bytes = count * elem;
   if (n == 1 || count == 0) return;
-  if (bytes <= kLatencyBytes || count < static_cast<size_t>(n)) {
+  const bool ring_fits = count >= static_cast<size_t>(n);
+  auto algo = ctx.algo;
+  if ((algo == AllReduceAlgo::kRing && !ring_fits) ||
+      (algo == AllReduceAlgo::kTwoLevel && !two_level_fits(ctx)))
+    algo = AllReduceAlgo::kAuto;
+  if (algo == AllReduceAlgo::kAuto) {
+    if (bytes <= kLatencyBytes || !ring_fits) algo = AllReduceAlgo::kRecursiveDoubling;
+    else if (two_level_fits(ctx)) algo = AllReduceAlgo::kTwoLevel;
+    else algo = AllReduceAlgo::kRing;
+  }
+  if (algo == AllReduceAlgo::kRecursiveDoubling) {
     recursive_doubling(ctx, data, count, dtype, op);
     return;
   }
-  if (two_level_fits(ctx, bytes)) {
+  if (algo == AllReduceAlgo::kTwoLevel) {
     two_level_all_reduce(ctx, data, count, dtype, op);
     return;
   }

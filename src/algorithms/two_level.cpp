@@ -23,9 +23,9 @@
 
 namespace dtrain::algorithms {
 
-bool two_level_fits(const Context& ctx, size_t bytes) {
+bool two_level_fits(const Context& ctx) {
   const auto* topology = ctx.topology;
-  if (!topology || bytes <= kLatencyBytes) return false;
+  if (!topology) return false;
   const size_t hosts = topology->hosts.size();
   // One host, or one rank per host: the flat algorithms are the same thing.
   return hosts > 1 && hosts < static_cast<size_t>(ctx.size()) && topology->uniform();

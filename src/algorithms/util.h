@@ -52,9 +52,9 @@ Posted post_all_gather_recvs(const Context& ctx, void* base, const Blocks& block
 void ring_all_gather(const Context& ctx, void* base, const Blocks& blocks, uint64_t tag,
                      Posted recvs);
 
-// two_level.cpp: whether ctx's topology calls for the two-level all_reduce
-// of `bytes`, and that all_reduce.
-bool two_level_fits(const Context& ctx, size_t bytes);
+// two_level.cpp: whether ctx's topology allows the two-level all_reduce
+// (several hosts, as many ranks on each, more than one), and that all_reduce.
+bool two_level_fits(const Context& ctx);
 void two_level_all_reduce(const Context& ctx, void* data, size_t count, c10::ScalarType dtype,
                           ReduceOp op);
 

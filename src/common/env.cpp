@@ -62,6 +62,11 @@ const Var kHostId{"DTRAIN_HOST_ID", nullptr,
                   "values never share memory (auto joins them over tcp); equal values never "
                   "join ranks of different machines."};
 
+const Var kAlgo{"DTRAIN_ALGO", "auto",
+                "all_reduce's algorithm on tcp and on auto across hosts: auto, ring, "
+                "recursive_doubling or two_level; one that cannot run on a group leaves "
+                "the choice to auto there."};
+
 const Var kCpuMemory{"DTRAIN_CPU_MEMORY", "cache",
                      "cache: freed CPU tensor memory stays in the process for the next step "
                      "(malloc keeps blocks below 1 GiB, 32 MiB on older glibc, and never trims; "
@@ -119,7 +124,7 @@ const std::vector<const Var*>& all() {
       &kRank,      &kWorldSize, &kLocalRank,    &kMasterAddr,   &kMasterPort,
       &kUseAgentStore, &kRestartCount, &kOmpiRank, &kOmpiSize, &kSlurmProcId,
       &kSlurmNTasks, &kSlurmStepNodelist, &kSlurmJobNodelist, &kSlurmJobId, &kSlurmStepId, &kDebug,   &kSocketIfname, &kGlooSocketIfname, &kTimeout, &kTty,
-      &kShmChunkBytes, &kShmDisable, &kHostId, &kCpuMemory, &kTcpStreams, &kTcpUnexpectedBytes, &kStoreMaxBytes, &kStoreMaxKeys,
+      &kShmChunkBytes, &kShmDisable, &kHostId, &kAlgo, &kCpuMemory, &kTcpStreams, &kTcpUnexpectedBytes, &kStoreMaxBytes, &kStoreMaxKeys,
       &kStoreToken, &kStoreTokenFile, &kLauncher, &kTraceDir, &kTraceBufferSize, &kTimeline, &kErrorFile};
   return vars;
 }

@@ -26,7 +26,7 @@ extern const Var kOmpiRank, kOmpiSize, kSlurmProcId, kSlurmNTasks;
 extern const Var kSlurmStepNodelist, kSlurmJobNodelist, kSlurmJobId, kSlurmStepId;
 // dtrain's own.
 extern const Var kDebug, kSocketIfname, kGlooSocketIfname, kTimeout, kTty;
-extern const Var kShmChunkBytes, kShmDisable, kHostId, kCpuMemory, kTcpStreams, kTcpUnexpectedBytes, kStoreMaxBytes, kStoreMaxKeys,
+extern const Var kShmChunkBytes, kShmDisable, kHostId, kAlgo, kCpuMemory, kTcpStreams, kTcpUnexpectedBytes, kStoreMaxBytes, kStoreMaxKeys,
     kStoreToken, kStoreTokenFile, kLauncher, kTraceDir, kTraceBufferSize, kTimeline;
 
 const std::vector<const Var*>& all();

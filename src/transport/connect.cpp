@@ -5,7 +5,7 @@
 #include "transport/shm/ring_mesh.h"
 #include "transport/tcp/mesh.h"
 #include "transport/tcp/socket_link.h"
-#include "transport/tcp/tcp_transport.h"
+#include "transport/engine/engine.h"
 
 namespace dtrain::transport {
 
@@ -22,8 +22,8 @@ std::unique_ptr<Transport> connect_topology(Store& store, int rank, const Topolo
     remote += scope.peers[p] ? 1 : 0;
   }
   const size_t connections = local.size() - 1 + remote * options.streams;
-  tcp::Links links;
-  links.granted = tcp::eager_grant(options.unexpected_bytes, connections);
+  engine::Links links;
+  links.granted = engine::eager_grant(options.unexpected_bytes, connections);
   links.links.resize(size);
   links.grants.resize(size);
   links.peer_names.resize(size);
@@ -51,7 +51,8 @@ std::unique_ptr<Transport> connect_topology(Store& store, int rank, const Topolo
       links.peer_names[p] = std::move(mesh.peer_names[p]);
     }
   }
-  return std::make_unique<tcp::TcpTransport>(std::move(links), rank, size, options);
+  return std::make_unique<engine::Engine>(
+      std::move(links), rank, size, engine::EngineOptions{options.timeout, options.name, "auto"});
 }
 
 }  // namespace dtrain::transport

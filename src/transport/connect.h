@@ -3,7 +3,7 @@
 // One transport for a group whose ranks may span hosts (backend auto): each
 // pair of ranks on one host is joined by a ring in shared memory
 // (shm/ring_link.h), each pair on different hosts by TCP connections
-// (tcp/transport.h), all under the one engine (tcp/tcp_transport.h): the
+// (tcp/transport.h), all under the one engine (engine/engine.h): the
 // same frame protocol, per-request completion and failure policy whatever
 // carries the bytes. Threads: one I/O thread for the rings, one per TCP
 // stream. No torch here.

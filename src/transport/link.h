@@ -1,6 +1,6 @@
 #pragma once
 
-// The carrier under the transport's frame protocol (tcp/connection.h): one
+// The carrier under the transport engine's frames (engine/connection.h): one
 // byte stream between two ranks, and the poller that tells an I/O thread
 // which of its streams can move bytes. Two kinds: TCP sockets
 // (tcp/socket_link.h) and rings in shared memory (shm/ring_link.h). Both

@@ -9,6 +9,7 @@
 
 #include "common/enforce.h"
 #include "harness/assertions.h"
+#include "harness/scoped_env.h"
 #include "harness/thread_ranks.h"
 
 namespace dtrain {
@@ -474,6 +475,41 @@ TEST(CollectivesLayout, MultiDimensionalAllGather) {
     g.all_gather(outs, in)->wait();
     for (int r = 0; r < 3; ++r) expect_equal(outs[r], at::full({2, 3}, r, at::kLong), "2-D");
   }));
+}
+
+}  // namespace
+}  // namespace dtrain
+
+namespace dtrain {
+namespace {
+
+// DTRAIN_ALGO forces all_reduce's algorithm where it can run: each, at every
+// size (the two levels and the ring below 64 KiB too, where auto would take
+// recursive doubling), on tcp and on auto over two stand-in hosts of two
+// ranks, is exact.
+TEST(AllReduceAlgo, EachForcedAlgorithmIsExact) {
+  for (const char* algo : {"ring", "recursive_doubling", "two_level"}) {
+    testing::ScopedEnv forced("DTRAIN_ALGO", algo);
+    for (const auto& [backend, world] : {std::pair<std::string, int>{"tcp", 3}, {"auto@2", 4}}) {
+      expect_no_errors(testing::run_ranks(world, [&](ProcessGroup& g) {
+        for (int64_t n : {1, 5, 1031, 300000}) {
+          auto t = input(g.rank(), n, at::kFloat);
+          g.all_reduce(t)->wait();
+          expect_equal(t, expected_reduction(world, n, at::kFloat, ReduceOp::SUM),
+                       detail::cat("DTRAIN_ALGO=", algo, " on ", backend, " n=", n));
+        }
+      }, std::chrono::seconds(30), GroupOptions(), backend));
+    }
+  }
+}
+
+TEST(AllReduceAlgo, AnUnknownValueIsRefusedNamingTheVariable) {
+  testing::ScopedEnv forced("DTRAIN_ALGO", "tree");
+  const auto errors = testing::run_ranks(2, [](ProcessGroup&) {}, std::chrono::seconds(10));
+  for (const auto& e : errors)
+    EXPECT_TRUE(testing::Contains(e, "environment variable DTRAIN_ALGO='tree' is not valid "
+                                     "(expected auto, ring, recursive_doubling or two_level)"))
+        << e;
 }
 
 }  // namespace

@@ -13,7 +13,7 @@
 #include "harness/assertions.h"
 #include "harness/scoped_env.h"
 #include "harness/thread_ranks.h"
-#include "transport/tcp/connection.h"
+#include "transport/engine/connection.h"
 #include "transport/tcp/hello.h"
 #include "transport/tcp/transport.h"
 
@@ -220,7 +220,7 @@ void expect_delivered_after_leaving(
   std::this_thread::sleep_for(200ms);
   // The credit for those bytes comes back late, then the fake's FIN, as a
   // real rank sends it once it has seen rank 0's.
-  const uint64_t credit[3] = {transport::tcp::kFrameMagic | (uint64_t{4} << 32), 0, 1 << 20};
+  const uint64_t credit[3] = {transport::engine::kFrameMagic | (uint64_t{4} << 32), 0, 1 << 20};
   fake.send(credit, sizeof(credit));
   ::shutdown(fake.fds[0].get(), SHUT_WR);
   std::vector<uint8_t> in(64 << 10);
@@ -229,7 +229,7 @@ void expect_delivered_after_leaving(
   while ((n = ::recv(fake.fds[0].get(), in.data(), in.size(), 0)) > 0) got += static_cast<size_t>(n);
   EXPECT_EQ(n, 0) << "rank 0's connection ended with " << strerror(errno) << " after " << got
                   << " bytes";
-  EXPECT_EQ(got, sizeof(transport::tcp::FrameHeader) + (1 << 20));
+  EXPECT_EQ(got, sizeof(transport::engine::FrameHeader) + (1 << 20));
   leaving.join();
 }
 

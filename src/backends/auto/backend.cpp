@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "backends/auto/routing_group.h"
+#include "backends/engine/group.h"
 #include "backends/shm/backend.h"
 #include "backends/tcp/backend.h"
 #include "common/enforce.h"
@@ -31,7 +32,7 @@ std::shared_ptr<ProcessGroup> create_cpu_group(std::shared_ptr<Store> store, int
   if (*env::get_int(env::kShmDisable, 0, 1) == 1) {
     DTRAIN_LOG_INFO("auto: group '", options.name(), "' on ", topology->describe(),
                     ": tcp for every rank (DTRAIN_SHM_DISABLE=1)");
-    return std::make_shared<tcp_backend::TcpProcessGroup>(store, rank, size, options);
+    return tcp_backend::create_tcp_group(store, rank, size, options);
   }
   if (topology->hosts.size() == 1) {
     DTRAIN_LOG_INFO("auto: group '", options.name(), "' is on one host: shm");
@@ -41,14 +42,13 @@ std::shared_ptr<ProcessGroup> create_cpu_group(std::shared_ptr<Store> store, int
                   ": shared-memory rings within a host, tcp between; ", paths(*topology));
   auto connect = [topology](Store& s, int r, int, const GroupOptions& o) {
     auto t = tcp_backend::tcp_options(o);
-    t.label = "auto";
     return transport::connect_topology(s, r, *topology, t);
   };
   const auto name =
       detail::cat("auto (shm within ", topology->hosts.size(), " machines, tcp between)");
-  return std::make_shared<tcp_backend::TcpProcessGroup>(
+  return std::make_shared<engine_backend::EngineProcessGroup>(
       store, rank, size, options,
-      tcp_backend::TcpProcessGroup::Carrier{connect, name, topology});
+      engine_backend::EngineProcessGroup::Carrier{connect, name, topology});
 }
 
 }  // namespace

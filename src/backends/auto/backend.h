@@ -6,7 +6,7 @@
 //  - All on one host: an shm group (its collectives in one shared segment,
 //    its send/recv over shared-memory rings).
 //  - Over several hosts: one group of the transport engine
-//    (backends/tcp/backend.h) whose transport joins the ranks of a host by
+//    (backends/engine/group.h) whose transport joins the ranks of a host by
 //    shared-memory rings and the others by TCP (transport/connect.h): one
 //    mesh, one executor, one sequence number and one flight-recorder entry
 //    per collective. Its algorithms see the topology: all_reduce above

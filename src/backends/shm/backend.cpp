@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "backends/tcp/backend.h"
+#include "backends/engine/group.h"
 #include "transport/shm/attach.h"
 #include "transport/shm/shm_transport.h"
 #include "algorithms/reduce_kernels.h"
@@ -141,10 +141,10 @@ ShmProcessGroup::ShmProcessGroup(std::shared_ptr<Store> store, int rank, int siz
   barrier_ = std::make_unique<PhaseBarrier>(counters_, rank, size, segment_);
   // Point to point: the tcp backend's engine over this machine's shared
   // memory (transport/shm/), in a segment of its own.
-  p2p_ = std::make_shared<tcp_backend::TcpProcessGroup>(
+  p2p_ = std::make_shared<engine_backend::EngineProcessGroup>(
       std::make_shared<PrefixStore>("shm/p2p", std::move(store)), rank, size,
       GroupOptions(this->options()).name(name() + "/p2p").check_collectives(false),
-      tcp_backend::TcpProcessGroup::Carrier{
+      engine_backend::EngineProcessGroup::Carrier{
           [](Store& s, int r, int n, const GroupOptions& o) {
             transport::ShmOptions t;
             t.timeout = o.timeout();

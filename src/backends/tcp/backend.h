@@ -1,34 +1,14 @@
 #pragma once
 
 // Backend "tcp" (also registered as "gloo", PyTorch's name for its CPU
-// backend, so code written for torch.distributed keeps working): every
-// collective on CPU tensors, between machines, through dtrain's own TCP
-// transport (transport/tcp/) and the algorithms written over it
-// (algorithms/). No gloo inside.
-//
-// Collectives run in issue order on the group's executor thread, each under
-// its own deadline. Point-to-point operations are posted at once on the
-// caller's thread and each completes on its own, whatever the order they
-// were posted in (a second thread finishes their Works), so isend / irecv in
-// any order never deadlock. The first failure (a timeout, a peer that closed or
-// sent garbage, mismatched sizes) breaks the group: every later call fails
-// at once with that first error; destroy the group and create a new one.
+// backend, so code written for torch.distributed keeps working): the
+// transport engine's group (backends/engine/group.h) over dtrain's own TCP
+// transport (transport/tcp/), between machines or on one.
 
-#include <functional>
 #include <memory>
 
-#include "dtrain/backend_hooks.h"
-#include "core/completion_watcher.h"
-#include "core/serial_executor.h"
 #include "dtrain/process_group.h"
 #include "transport/tcp/transport.h"
-#include "transport/topology.h"
-#include "transport/transport.h"
-
-namespace dtrain::algorithms {
-class Scratch;
-struct Context;
-}
 
 namespace dtrain::tcp_backend {
 
@@ -36,50 +16,7 @@ namespace dtrain::tcp_backend {
 // environment (DTRAIN_TCP_STREAMS, DTRAIN_TCP_UNEXPECTED_BYTES, the token).
 transport::TcpOptions tcp_options(const GroupOptions& options);
 
-class TcpProcessGroup final : public ProcessGroup {
- public:
-  // Builds the group's transport (called only when size > 1).
-  using Connect = std::function<std::unique_ptr<transport::Transport>(
-      Store& store, int rank, int size, const GroupOptions& options)>;
-  // The same engine over another transport: the shm backend's send/recv
-  // over its rings, auto's group over hosts (rings inside, TCP across).
-  struct Carrier {
-    Connect connect;
-    std::string backend_name;
-    // Where the ranks are, for the algorithms; null: a flat group.
-    std::shared_ptr<const transport::Topology> topology;
-  };
-
-  TcpProcessGroup(std::shared_ptr<Store> store, int rank, int size, GroupOptions options);
-  TcpProcessGroup(std::shared_ptr<Store> store, int rank, int size, GroupOptions options,
-                  Carrier carrier);
-  ~TcpProcessGroup() override;
-
-  std::string backend_name() const override { return backend_name_; }
-  bool supports(c10::DeviceType type) const override { return type == c10::DeviceType::CPU; }
-
- protected:
-  DTRAIN_PROCESS_GROUP_HOOKS
-  WorkPtr do_all_gather_into_tensor(const Call& call, at::Tensor output,
-                                    at::Tensor input) override;
-  WorkPtr do_reduce_scatter_tensor(const Call& call, at::Tensor output, at::Tensor input,
-                                   ReduceOp op) override;
-
- private:
-  // Queues `body` on the collective thread; a broken group fails the Work
-  // at once, naming the first error.
-  WorkPtr enqueue(const Call& call, std::function<void(const algorithms::Context&)> body);
-  WorkPtr post_p2p(const Call& call, at::Tensor tensor, int peer, int tag, bool is_send);
-
-  std::string backend_name_;
-  std::shared_ptr<const transport::Topology> topology_;
-  std::unique_ptr<transport::Transport> transport_;
-  // Used only on the collectives thread (see algorithms::Scratch).
-  std::unique_ptr<algorithms::Scratch> scratch_, copy_;
-  // Declared last: destroyed first, so queued work finishes while the
-  // transport is still alive.
-  CompletionWatcher p2p_;
-  SerialExecutor collectives_;
-};
+std::shared_ptr<ProcessGroup> create_tcp_group(std::shared_ptr<Store> store, int rank, int size,
+                                               const GroupOptions& options);
 
 }  // namespace dtrain::tcp_backend

@@ -1,7 +1,7 @@
 #pragma once
 
 // The rings between the ranks of one machine, as links of the transport
-// engine (tcp/tcp_transport.h): used by the shm transport for a whole group
+// engine (engine/engine.h): used by the shm transport for a whole group
 // and by the topology transport (transport/connect.h) for the ranks that
 // share a host. Private to src/transport/.
 
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "dtrain/store/store.h"
-#include "transport/tcp/tcp_transport.h"
+#include "transport/engine/engine.h"
 
 namespace dtrain::transport {
 
@@ -22,6 +22,6 @@ namespace dtrain::transport {
 // serves them all; returns that poller's index. `name`: the group's, for
 // messages.
 int add_ring_links(Store& store, int rank, const std::vector<int>& ranks, uint64_t granted,
-                   const std::string& name, tcp::Links& links);
+                   const std::string& name, engine::Links& links);
 
 }  // namespace dtrain::transport

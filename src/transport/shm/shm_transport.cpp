@@ -9,7 +9,7 @@
 #include "transport/shm/attach.h"
 #include "transport/shm/ring_link.h"
 #include "transport/shm/ring_mesh.h"
-#include "transport/tcp/tcp_transport.h"
+#include "transport/engine/engine.h"
 
 namespace dtrain::transport {
 namespace {
@@ -50,7 +50,7 @@ size_t shm_ring_bytes(int size) {
 }
 
 int add_ring_links(Store& store, int rank, const std::vector<int>& ranks, uint64_t granted,
-                   const std::string& name, tcp::Links& links) {
+                   const std::string& name, engine::Links& links) {
   const int n = static_cast<int>(ranks.size());
   const int me = static_cast<int>(std::find(ranks.begin(), ranks.end(), rank) - ranks.begin());
   DTRAIN_ENFORCE(me < n);
@@ -106,21 +106,16 @@ int add_ring_links(Store& store, int rank, const std::vector<int>& ranks, uint64
 
 std::unique_ptr<Transport> connect_shm(Store& store, int rank, int size,
                                        const ShmOptions& options) {
-  TcpOptions engine;
-  engine.streams = 1;
-  engine.timeout = options.timeout;
-  engine.name = options.name;
-  engine.label = "shm";
-  engine.unexpected_bytes = options.unexpected_bytes;
-  tcp::Links links;
+  engine::Links links;
   links.links.resize(size);
   links.grants.resize(size);
   links.peer_names.resize(size);
-  links.granted = tcp::eager_grant(engine, size);
+  links.granted = engine::eager_grant(options.unexpected_bytes, std::max(size - 1, 1));
   std::vector<int> ranks(size);
   for (int r = 0; r < size; ++r) ranks[r] = r;
   add_ring_links(store, rank, ranks, links.granted, options.name, links);
-  return std::make_unique<tcp::TcpTransport>(std::move(links), rank, size, engine);
+  return std::make_unique<engine::Engine>(std::move(links), rank, size,
+                                          engine::EngineOptions{options.timeout, options.name, "shm"});
 }
 
 }  // namespace dtrain::transport

@@ -1,7 +1,7 @@
 #pragma once
 
 // The shm transport: the same frame protocol and engine as the TCP
-// transport (tcp/tcp_transport.h: eager credit, then rendezvous; each
+// transport (engine/engine.h: eager credit, then rendezvous; each
 // request completes on its own; one failure breaks the transport), carried
 // by byte rings in one shared-memory segment per group between the ranks
 // of one machine (ring_link.h) instead of sockets. It follows the contract

@@ -19,7 +19,6 @@
 #include "common/enforce.h"
 #include "common/logging.h"
 #include "transport/tcp/hello.h"
-#include "transport/tcp/tcp_transport.h"
 
 namespace dtrain::transport::tcp {
 namespace {

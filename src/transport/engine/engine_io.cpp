@@ -1,4 +1,4 @@
-// The TCP transport's I/O threads and wire protocol: frames, eager credit
+// The transport engine's I/O threads and wire protocol: frames, eager credit
 // and rendezvous (connection.h), read and written without blocking. Every
 // function here runs with the connection's mutex held.
 
@@ -11,9 +11,9 @@
 
 #include "common/enforce.h"
 #include "common/logging.h"
-#include "transport/tcp/tcp_transport.h"
+#include "transport/engine/engine.h"
 
-namespace dtrain::transport::tcp {
+namespace dtrain::transport::engine {
 namespace {
 
 // The largest message a header may declare (4 TiB): more is garbage.
@@ -43,23 +43,23 @@ bool part_of(Connection& c, const FrameHeader& h, int streams, PartRange* range)
 }  // namespace
 
 template <typename Error, typename... Args>
-void TcpTransport::protocol_error(Connection& c, const Args&... what) {
+void Engine::protocol_error(Connection& c, const Args&... what) {
   c.dead = std::make_exception_ptr(Error(detail::cat(c.label, ": ", c.name, " ", what...)));
 }
 
-void TcpTransport::watch_out(Connection& c, bool on) {
+void Engine::watch_out(Connection& c, bool on) {
   if (c.watching_out == on || c.dead) return;
   c.watching_out = on;
   c.poller->watch(*c.link, &c, on);
 }
 
-void TcpTransport::serve(int poller) {
+void Engine::serve(int poller) {
   std::vector<Poller::Ready> ready;
   while (pollers_[poller]->wait(ready))
     for (const auto& r : ready) on_event(*static_cast<Connection*>(r.key), r.events);
 }
 
-void TcpTransport::on_event(Connection& c, uint32_t events) {
+void Engine::on_event(Connection& c, uint32_t events) {
   std::exception_ptr broke;
   bool deferred = false;
   {
@@ -84,12 +84,12 @@ void TcpTransport::on_event(Connection& c, uint32_t events) {
   if (broke) fail(broke);
 }
 
-void TcpTransport::pump(Connection& c) {
+void Engine::pump(Connection& c) {
   if (c.watching_out || c.dead) return;  // the I/O thread writes once the socket takes more
   if (!flush(c)) watch_out(c, true);
 }
 
-bool TcpTransport::flush(Connection& c) {
+bool Engine::flush(Connection& c) {
   using Writing = Connection::Writing;
   if (c.output_error != 0) {  // the peer stopped reading: only data for it matters
     c.controlq.clear();
@@ -156,7 +156,7 @@ bool TcpTransport::flush(Connection& c) {
 
 // Reads what the socket has (up to a budget, so one busy peer does not
 // starve the others on this thread). False when the connection broke.
-bool TcpTransport::receive(Connection& c) {
+bool Engine::receive(Connection& c) {
   size_t budget = 8u << 20;
   while (budget > 0) {
     uint8_t* dst;
@@ -202,7 +202,7 @@ bool TcpTransport::receive(Connection& c) {
 
 // A header is in: check it and act on it. Only kData and kRndvData frames
 // have a payload (c.in_message).
-void TcpTransport::start_message(Connection& c) {
+void Engine::start_message(Connection& c) {
   const FrameHeader h = c.recv_header;
   c.recv_header_done = 0;
   if (h.magic != kFrameMagic) {
@@ -236,7 +236,7 @@ void TcpTransport::start_message(Connection& c) {
   }
 }
 
-std::optional<Part> TcpTransport::claim_receive(Connection& c, const FrameHeader& h) {
+std::optional<Part> Engine::claim_receive(Connection& c, const FrameHeader& h) {
   std::optional<Part> part;
   auto it = std::find_if(c.recvq.begin(), c.recvq.end(),
                          [&](const Part& p) { return p.tag == h.tag; });
@@ -257,7 +257,7 @@ std::optional<Part> TcpTransport::claim_receive(Connection& c, const FrameHeader
 // An eager payload: into its posted receive, or held, within the credit
 // this rank granted (a sender that overdraws it is refused, so what the
 // network makes this rank allocate stays bounded).
-void TcpTransport::start_payload(Connection& c, const FrameHeader& h) {
+void Engine::start_payload(Connection& c, const FrameHeader& h) {
   PartRange range;
   if (!part_of(c, h, streams_of(c.peer), &range)) return;
   if (c.eager_in + range.bytes > c.eager_limit) {
@@ -285,7 +285,7 @@ void TcpTransport::start_payload(Connection& c, const FrameHeader& h) {
 
 // A kRts: answered at once when its receive is posted, else held (no
 // bytes) until it is.
-void TcpTransport::start_rendezvous(Connection& c, const FrameHeader& h) {
+void Engine::start_rendezvous(Connection& c, const FrameHeader& h) {
   PartRange range;
   if (!part_of(c, h, streams_of(c.peer), &range)) return;
   const uint64_t id = c.rts_seen++;
@@ -300,13 +300,13 @@ void TcpTransport::start_rendezvous(Connection& c, const FrameHeader& h) {
   c.held.push_back(std::move(held));
 }
 
-void TcpTransport::answer_rts(Connection& c, uint64_t id, Part part) {
+void Engine::answer_rts(Connection& c, uint64_t id, Part part) {
   part.kind = kRndvData;
   c.awaiting_data.emplace(id, std::move(part));
   c.controlq.push_back(FrameHeader{kFrameMagic, kCts, id, 0});
 }
 
-void TcpTransport::on_control(Connection& c, const FrameHeader& h) {
+void Engine::on_control(Connection& c, const FrameHeader& h) {
   if (h.kind == kCredit) {
     if (h.tag != 0 || h.total > c.credit_limit - c.credit) {
       protocol_error(c, "gave back ", h.total, " bytes of credit, more than it was lent; "
@@ -326,7 +326,7 @@ void TcpTransport::on_control(Connection& c, const FrameHeader& h) {
   c.awaiting_cts.erase(it);
 }
 
-void TcpTransport::give_back(Connection& c, uint64_t bytes) {
+void Engine::give_back(Connection& c, uint64_t bytes) {
   c.owed += bytes;
   // In batches (a quarter of the credit, 1 MiB at most), so that small
   // messages do not each cost a frame back, and a sender streaming large
@@ -337,7 +337,7 @@ void TcpTransport::give_back(Connection& c, uint64_t bytes) {
   c.owed = 0;
 }
 
-void TcpTransport::finish_message(Connection& c) {
+void Engine::finish_message(Connection& c) {
   c.in_message = false;
   if (!c.current_held) {
     auto request = std::move(c.current.request);
@@ -361,4 +361,4 @@ void TcpTransport::finish_message(Connection& c) {
   request->part_done();
 }
 
-}  // namespace dtrain::transport::tcp
+}  // namespace dtrain::transport::engine

@@ -1,7 +1,8 @@
 #pragma once
 
-// One TCP connection of the transport (one stream to one peer) and the
-// frames it carries. Private to src/transport/tcp/.
+// One link of the transport engine (one stream to one peer: a TCP
+// connection or a ring) and the frames it carries. Private to
+// src/transport/.
 //
 // Locking: a Connection's mutex guards its queues and its socket; it is
 // taken before a Request's own mutex, never the other way round. Whoever
@@ -25,9 +26,9 @@
 #include "transport/link.h"
 #include "transport/transport.h"
 
-namespace dtrain::transport::tcp {
+namespace dtrain::transport::engine {
 
-class TcpTransport;
+class Engine;
 
 // Every frame starts with this header. A message's part on one stream
 // travels in one of two ways (flow control, see transport.h):
@@ -69,9 +70,9 @@ struct Connection;
 // A CollectiveMismatch's text: the peer sent `sent` bytes, `expected` were posted.
 std::string mismatch_text(const Connection& c, uint64_t sent, uint64_t expected);
 
-class TcpRequest final : public Request {
+class EngineRequest final : public Request {
  public:
-  TcpRequest(TcpTransport& transport, int peer, int parts)
+  EngineRequest(Engine& transport, int peer, int parts)
       : transport_(transport), peer_(peer), remaining_(parts) {}
   void wait(Clock::time_point deadline, const std::string& what) override;
   int source() const override { return peer_.load(); }
@@ -92,7 +93,7 @@ class TcpRequest final : public Request {
  private:
   // Runs the on_done hook once the request finished (mutex_ not held).
   void finished(std::unique_lock<std::mutex>& lock);
-  TcpTransport& transport_;
+  Engine& transport_;
   std::atomic<int> peer_;  // -1: an irecv_any not matched yet
   mutable std::mutex mutex_;
   std::condition_variable cv_;
@@ -112,7 +113,7 @@ struct Part {
   uint64_t total = 0;  // the whole message
   FrameKind kind = kData;
   uint64_t rendezvous = 0;  // the id, for kRts and kRndvData
-  std::shared_ptr<TcpRequest> request;
+  std::shared_ptr<EngineRequest> request;
 };
 
 // A message that arrived before its receive was posted: an eager payload,
@@ -183,7 +184,7 @@ struct AnyReceive {
   uint64_t tag = 0;
   uint8_t* data = nullptr;
   size_t bytes = 0;
-  std::shared_ptr<TcpRequest> request;
+  std::shared_ptr<EngineRequest> request;
 };
 
-}  // namespace dtrain::transport::tcp
+}  // namespace dtrain::transport::engine

@@ -1,8 +1,8 @@
-// The TCP transport: requests, setup and teardown, posting (see
-// transport.h for the design, transport_io.cpp for the I/O threads and the
-// wire protocol, mesh.cpp for connection setup).
+// The transport engine: requests, setup and teardown, posting (see
+// engine.h for the design, engine_io.cpp for the I/O threads and the wire
+// protocol).
 
-#include "transport/tcp/transport.h"
+#include "transport/engine/engine.h"
 
 #include <atomic>
 #include <chrono>
@@ -14,10 +14,8 @@
 
 #include "common/enforce.h"
 #include "common/logging.h"
-#include "transport/tcp/socket_link.h"
-#include "transport/tcp/tcp_transport.h"
 
-namespace dtrain::transport::tcp {
+namespace dtrain::transport::engine {
 
 PartRange part_range(size_t total, int streams, int s) {
   if (streams == 1 || total < kSplitBytes) return s == 0 ? PartRange{0, total, true}
@@ -37,19 +35,15 @@ uint64_t eager_grant(size_t unexpected_bytes, size_t connections) {
   return std::min<uint64_t>(share, uint64_t{UINT32_MAX} << 10) & ~uint64_t{1023};
 }
 
-uint64_t eager_grant(const TcpOptions& options, int size) {
-  return eager_grant(options.unexpected_bytes,
-                     static_cast<size_t>(std::max(size - 1, 1)) * options.streams);
-}
 
-void TcpRequest::part_done() {
+void EngineRequest::part_done() {
   std::unique_lock<std::mutex> lock(mutex_);
   if (--remaining_ != 0) return;
   cv_.notify_all();
   finished(lock);
 }
 
-void TcpRequest::fail(std::exception_ptr error) {
+void EngineRequest::fail(std::exception_ptr error) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (error_) return;
   error_ = std::move(error);
@@ -57,14 +51,14 @@ void TcpRequest::fail(std::exception_ptr error) {
   if (remaining_ != 0) finished(lock);
 }
 
-void TcpRequest::finished(std::unique_lock<std::mutex>& lock) {
+void EngineRequest::finished(std::unique_lock<std::mutex>& lock) {
   auto fn = std::move(on_done_);
   on_done_ = nullptr;
   lock.unlock();
   if (fn) fn();
 }
 
-void TcpRequest::on_done(std::function<void()> fn) {
+void EngineRequest::on_done(std::function<void()> fn) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (remaining_ != 0 && error_ == nullptr) {
     on_done_ = std::move(fn);
@@ -74,7 +68,7 @@ void TcpRequest::on_done(std::function<void()> fn) {
   fn();
 }
 
-void TcpRequest::wait(Clock::time_point deadline, const std::string& what) {
+void EngineRequest::wait(Clock::time_point deadline, const std::string& what) {
   std::exception_ptr error;
   {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -93,7 +87,7 @@ void TcpRequest::wait(Clock::time_point deadline, const std::string& what) {
 
 // ---- setup and teardown ---------------------------------------------------
 
-TcpTransport::TcpTransport(Links links, int rank, int size, const TcpOptions& options)
+Engine::Engine(Links links, int rank, int size, const EngineOptions& options)
     : rank_(rank), size_(size), options_(options), pollers_(std::move(links.pollers)) {
   conns_.resize(size);
   for (int p = 0; p < size; ++p) {
@@ -119,25 +113,25 @@ TcpTransport::TcpTransport(Links links, int rank, int size, const TcpOptions& op
   for (size_t i = 0; i < pollers_.size(); ++i) threads_.emplace_back([this, i] { serve(int(i)); });
 }
 
-TcpTransport::~TcpTransport() {
+Engine::~Engine() {
   close(std::make_exception_ptr(
       NetworkError(detail::cat(options_.label, ": group '", options_.name, "' was destroyed"))));
 }
 
-void TcpTransport::stop_threads() {
+void Engine::stop_threads() {
   for (auto& p : pollers_) p->stop();
   for (auto& t : threads_)
     if (t.joinable()) t.join();
 }
 
-void TcpTransport::close(std::exception_ptr error) {
+void Engine::close(std::exception_ptr error) {
   stop_threads();
   // With operations pending, the peers must hear of the failure at once.
   if (!this->error() && !pending()) close_in_order();
   fail(error);
 }
 
-void TcpTransport::fail(std::exception_ptr error) {
+void Engine::fail(std::exception_ptr error) {
   {
     std::lock_guard<std::mutex> lock(error_mutex_);
     if (error_) return;
@@ -167,7 +161,7 @@ void TcpTransport::fail(std::exception_ptr error) {
   }
 }
 
-bool TcpTransport::pending() {
+bool Engine::pending() {
   {
     std::lock_guard<std::mutex> lock(any_mutex_);
     if (!any_.empty()) return true;
@@ -195,7 +189,7 @@ bool TcpTransport::pending() {
 // rings, and for a peer that is alive, even if stopped) or the peer ended
 // its output too; at most kCloseWait for a peer that does neither. The I/O
 // threads are stopped: this thread reads, looking every millisecond.
-void TcpTransport::close_in_order() {
+void Engine::close_in_order() {
   constexpr auto kCloseWait = std::chrono::seconds(2);
   std::vector<Link*> open;
   for (auto& peer : conns_)
@@ -220,7 +214,7 @@ void TcpTransport::close_in_order() {
   }
 }
 
-bool TcpTransport::kill(Connection& c, std::exception_ptr error) {
+bool Engine::kill(Connection& c, std::exception_ptr error) {
   if (!c.dead) {
     c.dead = error;
     c.poller->remove(*c.link);
@@ -254,13 +248,13 @@ bool TcpTransport::kill(Connection& c, std::exception_ptr error) {
 
 // ---- posting --------------------------------------------------------------
 
-void TcpTransport::check_peer(int peer, const char* op) const {
+void Engine::check_peer(int peer, const char* op) const {
   DTRAIN_CHECK_ARG(peer >= 0 && peer < size_ && peer != rank_, options_.label, ": ", op,
                    " with peer ", peer, " on rank ", rank_, " of ", size_);
 }
 
-TcpTransport::Parts TcpTransport::split(int peer, uint64_t tag, uint8_t* data, size_t bytes,
-                                        const std::shared_ptr<TcpRequest>& request,
+Engine::Parts Engine::split(int peer, uint64_t tag, uint8_t* data, size_t bytes,
+                                        const std::shared_ptr<EngineRequest>& request,
                                         const char* op) {
   Parts parts;
   for (int s = 0; s < streams_of(peer); ++s) {
@@ -277,30 +271,30 @@ TcpTransport::Parts TcpTransport::split(int peer, uint64_t tag, uint8_t* data, s
   return parts;
 }
 
-RequestPtr TcpTransport::isend(int peer, uint64_t tag, const void* data, size_t bytes) {
+RequestPtr Engine::isend(int peer, uint64_t tag, const void* data, size_t bytes) {
   if (auto e = error()) std::rethrow_exception(e);
   check_peer(peer, "isend");
-  auto request = std::make_shared<TcpRequest>(*this, peer, parts_for(peer, bytes));
+  auto request = std::make_shared<EngineRequest>(*this, peer, parts_for(peer, bytes));
   for (auto& [c, part] : split(peer, tag, static_cast<uint8_t*>(const_cast<void*>(data)), bytes,
                                request, "isend"))
     post_send(*c, std::move(part));
   return request;
 }
 
-RequestPtr TcpTransport::irecv(int peer, uint64_t tag, void* data, size_t bytes) {
+RequestPtr Engine::irecv(int peer, uint64_t tag, void* data, size_t bytes) {
   if (auto e = error()) std::rethrow_exception(e);
   check_peer(peer, "irecv");
-  auto request = std::make_shared<TcpRequest>(*this, peer, parts_for(peer, bytes));
+  auto request = std::make_shared<EngineRequest>(*this, peer, parts_for(peer, bytes));
   for (auto& [c, part] : split(peer, tag, static_cast<uint8_t*>(data), bytes, request, "irecv"))
     post_recv(*c, std::move(part));
   return request;
 }
 
-RequestPtr TcpTransport::irecv_any(uint64_t tag, void* data, size_t bytes) {
+RequestPtr Engine::irecv_any(uint64_t tag, void* data, size_t bytes) {
   if (auto e = error()) std::rethrow_exception(e);
   DTRAIN_CHECK_ARG(size_ > 1, options_.label, ": a receive from any rank in a group of one rank");
-  // Its parts are counted once it is bound to a peer (TcpRequest::bind).
-  auto request = std::make_shared<TcpRequest>(*this, -1, 1);
+  // Its parts are counted once it is bound to a peer (EngineRequest::bind).
+  auto request = std::make_shared<EngineRequest>(*this, -1, 1);
   {
     std::lock_guard<std::mutex> lock(any_mutex_);
     any_.push_back({tag, static_cast<uint8_t*>(data), bytes, request});
@@ -331,7 +325,7 @@ RequestPtr TcpTransport::irecv_any(uint64_t tag, void* data, size_t bytes) {
   return request;
 }
 
-std::optional<AnyReceive> TcpTransport::take_any(const std::shared_ptr<TcpRequest>& request) {
+std::optional<AnyReceive> Engine::take_any(const std::shared_ptr<EngineRequest>& request) {
   std::lock_guard<std::mutex> lock(any_mutex_);
   for (auto it = any_.begin(); it != any_.end(); ++it) {
     if (it->request != request) continue;
@@ -343,7 +337,7 @@ std::optional<AnyReceive> TcpTransport::take_any(const std::shared_ptr<TcpReques
   return std::nullopt;
 }
 
-std::optional<Part> TcpTransport::match_any(Connection& c, uint64_t tag) {
+std::optional<Part> Engine::match_any(Connection& c, uint64_t tag) {
   if (c.stream != 0 || any_count_.load() == 0) return std::nullopt;
   AnyReceive a;
   {
@@ -363,7 +357,7 @@ std::optional<Part> TcpTransport::match_any(Connection& c, uint64_t tag) {
   return mine;
 }
 
-void TcpTransport::post_deferred(Connection& c) {
+void Engine::post_deferred(Connection& c) {
   std::vector<std::pair<Connection*, Part>> parts;
   {
     std::lock_guard<std::mutex> lock(c.mutex);
@@ -376,7 +370,7 @@ void TcpTransport::post_deferred(Connection& c) {
 // announced (kRts) and waits in awaiting_cts for the peer's kCts. Either
 // way the frame keeps its place in the send queue, so that messages of one
 // tag are matched in the order they were posted.
-void TcpTransport::post_send(Connection& c, Part part) {
+void Engine::post_send(Connection& c, Part part) {
   std::exception_ptr broke;
   {
     std::lock_guard<std::mutex> lock(c.mutex);
@@ -408,7 +402,7 @@ void TcpTransport::post_send(Connection& c, Part part) {
   if (broke) fail(broke);
 }
 
-void TcpTransport::post_recv(Connection& c, Part part) {
+void Engine::post_recv(Connection& c, Part part) {
   std::exception_ptr broke;
   {
     std::lock_guard<std::mutex> lock(c.mutex);
@@ -418,7 +412,7 @@ void TcpTransport::post_recv(Connection& c, Part part) {
   if (broke) fail(broke);
 }
 
-void TcpTransport::match_recv(Connection& c, Part part) {
+void Engine::match_recv(Connection& c, Part part) {
   for (auto it = c.held.begin(); it != c.held.end(); ++it) {
     if (it->tag != part.tag || it->waiter) continue;
     if (it->total != part.total) {
@@ -452,23 +446,4 @@ void TcpTransport::match_recv(Connection& c, Part part) {
   c.recvq.push_back(std::move(part));
 }
 
-}  // namespace dtrain::transport::tcp
-
-namespace dtrain::transport {
-
-std::unique_ptr<Transport> connect_tcp(Store& store, int rank, int size,
-                                       const TcpOptions& options) {
-  auto mesh = tcp::connect_mesh(store, rank, size, options);
-  tcp::Links links;
-  links.links.resize(size);
-  for (int p = 0; p < size; ++p)
-    for (auto& fd : mesh.conns[p]) links.links[p].push_back(std::make_unique<tcp::SocketLink>(std::move(fd)));
-  links.grants = std::move(mesh.grants);
-  links.granted = tcp::eager_grant(options, size);
-  links.peer_names = std::move(mesh.peer_names);
-  for (int s = 0; s < options.streams; ++s)
-    links.pollers.push_back(std::make_unique<tcp::EpollPoller>());
-  return std::make_unique<tcp::TcpTransport>(std::move(links), rank, size, options);
-}
-
-}  // namespace dtrain::transport
+}  // namespace dtrain::transport::engine

@@ -1,30 +1,65 @@
 #pragma once
 
-// The TCP transport's class (transport.h has the design): posting and
-// teardown in transport.cpp, the I/O threads and the wire protocol in
-// transport_io.cpp. Private to src/transport/tcp/.
+// The transport engine: the one implementation of the transport contract
+// (transport/transport.h) over any carrier of bytes (transport/link.h): TCP
+// sockets between hosts (tcp/), shared-memory rings inside one (shm/), or
+// both in one group (transport/connect.h).
+//
+// Each link carries frames of a fixed header (magic, tag, total bytes) and
+// the payload (connection.h). A pair of ranks may be joined by several
+// links (streams): a message of at least kSplitBytes is cut into one part
+// per link, so that the copies of one large message run on several sockets
+// and threads at once; smaller ones travel whole on the first. One I/O
+// thread per poller serves its links: it reads each payload straight into
+// the posted receive buffer, or, when the receive is not posted yet, into a
+// held buffer that the receive later copies from. Held buffers are bounded
+// by flow control: each link's receiver grants its sender eager credit; a
+// part that does not fit is announced and sent only once its receive is
+// posted. Sends are written on the caller's thread while the link takes
+// them and finished by the I/O thread. Each request completes on its own;
+// the first failure breaks the whole transport.
+//
+// Posting and teardown in engine.cpp, the I/O threads and the wire protocol
+// in engine_io.cpp. Private to src/transport/.
 
 #include <atomic>
+#include <chrono>
 #include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
-#include "transport/tcp/connection.h"
-#include "transport/tcp/mesh.h"
-#include "transport/tcp/transport.h"
+#include "dtrain/errors.h"
+#include "transport/engine/connection.h"
+#include "transport/link.h"
+#include "transport/transport.h"
 
-namespace dtrain::transport::tcp {
+namespace dtrain::transport {
+
+// The least eager credit a link grants, whatever the group's size.
+constexpr size_t kMinEagerBytes = 4096;
+
+// Messages at least this long are split over every link to their peer.
+constexpr size_t kSplitBytes = 256 * 1024;
+
+}  // namespace dtrain::transport
+
+namespace dtrain::transport::engine {
+
+struct EngineOptions {
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};  // bounds a close
+  std::string name;          // the group's name, for messages
+  std::string label = "tcp";  // the first word of its messages (Links::labels per peer)
+};
 
 // The eager credit each of a rank's `connections` grants its sender:
 // unexpected_bytes shared over them, at least kMinEagerBytes, in whole KiB
-// (the hello carries KiB).
+// (the TCP hello carries KiB).
 uint64_t eager_grant(size_t unexpected_bytes, size_t connections);
-// The same for a full mesh of `size` ranks and options.streams per pair.
-uint64_t eager_grant(const TcpOptions& options, int size);
 
 // What the transport runs over: links to each peer (one per stream; peers
 // may have different counts, as rings and sockets in one group do), the
@@ -43,10 +78,10 @@ struct Links {
   std::vector<std::string> labels;
 };
 
-class TcpTransport final : public Transport {
+class Engine final : public Transport {
  public:
-  TcpTransport(Links links, int rank, int size, const TcpOptions& options);
-  ~TcpTransport() override;
+  Engine(Links links, int rank, int size, const EngineOptions& options);
+  ~Engine() override;
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -74,21 +109,21 @@ class TcpTransport final : public Transport {
   // Throws InvalidArgument unless `peer` is another rank of the group.
   void check_peer(int peer, const char* op) const;
   Parts split(int peer, uint64_t tag, uint8_t* data, size_t bytes,
-              const std::shared_ptr<TcpRequest>& request, const char* op);
+              const std::shared_ptr<EngineRequest>& request, const char* op);
   void post_send(Connection& c, Part part);
   void post_recv(Connection& c, Part part);
   // post_recv's work under c.mutex.
   void match_recv(Connection& c, Part part);
   // Removes `request` from the unmatched irecv_any list; false when it was
   // matched (or failed) meanwhile. Takes any_mutex_.
-  std::optional<AnyReceive> take_any(const std::shared_ptr<TcpRequest>& request);
+  std::optional<AnyReceive> take_any(const std::shared_ptr<EngineRequest>& request);
   // On `c` (stream 0, its mutex held): the first unmatched irecv_any for
   // `tag`, bound to c's peer; its part for `c` is returned, the others go
   // to c.deferred. nullopt when there is none.
   std::optional<Part> match_any(Connection& c, uint64_t tag);
   void post_deferred(Connection& c);
 
-  // ---- transport_io.cpp: everything below runs with c.mutex held.
+  // ---- engine_io.cpp: everything below runs with c.mutex held.
   void serve(int poller);
   void on_event(Connection& c, uint32_t events);
   // Writes what the socket takes; asks for EPOLLOUT while output is left.
@@ -123,7 +158,7 @@ class TcpTransport final : public Transport {
   void protocol_error(Connection& c, const Args&... what);
 
   const int rank_, size_;
-  const TcpOptions options_;
+  const EngineOptions options_;
   std::vector<std::vector<std::unique_ptr<Connection>>> conns_;  // [peer][stream]
   std::vector<std::unique_ptr<Poller>> pollers_;  // one I/O thread each
   std::vector<std::thread> threads_;
@@ -136,4 +171,4 @@ class TcpTransport final : public Transport {
   std::atomic<size_t> any_count_{0};
 };
 
-}  // namespace dtrain::transport::tcp
+}  // namespace dtrain::transport::engine
