@@ -31,7 +31,7 @@ shift
 case $mode in
   # CpuMemory.* measures glibc malloc, which AddressSanitizer replaces.
   address) flags=address,undefined dir=build-asan filter='-CpuMemory.*' ;;
-  thread) flags=thread dir=build-tsan filter='AllStores/*:TcpStore*:C10dStore*:FileStore*:PrefixStore*:StoreLimits*:StoreToken*:StoreScale*:ShmSegment*:RingLink*' ;;
+  thread) flags=thread dir=build-tsan filter='AllStores/*:TcpStore*:C10dStore*:FileStore*:PrefixStore*:StoreLimits*:StoreToken*:StoreScale*:ShmSegment*:RingLink*:Topology*' ;;
   # The every-dtype matrix at world sizes 2 and 3 (4 and 5 take the same
   # code paths and most of the time: CI's budget).
   address-torch) flags=address,undefined dir=build-asan filter='-*_world4_*:*_world5_*' ;;

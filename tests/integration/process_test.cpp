@@ -63,15 +63,21 @@ INSTANTIATE_TEST_SUITE_P(World, EnvInit, ::testing::Values(1, 2, 3, 4));
 // across), says so at DTRAIN_DEBUG=INFO, runs every collective exactly, and
 // DDP over it equals one process on the whole batch. (netns.TwoHostsFourRanks
 // does the same across network namespaces.)
-TEST(AutoOverHosts, TwoHostIdsOfTwoRanksRunEveryCollective) {
+// Starts 4 ranks of `argv` on host ids a (ranks 0, 1) and b (ranks 2, 3).
+void spawn_on_two_host_ids(ProcessRanks& procs, const std::vector<std::string>& argv,
+                           std::map<std::string, std::string> extra = {}) {
   const int port = free_port();
-  ProcessRanks procs;
   for (int r = 0; r < 4; ++r) {
     auto env = rank_env(r, 4, port);
     env["DTRAIN_HOST_ID"] = r < 2 ? "a" : "b";
-    env["DTRAIN_DEBUG"] = "INFO";
-    procs.spawn({kWorker, "collectives", "env://", "auto"}, env);
+    for (const auto& [k, v] : extra) env[k] = v;
+    procs.spawn(argv, env);
   }
+}
+
+TEST(AutoOverHosts, TwoHostIdsOfTwoRanksRunEveryCollective) {
+  ProcessRanks procs;
+  spawn_on_two_host_ids(procs, {kWorker, "collectives", "env://", "auto"}, {{"DTRAIN_DEBUG", "INFO"}});
   ASSERT_TRUE(procs.wait_all(90s)) << "ranks did not finish";
   for (int r = 0; r < 4; ++r) {
     auto& p = procs.ranks()[r];
@@ -87,13 +93,8 @@ TEST(AutoOverHosts, TwoHostIdsOfTwoRanksRunEveryCollective) {
 }
 
 TEST(AutoOverHosts, DdpOverTwoHostIdsMatchesSingleProcessTraining) {
-  const int port = free_port();
   ProcessRanks procs;
-  for (int r = 0; r < 4; ++r) {
-    auto env = rank_env(r, 4, port);
-    env["DTRAIN_HOST_ID"] = r < 2 ? "a" : "b";
-    procs.spawn({kWorker, "ddp-equivalence", "auto", "wide"}, env);  // two-level buckets
-  }
+  spawn_on_two_host_ids(procs, {kWorker, "ddp-equivalence", "auto", "wide"});  // two-level buckets
   ASSERT_TRUE(procs.wait_all(120s)) << "ranks did not finish";
   for (int r = 0; r < 4; ++r) {
     auto& p = procs.ranks()[r];
