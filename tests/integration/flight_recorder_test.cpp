@@ -68,6 +68,28 @@ TEST(FlightRecorder, DumpHoldsEveryGroupsOperationsAndStates) {
   EXPECT_GE(count(text, "\"op\": \"barrier\""), 2u);
 }
 
+// auto over two stand-in hosts is one group: each collective is one entry
+// per rank, with no entries of inner groups (the nested groups it once was
+// recorded a reduce and a broadcast inside each host, and an all_reduce
+// among the hosts' leaders, for every all_reduce).
+TEST(FlightRecorder, AutoOverHostsRecordsEachCollectiveOnce) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path.empty());
+  std::string path;
+  testing::expect_no_errors(testing::run_ranks(4, [&](ProcessGroup& g) {
+    for (int i = 0; i < 3; ++i) g.all_reduce(at::ones({300001}, at::kDouble), ReduceOp::MIN)->wait();
+    g.barrier()->wait();
+    if (g.rank() == 0) path = dump_flight_recorder(dir.path);
+    g.barrier()->wait();
+  }, std::chrono::seconds(30), GroupOptions(), "auto@2"));
+  const auto text = read_file(path);
+  EXPECT_EQ(count(text, "\"op\": \"all_reduce\", \"kind\": \"collective\", \"dtype\": \"Double\", "
+                        "\"shape\": [300001]"),
+            12u)
+      << text;
+  EXPECT_EQ(count(text, "\"dtype\": \"Double\", \"shape\": [300001]"), 12u) << text;
+}
+
 TEST(FlightRecorder, TheRingKeepsTheLast2000Operations) {
   TempDir dir;
   std::string path;

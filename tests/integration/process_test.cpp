@@ -307,12 +307,17 @@ std::vector<std::string> shm_leftovers(ProcessRanks& procs) {
   return found;
 }
 
-// Starts `world` looping ranks and waits until each has initialized.
+// Starts `world` looping ranks and waits until each has initialized;
+// host_ids[r], where given, is rank r's DTRAIN_HOST_ID.
 void start_loop(ProcessRanks& procs, int world, const std::string& timeout_s,
-                const std::string& backend, const std::string& mode = "loop") {
+                const std::string& backend, const std::string& mode = "loop",
+                const std::vector<std::string>& host_ids = {}) {
   const int port = free_port();
-  for (int r = 0; r < world; ++r)
-    procs.spawn({kWorker, mode, backend}, rank_env(r, world, port, timeout_s));
+  for (int r = 0; r < world; ++r) {
+    auto env = rank_env(r, world, port, timeout_s);
+    if (!host_ids.empty()) env["DTRAIN_HOST_ID"] = host_ids[r];
+    procs.spawn({kWorker, mode, backend}, env);
+  }
   for (int r = 0; r < world; ++r)
     ASSERT_TRUE(procs.wait_for_output(procs.ranks()[r], "ready", 60s))
         << "rank " << r << " never became ready: " << describe(procs.ranks()[r]);
@@ -368,6 +373,31 @@ TEST_P(PeerFailure, StoppedPeerBecomesTimeoutErrorWithinTheTimeout) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, PeerFailure, ::testing::Values("auto", "tcp"));
+
+// auto over two host ids: a killed rank is a dead ring to its own host's
+// rank (its liveness lock goes) and closed sockets to the other host's; every
+// survivor hears of it well before the timeout.
+TEST(AutoOverHosts, KilledPeerBecomesAnErrorOnEverySurvivor) {
+  const auto timeout = 6s;
+  ProcessRanks procs;
+  start_loop(procs, 4, "6", "auto", "loop", {"a", "a", "b", "b"});
+  for (int r = 0; r < 4; ++r)
+    ASSERT_TRUE(procs.wait_for_output(procs.ranks()[r], "steps 200", 30s)) << describe(procs.ranks()[r]);
+  const auto killed_at = Clock::now();
+  kill(procs.ranks()[1].pid, SIGKILL);
+  ASSERT_TRUE(procs.wait_all(2 * timeout + 10s)) << "a survivor hung after its peer was killed";
+  for (int r : {0, 2, 3}) {
+    auto& p = procs.ranks()[r];
+    EXPECT_EQ(p.exit_code, 3) << describe(p);
+    // Whichever link it heard from first: rank 1's ring or socket, or a
+    // survivor that failed before it.
+    EXPECT_NE(p.output().find("caught NetworkError: "), std::string::npos) << describe(p);
+    EXPECT_NE(p.output().find("(the peer may have exited or been killed)"), std::string::npos)
+        << describe(p);
+    EXPECT_LT(p.end - killed_at, timeout / 2) << describe(p);
+  }
+  EXPECT_EQ(shm_leftovers(procs), std::vector<std::string>{});
+}
 
 // shm's send/recv run over rings in shared memory: a killed peer's
 // liveness lock goes, and the survivors hear of it well before the timeout.
