@@ -72,9 +72,23 @@ cp /etc/resolv.conf /etc/hosts "$root/etc/"
 
 echo "compat: copying this tree to $root/src/dtrain"
 mkdir -p "$root/src/dtrain"
-# The tree's files replace the copy's; the copy's build/ stays for the next run.
+# The tree's files replace the copy's; the copy's build/ stays for the next
+# run. Only files whose content changed are written, and they get this
+# moment as their time: tar alone would restore the tree's times, which may
+# be older than an object that an earlier run built from the old content,
+# and make would then keep that stale object.
+stage="$root/src/.incoming"
+rm -rf --one-file-system "$stage"
+mkdir -p "$stage"
 git ls-files -z --cached --others --exclude-standard |
-  tar --null -T - -cf - | tar -xf - -C "$root/src/dtrain"
+  tar --null -T - -cf - | tar -xf - -C "$stage"
+(cd "$stage" && find . -type f -print0) | while IFS= read -r -d '' f; do
+  dst="$root/src/dtrain/$f"
+  cmp -s "$stage/$f" "$dst" 2>/dev/null && continue
+  mkdir -p "$(dirname "$dst")"
+  cp "$stage/$f" "$dst"
+done
+rm -rf --one-file-system "$stage"
 
 inner=(bash scripts/test.sh)
 if [ "${1:-}" = "--shell" ]; then

@@ -36,7 +36,7 @@ std::shared_ptr<ProcessGroup> create_cpu_group(std::shared_ptr<Store> store, int
   }
   if (topology->hosts.size() == 1) {
     DTRAIN_LOG_INFO("auto: group '", options.name(), "' is on one host: shm");
-    return std::make_shared<shm::ShmProcessGroup>(store, rank, size, options);
+    return shm_backend::create_shm_group(store, rank, size, options);
   }
   DTRAIN_LOG_INFO("auto: group '", options.name(), "' spans ", topology->describe(),
                   ": shared-memory rings within a host, tcp between; ", paths(*topology));

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "algorithms/collectives.h"
+#include "algorithms/slots.h"
 #include "algorithms/reduce_kernels.h"
 #include "common/enforce.h"
 #include "common/env.h"
@@ -27,6 +28,17 @@ void check_reducible(const std::string& what, const at::Tensor& t) {
 }
 
 size_t count_of(const at::Tensor& t) { return static_cast<size_t>(t.numel()); }
+
+std::vector<void*> pointers(const std::vector<at::Tensor>& ts) {
+  std::vector<void*> out;
+  for (const auto& t : ts) out.push_back(t.data_ptr());
+  return out;
+}
+std::vector<const void*> const_pointers(const std::vector<at::Tensor>& ts) {
+  std::vector<const void*> out;
+  for (const auto& t : ts) out.push_back(t.data_ptr());
+  return out;
+}
 
 // Contiguous tensors (the base class stages the others) to and from raw
 // staging memory; each returns the bytes copied.
@@ -83,6 +95,10 @@ WorkPtr EngineProcessGroup::enqueue(const Call& call,
                                     transport::Clock::now() + call.timeout, call.description,
                                     *scratch_, *copy_, topology_.get(), algo_};
       body(ctx);
+    } catch (const algorithms::slots::Mismatch&) {
+      error = std::current_exception();  // every rank, at the same step: the group goes on
+    } catch (const algorithms::slots::SizeMismatch&) {
+      error = std::current_exception();  // likewise
     } catch (...) {
       error = std::current_exception();
       // Whatever stopped this rank mid-collective stops the group: peers
@@ -94,12 +110,23 @@ WorkPtr EngineProcessGroup::enqueue(const Call& call,
   return work;
 }
 
+WorkPtr EngineProcessGroup::enqueue_slots(
+    const Call& call, std::function<void(const algorithms::slots::Call&)> body) {
+  return enqueue(call, [this, call, body = std::move(body)](const algorithms::Context& ctx) {
+    body(algorithms::slots::Call{*slots(), ctx.what, call.seq, call.op, ctx.deadline});
+  });
+}
+
 WorkPtr EngineProcessGroup::do_all_reduce(const Call& call, at::Tensor tensor, ReduceOp op) {
   check_reducible(call.description, tensor);
   if (size() == 1) {
     if (op == ReduceOp::AVG) divide_for_average(tensor, 1);
     return Work::completed(call.description);
   }
+  if (slots())
+    return enqueue_slots(call, [tensor, op](const algorithms::slots::Call& c) {
+      algorithms::slots::all_reduce(c, tensor.data_ptr(), count_of(tensor), tensor.scalar_type(), op);
+    });
   return enqueue(call, [this, tensor, op](const algorithms::Context& ctx) {
     algorithms::all_reduce(ctx, tensor.data_ptr(), count_of(tensor), tensor.scalar_type(), op);
     if (op == ReduceOp::AVG) divide_for_average(tensor, size());
@@ -108,6 +135,10 @@ WorkPtr EngineProcessGroup::do_all_reduce(const Call& call, at::Tensor tensor, R
 
 WorkPtr EngineProcessGroup::do_broadcast(const Call& call, at::Tensor tensor, int root) {
   if (size() == 1) return Work::completed(call.description);
+  if (slots())
+    return enqueue_slots(call, [tensor, root](const algorithms::slots::Call& c) {
+      algorithms::slots::broadcast(c, tensor.data_ptr(), count_of(tensor), tensor.scalar_type(), root);
+    });
   return enqueue(call, [tensor, root](const algorithms::Context& ctx) {
     algorithms::broadcast(ctx, tensor.data_ptr(), tensor.nbytes(), root);
   });
@@ -116,6 +147,10 @@ WorkPtr EngineProcessGroup::do_broadcast(const Call& call, at::Tensor tensor, in
 WorkPtr EngineProcessGroup::do_reduce(const Call& call, at::Tensor tensor, int root, ReduceOp op) {
   check_reducible(call.description, tensor);
   if (size() == 1) return Work::completed(call.description);
+  if (slots())
+    return enqueue_slots(call, [tensor, root, op](const algorithms::slots::Call& c) {
+      algorithms::slots::reduce(c, tensor.data_ptr(), count_of(tensor), tensor.scalar_type(), op, root);
+    });
   return enqueue(call, [this, tensor, root, op](const algorithms::Context& ctx) {
     algorithms::reduce(ctx, tensor.data_ptr(), count_of(tensor), tensor.scalar_type(), op,
                        root);
@@ -132,6 +167,11 @@ WorkPtr EngineProcessGroup::do_all_gather(const Call& call, std::vector<at::Tens
     outputs[0].view({-1}).copy_(input.reshape({-1}));
     return Work::completed(call.description);
   }
+  if (slots())
+    return enqueue_slots(call, [outputs, input](const algorithms::slots::Call& c) {
+      algorithms::slots::gather(c, pointers(outputs), input.data_ptr(), count_of(input),
+                                input.scalar_type(), -1);
+    });
   return enqueue(call, [outputs, input](const algorithms::Context& ctx) {
     const size_t bytes = input.nbytes();
     uint8_t* flat = ctx.copy.get(bytes * outputs.size());
@@ -147,6 +187,7 @@ WorkPtr EngineProcessGroup::do_all_gather_into_tensor(const Call& call, at::Tens
     output.view({-1}).copy_(input.reshape({-1}));
     return Work::completed(call.description);
   }
+  if (slots()) return ProcessGroup::do_all_gather_into_tensor(call, output, input);  // rows
   return enqueue(call, [output, input](const algorithms::Context& ctx) {
     algorithms::all_gather(ctx, input.data_ptr(), output.data_ptr(), input.nbytes());
   });
@@ -160,6 +201,7 @@ WorkPtr EngineProcessGroup::do_reduce_scatter_tensor(const Call& call, at::Tenso
     output.view({-1}).copy_(input.reshape({-1}));
     return Work::completed(call.description);
   }
+  if (slots()) return ProcessGroup::do_reduce_scatter_tensor(call, output, input, op);  // rows
   return enqueue(call, [this, output, input, op](const algorithms::Context& ctx) {
     uint8_t* work = ctx.copy.get(input.nbytes());
     copy_bytes(work, input);
@@ -175,6 +217,11 @@ WorkPtr EngineProcessGroup::do_gather(const Call& call, std::vector<at::Tensor> 
     outputs[0].view({-1}).copy_(input.reshape({-1}));
     return Work::completed(call.description);
   }
+  if (slots())
+    return enqueue_slots(call, [outputs, input, root](const algorithms::slots::Call& c) {
+      algorithms::slots::gather(c, pointers(outputs), input.data_ptr(), count_of(input),
+                                input.scalar_type(), root);
+    });
   return enqueue(call, [this, outputs, input, root](const algorithms::Context& ctx) {
     const size_t bytes = input.nbytes();
     uint8_t* flat = rank() == root ? ctx.copy.get(bytes * size()) : nullptr;
@@ -190,6 +237,11 @@ WorkPtr EngineProcessGroup::do_scatter(const Call& call, at::Tensor output,
     output.copy_(inputs[0].view_as(output));
     return Work::completed(call.description);
   }
+  if (slots())
+    return enqueue_slots(call, [output, inputs, root](const algorithms::slots::Call& c) {
+      algorithms::slots::scatter(c, output.data_ptr(), const_pointers(inputs), count_of(output),
+                                 output.scalar_type(), root);
+    });
   return enqueue(call, [this, output, inputs, root](const algorithms::Context& ctx) {
     const size_t bytes = output.nbytes();
     uint8_t* flat = nullptr;
@@ -208,6 +260,11 @@ WorkPtr EngineProcessGroup::do_reduce_scatter(const Call& call, at::Tensor outpu
     output.view({-1}).copy_(inputs[0].reshape({-1}));
     return Work::completed(call.description);
   }
+  if (slots())
+    return enqueue_slots(call, [output, inputs, op](const algorithms::slots::Call& c) {
+      algorithms::slots::reduce_scatter(c, output.data_ptr(), const_pointers(inputs),
+                                        count_of(output), output.scalar_type(), op);
+    });
   return enqueue(call, [this, output, inputs, op](const algorithms::Context& ctx) {
     const size_t bytes = output.nbytes();
     uint8_t* work = ctx.copy.get(bytes * size());  // the ring reduces in place
@@ -224,6 +281,14 @@ WorkPtr EngineProcessGroup::do_all_to_all(const Call& call, std::vector<at::Tens
     outputs[0].view({-1}).copy_(inputs[0].reshape({-1}));
     return Work::completed(call.description);
   }
+  if (slots())
+    return enqueue_slots(call, [outputs, inputs](const algorithms::slots::Call& c) {
+      std::vector<size_t> in_bytes, out_bytes;
+      for (const auto& in : inputs) in_bytes.push_back(in.nbytes());
+      for (const auto& out : outputs) out_bytes.push_back(out.nbytes());
+      algorithms::slots::all_to_all(c, pointers(outputs), out_bytes, const_pointers(inputs),
+                                    in_bytes, inputs[0].scalar_type());
+    });
   return enqueue(call, [outputs, inputs](const algorithms::Context& ctx) {
     std::vector<size_t> in_bytes, out_bytes;
     size_t in_total = 0, out_total = 0;
@@ -241,6 +306,8 @@ WorkPtr EngineProcessGroup::do_all_to_all(const Call& call, std::vector<at::Tens
 
 WorkPtr EngineProcessGroup::do_barrier(const Call& call) {
   if (size() == 1) return Work::completed(call.description);
+  if (slots())
+    return enqueue_slots(call, [](const algorithms::slots::Call& c) { algorithms::slots::barrier(c); });
   return enqueue(call, [](const algorithms::Context& ctx) { algorithms::barrier(ctx); });
 }
 

@@ -28,6 +28,9 @@ namespace dtrain::algorithms {
 class Scratch;
 struct Context;
 enum class AllReduceAlgo;
+namespace slots {
+struct Call;
+}
 }
 
 namespace dtrain::engine_backend {
@@ -64,6 +67,11 @@ class EngineProcessGroup final : public ProcessGroup {
   // Queues `body` on the collective thread; a broken group fails the Work
   // at once, naming the first error.
   WorkPtr enqueue(const Call& call, std::function<void(const algorithms::Context&)> body);
+  // The same for a collective over the transport's shared slots (shm's
+  // copy-free path; null when the transport has none).
+  shm::Slots* slots() const { return transport_ ? transport_->shared_slots() : nullptr; }
+  WorkPtr enqueue_slots(const Call& call,
+                        std::function<void(const algorithms::slots::Call&)> body);
   WorkPtr post_p2p(const Call& call, at::Tensor tensor, int peer, int tag, bool is_send);
 
   std::string backend_name_;

@@ -76,6 +76,8 @@ struct Links {
   std::vector<std::vector<int>> poller_of;
   // [peer]: the first word of that link's messages; empty: options.label.
   std::vector<std::string> labels;
+  // The shm transport's copy-free capability, when it has one.
+  std::shared_ptr<shm::Slots> slots;
 };
 
 class Engine final : public Transport {
@@ -94,6 +96,7 @@ class Engine final : public Transport {
     std::lock_guard<std::mutex> lock(error_mutex_);
     return error_;
   }
+  shm::Slots* shared_slots() override { return slots_.get(); }
   const std::string& peer_name(int peer) const {
     static const std::string any = "any rank";
     return peer < 0 ? any : conns_[peer][0]->name;
@@ -159,6 +162,7 @@ class Engine final : public Transport {
 
   const int rank_, size_;
   const EngineOptions options_;
+  std::shared_ptr<shm::Slots> slots_;
   std::vector<std::vector<std::unique_ptr<Connection>>> conns_;  // [peer][stream]
   std::vector<std::unique_ptr<Poller>> pollers_;  // one I/O thread each
   std::vector<std::thread> threads_;

@@ -9,6 +9,8 @@
 #include "transport/shm/attach.h"
 #include "transport/shm/ring_link.h"
 #include "transport/shm/ring_mesh.h"
+#include "transport/shm/slots.h"
+#include "dtrain/store/prefix_store.h"
 #include "transport/engine/engine.h"
 
 namespace dtrain::transport {
@@ -113,6 +115,10 @@ std::unique_ptr<Transport> connect_shm(Store& store, int rank, int size,
   links.granted = engine::eager_grant(options.unexpected_bytes, std::max(size - 1, 1));
   std::vector<int> ranks(size);
   for (int r = 0; r < size; ++r) ranks[r] = r;
+  if (options.slots) {
+    PrefixStore scoped("slots", std::shared_ptr<Store>(&store, [](Store*) {}));
+    links.slots = std::make_shared<shm::Slots>(scoped, rank, size, options.name);
+  }
   add_ring_links(store, rank, ranks, links.granted, options.name, links);
   return std::make_unique<engine::Engine>(std::move(links), rank, size,
                                           engine::EngineOptions{options.timeout, options.name, "shm"});

@@ -22,11 +22,14 @@ struct ShmOptions {
   std::string name;  // the group's name, for messages
   // As TcpOptions::unexpected_bytes: held for early messages, at most.
   size_t unexpected_bytes = size_t{64} << 20;
+  // With the copy-free slots for collectives (Transport::shared_slots(),
+  // shm/slots.h), in a segment of their own.
+  bool slots = false;
 };
 
 // Every rank of `size` must be on this machine (else BackendUnavailable on
-// every rank). Uses the store's keys under "shm/": give it a PrefixStore of
-// its own.
+// every rank). Uses the store's keys under "shm/" and "slots/": give it a
+// PrefixStore of its own.
 std::unique_ptr<Transport> connect_shm(Store& store, int rank, int size,
                                        const ShmOptions& options);
 

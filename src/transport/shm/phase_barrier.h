@@ -1,6 +1,6 @@
 #pragma once
 
-// The only synchronization the shm backend uses: a barrier over per-rank
+// The only synchronization the shm slots use (slots.h): a barrier over per-rank
 // phase counters that live in the shared segment (no torch here).
 //
 // arrive_and_wait(): a rank bumps its own counter and waits until every

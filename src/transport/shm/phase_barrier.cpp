@@ -1,4 +1,4 @@
-#include "backends/shm/phase_barrier.h"
+#include "transport/shm/phase_barrier.h"
 
 #include <algorithm>
 #include <cerrno>

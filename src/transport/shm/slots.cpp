@@ -1,0 +1,92 @@
+#include "transport/shm/slots.h"
+
+#include <algorithm>
+
+#include "common/enforce.h"
+#include "common/env.h"
+#include "common/logging.h"
+#include "transport/shm/attach.h"
+
+namespace dtrain::shm {
+namespace {
+
+constexpr uint64_t kMagic = 0x64747261696e7368ULL;  // "dtrainsh"
+constexpr uint32_t kVersion = 2;
+constexpr size_t kLine = Slots::kLine;
+
+struct alignas(kLine) Header {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t size;
+  uint64_t half_bytes;
+};
+
+size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
+// Where each part of the segment starts, from the group size and the slot
+// half size (the same computation on every rank).
+struct Layout {
+  size_t counters, stamps, tables, data, total;
+  Layout(int n, size_t half_bytes) {
+    counters = round_up(sizeof(Header), kLine);
+    stamps = counters + n * kLine;
+    tables = stamps + 2 * n * Slots::kStampBytes;
+    data = round_up(tables + 2 * 2 * size_t(n) * n * sizeof(int64_t), 4096);
+    total = data + size_t(n) * 2 * half_bytes;
+  }
+};
+
+}  // namespace
+
+Slots::Slots(Store& store, int rank, int size, const std::string& name)
+    : rank_(rank), size_(size) {
+  attach(store, name);
+  barrier_ = std::make_unique<PhaseBarrier>(counters_, rank, size, segment_);
+  DTRAIN_LOG_INFO("shm: group '", name, "' attached to /dev/shm", segment_.name(), " (",
+                  segment_.size() >> 10, " KiB), rank ", rank, "/", size);
+}
+
+void Slots::attach(Store& store, const std::string& name) {
+  const int n = size_;
+  SegmentPlan plan;
+  plan.what = detail::cat("shm: setting up group '", name, "' (rank ", rank_, "/", n, ")");
+  plan.bytes = [&] {
+    half_bytes_ = static_cast<size_t>(*env::get_int(env::kShmChunkBytes, 4096, 1LL << 30));
+    // At least a cache line per rank and element, so a piece always splits.
+    half_bytes_ = round_up(std::max<size_t>(half_bytes_, size_t(n) * kLine), 4096);
+    return Layout(n, half_bytes_).total;
+  };
+  plan.init = [&](void* base) {
+    auto* header = static_cast<Header*>(base);
+    header->size = static_cast<uint32_t>(n);
+    header->half_bytes = half_bytes_;
+    header->version = kVersion;
+    header->magic = kMagic;
+  };
+  plan.check = [&](const Segment& segment) {
+    const auto* header = static_cast<const Header*>(segment.data());
+    if (header->magic != kMagic || header->version != kVersion ||
+        header->size != static_cast<uint32_t>(n))
+      throw InternalError(detail::cat(plan.what, ": /dev/shm", segment.name(),
+                                      " is not a dtrain segment of this group (magic, version "
+                                      "or size differ; a different dtrain build?)"));
+    // Checked against the mapping before anything is placed by it.
+    const uint64_t half = header->half_bytes;
+    if (half < std::max<size_t>(4096, size_t(n) * kLine) || half > (uint64_t{1} << 30) ||
+        half % 4096 != 0 || Layout(n, static_cast<size_t>(half)).total != segment.size())
+      throw InternalError(detail::cat(plan.what, ": /dev/shm", segment.name(), " declares slots of ",
+                                      half, " bytes, which do not fit its ", segment.size(),
+                                      " bytes for ", n, " ranks (a damaged or foreign segment)"));
+    half_bytes_ = static_cast<size_t>(half);
+  };
+  segment_ = attach_segment(store, rank_, n, plan);
+
+  const Layout layout(n, half_bytes_);
+  auto* base = static_cast<uint8_t*>(segment_.data());
+  counters_ = reinterpret_cast<PhaseCounter*>(base + layout.counters);
+  stamps_ = base + layout.stamps;
+  tables_ = reinterpret_cast<int64_t*>(base + layout.tables);
+  data_ = base + layout.data;
+}
+
+}  // namespace dtrain::shm
