@@ -66,8 +66,7 @@ TEST_P(FailFast, AfterATimeoutEveryLaterCallFailsAtOnceNamingTheFirstError) {
     auto t = at::ones({4});
     const auto first = what_thrown<TimeoutError>([&] { g.all_reduce(t, ReduceOp::SUM, 300ms)->wait(); });
     EXPECT_TRUE(Contains(first, "timed out"));
-    // Calls that the failed one did not touch: for auto, all_gather goes to
-    // the tcp group over all ranks, not to the leaders' group that timed out.
+    // Later calls of every kind fail at once, each naming itself.
     const std::vector<std::pair<std::string, std::function<void()>>> later = {
         {"all_gather #1", [&] { g.all_gather({at::zeros({4}), at::zeros({4})}, t)->wait(); }},
         {"barrier #2", [&] { g.barrier()->wait(); }},

@@ -15,6 +15,7 @@
 #include "harness/thread_ranks.h"
 #include "transport/engine/connection.h"
 #include "transport/tcp/hello.h"
+#include "transport/connect.h"
 #include "transport/tcp/transport.h"
 
 namespace dtrain {
@@ -281,6 +282,53 @@ TEST(TcpTransport, AStrangerWithABadHelloIsTurnedAwayAndTheGroupStillForms) {
   t1->isend(0, 1, &out, sizeof(out))->wait(transport::Clock::now() + 10s, "send");
   r->wait(transport::Clock::now() + 10s, "recv");
   EXPECT_EQ(in, 7);
+}
+
+// A group over two hosts (backend auto) joins ranks across hosts by TCP and
+// ranks of one host by rings: a connection that claims to come from a rank
+// of the acceptor's own host is refused (it cannot be that rank), and the
+// group still forms, rings and sockets both carrying messages.
+TEST(TcpTransport, AConnectionClaimingARankOfTheSameHostIsRefused) {
+  HashStore store(10s);
+  transport::TcpOptions options;
+  options.streams = 1;
+  options.timeout = 10s;
+  options.name = "hosts";
+  const transport::Topology topology({{0, 2}, {1}});  // 2 shares rank 0's host
+  std::vector<std::unique_ptr<transport::Transport>> t(3);
+  std::vector<std::thread> ranks;
+  auto start = [&](int r) {
+    ranks.emplace_back([&, r] { t[r] = transport::connect_topology(store, r, topology, options); });
+  };
+  start(0);
+  start(2);  // rank 1 only once the stranger is answered: rank 0 still listens
+  transport::tcp::Hello reply{};
+  try {
+    const auto addr = store.get_string("tcp/addr/0");
+    const auto nl = addr.find('\n');
+    auto fd = net::connect_to(addr.substr(0, nl),
+                              static_cast<uint16_t>(std::stoi(addr.substr(nl + 1))),
+                              net::Clock::now() + 10s);
+    const transport::tcp::Hello hello{transport::tcp::kHelloMagic, transport::tcp::kHelloVersion,
+                                      std::stoull(store.get_string("tcp/id")), 2, 0, 0, 64, {}};
+    net::send_all(fd.get(), &hello, sizeof(hello), net::Clock::now() + 10s, "rank 0");
+    net::recv_all(fd.get(), &reply, sizeof(reply), net::Clock::now() + 10s, "rank 0");
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "the stranger: " << e.what();
+  }
+  start(1);
+  for (auto& r : ranks) r.join();
+  EXPECT_EQ(reply.flags, transport::tcp::kHelloRefused);
+  EXPECT_EQ(reply.eager_kib, static_cast<uint32_t>(transport::tcp::Refusal::kOutOfRange));
+  int32_t from_ring = 0, from_tcp = 0, two = 2, one = 1;
+  auto a = t[0]->irecv(2, 1, &from_ring, sizeof(from_ring));
+  auto b = t[0]->irecv(1, 1, &from_tcp, sizeof(from_tcp));
+  t[2]->isend(0, 1, &two, sizeof(two))->wait(transport::Clock::now() + 10s, "send");
+  t[1]->isend(0, 1, &one, sizeof(one))->wait(transport::Clock::now() + 10s, "send");
+  a->wait(transport::Clock::now() + 10s, "recv");
+  b->wait(transport::Clock::now() + 10s, "recv");
+  EXPECT_EQ(from_ring, 2);
+  EXPECT_EQ(from_tcp, 1);
 }
 
 }  // namespace

@@ -60,7 +60,7 @@ EngineProcessGroup::EngineProcessGroup(std::shared_ptr<Store> store, int rank, i
       topology_(std::move(carrier.topology)) {
   algo_ = algorithms::all_reduce_algo_from_env();
   if (size > 1) transport_ = carrier.connect(*store, rank, size, this->options());
-  // (shm's own collectives do not take it: its send/recv group is this one.)
+  // (shm's collectives run over its slots, which do not take it.)
   if (algo_ != algorithms::AllReduceAlgo::kAuto && size > 1 && backend_name_ != "shm")
     DTRAIN_LOG_INFO(backend_name_, ": group '", name(), "' runs all_reduce as DTRAIN_ALGO=",
                     algorithms::to_string(algo_), " says, where it can");
