@@ -60,8 +60,8 @@ EngineProcessGroup::EngineProcessGroup(std::shared_ptr<Store> store, int rank, i
       topology_(std::move(carrier.topology)) {
   algo_ = algorithms::all_reduce_algo_from_env();
   if (size > 1) transport_ = carrier.connect(*store, rank, size, this->options());
-  // (shm's collectives run over its slots, which do not take it.)
-  if (algo_ != algorithms::AllReduceAlgo::kAuto && size > 1 && backend_name_ != "shm")
+  // (Collectives over the transport's slots, shm's, do not take it.)
+  if (algo_ != algorithms::AllReduceAlgo::kAuto && transport_ && !slots())
     DTRAIN_LOG_INFO(backend_name_, ": group '", name(), "' runs all_reduce as DTRAIN_ALGO=",
                     algorithms::to_string(algo_), " says, where it can");
   scratch_ = std::make_unique<algorithms::Scratch>();
