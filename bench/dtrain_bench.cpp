@@ -26,6 +26,9 @@
 //   dtrain-bench memory   [--worlds 2,4] [--layers 6] [--width 4096] [--batch 8] [--steps 3]
 //       Per-rank memory and speed of DDP, ZeroRedundancyOptimizer and FSDP
 //       training a wide MLP with Adam; see memory.cpp.
+//   dtrain-bench cuda     [--world 1] [--layers 8] [--width 4096] [--batch 256] [--steps 50]
+//       DDP on CUDA tensors beside PyTorch's DDP: its overhead over the plain
+//       model at world 1 (nccl), samples/s of ranks sharing a GPU; cuda.cpp.
 //   dtrain-bench collectives [--backend auto] [--op all_reduce] ... (run under dtrain-run)
 //       nccl-tests-style sweep of one collective; see collectives.cpp.
 //
@@ -353,10 +356,12 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "rank" && argc > 2 && is_memory_mode(argv[2]))
       return memory_rank_main(argv[2], parse(argc, argv, 3));
+    if (cmd == "rank" && argc > 2 && is_cuda_mode(argv[2])) return cuda_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2) return rank_main(argv[2], parse(argc, argv, 3));
     // collectives runs in every rank of a job: its rank 0 prints this.
     if (cmd != "rank" && cmd != "collectives") std::printf("%s\n", build_line().c_str());
     if (cmd == "memory") return bench_memory(parse(argc, argv, 2));
+    if (cmd == "cuda") return bench_cuda(parse(argc, argv, 2));
     if (cmd == "ddp") return bench_ddp(parse(argc, argv, 2));
     if (cmd == "overlap") return bench_overlap(parse(argc, argv, 2));
     if (cmd == "dp") return bench_dp(parse(argc, argv, 2));
@@ -366,6 +371,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dtrain-bench: %s\n", e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: dtrain-bench ddp|overlap|dp|syncbn|memory|collectives [--flag value ...] (see the source header)\n");
+  std::fprintf(stderr, "usage: dtrain-bench ddp|overlap|dp|syncbn|memory|cuda|collectives [--flag value ...] (see the source header)\n");
   return 2;
 }

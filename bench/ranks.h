@@ -34,6 +34,11 @@ class ShapedLink {
 std::string run_ranks(int world, const std::string& mode, const Args& a,
                       const ShapedLink* link = nullptr, const std::string& env = "");
 
+// dtrain-bench cuda (cuda.cpp).
+bool is_cuda_mode(const std::string& mode);
+int cuda_rank_main(const std::string& mode, const Args& a);
+int bench_cuda(const Args& a);
+
 // dtrain-bench memory (memory.cpp).
 bool is_memory_mode(const std::string& mode);
 int memory_rank_main(const std::string& mode, const Args& a);

@@ -53,7 +53,9 @@ namespace dtrain {
 
 struct DataParallelOptions {
   // CUDA device indices to replicate on; empty: every visible CUDA device.
-  // The module's parameters must already be on device_ids[0].
+  // The module's parameters must already be on device_ids[0]. An index may
+  // repeat: those replicas share the device. Each replica runs on the
+  // caller's current stream of its device.
   DTRAIN_ARG(std::vector<int64_t>, device_ids) = {};
   // CUDA device index the outputs are gathered on (-1: the CPU); unset:
   // device_ids[0].

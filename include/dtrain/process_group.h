@@ -184,6 +184,12 @@ class ProcessGroup {
 
   const GroupOptions& options() const { return options_; }
 
+  // For a group that forwards its operations to `inner` (auto's routing
+  // layer): `inner` no longer records, draws or fingerprints them, so each
+  // operation is one flight-recorder entry, one timeline span and one check,
+  // the outer group's.
+  static void hide_diagnostics(ProcessGroup& inner);
+
  private:
   Call next_call(const char* op, Timeout timeout, bool collective);
   void check_member(const char* op) const;
@@ -202,6 +208,7 @@ class ProcessGroup {
   GroupOptions options_;
   std::vector<int> global_ranks_;
   bool check_collectives_;
+  bool diagnostics_hidden_ = false;
   std::mutex issue_mutex_;  // numbering + handing over happen as one step
   uint64_t next_seq_ = 0;
   uint64_t next_p2p_ = 0;

@@ -60,6 +60,14 @@ void ProcessGroup::check_member(const char* op) const {
                                     "' (global ranks ", detail::join(global_ranks_), ")"));
 }
 
+void ProcessGroup::hide_diagnostics(ProcessGroup& inner) {
+  std::lock_guard<std::mutex> lock(inner.issue_mutex_);
+  inner.diagnostics_hidden_ = true;
+  inner.check_collectives_ = false;
+  inner.recorder_.reset();
+  inner.recorder_made_ = true;  // never made now
+}
+
 ProcessGroup::Call ProcessGroup::next_call(const char* op, Timeout timeout, bool collective) {
   auto t = timeout.value_or(options_.timeout());
   DTRAIN_CHECK_ARG(t.count() > 0, op, ": timeout must be positive, got ", t.count(), " ms");
@@ -85,7 +93,7 @@ WorkPtr ProcessGroup::tracked(uint64_t id, const Call& call, WorkPtr work) {
     work->on_finish([recorder = recorder_, id](const std::exception_ptr& error) {
       recorder->finished(id, error);
     });
-  if (detail::timeline::enabled()) timeline_span(call, *work);
+  if (detail::timeline::enabled() && !diagnostics_hidden_) timeline_span(call, *work);
   return work;
 }
 

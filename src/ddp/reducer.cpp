@@ -174,6 +174,10 @@ void Reducer::mark_ready(size_t index, bool has_grad) {
   ready_[index] = true;
   locally_used_[index] = has_grad;
   if (!rebuilt_ && iteration_ == 0 && has_grad) observed_order_.push_back(index);
+  // One rank and the default hook: the gradient is already the average.
+  // Nothing is copied into a bucket, launched or written back, so DDP at
+  // world size 1 costs what the plain model does.
+  if (solo()) return;
   auto& bucket = *buckets_[slot_of_[index].bucket];
   if (sharded_ && !bucket.grad.buffer.defined()) materialize(bucket);
   auto& view = bucket.grad.gradients[slot_of_[index].position];
@@ -417,10 +421,10 @@ void Reducer::finalize(bool shadow) {
     throw;
   }
   const auto wait_end = Clock::now();
-  auto used = tolerate_unused ? globally_used() : std::vector<bool>(params_.size(), true);
+  auto used = tolerate_unused && !solo() ? globally_used() : std::vector<bool>(params_.size(), true);
   if (sharded_) {
     settle_sharded();
-  } else if (!shadow) {
+  } else if (!shadow && !solo()) {
     write_back(used);
   }
   if (learning_unused) {

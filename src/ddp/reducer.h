@@ -101,6 +101,9 @@ class Reducer {
   ReducerOptions options_;
   CommHook hook_;
   bool custom_hook_ = false;  // false: the default all-reduce, issued inline
+  // World size 1 with the default hook: gradients stay where autograd put
+  // them (nothing to average).
+  bool solo() const { return group_.size() == 1 && !custom_hook_ && !sharded_; }
   double divisor_;
 
   std::vector<compat::NodePtr> accumulators_;

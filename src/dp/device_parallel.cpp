@@ -11,10 +11,18 @@
 // devices[0]. Scatter (narrow + to) and gather (to + cat) are differentiable
 // ops, so the whole step is one ordinary graph, and the engine's per-device
 // threads run the replicas' backward in parallel by themselves.
+//
+// Each replica runs on the caller's current stream of its device, as
+// PyTorch's parallel_apply does: work the caller queued on that stream (the
+// input's copy, say) comes first, and what the caller queues after forward
+// comes after the replica's kernels. The stream is read and set through
+// c10's device-generic guard interface, so no c10_cuda is needed.
 
 #include "dp/device_parallel.h"
 
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <ATen/ThreadLocalState.h>
 
@@ -37,12 +45,15 @@ at::Tensor device_parallel_forward(ReplicaSet& replicas, ReplicaPool& pool,
     chunks[i] = input.narrow(dim, offset, sizes[i]);  // differentiable: gradients reach the input
     offset += sizes[i];
   }
+  std::vector<c10::Stream> streams;  // the caller's current stream on each device
+  for (size_t i = 0; i < n; ++i)
+    streams.push_back(c10::impl::getDeviceGuardImpl(devices[i].type())->getStream(devices[i]));
   const at::ThreadLocalState tls;
   std::vector<std::function<void()>> tasks;
   for (size_t i = 0; i < n; ++i)
     tasks.emplace_back([&, i] {
       at::ThreadLocalStateGuard tls_guard(tls);
-      c10::DeviceGuard device_guard(devices[i]);
+      c10::StreamGuard stream_guard(streams[i]);  // sets the device too
       outputs[i] = replicas.forward(i, chunks[i].to(devices[i]));
     });
   pool.run(tasks);

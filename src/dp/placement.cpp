@@ -5,8 +5,6 @@
 
 #include <torch/cuda.h>
 
-#include <algorithm>
-
 #include "common/enforce.h"
 
 namespace dtrain::dp {
@@ -52,10 +50,8 @@ Placement resolve_placement(const DataParallelOptions& options) {
                      "; CUDA device indices are >= 0");
     DTRAIN_CHECK_ARG(id < available, "DataParallel: device_ids contains ", cuda(id), " but only ",
                      available, " CUDA device(s) are available");
-    DTRAIN_CHECK_ARG(std::find(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(i), id) ==
-                         ids.begin() + static_cast<std::ptrdiff_t>(i),
-                     "DataParallel: device_ids contains ", cuda(id), " twice (device_ids {",
-                     detail::join(ids), "})");
+    // A device may appear more than once: its replicas share it (and its
+    // current stream), as on a machine with one GPU.
     p.devices.push_back(cuda(id));
   }
   const int64_t out = options.output_device().value_or(ids.front());

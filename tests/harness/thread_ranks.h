@@ -20,16 +20,27 @@
 namespace dtrain::shm {
 void set_thread_host_id(const std::string& id);  // transport/shm/node.h
 }
+namespace dtrain::device_routing {
+void set_thread_routing_forced(bool forced);  // backends/auto/routing_group.h
+}
 
 namespace dtrain::testing {
 
-// create_process_group, and one more backend name: "auto@H" is backend
+// create_process_group, and two more backend names: "auto@H" is backend
 // auto with this process's thread ranks spread over H stand-in hosts (rank r
 // on host r*H/world), which share no memory: shared-memory rings inside a
-// host, TCP across. Call it on the rank's own thread.
+// host, TCP across. "auto+cuda" is auto as a CUDA-enabled libtorch builds
+// it: its group wrapped in the layer that routes CUDA tensors. Call it on
+// the rank's own thread.
 inline std::shared_ptr<ProcessGroup> create_test_group(const std::string& backend,
                                                        std::shared_ptr<Store> store, int rank,
                                                        int world, const GroupOptions& options) {
+  if (backend == "auto+cuda") {
+    device_routing::set_thread_routing_forced(true);
+    auto g = create_process_group("auto", store, rank, world, options);
+    device_routing::set_thread_routing_forced(false);
+    return g;
+  }
   const auto at = backend.find('@');
   if (at == std::string::npos) return create_process_group(backend, store, rank, world, options);
   const int hosts = std::stoi(backend.substr(at + 1));

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/torch.h>
 
 #include <functional>
@@ -489,6 +491,58 @@ TEST(DataParallelTest, CudaReplicasMatchSingleModule) {
   EXPECT_TRUE(Contains(invalid_argument_text([&] { DataParallel bad(on_cpu); }),
                        "DataParallel: the module's parameters and buffers must be on cuda:0, where "
                        "replica 0 runs, but 'conv.weight' is on cpu"));
+}
+
+// Two replicas on one GPU (device_ids {0, 0}): the same training as the
+// module alone, and each replica's forward runs on the caller's current
+// stream of that device (a stream from the pool here, not the default), as
+// PyTorch's parallel_apply does.
+struct StreamProbeImpl : torch::nn::Cloneable<StreamProbeImpl> {
+  static std::mutex mutex;
+  static std::vector<c10::Stream> seen;
+  StreamProbeImpl() { reset(); }
+  void reset() override { fc = register_module("fc", torch::nn::Linear(10, 4)); }
+  torch::Tensor forward(torch::Tensor x) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      seen.push_back(c10::impl::getDeviceGuardImpl(x.device().type())->getStream(x.device()));
+    }
+    return fc(x);
+  }
+  torch::nn::Linear fc{nullptr};
+};
+std::mutex StreamProbeImpl::mutex;
+std::vector<c10::Stream> StreamProbeImpl::seen;
+
+TEST(DataParallelTest, CudaReplicasSharingAGpuRunOnTheCallersStreamAndMatchSingleModule) {
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "no GPU is present (torch::cuda::is_available() is false)";
+  const torch::Device first(torch::kCUDA, 0);
+  const auto* cuda = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  const c10::Stream mine = cuda->getStreamFromGlobalPool(first);
+  ASSERT_NE(mine, cuda->getStream(first)) << "the pool gave the current stream";
+  c10::StreamGuard on_mine(mine);
+
+  auto probe = std::make_shared<StreamProbeImpl>();
+  probe->to(first);
+  DataParallel probed(probe, DataParallelOptions().device_ids({0, 0}));
+  ASSERT_EQ(probed.devices().size(), 2u);
+  StreamProbeImpl::seen.clear();
+  probed.forward(torch::randn({6, 10}, first)).sum().backward();
+  ASSERT_EQ(StreamProbeImpl::seen.size(), 2u);
+  for (const auto& s : StreamProbeImpl::seen) EXPECT_EQ(s, mine) << "a replica ran on " << s;
+
+  const auto data = make_data<testing::ConvNetImpl>(12);
+  std::vector<Batch> on_gpu;
+  for (const auto& b : data) on_gpu.push_back({b.x.to(first), b.y.to(first)});
+  auto reference = make_model<testing::ConvNetImpl>();
+  reference->to(first);
+  const auto expected = train(*reference, [&](const torch::Tensor& x) { return reference->forward(x); }, on_gpu);
+  auto net = make_model<testing::ConvNetImpl>();
+  net->to(first);
+  DataParallel dp(net, DataParallelOptions().device_ids({0, 0}));
+  const auto actual = train(*net, [&](const torch::Tensor& x) { return dp.forward(x); }, on_gpu);
+  expect_same_training(actual, expected, "2 CUDA replicas on one GPU");
 }
 
 }  // namespace

@@ -90,6 +90,26 @@ TEST(FlightRecorder, AutoOverHostsRecordsEachCollectiveOnce) {
   EXPECT_EQ(count(text, "\"dtype\": \"Double\", \"shape\": [300001]"), 12u) << text;
 }
 
+// auto on a CUDA-enabled libtorch is a routing layer over its CPU group:
+// still one entry per rank and collective (the inner group records none),
+// and none for agreeing on the CUDA path. It once recorded each collective
+// twice, after an all_reduce of its own.
+TEST(FlightRecorder, AutoWithCudaRoutingRecordsEachCollectiveOnce) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path.empty());
+  std::string path;
+  testing::expect_no_errors(testing::run_ranks(2, [&](ProcessGroup& g) {
+    for (int i = 0; i < 3; ++i) g.all_reduce(at::ones({300001}, at::kDouble), ReduceOp::MIN)->wait();
+    g.barrier()->wait();
+    if (g.rank() == 0) path = dump_flight_recorder(dir.path);
+    g.barrier()->wait();
+  }, std::chrono::seconds(30), GroupOptions(), "auto+cuda"));
+  const auto text = read_file(path);
+  EXPECT_EQ(count(text, "\"op\": \"all_reduce\""), 6u) << text;
+  EXPECT_EQ(count(text, "\"seq\": 0, \"op\": \"all_reduce\", \"kind\": \"collective\", \"dtype\": \"Double\""), 2u)
+      << text;
+}
+
 TEST(FlightRecorder, TheRingKeepsTheLast2000Operations) {
   TempDir dir;
   std::string path;

@@ -3,8 +3,12 @@
 // Shared by rank_worker's source files (rank_worker.cpp says what each
 // mode does).
 
+#include <cstdlib>
 #include <iostream>
 #include <string>
+
+#include <torch/cuda.h>
+#include <torch/types.h>
 
 #include "dtrain/distributed.h"
 
@@ -13,5 +17,20 @@ inline int fail(const std::string& what) {
   return 1;
 }
 
-int fsdp_equivalence(const std::string& backend, bool sharded_construction);
-int zero_equivalence(const std::string& backend, int stage);  // ZeRO-1 or ZeRO-2
+// Where an equivalence mode trains: the CPU, or with "cuda" among its
+// arguments the GPU LOCAL_RANK % device count (ranks may share one GPU).
+inline torch::Device worker_device(int argc, char** argv) {
+  for (int i = 3; i < argc; ++i)
+    if (std::string(argv[i]) == "cuda") {
+      const char* local = std::getenv("LOCAL_RANK");
+      const int count = static_cast<int>(torch::cuda::device_count());
+      if (count == 0) throw std::runtime_error("rank_worker: 'cuda' asked for, but no GPU is visible");
+      return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>((local ? std::atoi(local) : 0) % count));
+    }
+  return torch::Device(torch::kCPU);
+}
+
+int fsdp_equivalence(const std::string& backend, bool sharded_construction, torch::Device device);
+// ZeRO-1 or ZeRO-2.
+int zero_equivalence(const std::string& backend, int stage, torch::Device device);
+int syncbn_equivalence(const std::string& backend, torch::Device device);

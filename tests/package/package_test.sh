@@ -11,6 +11,10 @@ trap 'rm -rf "$work"' EXIT
 consumer=$src/tests/package/consumer
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+# The consumer finds libtorch as its user would: at the libtorch dtrain was
+# built against (outside the default paths for PyTorch's own libtorch).
+torch_dir=$(sed -n 's/^Torch_DIR:[A-Z]*=//p' "$build/CMakeCache.txt")
+[ -n "$torch_dir" ] && launcher+=(-DTorch_DIR="$torch_dir")
 
 check() {  # name, build dir
   "$2/consumer" | tee "$work/$1.out"
@@ -71,7 +75,7 @@ check buildtree "$work/buildtree"
 refused() {  # name, expected text, cmake arguments...
   local name=$1 expected=$2
   shift 2
-  if cmake -S "$consumer" -B "$work/$name" -Ddtrain_DIR="$build" "$@" >"$work/$name.out" 2>&1; then
+  if cmake -S "$consumer" -B "$work/$name" "${launcher[@]}" -Ddtrain_DIR="$build" "$@" >"$work/$name.out" 2>&1; then
     cat "$work/$name.out"; echo "package: $name was configured"; exit 1
   fi
   # CMake wraps long messages: compare with the line breaks taken out.

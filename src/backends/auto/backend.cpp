@@ -61,7 +61,7 @@ std::shared_ptr<ProcessGroup> create_auto_group(std::shared_ptr<Store> store, in
   const int ranks_here =
       static_cast<int>(topology->hosts[topology->host_of[rank]].size());
   auto cpu = create_cpu_group(scoped, rank, size, options, topology);
-  if (!at::globalContext().hasCUDA()) return cpu;
+  if (!at::globalContext().hasCUDA() && !device_routing::thread_routing_forced()) return cpu;
   return device_routing::route_by_device(std::move(cpu), std::move(scoped), ranks_here, options);
 }
 

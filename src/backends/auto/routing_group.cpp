@@ -9,7 +9,6 @@
 #include "common/enforce.h"
 #include "common/logging.h"
 #include "core/backend_registry.h"
-#include "core/control_tensors.h"
 #include "dtrain/distributed.h"
 #include "dtrain/store/prefix_store.h"
 
@@ -71,13 +70,26 @@ std::string nccl_unusable_reason(int ranks_here) {
   return detail::backend_unavailable_reason("nccl");
 }
 
+namespace {
+thread_local bool routing_forced = false;
+}  // namespace
+
+void set_thread_routing_forced(bool forced) { routing_forced = forced; }
+bool thread_routing_forced() { return routing_forced; }
+
+// Through the store, not the CPU group: a collective here would be the
+// group's first (#0 in every error and dump, before the user's first) and
+// would open DTRAIN_TIMELINE's file before the rank is known. Each rank
+// counts itself in "cuda/unusable" if it cannot run NCCL, then in
+// "cuda/arrived"; the last to arrive publishes the count.
 std::shared_ptr<ProcessGroup> route_by_device(std::shared_ptr<ProcessGroup> cpu,
                                               std::shared_ptr<Store> store, int ranks_here,
                                               const GroupOptions& options) {
   const std::string why = nccl_unusable_reason(ranks_here);
-  auto votes = at::full({1}, why.empty() ? 1 : 0, at::kInt);
-  votes = detail::all_reduce_control(*cpu, votes, ReduceOp::MIN);
-  const bool nccl = votes.item<int>() == 1;
+  if (!why.empty()) store->add("cuda/unusable", 1);
+  if (store->add("cuda/arrived", 1) == cpu->size())
+    store->set("cuda/verdict", std::to_string(store->add("cuda/unusable", 0)));
+  const bool nccl = store->get_string("cuda/verdict") == "0";
   if (nccl)
     DTRAIN_LOG_INFO("auto: group '", options.name(), "': CUDA tensors through nccl");
   else
@@ -94,7 +106,9 @@ RoutingProcessGroup::RoutingProcessGroup(std::shared_ptr<ProcessGroup> cpu,
       cpu_(std::move(cpu)),
       store_(std::move(store)),
       cuda_path_(cuda_path),
-      routing_(routing) {}
+      routing_(routing) {
+  hide_diagnostics(*cpu_);
+}
 
 std::string RoutingProcessGroup::backend_name() const {
   return detail::cat(cpu_->backend_name(), "; CUDA tensors: ",
@@ -115,6 +129,7 @@ ProcessGroup* RoutingProcessGroup::direct(const at::Tensor& t, bool collective) 
     auto options = GroupOptions(this->options()).name(name() + "/nccl");
     nccl_ = create_process_group("nccl", std::make_shared<PrefixStore>("cuda", store_), rank(),
                                  size(), options);
+    hide_diagnostics(*nccl_);
   }
   return nccl_.get();
 }

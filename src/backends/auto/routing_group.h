@@ -6,9 +6,12 @@
 // "cpu:gloo,cuda:nccl", with a fallback for one GPU shared by several
 // ranks, which NCCL refuses).
 //
-// Which path CUDA tensors take is agreed at construction (collective):
-// each rank says whether it could run NCCL (a CUDA device, the nccl
-// plug-in, no more ranks on its machine than GPUs); all must. The NCCL
+// Which path CUDA tensors take is agreed at construction, through the
+// store (no collective: the user's first operation stays #0): each rank
+// says whether it could run NCCL (a CUDA device, the nccl plug-in, no more
+// ranks on its machine than GPUs); all must. The inner groups record
+// nothing themselves: each operation is one flight-recorder entry and one
+// timeline span, this group's. The NCCL
 // group itself is created on the first CUDA collective, by every rank at
 // once (point-to-point first on CUDA tensors is refused: NCCL's
 // communicator needs every rank).
@@ -68,9 +71,14 @@ class RoutingProcessGroup final : public ProcessGroup {
 // "" when it could, else why not.
 std::string nccl_unusable_reason(int ranks_here);
 
-// Agrees (over `cpu`) on the CUDA path and wraps `cpu`.
+// Agrees (through `store`) on the CUDA path and wraps `cpu`.
 std::shared_ptr<ProcessGroup> route_by_device(std::shared_ptr<ProcessGroup> cpu,
                                               std::shared_ptr<Store> store, int ranks_here,
                                               const GroupOptions& options);
+
+// Tests: auto wraps its CPU group in the routing layer on this thread even
+// where libtorch has no CUDA, as it does on every CUDA-enabled libtorch.
+void set_thread_routing_forced(bool forced);
+bool thread_routing_forced();
 
 }  // namespace dtrain::device_routing
