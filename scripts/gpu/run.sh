@@ -9,8 +9,8 @@
 #           DataParallel on CUDA, the CUDA sharding tests
 #   suite   the whole ctest suite at -j16 (netns excluded: no `ip` there)
 #   bench   the GPU benchmarks (dtrain-bench gpu) beside PyTorch's
-#   cpu16   16-core CPU figures beside PyTorch 2.11 (tcp/auto all_reduce,
-#           DDP, the main job)
+#   cpu16   16-core CPU figures beside PyTorch 2.11: tcp and auto all_reduce
+#           at 2, 4, 8 and 16 ranks, DDP at 8 ranks
 set -u
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1 USE_LIBUV=0
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -49,8 +49,10 @@ for stage in "$@"; do
     for n in 2 4 8 16; do for be in tcp auto; do
       timeout 30 $R --standalone --nproc-per-node $n $BE collectives --backend $be --min-bytes 16777216 \
         --max-bytes 16777216 --baseline .gpu/baselines/py_allreduce.py --runs 1 >> "$OUT/coll.log" 2>&1
-      echo "$be $n ranks rc $?"; grep -A8 "# all_reduce float32" "$OUT/coll.log" | grep -E "^ +16777216" | tail -1
-    done; done ;;
+      echo "$be $n ranks rc $?"; grep -A8 "# all_reduce float32" "$OUT/coll.log" | grep -E "16777216" | tail -1
+    done; done
+    timeout 150 $BE ddp --world 8 --runs 1 --baseline .gpu/baselines/py_ddp_train.py >> "$OUT/ddp.log" 2>&1
+    echo "ddp 8 ranks rc $?"; grep median "$OUT/ddp.log" | tail -1 ;;
   esac
 done
 stamp done

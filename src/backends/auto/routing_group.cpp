@@ -16,14 +16,26 @@ namespace dtrain::device_routing {
 namespace {
 
 // Host copies of one operation's tensors: inputs copied out when issued,
-// outputs copied back when the CPU work has succeeded.
+// outputs copied back when the CPU work has succeeded. The host copies of
+// CUDA tensors are in pinned memory (libtorch's caching host allocator, so
+// reused from step to step): the copies run at the bus's speed, where
+// pageable memory takes several times longer (on an H100, two ranks
+// sharing the GPU staged DDP's 537 MB of gradients a step at 0.47x gloo's
+// samples/s through pageable memory).
 class Staging {
  public:
+  static at::Tensor host_like(const at::Tensor& t) {
+    return at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(t.is_cuda()));
+  }
   // Read only: a copy on the host (a fresh one even for a CPU tensor).
-  at::Tensor in(const at::Tensor& t) { return t.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true); }
+  at::Tensor in(const at::Tensor& t) {
+    auto host = host_like(t);
+    host.copy_(t);  // waits for the kernels that produced t on the caller's stream
+    return host;
+  }
   // Written by the operation (and read first when `read`).
   at::Tensor out(const at::Tensor& t, bool read) {
-    at::Tensor host = read ? in(t) : at::empty(t.sizes(), t.options().device(at::kCPU));
+    at::Tensor host = read ? in(t) : host_like(t);
     back_.emplace_back(t, host);
     return host;
   }
