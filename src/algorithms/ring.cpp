@@ -110,6 +110,7 @@ void ring_all_gather(const Context& ctx, void* base, const Blocks& blocks, uint6
 }
 
 void all_gather(const Context& ctx, const void* input, void* output, size_t bytes) {
+  if (two_level_for(ctx, bytes * ctx.size())) return two_level_all_gather(ctx, input, output, bytes);
   const Blocks blocks{bytes, bytes * ctx.size()};
   if (bytes) std::memcpy(at(output, blocks.begin(ctx.rank())), input, bytes);
   if (ctx.size() == 1) return;
@@ -119,6 +120,8 @@ void all_gather(const Context& ctx, const void* input, void* output, size_t byte
 void reduce_scatter(const Context& ctx, void* input, void* output, size_t count,
                     c10::ScalarType dtype, ReduceOp op) {
   const size_t bytes = count * c10::elementSize(dtype);
+  if (two_level_for(ctx, bytes * ctx.size()))
+    return two_level_reduce_scatter(ctx, input, output, count, dtype, op);
   const Blocks blocks{bytes, bytes * ctx.size()};
   ring_reduce_scatter(ctx, input, blocks, dtype, op);
   if (bytes) std::memcpy(output, at(input, blocks.begin(ctx.rank())), bytes);

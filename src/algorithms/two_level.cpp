@@ -15,8 +15,20 @@
 // 2(n-1)/n per rank boundary on a flat ring. Results are bitwise identical
 // on every rank (each block is reduced in one fixed order), but the order of
 // the sum differs from a flat ring's.
+//
+// all_gather and reduce_scatter take the same two levels, each rank's block
+// crossing between hosts once: all_gather gathers across hosts among local
+// rank i's counterparts first, then the host's rows inside the host;
+// reduce_scatter reduces the rows inside the host first, then across hosts.
+// They work in a copy ordered by (local rank, host) - "rows" - so that every
+// phase moves contiguous blocks, and copy into place at the end (or from
+// place at the start). Each host sends (n-L)/n of the data over the
+// network, where a flat ring sends (n-1)/n; and the L ranks of a host send
+// at the same time, each on its own connections.
 
 #include <c10/core/ScalarType.h>
+
+#include <cstring>
 
 #include "algorithms/util.h"
 #include "transport/subset.h"
@@ -31,6 +43,81 @@ bool two_level_fits(const Context& ctx) {
   return hosts > 1 && hosts < static_cast<size_t>(ctx.size()) && topology->uniform();
 }
 
+bool two_level_for(const Context& ctx, size_t total_bytes) {
+  return total_bytes > kLatencyBytes && two_level_fits(ctx) &&
+         (ctx.algo == AllReduceAlgo::kAuto || ctx.algo == AllReduceAlgo::kTwoLevel);
+}
+
+namespace {
+
+// The phases' views of ctx: this rank's host, and local rank i of every host.
+struct Levels {
+  explicit Levels(const Context& ctx)
+      : topology(*ctx.topology),
+        host(topology.host_of[ctx.rank()]),
+        i(topology.local_index[ctx.rank()]),
+        inside_t(ctx.transport, topology.hosts[static_cast<size_t>(host)]),
+        across_t(ctx.transport, counterparts(topology, i)),
+        inside{inside_t, ctx.tag | kInsideHost, ctx.deadline, ctx.what, ctx.scratch, ctx.copy, ctx.rows},
+        outside{across_t, ctx.tag | kAcrossHosts, ctx.deadline, ctx.what, ctx.scratch, ctx.copy, ctx.rows} {}
+
+  static std::vector<int> counterparts(const transport::Topology& t, int i) {
+    std::vector<int> ranks;
+    for (const auto& h : t.hosts) ranks.push_back(h[static_cast<size_t>(i)]);
+    return ranks;
+  }
+  int hosts() const { return static_cast<int>(topology.hosts.size()); }
+  int local() const { return inside.size(); }
+  // Group rank of the block at position `row` (local rank) x `h` (host).
+  int rank_at(int row, int h) const {
+    return topology.hosts[static_cast<size_t>(h)][static_cast<size_t>(row)];
+  }
+
+  const transport::Topology& topology;
+  const int host, i;
+  transport::Subset inside_t, across_t;
+  const Context inside, outside;
+};
+
+}  // namespace
+
+void two_level_all_gather(const Context& ctx, const void* input, void* output, size_t bytes) {
+  const Levels lv(ctx);
+  const int H = lv.hosts(), L = lv.local();
+  uint8_t* rows = ctx.rows.get(bytes * ctx.size());
+  uint8_t* mine = rows + static_cast<size_t>(lv.i) * H * bytes;
+  const Blocks across{bytes, H * bytes}, inside{H * bytes, static_cast<size_t>(L) * H * bytes};
+  // The other rows may come from a local peer while this rank is still
+  // gathering its own: their receives are posted first.
+  auto row_recvs = post_all_gather_recvs(lv.inside, rows, inside, lv.inside.tag);
+  std::memcpy(mine + static_cast<size_t>(lv.host) * bytes, input, bytes);
+  ring_all_gather(lv.outside, mine, across, lv.outside.tag,
+                  post_all_gather_recvs(lv.outside, mine, across, lv.outside.tag));
+  ring_all_gather(lv.inside, rows, inside, lv.inside.tag, std::move(row_recvs));
+  for (int row = 0; row < L; ++row)
+    for (int h = 0; h < H; ++h)
+      std::memcpy(at(output, static_cast<size_t>(lv.rank_at(row, h)) * bytes),
+                  rows + (static_cast<size_t>(row) * H + h) * bytes, bytes);
+}
+
+void two_level_reduce_scatter(const Context& ctx, const void* input, void* output, size_t count,
+                              c10::ScalarType dtype, ReduceOp op) {
+  const Levels lv(ctx);
+  const int H = lv.hosts(), L = lv.local();
+  const size_t bytes = count * c10::elementSize(dtype);
+  uint8_t* rows = ctx.rows.get(bytes * ctx.size());
+  for (int row = 0; row < L; ++row)
+    for (int h = 0; h < H; ++h)
+      std::memcpy(rows + (static_cast<size_t>(row) * H + h) * bytes,
+                  at(input, static_cast<size_t>(lv.rank_at(row, h)) * bytes), bytes);
+  // Inside: local rank i ends with row i reduced over its host; across: its
+  // counterpart on host h with block (i, h) reduced over every host.
+  ring_reduce_scatter(lv.inside, rows, Blocks{H * bytes, static_cast<size_t>(L) * H * bytes}, dtype, op);
+  uint8_t* mine = rows + static_cast<size_t>(lv.i) * H * bytes;
+  ring_reduce_scatter(lv.outside, mine, Blocks{bytes, H * bytes}, dtype, op);
+  std::memcpy(output, mine + static_cast<size_t>(lv.host) * bytes, bytes);
+}
+
 void two_level_all_reduce(const Context& ctx, void* data, size_t count, c10::ScalarType dtype,
                           ReduceOp op) {
   const auto& topology = *ctx.topology;
@@ -42,9 +129,9 @@ void two_level_all_reduce(const Context& ctx, void* data, size_t count, c10::Sca
 
   transport::Subset inside_t(ctx.transport, local), across_t(ctx.transport, std::move(across));
   const Context inside{inside_t, ctx.tag | kInsideHost, ctx.deadline, ctx.what, ctx.scratch,
-                       ctx.copy};
+                       ctx.copy, ctx.rows};
   const Context outside{across_t, ctx.tag | kAcrossHosts, ctx.deadline, ctx.what, ctx.scratch,
-                        ctx.copy};
+                        ctx.copy, ctx.rows};
 
   const int n = inside.size();
   const size_t elem = c10::elementSize(dtype), bytes = count * elem;

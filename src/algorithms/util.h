@@ -57,5 +57,13 @@ void ring_all_gather(const Context& ctx, void* base, const Blocks& blocks, uint6
 bool two_level_fits(const Context& ctx);
 void two_level_all_reduce(const Context& ctx, void* data, size_t count, c10::ScalarType dtype,
                           ReduceOp op);
+// The same two levels for all_gather and reduce_scatter (same arguments as
+// theirs), and whether they apply: a topology that fits, above
+// kLatencyBytes of output (all_gather) or input (reduce_scatter), unless
+// DTRAIN_ALGO forces a flat algorithm.
+bool two_level_for(const Context& ctx, size_t total_bytes);
+void two_level_all_gather(const Context& ctx, const void* input, void* output, size_t bytes);
+void two_level_reduce_scatter(const Context& ctx, const void* input, void* output, size_t count,
+                              c10::ScalarType dtype, ReduceOp op);
 
 }  // namespace dtrain::algorithms

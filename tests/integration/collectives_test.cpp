@@ -503,6 +503,49 @@ TEST(AllReduceAlgo, EachForcedAlgorithmIsExact) {
   }
 }
 
+// all_gather and reduce_scatter over several hosts take two levels above
+// 64 KiB (two_level.cpp): exact for 2 hosts of 2 and of 3 ranks and 3 hosts
+// of 2, below and above that size, list and flat forms, a float sum and an
+// integer max; and the same with DTRAIN_ALGO=ring (flat).
+TEST(TwoLevel, AllGatherAndReduceScatterOverHostsAreExact) {
+  for (const char* algo : {"auto", "ring"}) {
+    testing::ScopedEnv forced("DTRAIN_ALGO", algo);
+    for (const auto& [backend, world] :
+         {std::pair<std::string, int>{"auto@2", 4}, {"auto@2", 6}, {"auto@3", 6}}) {
+      const int W = world;
+      expect_no_errors(testing::run_ranks(W, [&](ProcessGroup& g) {
+        const auto what = [&](const char* op, int64_t n) {
+          return detail::cat(op, " on ", backend, " world ", W, " n=", n, " DTRAIN_ALGO=", algo,
+                             " rank ", g.rank());
+        };
+        for (int64_t n : {1, 4099, 70001}) {
+          std::vector<at::Tensor> rows;
+          for (int r = 0; r < W; ++r) rows.push_back(input(r, n, at::kFloat));
+          auto flat = at::zeros({n * W});
+          g.all_gather_into_tensor(flat, input(g.rank(), n, at::kFloat))->wait();
+          expect_equal(flat, at::cat(rows), what("all_gather_into_tensor", n));
+          std::vector<at::Tensor> outs;
+          for (int r = 0; r < W; ++r) outs.push_back(at::zeros({n}));
+          g.all_gather(outs, input(g.rank(), n, at::kFloat))->wait();
+          expect_equal(at::cat(outs), at::cat(rows), what("all_gather", n));
+
+          auto out = at::zeros({n});
+          g.reduce_scatter_tensor(out, input(g.rank(), n * W, at::kFloat))->wait();
+          expect_equal(out, expected_reduction(W, n * W, at::kFloat, ReduceOp::SUM).narrow(0, g.rank() * n, n),
+                       what("reduce_scatter_tensor", n));
+          auto full = input(g.rank(), n * W, at::kLong);
+          auto chunks = full.chunk(W);
+          auto out_long = at::zeros({n}, at::kLong);
+          g.reduce_scatter(out_long, std::vector<at::Tensor>(chunks.begin(), chunks.end()), ReduceOp::MAX)->wait();
+          expect_equal(out_long,
+                       expected_reduction(W, n * W, at::kLong, ReduceOp::MAX).narrow(0, g.rank() * n, n),
+                       what("reduce_scatter MAX", n));
+        }
+      }, std::chrono::seconds(60), GroupOptions(), backend));
+    }
+  }
+}
+
 TEST(AllReduceAlgo, AnUnknownValueIsRefusedNamingTheVariable) {
   testing::ScopedEnv forced("DTRAIN_ALGO", "tree");
   const auto errors = testing::run_ranks(2, [](ProcessGroup&) {}, std::chrono::seconds(10));

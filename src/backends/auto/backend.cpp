@@ -23,7 +23,7 @@ std::string paths(const transport::Topology& t) {
   if (!t.uniform())
     return "all_reduce flat (hosts hold different numbers of ranks)";
   if (t.hosts.front().size() == 1) return "all_reduce flat (one rank per host)";
-  return "all_reduce above 64 KiB in two levels (inside hosts, then across)";
+  return "all_reduce, all_gather and reduce_scatter above 64 KiB in two levels";
 }
 
 std::shared_ptr<ProcessGroup> create_cpu_group(std::shared_ptr<Store> store, int rank, int size,

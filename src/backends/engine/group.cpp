@@ -66,6 +66,7 @@ EngineProcessGroup::EngineProcessGroup(std::shared_ptr<Store> store, int rank, i
                     algorithms::to_string(algo_), " says, where it can");
   scratch_ = std::make_unique<algorithms::Scratch>();
   copy_ = std::make_unique<algorithms::Scratch>();
+  rows_ = std::make_unique<algorithms::Scratch>();
 }
 
 // Queued collectives run first (each under its deadline); then point-to-
@@ -93,7 +94,7 @@ WorkPtr EngineProcessGroup::enqueue(const Call& call,
     try {
       const algorithms::Context ctx{*transport_, transport::collective_tag(call.seq),
                                     transport::Clock::now() + call.timeout, call.description,
-                                    *scratch_, *copy_, topology_.get(), algo_};
+                                    *scratch_, *copy_, *rows_, topology_.get(), algo_};
       body(ctx);
     } catch (const algorithms::slots::Mismatch&) {
       error = std::current_exception();  // every rank, at the same step: the group goes on

@@ -79,7 +79,7 @@ class EngineProcessGroup final : public ProcessGroup {
   algorithms::AllReduceAlgo algo_{};  // DTRAIN_ALGO
   std::unique_ptr<transport::Transport> transport_;
   // Used only on the collectives thread (see algorithms::Scratch).
-  std::unique_ptr<algorithms::Scratch> scratch_, copy_;
+  std::unique_ptr<algorithms::Scratch> scratch_, copy_, rows_;
   // Declared last: destroyed first, so queued work finishes while the
   // transport is still alive.
   CompletionWatcher p2p_;
