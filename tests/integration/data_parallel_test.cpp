@@ -470,22 +470,27 @@ TEST(DataParallelTest, ContradictoryOptionsAreErrors) {
 
 // ---- CUDA ----------------------------------------------------------------------
 
-TEST(DataParallelTest, CudaReplicasMatchSingleModule) {
-  if (!torch::cuda::is_available())
-    GTEST_SKIP() << "no GPU is present (torch::cuda::is_available() is false): the CUDA path "
-                    "of DataParallel is not exercised on this machine";
+// The ConvNet trained on cuda:0 under DataParallel(options) against the
+// module alone on the same batches.
+void expect_cuda_training_as_single_module(const DataParallelOptions& options, const std::string& what) {
   const torch::Device first(torch::kCUDA, 0);
-  const auto data = make_data<testing::ConvNetImpl>(12);
   std::vector<Batch> on_gpu;
-  for (const auto& b : data) on_gpu.push_back({b.x.to(first), b.y.to(first)});
+  for (const auto& b : make_data<testing::ConvNetImpl>(12)) on_gpu.push_back({b.x.to(first), b.y.to(first)});
   auto reference = make_model<testing::ConvNetImpl>();
   reference->to(first);
   const auto expected = train(*reference, [&](const torch::Tensor& x) { return reference->forward(x); }, on_gpu);
   auto net = make_model<testing::ConvNetImpl>();
   net->to(first);
-  DataParallel dp(net);
+  DataParallel dp(net, options);
   const auto actual = train(*net, [&](const torch::Tensor& x) { return dp.forward(x); }, on_gpu);
-  expect_same_training(actual, expected, std::to_string(dp.devices().size()) + " CUDA replicas");
+  expect_same_training(actual, expected, what);
+}
+
+TEST(DataParallelTest, CudaReplicasMatchSingleModule) {
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "no GPU is present (torch::cuda::is_available() is false): the CUDA path "
+                    "of DataParallel is not exercised on this machine";
+  expect_cuda_training_as_single_module(DataParallelOptions(), "one replica per CUDA device");
   // The module must be on device_ids[0].
   auto on_cpu = make_model<testing::ConvNetImpl>();
   EXPECT_TRUE(Contains(invalid_argument_text([&] { DataParallel bad(on_cpu); }),
@@ -532,17 +537,8 @@ TEST(DataParallelTest, CudaReplicasSharingAGpuRunOnTheCallersStreamAndMatchSingl
   ASSERT_EQ(StreamProbeImpl::seen.size(), 2u);
   for (const auto& s : StreamProbeImpl::seen) EXPECT_EQ(s, mine) << "a replica ran on " << s;
 
-  const auto data = make_data<testing::ConvNetImpl>(12);
-  std::vector<Batch> on_gpu;
-  for (const auto& b : data) on_gpu.push_back({b.x.to(first), b.y.to(first)});
-  auto reference = make_model<testing::ConvNetImpl>();
-  reference->to(first);
-  const auto expected = train(*reference, [&](const torch::Tensor& x) { return reference->forward(x); }, on_gpu);
-  auto net = make_model<testing::ConvNetImpl>();
-  net->to(first);
-  DataParallel dp(net, DataParallelOptions().device_ids({0, 0}));
-  const auto actual = train(*net, [&](const torch::Tensor& x) { return dp.forward(x); }, on_gpu);
-  expect_same_training(actual, expected, "2 CUDA replicas on one GPU");
+  expect_cuda_training_as_single_module(DataParallelOptions().device_ids({0, 0}),
+                                        "2 CUDA replicas on one GPU");
 }
 
 }  // namespace
