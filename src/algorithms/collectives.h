@@ -63,7 +63,7 @@ struct Context {
   const std::string& what;              // names the call in timeouts
   Scratch& scratch;                     // the ring's receive buffers, trees' temporaries
   Scratch& copy;                        // reduce's working copy
-  Scratch& rows;                        // the two-level all_gather's and reduce_scatter's
+  Scratch& rows;                        // two-level all_gather's and reduce_scatter's reordered copy
   // Where the ranks are (backend auto over several hosts); null: one flat
   // group, as far as the algorithms are concerned.
   const transport::Topology* topology = nullptr;

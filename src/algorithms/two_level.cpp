@@ -58,8 +58,10 @@ struct Levels {
         i(topology.local_index[ctx.rank()]),
         inside_t(ctx.transport, topology.hosts[static_cast<size_t>(host)]),
         across_t(ctx.transport, counterparts(topology, i)),
-        inside{inside_t, ctx.tag | kInsideHost, ctx.deadline, ctx.what, ctx.scratch, ctx.copy, ctx.rows},
-        outside{across_t, ctx.tag | kAcrossHosts, ctx.deadline, ctx.what, ctx.scratch, ctx.copy, ctx.rows} {}
+        inside{inside_t, ctx.tag | kInsideHost, ctx.deadline, ctx.what,
+               ctx.scratch, ctx.copy, ctx.rows},
+        outside{across_t, ctx.tag | kAcrossHosts, ctx.deadline, ctx.what,
+                ctx.scratch, ctx.copy, ctx.rows} {}
 
   static std::vector<int> counterparts(const transport::Topology& t, int i) {
     std::vector<int> ranks;
@@ -112,7 +114,8 @@ void two_level_reduce_scatter(const Context& ctx, const void* input, void* outpu
                   at(input, static_cast<size_t>(lv.rank_at(row, h)) * bytes), bytes);
   // Inside: local rank i ends with row i reduced over its host; across: its
   // counterpart on host h with block (i, h) reduced over every host.
-  ring_reduce_scatter(lv.inside, rows, Blocks{H * bytes, static_cast<size_t>(L) * H * bytes}, dtype, op);
+  const Blocks inside{H * bytes, static_cast<size_t>(L) * H * bytes};
+  ring_reduce_scatter(lv.inside, rows, inside, dtype, op);
   uint8_t* mine = rows + static_cast<size_t>(lv.i) * H * bytes;
   ring_reduce_scatter(lv.outside, mine, Blocks{bytes, H * bytes}, dtype, op);
   std::memcpy(output, mine + static_cast<size_t>(lv.host) * bytes, bytes);

@@ -1,6 +1,7 @@
-// Training on CUDA tensors (DDP, FSDP, ZeRO-1/2, SyncBatchNorm) as users run it: dtrain-run starts the ranks as
-// processes, each trains with its tensors on the GPU, and every rank ends
-// at the parameters of one process on the whole batch.
+// Training on CUDA tensors (DDP, FSDP, ZeRO-1/2, SyncBatchNorm) as users
+// run it: dtrain-run starts the ranks as processes, each trains with its
+// tensors on the GPU, and every rank ends at the parameters of one process
+// on the whole batch.
 //
 // Two ranks on one GPU go through auto's host staging (NCCL takes one GPU
 // per rank); one rank goes through nccl. Processes, not threads: a process
