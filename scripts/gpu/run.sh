@@ -8,7 +8,8 @@
 #   gpu     every test that needs a GPU: nccl_test, DeviceRouting.*,
 #           DataParallel on CUDA, the CUDA sharding tests
 #   suite   the whole ctest suite at -j16 (netns excluded: no `ip` there)
-#   bench   the GPU benchmarks (dtrain-bench gpu) beside PyTorch's
+#   bench   the GPU benchmarks (dtrain-bench cuda) beside PyTorch's
+#   segv    loops Nccl.DdpOnOneGpu... under cuda-gdb beside other GPU tests
 #   cpu16   16-core CPU figures beside PyTorch 2.11: tcp and auto all_reduce
 #           at 2, 4, 8 and 16 ranks, DDP at 8 ranks
 set -u
@@ -45,6 +46,16 @@ for stage in "$@"; do
     timeout 120 $BE cuda --world 2 --runs 1 --steps 20 --baseline bench/baselines/cuda_ddp.py >> "$OUT/bench.log" 2>&1
     echo "cuda bench world 2 rc $?"
     grep -vE "^\[" "$OUT/bench.log" | tail -12 ;;
+  segv)  # Nccl.DdpOnOneGpu crashed once under the suite's load: loop it
+          # under cuda-gdb while the GPU tests run beside it, keep any stack
+    (for k in 1 2 3; do $B/tests/nccl_test > /dev/null 2>&1; $B/tests/ddp_test --gtest_filter='DeviceRouting.*' \
+       > /dev/null 2>&1; done) &
+    for k in $(seq 1 20); do
+      timeout 60 cuda-gdb -batch -ex run -ex bt --args $B/tests/nccl_test \
+        --gtest_filter=Nccl.DdpOnOneGpuMatchesSingleProcessTraining > "$OUT/segv-run.log" 2>&1
+      if grep -q "SIGSEGV\|signal SIG" "$OUT/segv-run.log"; then cp "$OUT/segv-run.log" "$OUT/segv.log"; echo "crash at try $k"; break; fi
+    done
+    wait; [ -f "$OUT/segv.log" ] && grep -A25 "SIGSEGV\|signal SIG" "$OUT/segv.log" | head -40 || echo "no crash in 20 tries" ;;
   cpu16)
     for n in 2 4 8 16; do for be in tcp auto; do
       timeout 30 $R --standalone --nproc-per-node $n $BE collectives --backend $be --min-bytes 16777216 \
