@@ -340,6 +340,14 @@ std::optional<AnyReceive> Engine::take_any(const std::shared_ptr<EngineRequest>&
 
 std::optional<Part> Engine::match_any(Connection& c, uint64_t tag) {
   if (c.stream != 0 || any_count_.load() == 0) return std::nullopt;
+  // An earlier message of this tag from this peer that nobody has claimed
+  // yet comes first: this one is held behind it, and irecv_any's scan binds
+  // the receive to that one (it was held before the receive was posted).
+  // Matching the arriving message here would take one peer's messages out
+  // of order.
+  if (std::any_of(c.held.begin(), c.held.end(),
+                  [&](const Held& h) { return h.tag == tag && !h.waiter; }))
+    return std::nullopt;
   AnyReceive a;
   {
     std::lock_guard<std::mutex> lock(any_mutex_);
