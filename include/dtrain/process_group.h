@@ -68,6 +68,44 @@ using Timeout = std::optional<std::chrono::milliseconds>;
 // recv's `src` for a message from any rank (torch.distributed's src=None).
 inline constexpr int kAnySource = -1;
 
+// Every operation of a ProcessGroup, by torch.distributed's name.
+enum class OpType {
+  ALL_REDUCE,
+  BROADCAST,
+  REDUCE,
+  ALL_GATHER,
+  GATHER,
+  SCATTER,
+  REDUCE_SCATTER,
+  ALL_GATHER_INTO_TENSOR,
+  REDUCE_SCATTER_TENSOR,
+  ALL_TO_ALL,
+  BARRIER,
+  MONITORED_BARRIER,
+  SEND,
+  RECV,
+};
+const char* to_string(OpType type);  // "all_reduce", ...
+// Whether `type` is numbered among the group's collectives (all but SEND
+// and RECV).
+inline bool is_collective(OpType type) { return type != OpType::SEND && type != OpType::RECV; }
+
+// One operation as a descriptor: what each method of ProcessGroup below
+// builds and hands to ProcessGroup::issue, and what a backend (or a layer
+// that forwards operations, like auto's CUDA routing) receives. The
+// in-place operations (all_reduce, broadcast, reduce) and recv hold their
+// tensor in `outputs`, send in `inputs`; the others hold the arguments of
+// the method of the same name.
+struct Op {
+  OpType type = OpType::BARRIER;
+  std::vector<at::Tensor> inputs;   // read
+  std::vector<at::Tensor> outputs;  // written (and read, in place)
+  int root = -1;  // the root; for send and recv the peer (recv: or kAnySource)
+  ReduceOp reduce_op = ReduceOp::SUM;
+  int tag = 0;                  // send and recv
+  bool wait_all_ranks = false;  // monitored_barrier
+};
+
 class ProcessGroup {
  public:
   virtual ~ProcessGroup() = default;
@@ -129,6 +167,11 @@ class ProcessGroup {
   WorkPtr send(at::Tensor tensor, int dst, int tag = 0, Timeout timeout = {});
   WorkPtr recv(at::Tensor tensor, int src, int tag = 0, Timeout timeout = {});
 
+  // Any of the operations above as a descriptor (each method is one call of
+  // this): the same checks, numbering, diagnostics and staging, then the
+  // backend.
+  WorkPtr issue(Op op, Timeout timeout = {});
+
   int rank() const { return rank_; }  // -1 on a rank that is not a member
   int size() const { return size_; }
   const std::string& name() const { return options_.name(); }
@@ -156,31 +199,38 @@ class ProcessGroup {
     bool collective = true;   // false for send and recv (numbered apart)
   };
 
-  // Backend hooks. Tensors are dense, contiguous, of one dtype and on a
-  // supported device; lists have the sizes documented above.
-  virtual WorkPtr do_all_reduce(const Call& call, at::Tensor tensor, ReduceOp op) = 0;
-  virtual WorkPtr do_broadcast(const Call& call, at::Tensor tensor, int root) = 0;
-  virtual WorkPtr do_reduce(const Call& call, at::Tensor tensor, int root, ReduceOp op) = 0;
+  // Where a validated operation goes. Tensors are dense, contiguous, of one
+  // dtype and on a supported device; lists have the sizes documented above.
+  // By default each type goes to its hook below; a layer that forwards whole
+  // operations (auto's CUDA routing) replaces this instead.
+  virtual WorkPtr post(const Call& call, Op op);
+
+  // Backend hooks, one per operation. A backend writes those it runs
+  // (DTRAIN_PROCESS_GROUP_HOOKS, backend_hooks.h, declares all of them);
+  // one it leaves out fails with BackendUnavailable naming it.
+  virtual WorkPtr do_all_reduce(const Call& call, at::Tensor tensor, ReduceOp op);
+  virtual WorkPtr do_broadcast(const Call& call, at::Tensor tensor, int root);
+  virtual WorkPtr do_reduce(const Call& call, at::Tensor tensor, int root, ReduceOp op);
   virtual WorkPtr do_all_gather(const Call& call, std::vector<at::Tensor> outputs,
-                                at::Tensor input) = 0;
+                                at::Tensor input);
   virtual WorkPtr do_gather(const Call& call, std::vector<at::Tensor> outputs,
-                            at::Tensor input, int root) = 0;
+                            at::Tensor input, int root);
   virtual WorkPtr do_scatter(const Call& call, at::Tensor output,
-                             std::vector<at::Tensor> inputs, int root) = 0;
+                             std::vector<at::Tensor> inputs, int root);
   virtual WorkPtr do_reduce_scatter(const Call& call, at::Tensor output,
-                                    std::vector<at::Tensor> inputs, ReduceOp op) = 0;
+                                    std::vector<at::Tensor> inputs, ReduceOp op);
   virtual WorkPtr do_all_to_all(const Call& call, std::vector<at::Tensor> outputs,
-                                std::vector<at::Tensor> inputs) = 0;
+                                std::vector<at::Tensor> inputs);
   // The flat forms; by default the list forms on views of the flat tensor
   // (no copy), which a backend may replace with a path of its own.
   virtual WorkPtr do_all_gather_into_tensor(const Call& call, at::Tensor output,
                                             at::Tensor input);
   virtual WorkPtr do_reduce_scatter_tensor(const Call& call, at::Tensor output, at::Tensor input,
                                            ReduceOp op);
-  virtual WorkPtr do_barrier(const Call& call) = 0;
-  virtual WorkPtr do_monitored_barrier(const Call& call, bool wait_all_ranks) = 0;
-  virtual WorkPtr do_send(const Call& call, at::Tensor tensor, int dst, int tag) = 0;
-  virtual WorkPtr do_recv(const Call& call, at::Tensor tensor, int src, int tag) = 0;
+  virtual WorkPtr do_barrier(const Call& call);
+  virtual WorkPtr do_monitored_barrier(const Call& call, bool wait_all_ranks);
+  virtual WorkPtr do_send(const Call& call, at::Tensor tensor, int dst, int tag);
+  virtual WorkPtr do_recv(const Call& call, at::Tensor tensor, int src, int tag);
 
   const GroupOptions& options() const { return options_; }
 
@@ -193,6 +243,7 @@ class ProcessGroup {
  private:
   Call next_call(const char* op, Timeout timeout, bool collective);
   void check_member(const char* op) const;
+  void check_op(const Op& op) const;
   void fingerprint(const Call& call, const at::Tensor& tensor, int64_t root, int64_t reduce_op);
   // The flight recorder (diagnostics/flight_recorder.h): record() notes an
   // operation as issued, begin() records and fingerprints a collective,

@@ -11,6 +11,11 @@
 //     carry the network phase, not one leader's.
 //  3. Inside each host, a ring all-gather spreads the L blocks.
 //
+// Above 4 MiB the buffer goes through the phases in chunks (up to 8, of
+// 2 MiB or more), pipelined: a helper thread carries each chunk's phase 2
+// while this thread runs phase 1 of the next chunks and phase 3 of those
+// that are back, so the reduction inside a host overlaps the network.
+//
 // Each host sends 2(H-1)/H of the buffer over the network, against
 // 2(n-1)/n per rank boundary on a flat ring. Results are bitwise identical
 // on every rank (each block is reduced in one fixed order), but the order of
@@ -28,7 +33,12 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <algorithm>
 #include <cstring>
+#include <functional>
+#include <future>
+#include <stdexcept>
+#include <thread>
 
 #include "algorithms/util.h"
 #include "transport/subset.h"
@@ -121,30 +131,117 @@ void two_level_reduce_scatter(const Context& ctx, const void* input, void* outpu
   std::memcpy(output, mine + static_cast<size_t>(lv.host) * bytes, bytes);
 }
 
+namespace {
+
+// The all_reduce is cut into chunks that go through the three phases one
+// after another: while chunk c crosses between hosts (on a helper thread),
+// this thread reduces chunk c+1 inside the host, and it spreads chunk c
+// inside the host as soon as it is back. A chunk is kChunkBytes or more.
+constexpr size_t kChunkBytes = size_t{2} << 20;
+constexpr size_t kMaxChunks = 8;
+
+// The network phase of every chunk, in order, on a thread of its own: it
+// starts chunk c once ready(c) says that chunk is reduced inside the host;
+// crossed(c) waits until it is back (rethrowing the helper's error).
+class AcrossHosts {
+ public:
+  AcrossHosts(size_t chunks, std::function<void(size_t)> cross)
+      : ready_(chunks), crossed_(chunks), cross_(std::move(cross)) {
+    for (auto& p : ready_) handed_over_.push_back(p.get_future());
+    for (auto& p : crossed_) futures_.push_back(p.get_future());
+    thread_ = std::thread([this] { run(); });
+  }
+  ~AcrossHosts() {
+    // On an error of this thread: the chunks not yet handed over never will be.
+    for (size_t c = handed_; c < ready_.size(); ++c)
+      ready_[c].set_exception(std::make_exception_ptr(std::runtime_error("not reached")));
+    thread_.join();
+  }
+  void ready(size_t c) {
+    ready_[c].set_value();
+    handed_ = c + 1;
+  }
+  void crossed(size_t c) { futures_[c].get(); }
+
+ private:
+  void run() {
+    for (size_t c = 0; c < ready_.size(); ++c) {
+      try {
+        handed_over_[c].get();
+        cross_(c);
+        crossed_[c].set_value();
+      } catch (...) {
+        for (size_t k = c; k < crossed_.size(); ++k) crossed_[k].set_exception(std::current_exception());
+        return;
+      }
+    }
+  }
+
+  std::vector<std::promise<void>> ready_, crossed_;
+  std::vector<std::future<void>> handed_over_, futures_;
+  std::function<void(size_t)> cross_;
+  size_t handed_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace
+
 void two_level_all_reduce(const Context& ctx, void* data, size_t count, c10::ScalarType dtype,
                           ReduceOp op) {
-  const auto& topology = *ctx.topology;
-  const int me = ctx.rank();
-  const auto& local = topology.hosts[topology.host_of[me]];
-  const int i = topology.local_index[me];
-  std::vector<int> across;  // local rank i of every host
-  for (const auto& host : topology.hosts) across.push_back(host[i]);
-
-  transport::Subset inside_t(ctx.transport, local), across_t(ctx.transport, std::move(across));
-  const Context inside{inside_t, ctx.tag | kInsideHost, ctx.deadline, ctx.what, ctx.scratch,
-                       ctx.copy, ctx.rows};
-  const Context outside{across_t, ctx.tag | kAcrossHosts, ctx.deadline, ctx.what, ctx.scratch,
-                        ctx.copy, ctx.rows};
-
-  const int n = inside.size();
+  Levels lv(ctx);  // not const: the helper runs over its across_t
+  const int n = lv.local(), i = lv.i;
   const size_t elem = c10::elementSize(dtype), bytes = count * elem;
-  const Blocks blocks{(count + n - 1) / n * elem, bytes};
-  // As in the flat ring: the all-gather's receives go straight into place.
-  const uint64_t gather_tag = inside.tag | kSecondHalf;
-  auto gather_recvs = post_all_gather_recvs(inside, data, blocks, gather_tag);
-  ring_reduce_scatter(inside, data, blocks, dtype, op);
-  all_reduce(outside, at(data, blocks.begin(i)), blocks.bytes(i) / elem, dtype, op);
-  ring_all_gather(inside, data, blocks, gather_tag, std::move(gather_recvs));
+  const size_t chunks = std::clamp<size_t>(bytes / kChunkBytes, 1, kMaxChunks);
+  const size_t chunk_count = (count + chunks - 1) / chunks;
+  struct Chunk {
+    uint8_t* data;
+    size_t count;
+    Blocks blocks;
+  };
+  std::vector<Chunk> parts;
+  for (size_t c = 0; c < chunks; ++c) {
+    const size_t first = std::min(count, c * chunk_count);
+    const size_t k = std::min(count, first + chunk_count) - first;
+    parts.push_back({at(data, first * elem), k, Blocks{(k + n - 1) / n * elem, k * elem}});
+  }
+  // As in the flat ring: the all-gathers' receives go straight into place.
+  const uint64_t gather_tag = lv.inside.tag | kSecondHalf;
+  std::vector<Posted> gather_recvs;
+  for (const auto& part : parts)
+    gather_recvs.push_back(post_all_gather_recvs(lv.inside, part.data, part.blocks, gather_tag));
+  // The helper's phase has scratch of its own (rows: unused by all_reduce).
+  const Context outside{lv.across_t, lv.outside.tag, ctx.deadline, ctx.what, ctx.rows, ctx.copy,
+                        ctx.rows};
+  auto cross = [&](size_t c) {
+    const auto& part = parts[c];
+    all_reduce(outside, at(part.data, part.blocks.begin(i)), part.blocks.bytes(i) / elem, dtype,
+               op);
+  };
+  if (chunks == 1) {
+    ring_reduce_scatter(lv.inside, parts[0].data, parts[0].blocks, dtype, op);
+    cross(0);
+    ring_all_gather(lv.inside, parts[0].data, parts[0].blocks, gather_tag,
+                    std::move(gather_recvs[0]));
+    return;
+  }
+  AcrossHosts across(chunks, cross);
+  try {
+    for (size_t c = 0; c < chunks; ++c) {
+      ring_reduce_scatter(lv.inside, parts[c].data, parts[c].blocks, dtype, op);
+      across.ready(c);
+    }
+    for (size_t c = 0; c < chunks; ++c) {
+      across.crossed(c);
+      ring_all_gather(lv.inside, parts[c].data, parts[c].blocks, gather_tag,
+                      std::move(gather_recvs[c]));
+    }
+  } catch (...) {
+    // The helper may be waiting on the network: the transport's failure
+    // ends its waits before `across` joins it (the group would break the
+    // transport anyway).
+    ctx.transport.fail(std::current_exception());
+    throw;
+  }
 }
 
 }  // namespace dtrain::algorithms

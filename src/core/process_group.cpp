@@ -146,7 +146,11 @@ void ProcessGroup::fingerprint(const Call& call, const at::Tensor& tensor, int64
   std::vector<at::Tensor> rows;
   for (int i = 0; i < size_; ++i) rows.push_back(at::empty_like(mine));
   Call check{"fingerprint", call.seq, call.timeout, "fingerprint of " + call.description};
-  do_all_gather(check, rows, mine)->wait();
+  Op gather;
+  gather.type = OpType::ALL_GATHER;
+  gather.inputs = {mine};
+  gather.outputs = rows;
+  post(check, std::move(gather))->wait();
   for (auto& row : rows) row = row.cpu();
   compare_fingerprints(name(), call.seq, rows);
 }
@@ -162,18 +166,12 @@ at::Tensor stage_output(const at::Tensor& t, std::vector<std::pair<at::Tensor, a
   return staged;
 }
 
-std::vector<at::Tensor> stage_outputs(const std::vector<at::Tensor>& ts,
-                                      std::vector<std::pair<at::Tensor, at::Tensor>>& back) {
+// `flat`'s n rows as tensors shaped like `piece` (views, no copy).
+std::vector<at::Tensor> rows_of(const at::Tensor& flat, const at::Tensor& piece, int n) {
+  auto rows = flat.view({n, piece.numel()}).unbind(0);
   std::vector<at::Tensor> out;
-  out.reserve(ts.size());
-  for (const auto& t : ts) out.push_back(stage_output(t, back));
-  return out;
-}
-
-std::vector<at::Tensor> contiguous(const std::vector<at::Tensor>& ts) {
-  std::vector<at::Tensor> out;
-  out.reserve(ts.size());
-  for (const auto& t : ts) out.push_back(t.contiguous());
+  out.reserve(rows.size());
+  for (auto& r : rows) out.push_back(r.view(piece.sizes()));
   return out;
 }
 
@@ -198,158 +196,311 @@ WorkPtr write_back(WorkPtr work, std::vector<std::pair<at::Tensor, at::Tensor>> 
 
 }  // namespace
 
-WorkPtr ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op, Timeout timeout) {
-  check_member("all_reduce");
-  TensorChecks c("all_reduce", *this);
-  c.tensor("tensor", tensor);
-  c.reduce_op(op, tensor);
-  std::lock_guard<std::mutex> lock(issue_mutex_);
-  auto call = next_call("all_reduce", timeout, true);
-  const auto id = begin(call, tensor, -1, static_cast<int64_t>(op));
-  std::vector<std::pair<at::Tensor, at::Tensor>> back;
-  auto staged = stage_output(tensor, back);
-  return tracked(id, call, write_back(do_all_reduce(call, staged, op), std::move(back)));
-}
-
-WorkPtr ProcessGroup::broadcast(at::Tensor tensor, int root, Timeout timeout) {
-  check_member("broadcast");
-  TensorChecks c("broadcast", *this);
-  c.tensor("tensor", tensor);
-  c.root(root);
-  std::lock_guard<std::mutex> lock(issue_mutex_);
-  auto call = next_call("broadcast", timeout, true);
-  const auto id = begin(call, tensor, root, -1);
-  std::vector<std::pair<at::Tensor, at::Tensor>> back;
-  auto staged = stage_output(tensor, back);
-  return tracked(id, call, write_back(do_broadcast(call, staged, root), std::move(back)));
-}
-
-WorkPtr ProcessGroup::reduce(at::Tensor tensor, int root, ReduceOp op, Timeout timeout) {
-  check_member("reduce");
-  TensorChecks c("reduce", *this);
-  c.tensor("tensor", tensor);
-  c.root(root);
-  c.reduce_op(op, tensor);
-  std::lock_guard<std::mutex> lock(issue_mutex_);
-  auto call = next_call("reduce", timeout, true);
-  const auto id = begin(call, tensor, root, static_cast<int64_t>(op));
-  std::vector<std::pair<at::Tensor, at::Tensor>> back;
-  auto staged = stage_output(tensor, back);
-  return tracked(id, call, write_back(do_reduce(call, staged, root, op), std::move(back)));
-}
-
-WorkPtr ProcessGroup::all_gather(const std::vector<at::Tensor>& outputs, at::Tensor input,
-                                 Timeout timeout) {
-  check_member("all_gather");
-  TensorChecks c("all_gather", *this);
-  c.tensor("input", input);
-  c.list_like("outputs", outputs, input, size_);
-  std::lock_guard<std::mutex> lock(issue_mutex_);
-  auto call = next_call("all_gather", timeout, true);
-  const auto id = begin(call, input, -1, -1);
-  std::vector<std::pair<at::Tensor, at::Tensor>> back;
-  auto staged = stage_outputs(outputs, back);
-  return tracked(id, call, write_back(do_all_gather(call, staged, input.contiguous()), std::move(back)));
-}
-
-WorkPtr ProcessGroup::gather(const std::vector<at::Tensor>& outputs, at::Tensor input, int root,
-                             Timeout timeout) {
-  check_member("gather");
-  TensorChecks c("gather", *this);
-  c.tensor("input", input);
-  c.root(root);
-  if (rank_ == root) {
-    c.list_like("outputs", outputs, input, size_);
-  } else {
-    c.empty_list("outputs", outputs, root);
-  }
-  std::lock_guard<std::mutex> lock(issue_mutex_);
-  auto call = next_call("gather", timeout, true);
-  const auto id = begin(call, input, root, -1);
-  std::vector<std::pair<at::Tensor, at::Tensor>> back;
-  auto staged = stage_outputs(outputs, back);
-  return tracked(id, call, write_back(do_gather(call, staged, input.contiguous(), root), std::move(back)));
-}
-
-WorkPtr ProcessGroup::scatter(at::Tensor output, const std::vector<at::Tensor>& inputs, int root,
-                              Timeout timeout) {
-  check_member("scatter");
-  TensorChecks c("scatter", *this);
-  c.tensor("output", output);
-  c.root(root);
-  if (rank_ == root) {
-    c.list_like("inputs", inputs, output, size_);
-  } else {
-    c.empty_list("inputs", inputs, root);
-  }
-  std::lock_guard<std::mutex> lock(issue_mutex_);
-  auto call = next_call("scatter", timeout, true);
-  const auto id = begin(call, output, root, -1);
-  std::vector<std::pair<at::Tensor, at::Tensor>> back;
-  auto staged = stage_output(output, back);
-  return tracked(id, call, write_back(do_scatter(call, staged, contiguous(inputs), root), std::move(back)));
-}
-
-WorkPtr ProcessGroup::reduce_scatter(at::Tensor output, const std::vector<at::Tensor>& inputs,
-                                     ReduceOp op, Timeout timeout) {
-  check_member("reduce_scatter");
-  TensorChecks c("reduce_scatter", *this);
-  c.tensor("output", output);
-  c.list_like("inputs", inputs, output, size_);
-  c.reduce_op(op, output);
-  std::lock_guard<std::mutex> lock(issue_mutex_);
-  auto call = next_call("reduce_scatter", timeout, true);
-  const auto id = begin(call, output, -1, static_cast<int64_t>(op));
-  std::vector<std::pair<at::Tensor, at::Tensor>> back;
-  auto staged = stage_output(output, back);
-  return tracked(id, call, write_back(do_reduce_scatter(call, staged, contiguous(inputs), op), std::move(back)));
-}
-
 namespace {
 
-// `flat`'s n rows as tensors shaped like `piece` (views, no copy).
-std::vector<at::Tensor> rows_of(const at::Tensor& flat, const at::Tensor& piece, int n) {
-  auto rows = flat.view({n, piece.numel()}).unbind(0);
-  std::vector<at::Tensor> out;
-  out.reserve(rows.size());
-  for (auto& r : rows) out.push_back(r.view(piece.sizes()));
-  return out;
+Op make_op(OpType type, std::vector<at::Tensor> inputs, std::vector<at::Tensor> outputs,
+           int root = -1, ReduceOp reduce_op = ReduceOp::SUM) {
+  Op op;
+  op.type = type;
+  op.inputs = std::move(inputs);
+  op.outputs = std::move(outputs);
+  op.root = root;
+  op.reduce_op = reduce_op;
+  return op;
+}
+
+bool reduces(OpType type) {
+  return type == OpType::ALL_REDUCE || type == OpType::REDUCE || type == OpType::REDUCE_SCATTER ||
+         type == OpType::REDUCE_SCATTER_TENSOR;
+}
+
+bool rooted(OpType type) {
+  return type == OpType::BROADCAST || type == OpType::REDUCE || type == OpType::GATHER ||
+         type == OpType::SCATTER;
+}
+
+// The tensor that the flight recorder and the fingerprint describe.
+at::Tensor subject(const Op& op) {
+  switch (op.type) {
+    case OpType::ALL_GATHER:
+    case OpType::GATHER:
+    case OpType::ALL_GATHER_INTO_TENSOR:
+    case OpType::SEND:
+      return op.inputs[0];
+    case OpType::ALL_TO_ALL:  // peers may send different sizes: dtype only
+      return op.inputs[0].flatten().narrow(0, 0, 0);
+    case OpType::BARRIER:
+    case OpType::MONITORED_BARRIER:
+      return at::Tensor();
+    default:
+      return op.outputs[0];
+  }
+}
+
+// A descriptor's lists: how many tensors each holds, else an InvalidArgument.
+void check_counts(const char* name, const Op& op) {
+  size_t ins = 1, outs = 1;
+  switch (op.type) {
+    case OpType::ALL_REDUCE: case OpType::BROADCAST: case OpType::REDUCE: case OpType::RECV:
+      ins = 0; break;
+    case OpType::SEND: outs = 0; break;
+    case OpType::BARRIER: case OpType::MONITORED_BARRIER: ins = outs = 0; break;
+    default: return;  // lists: checked against the group's size
+  }
+  DTRAIN_CHECK_ARG(op.inputs.size() == ins && op.outputs.size() == outs, name,
+                   ": a descriptor of this operation holds ", ins, " input(s) and ", outs,
+                   " output(s), got ", op.inputs.size(), " and ", op.outputs.size());
 }
 
 }  // namespace
 
+const char* to_string(OpType type) {
+  switch (type) {
+    case OpType::ALL_REDUCE: return "all_reduce";
+    case OpType::BROADCAST: return "broadcast";
+    case OpType::REDUCE: return "reduce";
+    case OpType::ALL_GATHER: return "all_gather";
+    case OpType::GATHER: return "gather";
+    case OpType::SCATTER: return "scatter";
+    case OpType::REDUCE_SCATTER: return "reduce_scatter";
+    case OpType::ALL_GATHER_INTO_TENSOR: return "all_gather_into_tensor";
+    case OpType::REDUCE_SCATTER_TENSOR: return "reduce_scatter_tensor";
+    case OpType::ALL_TO_ALL: return "all_to_all";
+    case OpType::BARRIER: return "barrier";
+    case OpType::MONITORED_BARRIER: return "monitored_barrier";
+    case OpType::SEND: return "send";
+    case OpType::RECV: return "recv";
+  }
+  return "?";
+}
+
+// Every argument, before anything is numbered or sent.
+void ProcessGroup::check_op(const Op& op) const {
+  const char* name = to_string(op.type);
+  check_member(name);
+  check_counts(name, op);
+  TensorChecks c(name, *this);
+  const auto& in = op.inputs;
+  const auto& out = op.outputs;
+  switch (op.type) {
+    case OpType::ALL_REDUCE: case OpType::BROADCAST: case OpType::REDUCE:
+      c.tensor("tensor", out[0]);
+      break;
+    case OpType::ALL_GATHER: case OpType::GATHER:
+      DTRAIN_CHECK_ARG(in.size() == 1, name, ": one input tensor, got ", in.size());
+      c.tensor("input", in[0]);
+      break;
+    case OpType::SCATTER: case OpType::REDUCE_SCATTER:
+      DTRAIN_CHECK_ARG(out.size() == 1, name, ": one output tensor, got ", out.size());
+      c.tensor("output", out[0]);
+      break;
+    case OpType::ALL_GATHER_INTO_TENSOR: case OpType::REDUCE_SCATTER_TENSOR:
+      DTRAIN_CHECK_ARG(in.size() == 1 && out.size() == 1, name,
+                       ": one input and one output tensor, got ", in.size(), " and ", out.size());
+      c.tensor(op.type == OpType::REDUCE_SCATTER_TENSOR ? "output" : "input",
+               op.type == OpType::REDUCE_SCATTER_TENSOR ? out[0] : in[0]);
+      c.tensor(op.type == OpType::REDUCE_SCATTER_TENSOR ? "input" : "output",
+               op.type == OpType::REDUCE_SCATTER_TENSOR ? in[0] : out[0]);
+      break;
+    case OpType::ALL_TO_ALL:
+      c.list_same_dtype("inputs", in, size_);
+      c.list_same_dtype("outputs", out, size_);
+      c.same_dtype("outputs", out[0], "inputs", in[0]);
+      break;
+    case OpType::SEND: case OpType::RECV:
+      c.tensor("tensor", op.type == OpType::SEND ? in[0] : out[0]);
+      if (op.type == OpType::SEND) c.peer("dst", op.root);
+      else if (op.root != kAnySource) c.peer("src", op.root);
+      DTRAIN_CHECK_ARG(op.root != kAnySource || size() > 1, "recv: from any rank in group '",
+                       this->name(), "' of one rank: there is no other rank");
+      DTRAIN_CHECK_ARG(op.tag >= 0, name, ": tag must be >= 0, got ", op.tag);
+      break;
+    case OpType::BARRIER: case OpType::MONITORED_BARRIER:
+      break;
+  }
+  if (rooted(op.type)) c.root(op.root);
+  switch (op.type) {
+    case OpType::ALL_GATHER: c.list_like("outputs", out, in[0], size_); break;
+    case OpType::REDUCE_SCATTER: c.list_like("inputs", in, out[0], size_); break;
+    case OpType::GATHER: case OpType::SCATTER: {
+      const bool gather = op.type == OpType::GATHER;
+      const auto& list = gather ? out : in;
+      if (rank_ == op.root) c.list_like(gather ? "outputs" : "inputs", list, gather ? in[0] : out[0], size_);
+      else c.empty_list(gather ? "outputs" : "inputs", list, op.root);
+      break;
+    }
+    case OpType::ALL_GATHER_INTO_TENSOR: c.flat_of("output", out[0], "input", in[0], size_); break;
+    case OpType::REDUCE_SCATTER_TENSOR: c.flat_of("input", in[0], "output", out[0], size_); break;
+    default: break;
+  }
+  if (reduces(op.type)) c.reduce_op(op.reduce_op, out[0]);
+}
+
+// The one way in for every operation: checks, numbering, flight recorder,
+// fingerprint, staging of non-contiguous tensors, then the backend.
+WorkPtr ProcessGroup::issue(Op op, Timeout timeout) {
+  check_op(op);
+  const char* name = to_string(op.type);
+  const bool collective = is_collective(op.type);
+  std::lock_guard<std::mutex> lock(issue_mutex_);
+  auto call = next_call(name, timeout, collective);
+  const int64_t root = rooted(op.type) || !collective ? op.root : -1;
+  const int64_t reduce_op = reduces(op.type) ? static_cast<int64_t>(op.reduce_op) : -1;
+  // No fingerprint for point-to-point, nor for monitored_barrier: its check
+  // would itself wait for the missing rank.
+  const bool checked = collective && op.type != OpType::MONITORED_BARRIER;
+  const auto id = checked ? begin(call, subject(op), root, reduce_op)
+                          : record(call, subject(op), root, reduce_op);
+  if (op.type == OpType::MONITORED_BARRIER && size_ == 1)
+    return tracked(id, call, Work::completed(call.description));
+  std::vector<std::pair<at::Tensor, at::Tensor>> back;
+  for (auto& t : op.inputs) t = t.contiguous();
+  for (auto& t : op.outputs) t = stage_output(t, back);
+  const int named_source = op.type == OpType::RECV ? op.root : kAnySource;
+  auto work = post(call, std::move(op));
+  if (named_source != kAnySource) work->set_source_rank(named_source);
+  return tracked(id, call, write_back(std::move(work), std::move(back)));
+}
+
+WorkPtr ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op, Timeout timeout) {
+  return issue(make_op(OpType::ALL_REDUCE, {}, {std::move(tensor)}, -1, op), timeout);
+}
+
+WorkPtr ProcessGroup::broadcast(at::Tensor tensor, int root, Timeout timeout) {
+  return issue(make_op(OpType::BROADCAST, {}, {std::move(tensor)}, root), timeout);
+}
+
+WorkPtr ProcessGroup::reduce(at::Tensor tensor, int root, ReduceOp op, Timeout timeout) {
+  return issue(make_op(OpType::REDUCE, {}, {std::move(tensor)}, root, op), timeout);
+}
+
+WorkPtr ProcessGroup::all_gather(const std::vector<at::Tensor>& outputs, at::Tensor input,
+                                 Timeout timeout) {
+  return issue(make_op(OpType::ALL_GATHER, {std::move(input)}, outputs), timeout);
+}
+
+WorkPtr ProcessGroup::gather(const std::vector<at::Tensor>& outputs, at::Tensor input, int root,
+                             Timeout timeout) {
+  return issue(make_op(OpType::GATHER, {std::move(input)}, outputs, root), timeout);
+}
+
+WorkPtr ProcessGroup::scatter(at::Tensor output, const std::vector<at::Tensor>& inputs, int root,
+                              Timeout timeout) {
+  return issue(make_op(OpType::SCATTER, inputs, {std::move(output)}, root), timeout);
+}
+
+WorkPtr ProcessGroup::reduce_scatter(at::Tensor output, const std::vector<at::Tensor>& inputs,
+                                     ReduceOp op, Timeout timeout) {
+  return issue(make_op(OpType::REDUCE_SCATTER, inputs, {std::move(output)}, -1, op), timeout);
+}
+
 WorkPtr ProcessGroup::all_gather_into_tensor(at::Tensor output, at::Tensor input,
                                              Timeout timeout) {
-  check_member("all_gather_into_tensor");
-  TensorChecks c("all_gather_into_tensor", *this);
-  c.tensor("input", input);
-  c.tensor("output", output);
-  c.flat_of("output", output, "input", input, size_);
-  std::lock_guard<std::mutex> lock(issue_mutex_);
-  auto call = next_call("all_gather_into_tensor", timeout, true);
-  const auto id = begin(call, input, -1, -1);
-  std::vector<std::pair<at::Tensor, at::Tensor>> back;
-  auto staged = stage_output(output, back);
-  return tracked(id, call, write_back(do_all_gather_into_tensor(call, staged, input.contiguous()), std::move(back)));
+  return issue(make_op(OpType::ALL_GATHER_INTO_TENSOR, {std::move(input)}, {std::move(output)}),
+               timeout);
 }
 
 WorkPtr ProcessGroup::reduce_scatter_tensor(at::Tensor output, at::Tensor input, ReduceOp op,
                                             Timeout timeout) {
-  check_member("reduce_scatter_tensor");
-  TensorChecks c("reduce_scatter_tensor", *this);
-  c.tensor("output", output);
-  c.tensor("input", input);
-  c.flat_of("input", input, "output", output, size_);
-  c.reduce_op(op, output);
-  std::lock_guard<std::mutex> lock(issue_mutex_);
-  auto call = next_call("reduce_scatter_tensor", timeout, true);
-  const auto id = begin(call, output, -1, static_cast<int64_t>(op));
-  std::vector<std::pair<at::Tensor, at::Tensor>> back;
-  auto staged = stage_output(output, back);
-  return tracked(id, call, write_back(do_reduce_scatter_tensor(call, staged, input.contiguous(), op),
-                    std::move(back)));
+  return issue(
+      make_op(OpType::REDUCE_SCATTER_TENSOR, {std::move(input)}, {std::move(output)}, -1, op),
+      timeout);
 }
 
+WorkPtr ProcessGroup::all_to_all(const std::vector<at::Tensor>& outputs,
+                                 const std::vector<at::Tensor>& inputs, Timeout timeout) {
+  return issue(make_op(OpType::ALL_TO_ALL, inputs, outputs), timeout);
+}
+
+WorkPtr ProcessGroup::barrier(Timeout timeout) {
+  return issue(make_op(OpType::BARRIER, {}, {}), timeout);
+}
+
+WorkPtr ProcessGroup::monitored_barrier(Timeout timeout, bool wait_all_ranks) {
+  auto op = make_op(OpType::MONITORED_BARRIER, {}, {});
+  op.wait_all_ranks = wait_all_ranks;
+  return issue(std::move(op), timeout);
+}
+
+WorkPtr ProcessGroup::send(at::Tensor tensor, int dst, int tag, Timeout timeout) {
+  auto op = make_op(OpType::SEND, {std::move(tensor)}, {}, dst);
+  op.tag = tag;
+  return issue(std::move(op), timeout);
+}
+
+WorkPtr ProcessGroup::recv(at::Tensor tensor, int src, int tag, Timeout timeout) {
+  auto op = make_op(OpType::RECV, {}, {std::move(tensor)}, src);
+  op.tag = tag;
+  return issue(std::move(op), timeout);
+}
+
+// ---- from a descriptor to the backend's hooks -------------------------------
+
+WorkPtr ProcessGroup::post(const Call& call, Op op) {
+  auto& in = op.inputs;
+  auto& out = op.outputs;
+  switch (op.type) {
+    case OpType::ALL_REDUCE: return do_all_reduce(call, out[0], op.reduce_op);
+    case OpType::BROADCAST: return do_broadcast(call, out[0], op.root);
+    case OpType::REDUCE: return do_reduce(call, out[0], op.root, op.reduce_op);
+    case OpType::ALL_GATHER: return do_all_gather(call, std::move(out), in[0]);
+    case OpType::GATHER: return do_gather(call, std::move(out), in[0], op.root);
+    case OpType::SCATTER: return do_scatter(call, out[0], std::move(in), op.root);
+    case OpType::REDUCE_SCATTER:
+      return do_reduce_scatter(call, out[0], std::move(in), op.reduce_op);
+    case OpType::ALL_GATHER_INTO_TENSOR: return do_all_gather_into_tensor(call, out[0], in[0]);
+    case OpType::REDUCE_SCATTER_TENSOR:
+      return do_reduce_scatter_tensor(call, out[0], in[0], op.reduce_op);
+    case OpType::ALL_TO_ALL: return do_all_to_all(call, std::move(out), std::move(in));
+    case OpType::BARRIER: return do_barrier(call);
+    case OpType::MONITORED_BARRIER: return do_monitored_barrier(call, op.wait_all_ranks);
+    case OpType::SEND: return do_send(call, in[0], op.root, op.tag);
+    case OpType::RECV: return do_recv(call, out[0], op.root, op.tag);
+  }
+  throw InternalError(detail::cat(call.description, ": unknown operation type"));
+}
+
+namespace {
+[[noreturn]] void not_implemented(const ProcessGroup& group, const char* op) {
+  throw BackendUnavailable(detail::cat("backend '", group.backend_name(), "' (group '",
+                                       group.name(), "') does not implement ", op));
+}
+}  // namespace
+
+WorkPtr ProcessGroup::do_all_reduce(const Call&, at::Tensor, ReduceOp) {
+  not_implemented(*this, "all_reduce");
+}
+WorkPtr ProcessGroup::do_broadcast(const Call&, at::Tensor, int) {
+  not_implemented(*this, "broadcast");
+}
+WorkPtr ProcessGroup::do_reduce(const Call&, at::Tensor, int, ReduceOp) {
+  not_implemented(*this, "reduce");
+}
+WorkPtr ProcessGroup::do_all_gather(const Call&, std::vector<at::Tensor>, at::Tensor) {
+  not_implemented(*this, "all_gather");
+}
+WorkPtr ProcessGroup::do_gather(const Call&, std::vector<at::Tensor>, at::Tensor, int) {
+  not_implemented(*this, "gather");
+}
+WorkPtr ProcessGroup::do_scatter(const Call&, at::Tensor, std::vector<at::Tensor>, int) {
+  not_implemented(*this, "scatter");
+}
+WorkPtr ProcessGroup::do_reduce_scatter(const Call&, at::Tensor, std::vector<at::Tensor>,
+                                        ReduceOp) {
+  not_implemented(*this, "reduce_scatter");
+}
+WorkPtr ProcessGroup::do_all_to_all(const Call&, std::vector<at::Tensor>,
+                                    std::vector<at::Tensor>) {
+  not_implemented(*this, "all_to_all");
+}
+WorkPtr ProcessGroup::do_barrier(const Call&) { not_implemented(*this, "barrier"); }
+WorkPtr ProcessGroup::do_monitored_barrier(const Call&, bool) {
+  not_implemented(*this, "monitored_barrier");
+}
+WorkPtr ProcessGroup::do_send(const Call&, at::Tensor, int, int) { not_implemented(*this, "send"); }
+WorkPtr ProcessGroup::do_recv(const Call&, at::Tensor, int, int) { not_implemented(*this, "recv"); }
+
+// The flat forms, by default: the list forms on views of the flat tensor.
 WorkPtr ProcessGroup::do_all_gather_into_tensor(const Call& call, at::Tensor output,
                                                 at::Tensor input) {
   auto rows = rows_of(output, input, size_);  // before `input` is moved from
@@ -360,70 +511,6 @@ WorkPtr ProcessGroup::do_reduce_scatter_tensor(const Call& call, at::Tensor outp
                                                at::Tensor input, ReduceOp op) {
   auto rows = rows_of(input, output, size_);  // before `output` is moved from
   return do_reduce_scatter(call, std::move(output), std::move(rows), op);
-}
-
-WorkPtr ProcessGroup::all_to_all(const std::vector<at::Tensor>& outputs,
-                                 const std::vector<at::Tensor>& inputs, Timeout timeout) {
-  check_member("all_to_all");
-  TensorChecks c("all_to_all", *this);
-  c.list_same_dtype("inputs", inputs, size_);
-  c.list_same_dtype("outputs", outputs, size_);
-  c.same_dtype("outputs", outputs[0], "inputs", inputs[0]);
-  std::lock_guard<std::mutex> lock(issue_mutex_);
-  auto call = next_call("all_to_all", timeout, true);
-  // Peers may send different sizes; the fingerprint covers dtype only.
-  const auto id = begin(call, inputs[0].flatten().narrow(0, 0, 0), -1, -1);
-  std::vector<std::pair<at::Tensor, at::Tensor>> back;
-  auto staged = stage_outputs(outputs, back);
-  return tracked(id, call, write_back(do_all_to_all(call, staged, contiguous(inputs)), std::move(back)));
-}
-
-WorkPtr ProcessGroup::barrier(Timeout timeout) {
-  check_member("barrier");
-  std::lock_guard<std::mutex> lock(issue_mutex_);
-  auto call = next_call("barrier", timeout, true);
-  const auto id = begin(call, at::Tensor(), -1, -1);
-  return tracked(id, call, do_barrier(call));
-}
-
-// No fingerprint: its check would itself wait for the missing rank.
-WorkPtr ProcessGroup::monitored_barrier(Timeout timeout, bool wait_all_ranks) {
-  check_member("monitored_barrier");
-  std::lock_guard<std::mutex> lock(issue_mutex_);
-  auto call = next_call("monitored_barrier", timeout, true);
-  const auto id = record(call, at::Tensor(), -1, -1);
-  if (size_ == 1) return tracked(id, call, Work::completed(call.description));
-  return tracked(id, call, do_monitored_barrier(call, wait_all_ranks));
-}
-
-WorkPtr ProcessGroup::send(at::Tensor tensor, int dst, int tag, Timeout timeout) {
-  check_member("send");
-  TensorChecks c("send", *this);
-  c.tensor("tensor", tensor);
-  c.peer("dst", dst);
-  DTRAIN_CHECK_ARG(tag >= 0, "send: tag must be >= 0, got ", tag);
-  std::lock_guard<std::mutex> lock(issue_mutex_);
-  auto call = next_call("send", timeout, false);
-  const auto id = record(call, tensor, dst, -1);
-  return tracked(id, call, do_send(call, tensor.contiguous(), dst, tag));
-}
-
-WorkPtr ProcessGroup::recv(at::Tensor tensor, int src, int tag, Timeout timeout) {
-  check_member("recv");
-  TensorChecks c("recv", *this);
-  c.tensor("tensor", tensor);
-  if (src != kAnySource) c.peer("src", src);
-  DTRAIN_CHECK_ARG(src != kAnySource || size() > 1, "recv: from any rank in group '", name(),
-                   "' of one rank: there is no other rank");
-  DTRAIN_CHECK_ARG(tag >= 0, "recv: tag must be >= 0, got ", tag);
-  std::lock_guard<std::mutex> lock(issue_mutex_);
-  auto call = next_call("recv", timeout, false);
-  const auto id = record(call, tensor, src, -1);
-  std::vector<std::pair<at::Tensor, at::Tensor>> back;
-  auto staged = stage_output(tensor, back);
-  auto work = do_recv(call, staged, src, tag);
-  if (src != kAnySource) work->set_source_rank(src);
-  return tracked(id, call, write_back(std::move(work), std::move(back)));
 }
 
 }  // namespace dtrain

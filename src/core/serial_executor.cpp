@@ -1,11 +1,9 @@
 #include "core/serial_executor.h"
 
-#include "core/broken_group.h"
-#include "dtrain/errors.h"
-
 namespace dtrain {
 
-SerialExecutor::SerialExecutor() : thread_([this] { loop(); }) {}
+SerialExecutor::SerialExecutor(std::shared_ptr<FailureState> failures)
+    : failures_(std::move(failures)), thread_([this] { loop(); }) {}
 
 SerialExecutor::~SerialExecutor() { shutdown(); }
 
@@ -27,37 +25,7 @@ void SerialExecutor::submit(std::function<void()> task) {
 }
 
 void SerialExecutor::submit(WorkPtr work, std::function<void()> body) {
-  submit([this, work = std::move(work), body = std::move(body)] { run_op(*work, body); });
-}
-
-std::exception_ptr SerialExecutor::error() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return error_;
-}
-
-// An InvalidArgument is raised before anything is sent, and a
-// CollectiveMismatch that reaches here was seen by every rank at the same
-// step (shm's descriptor check, the fingerprint check): the ranks are still
-// in step and the executor goes on. Anything else breaks it. (tcp's
-// transport-level mismatches also fail its transport, which breaks the group.)
-void SerialExecutor::run_op(Work& work, const std::function<void()>& body) {
-  if (auto first = error()) {
-    work.finish(broken_group_error(work.description(), first));
-    return;
-  }
-  std::exception_ptr failure;
-  try {
-    body();
-  } catch (const InvalidArgument&) {
-    failure = std::current_exception();
-  } catch (const CollectiveMismatch&) {
-    failure = std::current_exception();
-  } catch (...) {
-    failure = std::current_exception();
-    std::lock_guard<std::mutex> lock(mutex_);
-    error_ = failure;
-  }
-  work.finish(failure);
+  submit([this, work = std::move(work), body = std::move(body)] { failures_->run(*work, body); });
 }
 
 void SerialExecutor::loop() {

@@ -4,10 +4,11 @@
 // Each group owns one, which is what makes a group's operations run in issue
 // order on every rank while the caller goes on (async_op).
 //
-// Operations submitted with their Work (submit(work, body)) share one fate:
-// the first that fails with anything but InvalidArgument or CollectiveMismatch
-// (both raised on every rank at the same step: a timeout, a dead peer, a
-// transport error) breaks the executor.
+// Operations submitted with their Work (submit(work, body)) share one fate,
+// under the group's failure policy (core/failure_state.h): the first that
+// fails with anything but InvalidArgument or CollectiveMismatch (both raised
+// on every rank at the same step: a timeout, a dead peer, a transport
+// error) breaks the executor.
 // From then on every operation, queued or submitted later, finishes at once
 // without running, with broken_group_error naming that first error. So
 // after a peer dies the queue empties in one timeout, not one per queued
@@ -17,9 +18,12 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+
+#include "core/failure_state.h"
 
 #include "dtrain/work.h"
 
@@ -27,7 +31,9 @@ namespace dtrain {
 
 class SerialExecutor {
  public:
-  SerialExecutor();
+  // `failures`: the broken state this executor shares with its group's
+  // other paths (mpi's point-to-point); its own by default.
+  explicit SerialExecutor(std::shared_ptr<FailureState> failures = std::make_shared<FailureState>());
   // Runs what is queued, then joins. Plain tasks each run under their own
   // timeout; operations queued behind a failed one finish at once.
   ~SerialExecutor();
@@ -47,15 +53,14 @@ class SerialExecutor {
   void submit(WorkPtr work, std::function<void()> body);
 
   // The first error that broke the executor; null while none has.
-  std::exception_ptr error() const;
+  std::exception_ptr error() const { return failures_->error(); }
 
  private:
   void loop();
-  void run_op(Work& work, const std::function<void()>& body);
-  mutable std::mutex mutex_;
+  std::shared_ptr<FailureState> failures_;
+  std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_;
-  std::exception_ptr error_;
   bool stop_ = false;
   std::thread thread_;
 };

@@ -28,31 +28,9 @@ class NonMemberGroup final : public ProcessGroup {
   bool supports(c10::DeviceType) const override { return true; }
 
  protected:
-  [[noreturn]] static WorkPtr unreachable() {
-    throw InternalError("NonMemberGroup: a collective reached the backend");
+  WorkPtr post(const Call&, Op) override {
+    throw InternalError("NonMemberGroup: an operation reached the backend");
   }
-  WorkPtr do_all_reduce(const Call&, at::Tensor, ReduceOp) override { unreachable(); }
-  WorkPtr do_broadcast(const Call&, at::Tensor, int) override { unreachable(); }
-  WorkPtr do_reduce(const Call&, at::Tensor, int, ReduceOp) override { unreachable(); }
-  WorkPtr do_all_gather(const Call&, std::vector<at::Tensor>, at::Tensor) override {
-    unreachable();
-  }
-  WorkPtr do_gather(const Call&, std::vector<at::Tensor>, at::Tensor, int) override {
-    unreachable();
-  }
-  WorkPtr do_scatter(const Call&, at::Tensor, std::vector<at::Tensor>, int) override {
-    unreachable();
-  }
-  WorkPtr do_reduce_scatter(const Call&, at::Tensor, std::vector<at::Tensor>, ReduceOp) override {
-    unreachable();
-  }
-  WorkPtr do_all_to_all(const Call&, std::vector<at::Tensor>, std::vector<at::Tensor>) override {
-    unreachable();
-  }
-  WorkPtr do_barrier(const Call&) override { unreachable(); }
-  WorkPtr do_monitored_barrier(const Call&, bool) override { unreachable(); }
-  WorkPtr do_send(const Call&, at::Tensor, int, int) override { unreachable(); }
-  WorkPtr do_recv(const Call&, at::Tensor, int, int) override { unreachable(); }
 };
 
 struct World {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cctype>
+#include <thread>
 #include <tuple>
 
 #include "common/enforce.h"
@@ -543,6 +544,56 @@ TEST(TwoLevel, AllGatherAndReduceScatterOverHostsAreExact) {
         }
       }, std::chrono::seconds(60), GroupOptions(), backend));
     }
+  }
+}
+
+// Above 4 MiB the two-level all_reduce runs in chunks, the network phase of
+// one beside the phases inside the host of the others (a helper thread):
+// exact in every chunk, the last one shorter, for a float sum and an
+// integer max, on 2 hosts of 2 and of 3 ranks and 3 hosts of 2.
+TEST(TwoLevel, PipelinedAllReduceIsExactInEveryChunk) {
+  for (const auto& [backend, world] :
+       {std::pair<std::string, int>{"auto@2", 4}, {"auto@2", 6}, {"auto@3", 6}}) {
+    const int W = world;
+    expect_no_errors(testing::run_ranks(W, [&](ProcessGroup& g) {
+      for (int64_t n : {int64_t{1500007}, int64_t{5000003}}) {
+        auto t = input(g.rank(), n, at::kFloat);
+        g.all_reduce(t)->wait();
+        expect_equal(t, expected_reduction(W, n, at::kFloat, ReduceOp::SUM),
+                     detail::cat("float SUM on ", backend, " world ", W, " n=", n));
+        auto l = input(g.rank(), n, at::kLong);
+        g.all_reduce(l, ReduceOp::MAX)->wait();
+        expect_equal(l, expected_reduction(W, n, at::kLong, ReduceOp::MAX),
+                     detail::cat("long MAX on ", backend, " world ", W, " n=", n));
+      }
+    }, std::chrono::seconds(90), GroupOptions(), backend));
+  }
+}
+
+// A rank that never reaches a pipelined all_reduce: every other rank fails
+// by the call's timeout (whichever phase, or the helper, was waiting), and
+// none hangs on the helper thread.
+TEST(TwoLevel, APipelinedAllReduceFailsByItsTimeoutWhenARankIsMissing) {
+  const auto timeout = std::chrono::milliseconds(1500);
+  std::vector<double> seconds(4, 0.0);
+  const auto errors = testing::run_ranks(4, [&](ProcessGroup& g) {
+    if (g.rank() == 3) {
+      std::this_thread::sleep_for(std::chrono::seconds(4));
+      return;
+    }
+    auto t = at::ones({3 << 20});  // 12 MiB: 6 chunks
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      g.all_reduce(t, ReduceOp::SUM, timeout)->wait();
+    } catch (const Error&) {
+      seconds[g.rank()] =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      throw;
+    }
+  }, std::chrono::seconds(30), GroupOptions(), "auto@2");
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_FALSE(errors[r].empty()) << "rank " << r << " finished an all_reduce without rank 3";
+    EXPECT_LT(seconds[r], 4.0) << "rank " << r << ": " << errors[r];
   }
 }
 

@@ -39,16 +39,6 @@ class Staging {
     back_.emplace_back(t, host);
     return host;
   }
-  std::vector<at::Tensor> in(const std::vector<at::Tensor>& ts) {
-    std::vector<at::Tensor> hosts;
-    for (const auto& t : ts) hosts.push_back(in(t));
-    return hosts;
-  }
-  std::vector<at::Tensor> out(const std::vector<at::Tensor>& ts) {
-    std::vector<at::Tensor> hosts;
-    for (const auto& t : ts) hosts.push_back(out(t, false));
-    return hosts;
-  }
   // A Work that ends once `inner` has and the results are back in place.
   WorkPtr finish(const std::string& description, const WorkPtr& inner, bool is_recv = false) {
     auto work = std::make_shared<Work>(description + " (staged through host memory)");
@@ -146,104 +136,24 @@ ProcessGroup* RoutingProcessGroup::direct(const at::Tensor& t, bool collective) 
   return nccl_.get();
 }
 
-WorkPtr RoutingProcessGroup::do_all_reduce(const Call& call, at::Tensor tensor, ReduceOp op) {
-  if (auto* g = direct(tensor, true)) return g->all_reduce(tensor, op, call.timeout);
+// Whole operations, as descriptors: a barrier (no tensors) to the CPU
+// group; an operation on tensors to the group of their device, or staged.
+WorkPtr RoutingProcessGroup::post(const Call& call, Op op) {
+  if (op.inputs.empty() && op.outputs.empty()) return cpu_->issue(std::move(op), call.timeout);
+  const auto& probe = op.inputs.empty() ? op.outputs.front() : op.inputs.front();
+  if (auto* g = direct(probe, is_collective(op.type))) return g->issue(std::move(op), call.timeout);
+  const bool is_recv = op.type == OpType::RECV;
   Staging s;
-  auto host = s.out(tensor, true);
-  return s.finish(call.description, cpu_->all_reduce(host, op, call.timeout));
-}
-
-WorkPtr RoutingProcessGroup::do_broadcast(const Call& call, at::Tensor tensor, int root) {
-  if (auto* g = direct(tensor, true)) return g->broadcast(tensor, root, call.timeout);
-  Staging s;
-  auto host = s.out(tensor, rank() == root);
-  return s.finish(call.description, cpu_->broadcast(host, root, call.timeout));
-}
-
-WorkPtr RoutingProcessGroup::do_reduce(const Call& call, at::Tensor tensor, int root, ReduceOp op) {
-  if (auto* g = direct(tensor, true)) return g->reduce(tensor, root, op, call.timeout);
-  Staging s;  // only the root's tensor changes
-  auto host = rank() == root ? s.out(tensor, true) : s.in(tensor);
-  return s.finish(call.description, cpu_->reduce(host, root, op, call.timeout));
-}
-
-WorkPtr RoutingProcessGroup::do_all_gather(const Call& call, std::vector<at::Tensor> outputs,
-                                           at::Tensor input) {
-  if (auto* g = direct(input, true)) return g->all_gather(outputs, input, call.timeout);
-  Staging s;
-  auto in = s.in(input);
-  return s.finish(call.description, cpu_->all_gather(s.out(outputs), in, call.timeout));
-}
-
-WorkPtr RoutingProcessGroup::do_gather(const Call& call, std::vector<at::Tensor> outputs,
-                                       at::Tensor input, int root) {
-  if (auto* g = direct(input, true)) return g->gather(outputs, input, root, call.timeout);
-  Staging s;
-  auto in = s.in(input);
-  return s.finish(call.description, cpu_->gather(s.out(outputs), in, root, call.timeout));
-}
-
-WorkPtr RoutingProcessGroup::do_scatter(const Call& call, at::Tensor output,
-                                        std::vector<at::Tensor> inputs, int root) {
-  if (auto* g = direct(output, true)) return g->scatter(output, inputs, root, call.timeout);
-  Staging s;
-  auto ins = s.in(inputs);
-  return s.finish(call.description, cpu_->scatter(s.out(output, false), ins, root, call.timeout));
-}
-
-WorkPtr RoutingProcessGroup::do_reduce_scatter(const Call& call, at::Tensor output,
-                                               std::vector<at::Tensor> inputs, ReduceOp op) {
-  if (auto* g = direct(output, true)) return g->reduce_scatter(output, inputs, op, call.timeout);
-  Staging s;
-  auto ins = s.in(inputs);
-  return s.finish(call.description, cpu_->reduce_scatter(s.out(output, false), ins, op, call.timeout));
-}
-
-WorkPtr RoutingProcessGroup::do_all_gather_into_tensor(const Call& call, at::Tensor output,
-                                                       at::Tensor input) {
-  if (auto* g = direct(input, true)) return g->all_gather_into_tensor(output, input, call.timeout);
-  Staging s;
-  auto in = s.in(input);
-  return s.finish(call.description, cpu_->all_gather_into_tensor(s.out(output, false), in, call.timeout));
-}
-
-WorkPtr RoutingProcessGroup::do_reduce_scatter_tensor(const Call& call, at::Tensor output,
-                                                      at::Tensor input, ReduceOp op) {
-  if (auto* g = direct(input, true)) return g->reduce_scatter_tensor(output, input, op, call.timeout);
-  Staging s;
-  auto in = s.in(input);
-  return s.finish(call.description,
-                  cpu_->reduce_scatter_tensor(s.out(output, false), in, op, call.timeout));
-}
-
-WorkPtr RoutingProcessGroup::do_all_to_all(const Call& call, std::vector<at::Tensor> outputs,
-                                           std::vector<at::Tensor> inputs) {
-  const auto& probe = inputs.empty() ? outputs.front() : inputs.front();
-  if (auto* g = direct(probe, true)) return g->all_to_all(outputs, inputs, call.timeout);
-  Staging s;
-  auto ins = s.in(inputs);
-  return s.finish(call.description, cpu_->all_to_all(s.out(outputs), ins, call.timeout));
-}
-
-// No tensors: the CPU group's.
-WorkPtr RoutingProcessGroup::do_barrier(const Call& call) { return cpu_->barrier(call.timeout); }
-
-WorkPtr RoutingProcessGroup::do_monitored_barrier(const Call& call, bool wait_all_ranks) {
-  return cpu_->monitored_barrier(call.timeout, wait_all_ranks);
-}
-
-WorkPtr RoutingProcessGroup::do_send(const Call& call, at::Tensor tensor, int dst, int tag) {
-  if (auto* g = direct(tensor, false)) return g->send(tensor, dst, tag, call.timeout);
-  Staging s;
-  auto host = s.in(tensor);
-  return s.finish(call.description, cpu_->send(host, dst, tag, call.timeout));
-}
-
-WorkPtr RoutingProcessGroup::do_recv(const Call& call, at::Tensor tensor, int src, int tag) {
-  if (auto* g = direct(tensor, false)) return g->recv(tensor, src, tag, call.timeout);
-  Staging s;
-  auto host = s.out(tensor, false);
-  return s.finish(call.description, cpu_->recv(host, src, tag, call.timeout), /*is_recv=*/true);
+  for (auto& t : op.inputs) t = s.in(t);
+  for (auto& t : op.outputs) {
+    // Only the root's tensor changes in a reduce; a broadcast's is read at
+    // its root only; the other in-place operations read what they write.
+    const bool written = op.type != OpType::REDUCE || rank() == op.root;
+    const bool in_place = op.type == OpType::ALL_REDUCE || op.type == OpType::REDUCE ||
+                          (op.type == OpType::BROADCAST && rank() == op.root);
+    t = written ? s.out(t, in_place) : s.in(t);
+  }
+  return s.finish(call.description, cpu_->issue(std::move(op), call.timeout), is_recv);
 }
 
 }  // namespace dtrain::device_routing

@@ -25,7 +25,6 @@
 #include <mutex>
 #include <string>
 
-#include "dtrain/backend_hooks.h"
 #include "dtrain/process_group.h"
 #include "dtrain/store/store.h"
 
@@ -50,10 +49,8 @@ class RoutingProcessGroup final : public ProcessGroup {
   CudaPath cuda_path() const { return cuda_path_; }
 
  protected:
-  DTRAIN_PROCESS_GROUP_HOOKS
-  WorkPtr do_all_gather_into_tensor(const Call& call, at::Tensor output, at::Tensor input) override;
-  WorkPtr do_reduce_scatter_tensor(const Call& call, at::Tensor output, at::Tensor input,
-                                   ReduceOp op) override;
+  // Forwards each operation whole (its descriptor), to one inner group.
+  WorkPtr post(const Call& call, Op op) override;
 
  private:
   // Where an operation on `t` goes: null for the staged path.

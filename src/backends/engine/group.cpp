@@ -11,8 +11,8 @@
 #include "common/env.h"
 #include "common/logging.h"
 #include "core/average.h"
+#include "core/failure_state.h"
 #include "dtrain/distributed.h"
-#include "core/broken_group.h"
 
 namespace dtrain::engine_backend {
 namespace {
@@ -25,6 +25,21 @@ void check_reducible(const std::string& what, const at::Tensor& t) {
                                     c10::toString(t.scalar_type()),
                                     " (supported: float, double, half, bfloat16, int8, uint8, "
                                     "int32, int64)"));
+}
+
+// The engine's errors raised by every rank at the same step: a mismatch
+// that the shared slots found (every rank compares the same descriptors).
+// Anything else, a mismatch found by a transport included, breaks the group.
+bool raised_in_step(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const algorithms::slots::Mismatch&) {
+    return true;
+  } catch (const algorithms::slots::SizeMismatch&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
 }
 
 size_t count_of(const at::Tensor& t) { return static_cast<size_t>(t.numel()); }
@@ -57,9 +72,17 @@ EngineProcessGroup::EngineProcessGroup(std::shared_ptr<Store> store, int rank, i
                                        GroupOptions options, Carrier carrier)
     : ProcessGroup(rank, size, std::move(options)),
       backend_name_(std::move(carrier.backend_name)),
-      topology_(std::move(carrier.topology)) {
+      topology_(std::move(carrier.topology)),
+      failures_(std::make_shared<FailureState>(raised_in_step)),
+      collectives_(failures_) {
   algo_ = algorithms::all_reduce_algo_from_env();
   if (size > 1) transport_ = carrier.connect(*store, rank, size, this->options());
+  // The transport's own state (its I/O threads see peers die) breaks the
+  // group too; breaking the group fails the transport.
+  failures_->watch([this] { return transport_ ? transport_->error() : nullptr; });
+  failures_->on_break([this](const std::exception_ptr& error) {
+    if (transport_) transport_->fail(error);
+  });
   // (Collectives over the transport's slots, shm's, do not take it.)
   if (algo_ != algorithms::AllReduceAlgo::kAuto && transport_ && !slots())
     DTRAIN_LOG_INFO(backend_name_, ": group '", name(), "' runs all_reduce as DTRAIN_ALGO=",
@@ -82,31 +105,18 @@ EngineProcessGroup::~EngineProcessGroup() {
         "group '", name(), "' was destroyed while this operation was pending"))));
 }
 
+// Under the group's failure policy (core/failure_state.h): a broken group
+// fails the Work at once; whatever else stops this rank mid-collective
+// fails the transport too, so that peers do not wait for bytes that will
+// never come.
 WorkPtr EngineProcessGroup::enqueue(const Call& call,
-                                 std::function<void(const algorithms::Context&)> body) {
+                                   std::function<void(const algorithms::Context&)> body) {
   auto work = std::make_shared<Work>(call.description);
-  collectives_.submit([this, work, call, body = std::move(body)] {
-    std::exception_ptr error = transport_ ? transport_->error() : nullptr;
-    if (error) {
-      work->finish(broken_group_error(call.description, error));
-      return;
-    }
-    try {
-      const algorithms::Context ctx{*transport_, transport::collective_tag(call.seq),
-                                    transport::Clock::now() + call.timeout, call.description,
-                                    *scratch_, *copy_, *rows_, topology_.get(), algo_};
-      body(ctx);
-    } catch (const algorithms::slots::Mismatch&) {
-      error = std::current_exception();  // every rank, at the same step: the group goes on
-    } catch (const algorithms::slots::SizeMismatch&) {
-      error = std::current_exception();  // likewise
-    } catch (...) {
-      error = std::current_exception();
-      // Whatever stopped this rank mid-collective stops the group: peers
-      // must not wait for bytes that will never come.
-      if (transport_) transport_->fail(error);
-    }
-    work->finish(error);
+  collectives_.submit(work, [this, call, body = std::move(body)] {
+    const algorithms::Context ctx{*transport_, transport::collective_tag(call.seq),
+                                  transport::Clock::now() + call.timeout, call.description,
+                                  *scratch_, *copy_, *rows_, topology_.get(), algo_};
+    body(ctx);
   });
   return work;
 }
@@ -338,8 +348,8 @@ WorkPtr EngineProcessGroup::post_p2p(const Call& call, at::Tensor tensor, int pe
     else if (peer == kAnySource) request = transport_->irecv_any(t, tensor.data_ptr(), tensor.nbytes());
     else request = transport_->irecv(peer, t, tensor.data_ptr(), tensor.nbytes());
   } catch (const std::exception&) {
-    if (!transport_->error()) throw;
-    std::rethrow_exception(broken_group_error(call.description, transport_->error()));
+    if (!failures_->error()) throw;
+    std::rethrow_exception(broken_group_error(call.description, failures_->error()));
   }
   // Posted above; each completes on its own (not in posting order).
   const auto deadline = transport::Clock::now() + call.timeout;

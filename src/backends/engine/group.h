@@ -82,6 +82,7 @@ class EngineProcessGroup final : public ProcessGroup {
   std::unique_ptr<algorithms::Scratch> scratch_, copy_, rows_;
   // Declared last: destroyed first, so queued work finishes while the
   // transport is still alive.
+  std::shared_ptr<FailureState> failures_;  // shared with collectives_
   CompletionWatcher p2p_;
   SerialExecutor collectives_;
 };

@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "backends/mpi/runtime.h"
-#include "core/broken_group.h"
+#include "core/failure_state.h"
 #include "common/enforce.h"
 #include "core/average.h"
 #include "core/backend_registry.h"
@@ -197,35 +197,25 @@ WorkPtr MpiProcessGroup::launch(const Call& call, SerialExecutor& executor,
                                 std::function<void()> after) {
   auto work = std::make_shared<Work>(call.description);
   in_flight().reap();  // buffers of requests abandoned earlier that are done by now
-  {
-    std::lock_guard<std::mutex> lock(broken_mutex_);
-    if (broken_) {
-      work->finish(broken_group_error(call.description, broken_));
-      return work;
-    }
-  }
+  if (failures_->refuse(*work)) return work;
   auto posted = std::make_shared<Posted>();
   posted->buffers = std::move(buffers);
   post(*posted);  // on the caller's thread, in issue order
-  // As the other backends (core/serial_executor.cpp): an InvalidArgument
+  // The group's failure policy (core/failure_state.h): an InvalidArgument
   // or a CollectiveMismatch fails this call only. Either is raised once
   // MPI has finished the operation on this rank (a truncated message was
   // received and dropped), so the ranks are still in step; anything else
-  // (a timeout, an MPI failure) breaks the group.
+  // (a timeout, an MPI failure) breaks the group. The body runs even if
+  // the group broke meanwhile: MPI must be done with the posted request.
   executor.submit([this, work, posted, after = std::move(after), call] {
     std::exception_ptr error;
     try {
       complete(call, posted);
       if (posted->receive) work->set_source_rank(posted->source);
       if (after) after();
-    } catch (const InvalidArgument&) {
-      error = std::current_exception();
-    } catch (const CollectiveMismatch&) {
-      error = std::current_exception();
     } catch (...) {
       error = std::current_exception();
-      std::lock_guard<std::mutex> lock(broken_mutex_);
-      broken_ = error;
+      failures_->fail(error);
     }
     work->finish(error);
   });
@@ -236,13 +226,7 @@ WorkPtr MpiProcessGroup::launch_p2p(const Call& call, at::Tensor tensor,
                                     const std::function<void(Posted&)>& post) {
   auto work = std::make_shared<Work>(call.description);
   in_flight().reap();
-  {
-    std::lock_guard<std::mutex> lock(broken_mutex_);
-    if (broken_) {
-      work->finish(broken_group_error(call.description, broken_));
-      return work;
-    }
-  }
+  if (failures_->refuse(*work)) return work;
   auto posted = std::make_shared<Posted>();
   posted->buffers = {std::move(tensor)};
   post(*posted);  // on the caller's thread, in issue order
@@ -272,10 +256,9 @@ WorkPtr MpiProcessGroup::launch_p2p(const Call& call, at::Tensor tensor,
   return work;
 }
 
-void MpiProcessGroup::mark_broken(std::exception_ptr error) {
-  std::lock_guard<std::mutex> lock(broken_mutex_);
-  if (!broken_) broken_ = std::move(error);
-}
+// A failed send or recv breaks the group whatever the error, as a failed
+// transport does on tcp.
+void MpiProcessGroup::mark_broken(std::exception_ptr error) { failures_->break_with(error); }
 
 bool MpiProcessGroup::test(const Call& call, Posted& posted) {
   int done = 0;
@@ -492,21 +475,14 @@ void MpiProcessGroup::check_tag(const Call& call, int tag) const {
 // sent, cancel what is still posted and fail the group.
 WorkPtr MpiProcessGroup::do_monitored_barrier(const Call& call, bool wait_all_ranks) {
   auto work = std::make_shared<Work>(call.description);
-  {
-    std::lock_guard<std::mutex> lock(broken_mutex_);
-    if (broken_) {
-      work->finish(broken_group_error(call.description, broken_));
-      return work;
-    }
-  }
+  if (failures_->refuse(*work)) return work;
   collectives_.submit([this, work, call, wait_all_ranks] {
     std::exception_ptr error;
     try {
       run_monitored_barrier(call, wait_all_ranks);
     } catch (...) {
       error = std::current_exception();
-      std::lock_guard<std::mutex> lock(broken_mutex_);
-      broken_ = error;
+      failures_->break_with(error);  // as documented for monitored_barrier
     }
     work->finish(error);
   });

@@ -9,7 +9,7 @@
 // irecv in any order never deadlock.
 //
 // After a timeout the group is broken (later calls fail at once, see
-// core/broken_group.h). A timed-out send or recv is cancelled (MPI_Cancel;
+// core/failure_state.h). A timed-out send or recv is cancelled (MPI_Cancel;
 // Open MPI cancels receives only); a collective cannot be. What MPI may
 // still read or write for an operation not cancelled — its tensors and
 // staging buffers — is kept alive by a process-wide list of requests in
@@ -25,6 +25,7 @@
 
 #include "dtrain/backend_hooks.h"
 #include "core/completion_watcher.h"
+#include "core/failure_state.h"
 #include "core/serial_executor.h"
 #include "dtrain/process_group.h"
 
@@ -69,10 +70,9 @@ class MpiProcessGroup final : public ProcessGroup {
   void check_tag(const Call& call, int tag) const;
 
   std::unique_ptr<Comm> comm_;
-  std::exception_ptr broken_;
-  std::mutex broken_mutex_;
+  std::shared_ptr<FailureState> failures_ = std::make_shared<FailureState>();
   CompletionWatcher p2p_;
-  SerialExecutor collectives_;  // last: drained first on destruction
+  SerialExecutor collectives_{failures_};  // last: drained first on destruction
 };
 
 // {rank, size} of this process in MPI_COMM_WORLD (initializes MPI).

@@ -11,7 +11,7 @@
 #include "common/logging.h"
 #include "core/average.h"
 #include "core/backend_registry.h"
-#include "core/broken_group.h"
+#include "core/failure_state.h"
 #include "dtrain/distributed.h"
 
 namespace dtrain::nccl_backend {
@@ -159,13 +159,7 @@ WorkPtr NcclProcessGroup::launch(const Call& call, std::vector<at::Tensor> tenso
   // Under the issue lock the watchdog cannot abort the communicator while
   // this operation is being queued on it (it takes the same lock first).
   std::lock_guard<std::mutex> issue(issue_mutex_);
-  {
-    std::lock_guard<std::mutex> lock(watch_mutex_);
-    if (broken_) {
-      work->finish(broken_group_error(call.description, broken_));
-      return work;
-    }
-  }
+  if (failures_.refuse(*work)) return work;
   DeviceScope on_device(device_);
   auto item = std::make_shared<InFlight>();
   item->tensors = std::move(tensors);
@@ -212,10 +206,7 @@ WorkPtr NcclProcessGroup::launch(const Call& call, std::vector<at::Tensor> tenso
 // return), the stream drained, and only then are the operations in flight
 // failed and their tensors released: nothing queued may still touch them.
 void NcclProcessGroup::break_group(std::exception_ptr error) {
-  {
-    std::lock_guard<std::mutex> lock(watch_mutex_);
-    if (!broken_) broken_ = error;
-  }
+  failures_.break_with(error);
   comm_->abort();
   cudaStreamSynchronize(stream_->get());  // errors here change nothing: the group is broken
   cudaGetLastError();
@@ -267,7 +258,7 @@ void NcclProcessGroup::watch() {
     if (done && !in_flight_.empty() && in_flight_.front() == oldest) {
       in_flight_.pop_front();
       // After an abort an end event completes too: that is not a success.
-      const auto broken = broken_;
+      const auto broken = failures_.error();
       lock.unlock();
       oldest->work->finish(broken ? broken_group_error(oldest->work->description(), broken)
                                   : nullptr);

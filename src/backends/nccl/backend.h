@@ -42,6 +42,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/failure_state.h"
 #include "dtrain/backend_hooks.h"
 #include "dtrain/process_group.h"
 
@@ -101,7 +102,9 @@ class NcclProcessGroup final : public ProcessGroup {
   std::mutex watch_mutex_;
   std::condition_variable watch_cv_;
   std::deque<std::shared_ptr<InFlight>> in_flight_;
-  std::exception_ptr broken_;
+  // Every failure here breaks the group (an argument is refused before
+  // anything is queued, on the caller's thread).
+  FailureState failures_;
   bool stop_ = false;
   std::thread watchdog_;
 };
