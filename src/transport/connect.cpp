@@ -38,14 +38,20 @@ std::unique_ptr<Transport> connect_topology(Store& store, int rank, const Topolo
   if (remote > 0) {
     scope.grant = links.granted;
     auto mesh = tcp::connect_mesh(store, rank, size, options, scope);
+    // One I/O thread per stream, as on tcp, unless this host's rings have
+    // theirs: then one serves every stream. The network phases run on every
+    // rank of the host at once (two_level.cpp), each on its own I/O thread,
+    // so the host's cores carry them still; and a rank keeps 4 threads
+    // (collectives, send/recv completion, rings, TCP) at any stream count.
     const int first = static_cast<int>(links.pollers.size());
-    for (int s = 0; s < options.streams; ++s)
+    const int tcp_threads = links.pollers.empty() ? options.streams : 1;
+    for (int s = 0; s < tcp_threads; ++s)
       links.pollers.push_back(std::make_unique<tcp::EpollPoller>());
     for (int p = 0; p < size; ++p) {
       if (!scope.peers[p]) continue;
       for (int s = 0; s < options.streams; ++s) {
         links.links[p].push_back(std::make_unique<tcp::SocketLink>(std::move(mesh.conns[p][s])));
-        links.poller_of[p].push_back(first + s);
+        links.poller_of[p].push_back(first + s % tcp_threads);
       }
       links.grants[p] = std::move(mesh.grants[p]);
       links.peer_names[p] = std::move(mesh.peer_names[p]);

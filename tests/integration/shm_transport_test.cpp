@@ -197,5 +197,36 @@ TEST(ShmTransport, AutoOverTwoHostsOpensSocketsOnlyAcrossThem) {
   EXPECT_EQ(during.load() - before, 4 * 2 * 2);
 }
 
+int threads_of_this_process() {
+  int n = 0;
+  DIR* dir = opendir("/proc/self/task");
+  while (dirent* e = readdir(dir)) n += e->d_name[0] != '.';
+  closedir(dir);
+  return n;
+}
+
+// Each rank of auto over two stand-in hosts runs 4 threads of dtrain's at
+// one or two TCP streams: the collectives, the send/recv completion, the
+// rings' I/O and one TCP I/O thread (which serves every stream while the
+// rings have a thread of their own). Before, two streams took 5.
+TEST(ShmTransport, AutoOverTwoHostsRunsFourThreadsPerRankAtAnyStreamCount) {
+  for (const char* streams : {"1", "2"}) {
+    testing::ScopedEnv forced("DTRAIN_TCP_STREAMS", streams);
+    const int before = threads_of_this_process();
+    std::atomic<int> during{-1};
+    expect_no_errors(testing::run_ranks(4, [&](ProcessGroup& g) {
+      auto in = at::zeros({4});
+      auto r = g.recv(in, (g.rank() + 3) % 4);
+      g.send(at::full({4}, float(g.rank())), (g.rank() + 1) % 4)->wait();
+      r->wait();
+      g.barrier()->wait();
+      if (g.rank() == 0) during = threads_of_this_process();
+      g.barrier()->wait();
+    }, 20s, GroupOptions(), "auto@2"));
+    // The 4 ranks' own threads (the harness's) and 4 of dtrain's each.
+    EXPECT_EQ(during.load() - before, 4 + 4 * 4) << "DTRAIN_TCP_STREAMS=" << streams;
+  }
+}
+
 }  // namespace
 }  // namespace dtrain
