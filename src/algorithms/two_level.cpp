@@ -11,10 +11,12 @@
 //     carry the network phase, not one leader's.
 //  3. Inside each host, a ring all-gather spreads the L blocks.
 //
-// Above 4 MiB the buffer goes through the phases in chunks (up to 8, of
-// 2 MiB or more), pipelined: a helper thread carries each chunk's phase 2
-// while this thread runs phase 1 of the next chunks and phase 3 of those
-// that are back, so the reduction inside a host overlaps the network.
+// From 8 MiB the buffer goes through the phases in chunks (2 to 8, of 4 MiB
+// or more), pipelined on this one thread: each chunk's phase 2 is
+// posted as soon as its phase 1 is done and moves on (CrossingRing::poll)
+// between the next chunks' phases, its bytes carried meanwhile by the
+// transport's I/O threads; so the reduction inside a host overlaps the
+// network.
 //
 // Each host sends 2(H-1)/H of the buffer over the network, against
 // 2(n-1)/n per rank boundary on a flat ring. Results are bitwise identical
@@ -35,11 +37,9 @@
 
 #include <algorithm>
 #include <cstring>
-#include <functional>
-#include <future>
-#include <stdexcept>
-#include <thread>
+#include <memory>
 
+#include "algorithms/reduce_kernels.h"
 #include "algorithms/util.h"
 #include "transport/subset.h"
 
@@ -134,61 +134,103 @@ void two_level_reduce_scatter(const Context& ctx, const void* input, void* outpu
 namespace {
 
 // The all_reduce is cut into chunks that go through the three phases one
-// after another: while chunk c crosses between hosts (on a helper thread),
-// this thread reduces chunk c+1 inside the host, and it spreads chunk c
-// inside the host as soon as it is back. A chunk is kChunkBytes or more.
-constexpr size_t kChunkBytes = size_t{2} << 20;
+// after another: while chunk c crosses between hosts, this thread reduces
+// chunk c+1 inside the host, and it spreads chunk c inside the host once it
+// is back. A chunk is kChunkBytes or more.
+constexpr size_t kChunkBytes = size_t{4} << 20;
 constexpr size_t kMaxChunks = 8;
 
-// The network phase of every chunk, in order, on a thread of its own: it
-// starts chunk c once ready(c) says that chunk is reduced inside the host;
-// crossed(c) waits until it is back (rethrowing the helper's error).
-class AcrossHosts {
+// Chunk c's network phase: a ring all_reduce among the H counterparts
+// (H-1 reduce-scatter steps, then H-1 all-gather steps), a whole block per
+// step, that advances without blocking: poll() takes it as far as the data
+// that has arrived allows, so that this thread can go on with the phases
+// inside the host meanwhile. Its messages carry a tag of their own, so the
+// chunks in flight never take each other's. Each block is reduced by one
+// rank in ring order, as in the flat ring: the results are bitwise equal on
+// every rank.
+class CrossingRing {
  public:
-  AcrossHosts(size_t chunks, std::function<void(size_t)> cross)
-      : ready_(chunks), crossed_(chunks), cross_(std::move(cross)) {
-    for (auto& p : ready_) handed_over_.push_back(p.get_future());
-    for (auto& p : crossed_) futures_.push_back(p.get_future());
-    thread_ = std::thread([this] { run(); });
+  CrossingRing(const Context& across, uint64_t tag, uint8_t* data, size_t count,
+               c10::ScalarType dtype, ReduceOp op, uint8_t* scratch)
+      : ctx_(across), tag_(tag), data_(data), dtype_(dtype), op_(op), scratch_(scratch),
+        n_(across.size()), r_(across.rank()),
+        blocks_{(count + n_ - 1) / n_ * c10::elementSize(dtype), count * c10::elementSize(dtype)} {
+    post_step();
   }
-  ~AcrossHosts() {
-    // On an error of this thread: the chunks not yet handed over never will be.
-    for (size_t c = handed_; c < ready_.size(); ++c)
-      ready_[c].set_exception(std::make_exception_ptr(std::runtime_error("not reached")));
-    thread_.join();
+
+  // Moves on while the current step's block has arrived; true once done.
+  bool poll() {
+    while (step_ < steps()) {
+      if (recv_ && !recv_->done()) return false;
+      finish_step();
+    }
+    return true;
   }
-  void ready(size_t c) {
-    ready_[c].set_value();
-    handed_ = c + 1;
+
+  // Blocks until done (each step's receive under the deadline).
+  void finish() {
+    while (step_ < steps()) {
+      if (recv_) recv_->wait(ctx_.deadline, ctx_.what);
+      finish_step();
+    }
+    wait_all(ctx_, sends_);
   }
-  void crossed(size_t c) { futures_[c].get(); }
 
  private:
-  void run() {
-    for (size_t c = 0; c < ready_.size(); ++c) {
-      try {
-        handed_over_[c].get();
-        cross_(c);
-        crossed_[c].set_value();
-      } catch (...) {
-        for (size_t k = c; k < crossed_.size(); ++k) crossed_[k].set_exception(std::current_exception());
-        return;
-      }
-    }
+  int steps() const { return 2 * (n_ - 1); }
+  bool gathering() const { return step_ >= n_ - 1; }
+  // Step s of the reduce-scatter sends block r-s-1 (reduced at step s-1)
+  // and receives block r-s-2 to reduce; step t of the all-gather sends block
+  // r-t (complete) and receives block r-t-1 into place.
+  int send_block() const {
+    return gathering() ? mod(r_ - (step_ - n_ + 1), n_) : mod(r_ - step_ - 1, n_);
+  }
+  int recv_block() const { return mod(send_block() - 1, n_); }
+
+  void post_step() {
+    recv_.reset();
+    if (step_ >= steps()) return;
+    const int out = send_block(), in = recv_block();
+    auto& t = ctx_.transport;
+    if (blocks_.bytes(out))
+      sends_.push_back(t.isend(mod(r_ + 1, n_), tag_, at(data_, blocks_.begin(out)),
+                               blocks_.bytes(out)));
+    if (blocks_.bytes(in))
+      recv_ = t.irecv(mod(r_ - 1, n_), tag_,
+                      gathering() ? at(data_, blocks_.begin(in)) : scratch_, blocks_.bytes(in));
   }
 
-  std::vector<std::promise<void>> ready_, crossed_;
-  std::vector<std::future<void>> handed_over_, futures_;
-  std::function<void(size_t)> cross_;
-  size_t handed_ = 0;
-  std::thread thread_;
+  void finish_step() {
+    if (recv_) {
+      recv_->wait(ctx_.deadline, ctx_.what);  // done: returns, or throws its error
+      if (!gathering()) {
+        const int b = recv_block();
+        kernels::accumulate_into(dtype_, op_, at(data_, blocks_.begin(b)), scratch_,
+                                 blocks_.bytes(b) / c10::elementSize(dtype_));
+      }
+    }
+    ++step_;
+    post_step();
+  }
+
+  const Context& ctx_;
+  const uint64_t tag_;
+  uint8_t* const data_;
+  const c10::ScalarType dtype_;
+  const ReduceOp op_;
+  uint8_t* const scratch_;
+  const int n_, r_;
+  const Blocks blocks_;
+  int step_ = 0;
+  transport::RequestPtr recv_;
+  std::vector<transport::RequestPtr> sends_;
 };
 
 }  // namespace
 
 void two_level_all_reduce(const Context& ctx, void* data, size_t count, c10::ScalarType dtype,
                           ReduceOp op) {
-  Levels lv(ctx);  // not const: the helper runs over its across_t
+  Levels lv(ctx);  // not const: the crossing runs over its across_t
   const int n = lv.local(), i = lv.i;
   const size_t elem = c10::elementSize(dtype), bytes = count * elem;
   const size_t chunks = std::clamp<size_t>(bytes / kChunkBytes, 1, kMaxChunks);
@@ -209,38 +251,38 @@ void two_level_all_reduce(const Context& ctx, void* data, size_t count, c10::Sca
   std::vector<Posted> gather_recvs;
   for (const auto& part : parts)
     gather_recvs.push_back(post_all_gather_recvs(lv.inside, part.data, part.blocks, gather_tag));
-  // The helper's phase has scratch of its own (rows: unused by all_reduce).
-  const Context outside{lv.across_t, lv.outside.tag, ctx.deadline, ctx.what, ctx.rows, ctx.copy,
-                        ctx.rows};
-  auto cross = [&](size_t c) {
-    const auto& part = parts[c];
-    all_reduce(outside, at(part.data, part.blocks.begin(i)), part.blocks.bytes(i) / elem, dtype,
-               op);
-  };
+  const Context outside{lv.across_t, lv.outside.tag, ctx.deadline, ctx.what, ctx.scratch,
+                        ctx.copy, ctx.rows};
   if (chunks == 1) {
     ring_reduce_scatter(lv.inside, parts[0].data, parts[0].blocks, dtype, op);
-    cross(0);
+    const auto& b = parts[0].blocks;
+    all_reduce(outside, at(parts[0].data, b.begin(i)), b.bytes(i) / elem, dtype, op);
     ring_all_gather(lv.inside, parts[0].data, parts[0].blocks, gather_tag,
                     std::move(gather_recvs[0]));
     return;
   }
-  AcrossHosts across(chunks, cross);
-  try {
-    for (size_t c = 0; c < chunks; ++c) {
-      ring_reduce_scatter(lv.inside, parts[c].data, parts[c].blocks, dtype, op);
-      across.ready(c);
-    }
-    for (size_t c = 0; c < chunks; ++c) {
-      across.crossed(c);
-      ring_all_gather(lv.inside, parts[c].data, parts[c].blocks, gather_tag,
-                      std::move(gather_recvs[c]));
-    }
-  } catch (...) {
-    // The helper may be waiting on the network: the transport's failure
-    // ends its waits before `across` joins it (the group would break the
-    // transport anyway).
-    ctx.transport.fail(std::current_exception());
-    throw;
+  // Each chunk's crossing receives into a scratch block of its own (rows:
+  // the ring inside the host uses `scratch`). Chunk c's tag has c in bits
+  // 52-55 (sequence numbers stay far below).
+  const size_t across_stride = (parts[0].blocks.stride / elem + lv.hosts() - 1) / lv.hosts() * elem;
+  uint8_t* crossing_scratch = ctx.rows.get(chunks * across_stride);
+  std::vector<std::unique_ptr<CrossingRing>> crossing;
+  auto progress = [&] {
+    for (auto& x : crossing) x->poll();
+  };
+  for (size_t c = 0; c < chunks; ++c) {
+    ring_reduce_scatter(lv.inside, parts[c].data, parts[c].blocks, dtype, op);
+    const auto& b = parts[c].blocks;
+    crossing.push_back(std::make_unique<CrossingRing>(
+        outside, outside.tag | (uint64_t{c} << 52), at(parts[c].data, b.begin(i)),
+        b.bytes(i) / elem, dtype, op, crossing_scratch + c * across_stride));
+    progress();
+  }
+  for (size_t c = 0; c < chunks; ++c) {
+    crossing[c]->finish();
+    progress();
+    ring_all_gather(lv.inside, parts[c].data, parts[c].blocks, gather_tag,
+                    std::move(gather_recvs[c]));
   }
 }
 

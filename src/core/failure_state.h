@@ -29,8 +29,9 @@ inline std::exception_ptr broken_group_error(const std::string& call, std::excep
     why = e.what();
   } catch (...) {
   }
-  return std::make_exception_ptr(NetworkError(call + " cannot run: the group is broken by an earlier error (" +
-                                              why + "); destroy it and create a new one"));
+  return std::make_exception_ptr(NetworkError(
+      call + " cannot run: the group is broken by an earlier error (" + why +
+      "); destroy it and create a new one"));
 }
 
 class FailureState {
@@ -58,7 +59,9 @@ class FailureState {
   // the group does beyond recording it (failing that transport, so that
   // peers stop waiting). Set both before the group runs anything.
   void watch(std::function<std::exception_ptr()> source) { source_ = std::move(source); }
-  void on_break(std::function<void(const std::exception_ptr&)> hook) { on_break_ = std::move(hook); }
+  void on_break(std::function<void(const std::exception_ptr&)> hook) {
+    on_break_ = std::move(hook);
+  }
 
   // The error that broke the group; null while none has.
   std::exception_ptr error() const {

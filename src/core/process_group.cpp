@@ -325,8 +325,9 @@ void ProcessGroup::check_op(const Op& op) const {
     case OpType::GATHER: case OpType::SCATTER: {
       const bool gather = op.type == OpType::GATHER;
       const auto& list = gather ? out : in;
-      if (rank_ == op.root) c.list_like(gather ? "outputs" : "inputs", list, gather ? in[0] : out[0], size_);
-      else c.empty_list(gather ? "outputs" : "inputs", list, op.root);
+      const char* what = gather ? "outputs" : "inputs";
+      if (rank_ == op.root) c.list_like(what, list, gather ? in[0] : out[0], size_);
+      else c.empty_list(what, list, op.root);
       break;
     }
     case OpType::ALL_GATHER_INTO_TENSOR: c.flat_of("output", out[0], "input", in[0], size_); break;

@@ -547,16 +547,17 @@ TEST(TwoLevel, AllGatherAndReduceScatterOverHostsAreExact) {
   }
 }
 
-// Above 4 MiB the two-level all_reduce runs in chunks, the network phase of
-// one beside the phases inside the host of the others (a helper thread):
-// exact in every chunk, the last one shorter, for a float sum and an
-// integer max, on 2 hosts of 2 and of 3 ranks and 3 hosts of 2.
+// From 8 MiB the two-level all_reduce runs in chunks, the network phase of
+// one beside the phases inside the host of the others: exact in every
+// chunk, the last one shorter, with 2 and 4 chunks (float) and 4 and 8
+// (int64), for a float sum and an integer max, on 2 hosts of 2 and of 3
+// ranks and 3 hosts of 2.
 TEST(TwoLevel, PipelinedAllReduceIsExactInEveryChunk) {
   for (const auto& [backend, world] :
        {std::pair<std::string, int>{"auto@2", 4}, {"auto@2", 6}, {"auto@3", 6}}) {
     const int W = world;
     expect_no_errors(testing::run_ranks(W, [&](ProcessGroup& g) {
-      for (int64_t n : {int64_t{1500007}, int64_t{5000003}}) {
+      for (int64_t n : {int64_t{2500007}, int64_t{4500007}}) {
         auto t = input(g.rank(), n, at::kFloat);
         g.all_reduce(t)->wait();
         expect_equal(t, expected_reduction(W, n, at::kFloat, ReduceOp::SUM),
@@ -571,8 +572,7 @@ TEST(TwoLevel, PipelinedAllReduceIsExactInEveryChunk) {
 }
 
 // A rank that never reaches a pipelined all_reduce: every other rank fails
-// by the call's timeout (whichever phase, or the helper, was waiting), and
-// none hangs on the helper thread.
+// by the call's timeout, whichever phase was waiting.
 TEST(TwoLevel, APipelinedAllReduceFailsByItsTimeoutWhenARankIsMissing) {
   const auto timeout = std::chrono::milliseconds(1500);
   std::vector<double> seconds(4, 0.0);
@@ -581,7 +581,7 @@ TEST(TwoLevel, APipelinedAllReduceFailsByItsTimeoutWhenARankIsMissing) {
       std::this_thread::sleep_for(std::chrono::seconds(4));
       return;
     }
-    auto t = at::ones({3 << 20});  // 12 MiB: 6 chunks
+    auto t = at::ones({3 << 20});  // 12 MiB: 3 chunks
     const auto start = std::chrono::steady_clock::now();
     try {
       g.all_reduce(t, ReduceOp::SUM, timeout)->wait();
