@@ -49,9 +49,9 @@ const Var kTty{"DTRAIN_TTY", "0",
                "Set to 1 by dtrain-run for workers whose output it shows on a terminal, so "
                "console_is_terminal() can choose a live progress bar."};
 
-const Var kShmChunkBytes{"DTRAIN_SHM_CHUNK_BYTES", "131072",
+const Var kShmChunkBytes{"DTRAIN_SHM_CHUNK_BYTES", "auto",
                           "Bytes each rank of an shm group moves per step (its slot holds "
-                          "two); read by group rank 0 when the group is created."};
+                          "two), or auto; read by group rank 0 when the group is created."};
 
 const Var kShmDisable{"DTRAIN_SHM_DISABLE", "0",
                        "1: no shared memory between ranks: backend auto uses tcp for every "

@@ -10,9 +10,13 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <optional>
 #include <utility>
 
+#include "dtrain/errors.h"
+#include "harness/scoped_env.h"
 #include "transport/shm/segment.h"
+#include "transport/shm/slots.h"
 
 namespace dtrain::shm {
 namespace {
@@ -94,4 +98,25 @@ TEST(ShmSegment, MoveConstructionLeavesTheSourceEmpty) {
 }
 
 }  // namespace
+// DTRAIN_SHM_CHUNK_BYTES: auto (the default) gives 1 MiB halves to groups
+// of up to 4 ranks, then less within 8 MiB a group, at least 128 KiB; a
+// number is taken as it is; anything else is refused naming the variable.
+TEST(ShmChunkBytes, AutoSizesByRanksAndANumberIsTakenAsItIs) {
+  const size_t KiB = 1024;
+  for (const char* value : {"", "auto"}) {
+    std::optional<testing::ScopedEnv> set;
+    if (*value) set.emplace("DTRAIN_SHM_CHUNK_BYTES", value);
+    EXPECT_EQ(Slots::chunk_bytes(2), 1024 * KiB);
+    EXPECT_EQ(Slots::chunk_bytes(4), 1024 * KiB);
+    EXPECT_EQ(Slots::chunk_bytes(8), 512 * KiB);
+    EXPECT_EQ(Slots::chunk_bytes(16), 256 * KiB);
+    EXPECT_EQ(Slots::chunk_bytes(24), 168 * KiB);
+    EXPECT_EQ(Slots::chunk_bytes(64), 128 * KiB);
+  }
+  testing::ScopedEnv number("DTRAIN_SHM_CHUNK_BYTES", "4096");
+  EXPECT_EQ(Slots::chunk_bytes(16), 4096u);
+  testing::ScopedEnv word("DTRAIN_SHM_CHUNK_BYTES", "big");
+  EXPECT_THROW(Slots::chunk_bytes(2), InvalidArgument);
+}
+
 }  // namespace dtrain::shm

@@ -28,10 +28,15 @@ class Slots {
 
   // Every rank of the group; uses the store's keys under "shm/" (give it a
   // scope of its own). DTRAIN_SHM_CHUNK_BYTES, read by rank 0, sizes the
-  // slot halves. `name`: the group's, for messages.
+  // slot halves (chunk_bytes). `name`: the group's, for messages.
   Slots(Store& store, int rank, int size, const std::string& name);
   Slots(const Slots&) = delete;  // the barrier refers to the segment
   Slots& operator=(const Slots&) = delete;
+
+  // The slot halves of a group of `ranks` as DTRAIN_SHM_CHUNK_BYTES says:
+  // its value, or for "auto" (the default) 1 MiB, less above 4 ranks so that
+  // the slots take at most 8 MiB, and at least 128 KiB.
+  static size_t chunk_bytes(int ranks);
 
   int rank() const { return rank_; }
   int size() const { return size_; }
