@@ -264,7 +264,8 @@ void two_level_all_reduce(const Context& ctx, void* data, size_t count, c10::Sca
   // Each chunk's crossing receives into a scratch block of its own (rows:
   // the ring inside the host uses `scratch`). Chunk c's tag has c in bits
   // 52-55 (sequence numbers stay far below).
-  const size_t across_stride = (parts[0].blocks.stride / elem + lv.hosts() - 1) / lv.hosts() * elem;
+  const size_t widest = parts[0].blocks.stride / elem;  // elements of the widest block
+  const size_t across_stride = (widest + lv.hosts() - 1) / lv.hosts() * elem;
   uint8_t* crossing_scratch = ctx.rows.get(chunks * across_stride);
   std::vector<std::unique_ptr<CrossingRing>> crossing;
   auto progress = [&] {
