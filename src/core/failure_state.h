@@ -96,11 +96,16 @@ class FailureState {
     return true;
   }
 
-  // Refuses `work`, or runs `body` and finishes `work` with its outcome under
-  // the policy. The group is broken before the failed work is finished, so a
-  // caller woken by that failure already sees error().
+  // Refuses `work`, or completes it with `body` (below).
   void run(Work& work, const std::function<void()>& body) {
-    if (refuse(work)) return;
+    if (!refuse(work)) complete(work, body);
+  }
+
+  // Runs `body`, even on a broken group (an operation already posted must
+  // be seen through), and finishes `work` with its outcome under the policy.
+  // The group is broken before the failed work is finished, so a caller
+  // woken by that failure already sees error().
+  void complete(Work& work, const std::function<void()>& body) {
     std::exception_ptr failure;
     try {
       body();

@@ -208,16 +208,11 @@ WorkPtr MpiProcessGroup::launch(const Call& call, SerialExecutor& executor,
   // (a timeout, an MPI failure) breaks the group. The body runs even if
   // the group broke meanwhile: MPI must be done with the posted request.
   executor.submit([this, work, posted, after = std::move(after), call] {
-    std::exception_ptr error;
-    try {
+    failures_->complete(*work, [&] {
       complete(call, posted);
       if (posted->receive) work->set_source_rank(posted->source);
       if (after) after();
-    } catch (...) {
-      error = std::current_exception();
-      failures_->fail(error);
-    }
-    work->finish(error);
+    });
   });
   return work;
 }
