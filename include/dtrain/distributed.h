@@ -176,4 +176,25 @@ int recv(at::Tensor tensor, int src, const P2POptions& options = P2POptions());
 WorkPtr isend(at::Tensor tensor, int dst, const P2POptions& options = P2POptions());
 WorkPtr irecv(at::Tensor tensor, int src, const P2POptions& options = P2POptions());
 
+// torch.distributed.P2POp and batch_isend_irecv: `op` is dtrain::isend or
+// dtrain::irecv, `peer` a global rank (kAnySource for a receive from any
+// rank), `group` null for the default group. Every operation of a batch must
+// use the same group; each is checked before any is posted (InvalidArgument
+// naming the one at fault), all are posted at once (on nccl as one NCCL
+// group call), and each completes on its own, whatever their order. The
+// flight recorder and the timeline label each "batch_isend_irecv #k (i of n)".
+using P2PFunction = WorkPtr (*)(at::Tensor, int, const P2POptions&);
+struct P2POp {
+  P2POp(P2PFunction op, at::Tensor tensor, int peer, std::shared_ptr<ProcessGroup> group = nullptr,
+        int tag = 0)
+      : op(op), tensor(std::move(tensor)), peer(peer), group(std::move(group)), tag(tag) {}
+  P2PFunction op;
+  at::Tensor tensor;
+  int peer;
+  std::shared_ptr<ProcessGroup> group;
+  int tag;
+};
+// One work per operation, in order (on nccl the batch's one work, repeated).
+std::vector<WorkPtr> batch_isend_irecv(const std::vector<P2POp>& p2p_op_list);
+
 }  // namespace dtrain

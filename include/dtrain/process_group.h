@@ -171,6 +171,12 @@ class ProcessGroup {
   // this): the same checks, numbering, diagnostics and staging, then the
   // backend.
   WorkPtr issue(Op op, Timeout timeout = {});
+  // Sends and receives as one batch (batch_isend_irecv): every descriptor is
+  // checked before any is numbered or posted, all are posted under one
+  // issue step (nccl: one NCCL group call), and each carries the batch into
+  // the flight recorder and the timeline. One work per descriptor, in order;
+  // on nccl they are the one work of the group call.
+  std::vector<WorkPtr> issue_batch(std::vector<Op> ops, Timeout timeout = {});
 
   int rank() const { return rank_; }  // -1 on a rank that is not a member
   int size() const { return size_; }
@@ -204,6 +210,9 @@ class ProcessGroup {
   // By default each type goes to its hook below; a layer that forwards whole
   // operations (auto's CUDA routing) replaces this instead.
   virtual WorkPtr post(const Call& call, Op op);
+  // Where a validated batch of sends and receives goes: by default each to
+  // post(), in order.
+  virtual std::vector<WorkPtr> post_batch(const std::vector<Call>& calls, std::vector<Op> ops);
 
   // Backend hooks, one per operation. A backend writes those it runs
   // (DTRAIN_PROCESS_GROUP_HOOKS, backend_hooks.h, declares all of them);
@@ -263,6 +272,7 @@ class ProcessGroup {
   std::mutex issue_mutex_;  // numbering + handing over happen as one step
   uint64_t next_seq_ = 0;
   uint64_t next_p2p_ = 0;
+  uint64_t next_batch_ = 0;
   std::shared_ptr<detail::FlightRecorder> recorder_;
   bool recorder_made_ = false;
   std::shared_ptr<void> timeline_track_;  // diagnostics/timeline.h, created on first use

@@ -203,6 +203,34 @@ WorkPtr irecv(at::Tensor tensor, int src, const P2POptions& o) {
   return g->recv(std::move(tensor), from, o.tag(), o.timeout());
 }
 
+std::vector<WorkPtr> batch_isend_irecv(const std::vector<P2POp>& list) {
+  DTRAIN_CHECK_ARG(!list.empty(), "batch_isend_irecv: the list of operations is empty");
+  auto g = pick(list[0].group);
+  std::vector<Op> ops;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const auto& p = list[i];
+    const bool send = p.op == &isend;
+    DTRAIN_CHECK_ARG(send || p.op == &irecv, "batch_isend_irecv: operation ", i,
+                     "'s op is neither dtrain::isend nor dtrain::irecv");
+    DTRAIN_CHECK_ARG(pick(p.group) == g, "batch_isend_irecv: operation ", i,
+                     " uses another group than operation 0 (group '", pick(p.group)->name(),
+                     "' against '", g->name(), "'); every operation must use the same group");
+    Op op;
+    op.type = send ? OpType::SEND : OpType::RECV;
+    (send ? op.inputs : op.outputs).push_back(p.tensor);
+    try {
+      op.root = !send && p.peer == kAnySource
+                    ? kAnySource
+                    : to_group_rank(*g, p.peer, send ? "send" : "recv", send ? "dst" : "src");
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(detail::cat("batch_isend_irecv: operation ", i, ": ", e.what()));
+    }
+    op.tag = p.tag;
+    ops.push_back(std::move(op));
+  }
+  return g->issue_batch(std::move(ops));
+}
+
 void send(at::Tensor tensor, int dst, const P2POptions& o) { isend(std::move(tensor), dst, o)->wait(); }
 
 int recv(at::Tensor tensor, int src, const P2POptions& o) {

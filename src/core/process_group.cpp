@@ -11,9 +11,11 @@
 #include <numeric>
 
 #include "common/enforce.h"
+#include "common/json_text.h"
 #include "common/logging.h"
 #include "diagnostics/fingerprint.h"
 #include "diagnostics/flight_recorder.h"
+#include "diagnostics/op_label.h"
 #include "diagnostics/timeline.h"
 #include "core/tensor_checks.h"
 
@@ -115,15 +117,16 @@ void ProcessGroup::timeline_span(const Call& call, Work& work) {
   // it was issued or the previous one ended, whichever is later, to its end.
   const auto issued = tl::Clock::now();
   work.on_finish([track = std::static_pointer_cast<Track>(timeline_track_), issued,
-                  name = std::string(call.op), seq = call.seq,
-                  collective = call.collective](const std::exception_ptr& error) {
+                  name = std::string(call.op), seq = call.seq, collective = call.collective,
+                  label = detail::OpLabel::current()](const std::exception_ptr& error) {
     std::lock_guard<std::mutex> lock(track->mutex);
     const auto end = tl::Clock::now();
     const auto begin = std::max(issued, track->last_end);
     track->last_end = end;
     tl::span(name, track->id, begin, end,
              detail::cat("\"seq\": ", seq, ", \"kind\": \"", collective ? "collective" : "p2p",
-                         "\", \"ok\": ", error ? "false" : "true"));
+                         "\", \"ok\": ", error ? "false" : "true",
+                         label.empty() ? "" : ", \"label\": \"" + detail::json_escaped(label) + "\""));
   });
 }
 
@@ -361,6 +364,56 @@ WorkPtr ProcessGroup::issue(Op op, Timeout timeout) {
   auto work = post(call, std::move(op));
   if (named_source != kAnySource) work->set_source_rank(named_source);
   return tracked(id, call, write_back(std::move(work), std::move(back)));
+}
+
+std::vector<WorkPtr> ProcessGroup::issue_batch(std::vector<Op> ops, Timeout timeout) {
+  DTRAIN_CHECK_ARG(!ops.empty(), "batch_isend_irecv: the list of operations is empty");
+  for (size_t i = 0; i < ops.size(); ++i) {
+    DTRAIN_CHECK_ARG(ops[i].type == OpType::SEND || ops[i].type == OpType::RECV,
+                     "batch_isend_irecv: operation ", i, " is ", to_string(ops[i].type),
+                     "; a batch holds only send and recv");
+    try {
+      check_op(ops[i]);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(detail::cat("batch_isend_irecv: operation ", i, ": ", e.what()));
+    }
+  }
+  std::lock_guard<std::mutex> lock(issue_mutex_);
+  const uint64_t batch = next_batch_++;
+  const auto outer = detail::OpLabel::current();
+  std::vector<Call> calls;
+  std::vector<std::string> labels;
+  std::vector<uint64_t> ids;
+  std::vector<std::vector<std::pair<at::Tensor, at::Tensor>>> back(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    auto& op = ops[i];
+    calls.push_back(next_call(to_string(op.type), timeout, false));
+    labels.push_back(detail::cat(outer, outer.empty() ? "" : ", ", "batch_isend_irecv #", batch,
+                                 " (", i + 1, " of ", ops.size(), ")"));
+    detail::OpLabel label(labels.back());
+    ids.push_back(record(calls.back(), subject(op), op.root, -1));
+    for (auto& t : op.inputs) t = t.contiguous();
+    for (auto& t : op.outputs) t = stage_output(t, back[i]);
+  }
+  std::vector<int> sources;
+  for (const auto& op : ops) sources.push_back(op.type == OpType::RECV ? op.root : kAnySource);
+  auto works = post_batch(calls, std::move(ops));
+  DTRAIN_ENFORCE_EQ(works.size(), calls.size());
+  for (size_t i = 0; i < works.size(); ++i) {
+    // A work shared by the batch (nccl's group call) names no one source.
+    if (sources[i] != kAnySource && std::count(works.begin(), works.end(), works[i]) == 1)
+      works[i]->set_source_rank(sources[i]);
+    detail::OpLabel label(labels[i]);
+    works[i] = tracked(ids[i], calls[i], write_back(std::move(works[i]), std::move(back[i])));
+  }
+  return works;
+}
+
+std::vector<WorkPtr> ProcessGroup::post_batch(const std::vector<Call>& calls,
+                                              std::vector<Op> ops) {
+  std::vector<WorkPtr> works;
+  for (size_t i = 0; i < ops.size(); ++i) works.push_back(post(calls[i], std::move(ops[i])));
+  return works;
 }
 
 WorkPtr ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op, Timeout timeout) {

@@ -1,4 +1,5 @@
 #include "diagnostics/flight_recorder.h"
+#include "diagnostics/op_label.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -169,6 +170,7 @@ uint64_t FlightRecorder::issued(const char* op, bool collective, uint64_t seq,
   e.issued_ns = now_ns();
   e.finished_ns = 0;
   e.error.clear();
+  e.label = OpLabel::current();
   if (tensor.defined()) {
     e.dtype = static_cast<int8_t>(tensor.scalar_type());
     e.ndim = static_cast<int8_t>(std::min<int64_t>(tensor.dim(), kMaxDims));
@@ -242,7 +244,9 @@ std::string FlightRecorder::json() const {
         << (e.reduce_op >= 0 ? to_string(static_cast<ReduceOp>(e.reduce_op)) : "")
         << "\", \"state\": \"" << state << "\", \"issued_us\": " << wall_us(e.issued_ns)
         << ", \"finished_us\": " << wall_us(e.finished_ns) << ", \"error\": \""
-        << json_escaped(e.error) << "\"}";
+        << json_escaped(e.error) << "\"";
+    if (!e.label.empty()) out << ", \"label\": \"" << json_escaped(e.label) << "\"";
+    out << "}";
     first = false;
   }
   out << "]}";

@@ -2,9 +2,10 @@
 
 // The flight recorder: each process group keeps its last N operations
 // (DTRAIN_TRACE_BUFFER_SIZE, default 2000; 0 turns it off) in a ring —
-// sequence number, op, dtype, shape, root or peer, reduce op, state and
-// times. When DTRAIN_TRACE_DIR is set, the process writes every group's
-// ring to DIR/rank-<global rank>.json on its first failed operation
+// sequence number, op, dtype, shape, root or peer, reduce op, state,
+// times and label (op_label.h). When DTRAIN_TRACE_DIR is set, the process
+// writes every group's ring to DIR/rank-<global rank>.json on its first
+// failed operation
 // (timeout, peer failure, mismatch) before the failure reaches the caller,
 // on SIGUSR2, on SIGTERM (then it ends as SIGTERM would have ended it;
 // both signals only where the program left their default action), and on
@@ -62,6 +63,7 @@ class FlightRecorder {
     int64_t sizes[6] = {};
     int64_t issued_ns = 0, finished_ns = 0;  // steady clock
     std::string error;
+    std::string label;  // detail::OpLabel's text when it was issued
   };
 
   const std::string group_name_;

@@ -170,6 +170,25 @@ std::string last_of(const GroupView& v, int rank) {
   return at_text(*it->second.rbegin()->second);
 }
 
+// In each group, each rank's first point-to-point operation that failed or
+// never finished, with its label: where a pipeline stage waits.
+void note_p2p(const Evidence& ev, Report& report, std::string& stuck) {
+  for (const auto& [rank, dump] : ev.dumps)
+    for (const auto& g : dump.groups)
+      for (const auto& e : g.entries) {
+        if (e.collective() || e.state == "completed") continue;
+        std::ostringstream line;
+        line << "rank " << rank << " in group '" << g.name << "': " << e.op << " #" << e.seq
+             << (e.op == "send" ? " to" : " from") << " group rank " << e.root;
+        if (!e.label.empty()) line << " [" << e.label << "]";
+        line << " " << (e.state == "failed" ? "failed: " + first_line(e.error)
+                                            : "did not complete (" + e.state + ")");
+        report.findings.push_back(line.str());
+        if (stuck.empty()) stuck = line.str();
+        break;
+      }
+}
+
 // Where each piece of evidence came from, first in the findings.
 void note_sources(const Evidence& ev, int world, Report& report) {
   std::vector<int> no_dump;
@@ -248,10 +267,13 @@ Report analyze(const Evidence& ev) {
       if (failure.empty()) failure = line;
     }
   }
+  std::string stuck;
+  note_p2p(ev, report, stuck);
   if (!mismatch.empty()) report.verdict = "verdict: " + mismatch;
   else if (!missing.empty()) report.verdict = "verdict: " + missing;
   else if (!behind.empty()) report.verdict = "verdict: " + behind;
   else if (!failure.empty()) report.verdict = "verdict: every rank reached the same collective; " + failure;
+  else if (!stuck.empty()) report.verdict = "verdict: the collectives agree; " + stuck;
   else report.verdict = "verdict: the ranks agree and none is behind";
   return report;
 }

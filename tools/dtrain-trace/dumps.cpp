@@ -66,6 +66,7 @@ Entry parse_entry(const json& j) {
   e.issued_us = field<int64_t>(j, "issued_us");
   e.finished_us = field<int64_t>(j, "finished_us");
   e.error = field<std::string>(j, "error");
+  if (j.contains("label")) e.label = field<std::string>(j, "label");
   if (e.kind != "collective" && e.kind != "p2p") throw BadDump("unknown kind '" + e.kind + "'");
   return e;
 }

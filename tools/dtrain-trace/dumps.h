@@ -18,6 +18,7 @@ namespace dtrain::trace {
 struct Entry {
   uint64_t seq = 0;
   std::string op, kind, dtype, reduce_op, state, error;
+  std::string label;  // what issued it (a batch, a pipeline stage); may be empty
   std::vector<int64_t> shape;
   int64_t root = -1;
   int64_t issued_us = 0, finished_us = 0;

@@ -475,6 +475,33 @@ WorkPtr NcclProcessGroup::do_recv(const Call& call, at::Tensor tensor, int src, 
   }, Launch{false, src});
 }
 
+std::vector<WorkPtr> NcclProcessGroup::post_batch(const std::vector<Call>& calls,
+                                                  std::vector<Op> ops) {
+  Call call = calls.front();
+  call.description = detail::cat("batch_isend_irecv of ", ops.size(), " (", calls.front().op,
+                                 " #", calls.front().seq, " to ", calls.back().op, " #",
+                                 calls.back().seq, ") on group '", name(), "' (rank ", rank(),
+                                 "/", size(), ", backend nccl)");
+  std::vector<at::Tensor> tensors;
+  for (const auto& op : ops) {
+    const bool send = op.type == OpType::SEND;
+    tensors.push_back(send ? op.inputs[0] : op.outputs[0]);
+    check_device(call, tensors.back());
+    DTRAIN_CHECK_ARG(send || op.root != kAnySource, call.description,
+                     ": recv from any source is not available on nccl; name the source rank");
+  }
+  auto work = launch(call, tensors, [&] {
+    grouped(call, [&] {
+      for (size_t i = 0; i < ops.size(); ++i) {
+        const int type = nccl_type(calls[i].op, tensors[i].scalar_type(), false);
+        if (ops[i].type == OpType::SEND) send_to(tensors[i], ops[i].root, type);
+        else recv_from(tensors[i], ops[i].root, type);
+      }
+    });
+  });
+  return std::vector<WorkPtr>(ops.size(), work);
+}
+
 DTRAIN_REGISTER_BACKEND(nccl, register_backend("nccl", [](std::shared_ptr<Store> store, int rank,
                                                           int size, const GroupOptions& options) {
   return std::make_shared<NcclProcessGroup>(std::move(store), rank, size, options);

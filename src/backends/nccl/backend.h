@@ -72,6 +72,8 @@ class NcclProcessGroup final : public ProcessGroup {
   WorkPtr do_all_gather_into_tensor(const Call& call, at::Tensor output, at::Tensor input) override;
   WorkPtr do_reduce_scatter_tensor(const Call& call, at::Tensor output, at::Tensor input,
                                    ReduceOp op) override;
+  // batch_isend_irecv: one NCCL group call, one work for the whole batch.
+  std::vector<WorkPtr> post_batch(const std::vector<Call>& calls, std::vector<Op> ops) override;
 
  private:
   // Issues one operation: the group's stream waits for the caller's current
