@@ -100,6 +100,11 @@ class DDPCore {
   void post_forward();
   void set_sync(bool enabled);
   bool sync_enabled() const;
+  // Pipelining: the next backward is synchronized although the forward
+  // that built its graph ran without synchronization (a pipeline runs its
+  // microbatches' forwards before the last one's backward); turns
+  // synchronization on. That backward averages everything accumulated.
+  void sync_next_backward();
   void register_comm_hook(CommHook hook);
   DDPStats stats() const;
   void join(const JoinOptions& options, const std::function<void()>& body);

@@ -134,6 +134,10 @@ void DDPCore::post_forward() {
 
 void DDPCore::set_sync(bool enabled) { impl_->sync = enabled; }
 bool DDPCore::sync_enabled() const { return impl_->sync; }
+void DDPCore::sync_next_backward() {
+  impl_->sync = true;
+  if (at::GradMode::is_enabled()) impl_->reducer->prepare_for_backward();
+}
 void DDPCore::register_comm_hook(CommHook hook) { impl_->reducer->set_comm_hook(std::move(hook)); }
 DDPStats DDPCore::stats() const { return impl_->reducer->stats(); }
 ProcessGroup& DDPCore::group() const { return *impl_->group; }

@@ -17,6 +17,7 @@ using Clock = std::chrono::steady_clock;
 constexpr int kStepTrack = 1;          // forward, backward, user spans
 constexpr int kBucketTrack = 100;      // + bucket index: one per DDP bucket
 constexpr int kCollectiveTrack = 1000; // + group id: one per process group
+constexpr int kPipelineTrack = 100000; // + stage index: one per pipeline stage
 
 // Whether DTRAIN_TIMELINE is set (read once).
 bool enabled();

@@ -1,0 +1,434 @@
+#include "pipelining/runner.h"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include <algorithm>
+#include <set>
+
+#include "common/enforce.h"
+#include "diagnostics/op_label.h"
+#include "diagnostics/timeline.h"
+#include "dtrain/errors.h"
+
+namespace dtrain::pipelining::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using dtrain::detail::cat;
+using dtrain::detail::join;
+
+// Tags of the pipeline's messages: above what programs usually pick, one
+// per receiving stage, direction and microbatch; a stage's first-step shape
+// header just below them.
+constexpr int kTagBase = 1 << 28;
+constexpr int kMaxDims = 10;
+constexpr int kMaxLocalStages = 16;
+
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+// Rethrows the exception being handled with `context` in front, keeping
+// its type.
+[[noreturn]] void rethrow_with(const std::string& context) {
+  try {
+    throw;
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(context + e.what());
+  } catch (const NetworkError& e) {
+    throw NetworkError(context + e.what());
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(context + e.what());
+  } catch (const CollectiveMismatch& e) {
+    throw CollectiveMismatch(context + e.what());
+  } catch (const Error& e) {
+    throw Error(context + e.what());
+  }
+}
+
+std::string shape_text(const std::vector<int64_t>& sizes, at::ScalarType dtype) {
+  return cat(c10::toString(dtype), " [", join(sizes), "]");
+}
+
+// DTRAIN_TIMELINE: one track per stage, a span per forward and backward.
+void draw(const char* what, int stage, int mb, Clock::time_point begin) {
+  namespace tl = dtrain::detail::timeline;
+  if (!tl::enabled()) return;
+  tl::name_track(tl::kPipelineTrack + stage, cat("pipeline stage ", stage));
+  tl::span(what, tl::kPipelineTrack + stage, begin, Clock::now(), cat("\"microbatch\": ", mb));
+}
+
+}  // namespace
+
+Runner::Runner(ScheduleKind kind, std::vector<PipelineStage> stages, int n_microbatches,
+               LossFn loss_fn)
+    : kind_(kind), m_(n_microbatches), loss_fn_(std::move(loss_fn)) {
+  const std::string name = to_string(kind);
+  DTRAIN_CHECK_ARG(!stages.empty(), name, ": no stage given");
+  std::sort(stages.begin(), stages.end(),
+            [](const auto& a, const auto& b) { return a.stage_index() < b.stage_index(); });
+  group_ = stages[0].group();
+  rank_ = group_->rank();
+  ranks_ = group_->size();
+  const int v = static_cast<int>(stages.size());
+  const int num_stages = stages[0].num_stages();
+  for (size_t i = 0; i < stages.size(); ++i) {
+    const auto& s = stages[i];
+    DTRAIN_CHECK_ARG(s.group() == group_, name, ": stages ", stages[0].stage_index(), " and ",
+                     s.stage_index(), " use different groups; a rank's stages share one");
+    DTRAIN_CHECK_ARG(s.num_stages() == num_stages, name, ": stage ", stages[0].stage_index(),
+                     " says num_stages ", num_stages, " but stage ", s.stage_index(), " says ",
+                     s.num_stages());
+    DTRAIN_CHECK_ARG(i == 0 || s.stage_index() != stages[i - 1].stage_index(), name, ": stage ",
+                     s.stage_index(), " is given twice");
+  }
+  const auto shape = check_shape(kind, ranks_, v, m_);
+  DTRAIN_CHECK_ARG(shape.empty(), shape);
+  DTRAIN_CHECK_ARG(v <= kMaxLocalStages, name, ": at most ", kMaxLocalStages,
+                   " stages per rank, got ", v);
+  DTRAIN_CHECK_ARG(num_stages == ranks_ * v, name, ": ", num_stages, " stages over group '",
+                   group_->name(), "' of ", ranks_, " ranks with ", v,
+                   " stage(s) on this rank; this schedule needs num_stages = ranks x stages per "
+                   "rank, ", ranks_ * v);
+  for (const auto& s : stages)
+    DTRAIN_CHECK_ARG(rank_of(s.stage_index()) == rank_, name, ": stage ", s.stage_index(),
+                     " belongs on rank ", rank_of(s.stage_index()), " of group '",
+                     group_->name(), "' (stage s on rank s mod ", ranks_, "), but rank ", rank_,
+                     " holds it");
+  DTRAIN_CHECK_ARG(static_cast<int64_t>(num_stages) * 2 * m_ < kTagBase, name,
+                   ": too many stages x microbatches to tag their messages");
+  stages_ = std::move(stages);
+  order_ = order_of(kind, rank_, ranks_, v, m_);
+  for (size_t i = 0; i < order_.size(); ++i)
+    if (order_[i].kind == ActionKind::BACKWARD) last_backward_[order_[i].stage] = i;
+}
+
+StageState& Runner::stage(int index) {
+  for (auto& s : stages_)
+    if (s.stage_index() == index) return s.state();
+  throw InternalError(cat("pipelining: stage ", index, " is not on this rank"));
+}
+
+bool Runner::holds(int index) const {
+  return std::any_of(stages_.begin(), stages_.end(),
+                     [&](const auto& s) { return s.stage_index() == index; });
+}
+
+int Runner::tag(int stage, bool backward, int mb) const {
+  return kTagBase + (stage * 2 + (backward ? 1 : 0)) * m_ + mb;
+}
+
+std::string Runner::where(int stage, int mb) const {
+  return cat("pipeline stage ", stage, " (rank ", rank_, " of group '", group_->name(),
+             "'), microbatch ", mb);
+}
+
+StepArgs Runner::one_argument(const at::Tensor& x, std::vector<at::Tensor>* losses, bool train,
+                              const char* call) const {
+  StepArgs a;
+  (holds(0) ? a.input : a.target) = &x;
+  a.losses = losses;
+  a.train = train;
+  a.call = call;
+  return a;
+}
+
+// Which of input and target this rank's stages take.
+void Runner::check_call(const StepArgs& a) const {
+  const std::string name = cat(to_string(kind_), ".", a.call);
+  const bool first = holds(0), last = holds(stages_[0].num_stages() - 1);
+  auto mine = [&] {
+    std::vector<int> s;
+    for (const auto& st : stages_) s.push_back(st.stage_index());
+    return cat("rank ", rank_, " holds stage(s) ", join(s), " of ", stages_[0].num_stages());
+  };
+  DTRAIN_CHECK_ARG(first == (a.input != nullptr), name, ": ", mine(),
+                   first ? ", the first, which needs the input: call step(input, ...)"
+                         : "; only the first stage's rank passes the input");
+  DTRAIN_CHECK_ARG(last || a.target == nullptr, name, ": ", mine(),
+                   "; only the last stage's rank passes the target (and losses)");
+  DTRAIN_CHECK_ARG(!(last && a.train && loss_fn_) || a.target != nullptr, name, ": ", mine(),
+                   ", the last, which needs the target for the loss: call step(target, &losses)");
+  DTRAIN_CHECK_ARG(a.target == nullptr || loss_fn_, name,
+                   ": a target was given but the schedule has no loss_fn");
+  for (const auto* t : {a.input, a.target}) {
+    if (t == nullptr) continue;
+    DTRAIN_CHECK_ARG(t->defined() && t->dim() >= 1, name,
+                     ": the input and target must be tensors of at least one dimension");
+    DTRAIN_CHECK_ARG(t->size(0) % m_ == 0, name, ": dim 0 (", t->size(0),
+                     ") of the ", t == a.input ? "input" : "target", " does not split into ", m_,
+                     " equal microbatches");
+  }
+}
+
+// The first step: every rank must run the same schedule over the same
+// stages and microbatches, and every stage must be held once.
+void Runner::check_schedules_agree() {
+  constexpr int kFields = 4 + kMaxLocalStages;
+  auto mine = at::full({kFields}, -1, at::kLong);
+  auto* p = mine.data_ptr<int64_t>();
+  p[0] = static_cast<int64_t>(kind_);
+  p[1] = stages_[0].num_stages();
+  p[2] = m_;
+  p[3] = static_cast<int64_t>(stages_.size());
+  for (size_t i = 0; i < stages_.size(); ++i) p[4 + i] = stages_[i].stage_index();
+  auto all = at::empty({ranks_, kFields}, at::kLong);
+  try {
+    group_->all_gather_into_tensor(all, mine)->wait();
+  } catch (const Error&) {
+    rethrow_with(cat(to_string(kind_), ": the first step's check that every rank of group '",
+                     group_->name(), "' runs the same schedule: "));
+  }
+  auto describe = [&](int r) {
+    const auto* q = all[r].data_ptr<int64_t>();
+    std::vector<int64_t> held(q + 4, q + 4 + std::clamp<int64_t>(q[3], 0, kMaxLocalStages));
+    const auto k = static_cast<ScheduleKind>(std::clamp<int64_t>(q[0], 0, 3));
+    return cat("rank ", r, ": ", to_string(k), ", stage(s) ", join(held), " of ", q[1], ", ",
+               q[2], " microbatches");
+  };
+  bool same = true;
+  for (int r = 1; r < ranks_; ++r) {
+    const auto* a = all[0].data_ptr<int64_t>();
+    const auto* b = all[r].data_ptr<int64_t>();
+    same &= a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
+  }
+  if (!same) {
+    std::vector<std::string> lines;
+    for (int r = 0; r < ranks_; ++r) lines.push_back(describe(r));
+    throw InvalidArgument(cat("pipelining: the ranks of group '", group_->name(),
+                              "' run different schedules: ", join(lines, "; ")));
+  }
+}
+
+// Posts every receive of this step whose shape is known and that is not
+// posted yet.
+void Runner::post_receives(bool train) {
+  for (auto& handle : stages_) {
+    auto& st = handle.state();
+    const int s = st.index;
+    auto post = [&](std::map<Key, Pending>& into, const TensorShape& shape, int from, bool bwd,
+                    const char* what) {
+      for (int mb = 0; mb < m_; ++mb) {
+        if (!posted_.insert({s, bwd, mb}).second) continue;
+        Pending p;
+        p.tensor = at::empty(shape.sizes, at::TensorOptions().dtype(shape.dtype));
+        dtrain::detail::OpLabel label(cat(where(s, mb), ", ", what));
+        p.work = group_->recv(p.tensor, rank_of(from), tag(s, bwd, mb));
+        into.emplace(Key{s, mb}, std::move(p));
+      }
+    };
+    if (s > 0 && !holds(s - 1) && st.input.known)
+      post(activations_, st.input, s - 1, false, "forward input");
+    if (train && s + 1 < st.num_stages && !holds(s + 1) && st.output.known)
+      post(grads_, st.output, s + 1, true, "gradient of the output");
+  }
+}
+
+at::Tensor Runner::receive(std::map<Key, Pending>& from, int s, int mb, const char* what) {
+  auto it = from.find({s, mb});
+  DTRAIN_ENFORCE(it != from.end());
+  try {
+    it->second.work->wait();
+  } catch (const Error&) {
+    rethrow_with(cat(where(s, mb), ": waiting for ", what, ": "));
+  }
+  auto t = std::move(it->second.tensor);
+  from.erase(it);
+  return t;
+}
+
+// The first forward of a stage fed by another rank: the shape comes ahead.
+void Runner::learn_input_shape(int s) {
+  auto& st = stage(s);
+  auto header = at::empty({2 + kMaxDims}, at::kLong);
+  try {
+    dtrain::detail::OpLabel label(cat(where(s, 0), ", shape of the forward input"));
+    group_->recv(header, rank_of(s - 1), kTagBase - 1 - s)->wait();
+  } catch (const Error&) {
+    rethrow_with(cat(where(s, 0), ": waiting for the shape of stage ", s - 1, "'s output: "));
+  }
+  const auto* h = header.data_ptr<int64_t>();
+  DTRAIN_CHECK_ARG(h[1] >= 0 && h[1] <= kMaxDims, where(s, 0), ": a shape header of ", h[1],
+                   " dimensions");
+  st.input.sizes.assign(h + 2, h + 2 + h[1]);
+  st.input.dtype = static_cast<at::ScalarType>(h[0]);
+  st.input.known = true;
+}
+
+void Runner::send(const at::Tensor& t, int to_stage, bool backward, int mb, const char* what) {
+  dtrain::detail::OpLabel label(cat(where(to_stage, mb), ", ", what));
+  sends_.push_back(group_->send(t, rank_of(to_stage), tag(to_stage, backward, mb)));
+}
+
+void Runner::forward(int s, int mb, bool train) {
+  auto& st = stage(s);
+  at::Tensor x;
+  if (s == 0) {
+    x = inputs_[mb];
+  } else if (holds(s - 1)) {
+    x = local_activations_.at({s, mb});
+    local_activations_.erase({s, mb});
+  } else {
+    if (!st.input.known) {
+      learn_input_shape(s);
+      post_receives(train);
+    }
+    x = receive(activations_, s, mb, cat("stage ", s - 1, "'s output").c_str());
+  }
+  if (train && s > 0) {
+    DTRAIN_CHECK_ARG(x.is_floating_point(), where(s, mb), ": the stage's input is ",
+                     x.scalar_type(), "; a stage after the first needs a floating input to "
+                     "pass gradients back");
+    x = x.detach().requires_grad_(true);
+  }
+  const auto begin = Clock::now();
+  at::Tensor out;
+  {
+    torch::AutoGradMode grad(train);
+    out = st.module.forward(x);
+  }
+  compute_ms_ += ms_since(begin);
+  draw("forward", s, mb, begin);
+  DTRAIN_CHECK_ARG(out.defined(), where(s, mb), ": the stage's forward returned no tensor");
+  auto& micro = micro_[{s, mb}];
+  micro.input = x;
+  micro.output = out;
+  ++held_;
+  stats_.peak_microbatches = std::max(stats_.peak_microbatches, held_);
+  if (s == st.num_stages - 1) {
+    if (!targets_.empty()) {
+      torch::AutoGradMode grad(train);
+      micro.loss = loss_fn_(out, targets_[mb]);
+      losses_[mb] = micro.loss.detach();
+    }
+    outputs_[mb] = out.detach();
+    return;
+  }
+  const auto sent = out.detach().contiguous();
+  if (holds(s + 1)) {
+    local_activations_[{s + 1, mb}] = sent;
+    return;
+  }
+  if (!st.output.known) {
+    auto header = at::zeros({2 + kMaxDims}, at::kLong);
+    auto* h = header.data_ptr<int64_t>();
+    DTRAIN_CHECK_ARG(out.dim() <= kMaxDims, where(s, mb), ": outputs of at most ", kMaxDims,
+                     " dimensions are sent, got ", out.dim());
+    h[0] = static_cast<int64_t>(out.scalar_type());
+    h[1] = out.dim();
+    for (int64_t d = 0; d < out.dim(); ++d) h[2 + d] = out.size(d);
+    st.output = TensorShape{true, out.sizes().vec(), out.scalar_type()};
+    dtrain::detail::OpLabel label(cat(where(s + 1, mb), ", shape of the forward input"));
+    sends_.push_back(group_->send(header, rank_of(s + 1), kTagBase - 1 - (s + 1)));
+    post_receives(train);
+  }
+  DTRAIN_CHECK_ARG(out.sizes().vec() == st.output.sizes && out.scalar_type() == st.output.dtype,
+                   where(s, mb), ": the stage's output is ",
+                   shape_text(out.sizes().vec(), out.scalar_type()), " but was ",
+                   shape_text(st.output.sizes, st.output.dtype),
+                   " on the first step, which stage ", s + 1,
+                   " expects; shapes must not change between steps");
+  send(sent, s + 1, false, mb, "forward input");
+}
+
+void Runner::backward(int s, int mb) {
+  auto& st = stage(s);
+  auto& micro = micro_.at({s, mb});
+  at::Tensor grad;
+  const bool last = s == st.num_stages - 1;
+  if (!last && holds(s + 1)) {
+    grad = local_grads_.at({s, mb});
+    local_grads_.erase({s, mb});
+  } else if (!last) {
+    grad = receive(grads_, s, mb, cat("stage ", s + 1, "'s gradient").c_str());
+  }
+  const auto begin = Clock::now();
+  if (last) torch::autograd::backward({micro.loss});
+  else torch::autograd::backward({micro.output}, {grad});
+  compute_ms_ += ms_since(begin);
+  draw("backward", s, mb, begin);
+  if (s > 0) {
+    auto g = micro.input.grad();
+    if (!g.defined()) g = at::zeros_like(micro.input);  // the stage did not use its input
+    if (holds(s - 1)) local_grads_[{s - 1, mb}] = g;
+    else send(g.contiguous(), s - 1, true, mb, "gradient of the output");
+  }
+  micro_.erase({s, mb});
+  --held_;
+}
+
+at::Tensor Runner::run(const StepArgs& args) {
+  check_call(args);
+  if (!checked_) {
+    check_schedules_agree();
+    checked_ = true;
+  }
+  const bool train = args.train && static_cast<bool>(loss_fn_);
+  const auto begin = Clock::now();
+  inputs_ = args.input ? args.input->chunk(m_, 0) : std::vector<at::Tensor>();
+  targets_ = args.target ? args.target->chunk(m_, 0) : std::vector<at::Tensor>();
+  outputs_.assign(m_, at::Tensor());
+  losses_.assign(m_, at::Tensor());
+  compute_ms_ = 0;
+  held_ = 0;
+  stats_.peak_microbatches = 0;
+  if (train)
+    for (auto& s : stages_)
+      if (s.state().module.set_sync) s.state().module.set_sync(false);
+  try {
+    post_receives(train);
+    for (size_t i = 0; i < order_.size(); ++i) {
+      const auto& a = order_[i];
+      if (a.kind == ActionKind::FORWARD) {
+        forward(a.stage, a.microbatch, train);
+      } else if (train) {
+        auto& sync = stage(a.stage).module.sync_last_backward;
+        if (sync && last_backward_.at(a.stage) == i) sync();
+        backward(a.stage, a.microbatch);
+      }
+    }
+    for (auto& w : sends_) {
+      try {
+        w->wait();
+      } catch (const Error&) {
+        rethrow_with(cat("pipeline rank ", rank_, " of group '", group_->name(), "': ",
+                         w->description(), ": "));
+      }
+    }
+  } catch (...) {
+    finish_step(train);
+    throw;
+  }
+  finish_step(train);
+  if (train)
+    for (auto& s : stages_)
+      for (auto& p : s.module()->parameters())
+        if (p.grad().defined()) p.grad().div_(m_);
+  stats_.steps += 1;
+  stats_.step_ms = ms_since(begin);
+  stats_.compute_ms = compute_ms_;
+  stats_.idle_fraction = stats_.step_ms > 0 ? 1 - compute_ms_ / stats_.step_ms : 0;
+  if (args.losses && args.target) *args.losses = losses_;
+  const bool last = holds(stages_[0].num_stages() - 1);
+  return last ? at::cat(outputs_, 0) : at::Tensor();
+}
+
+// Drops the step's state (also after a failure, so that the next step starts
+// clean) and turns a wrapped module's synchronization back on.
+void Runner::finish_step(bool train) {
+  micro_.clear();
+  posted_.clear();
+  activations_.clear();
+  grads_.clear();
+  local_activations_.clear();
+  local_grads_.clear();
+  sends_.clear();
+  inputs_.clear();
+  targets_.clear();
+  if (train)
+    for (auto& s : stages_)
+      if (s.state().module.set_sync) s.state().module.set_sync(true);
+}
+
+}  // namespace dtrain::pipelining::detail

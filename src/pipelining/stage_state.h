@@ -1,0 +1,30 @@
+#pragma once
+
+// What a PipelineStage keeps: its module, place, and the shapes learnt on
+// its first step (which later steps must keep).
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <vector>
+
+#include "dtrain/pipelining.h"
+
+namespace dtrain::pipelining::detail {
+
+struct TensorShape {
+  bool known = false;
+  std::vector<int64_t> sizes;
+  at::ScalarType dtype = at::kFloat;
+};
+
+struct StageState {
+  StageModule module;
+  int index = 0;
+  int num_stages = 1;
+  std::shared_ptr<ProcessGroup> group;
+  TensorShape input;   // of one microbatch, as received from the previous stage
+  TensorShape output;  // of one microbatch, as sent to the next stage
+};
+
+}  // namespace dtrain::pipelining::detail
