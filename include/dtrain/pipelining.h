@@ -14,13 +14,14 @@
 //
 // A stage's module is any module with `Tensor forward(Tensor)`: one tensor
 // in and one out per stage (a stage that needs several inputs takes them
-// stacked or concatenated in one tensor). Shapes are learnt on the first
-// step (the first stage sends each output's shape ahead once) and must not
-// change afterwards; a stage whose output differs names itself and the
-// microbatch. Each step splits the batch into n_microbatches equal chunks
-// along dim 0, runs the schedule's forwards and backwards, and divides the
-// stage's gradients by n_microbatches (PyTorch's scale_grads), so a step
-// accumulates what one batch would: .grad is not zeroed by the step.
+// stacked or concatenated in one tensor). Shapes are learnt each step (a
+// stage sends the shape of its first microbatch's output ahead, so steps
+// may differ in batch size); a stage whose microbatches' outputs differ in
+// shape names itself and the microbatch. Each step splits the batch into
+// n_microbatches equal chunks along dim 0, runs the schedule's forwards and
+// backwards, and divides the stage's gradients by n_microbatches (PyTorch's
+// scale_grads), so a step accumulates what one batch would: .grad is not
+// zeroed by the step.
 //
 // Stage s lives on rank s mod p of the pipeline's group (p ranks): one
 // stage per rank for ScheduleGPipe and Schedule1F1B, v per rank for

@@ -238,7 +238,9 @@ at::Tensor Runner::receive(std::map<Key, Pending>& from, int s, int mb, const ch
   return t;
 }
 
-// The first forward of a stage fed by another rank: the shape comes ahead.
+// A step's first forward of a stage fed by another rank: the shape of its
+// microbatches comes ahead (each step, so that steps may differ in batch
+// size, as an eval after training often does).
 void Runner::learn_input_shape(int s) {
   auto& st = stage(s);
   auto header = at::empty({2 + kMaxDims}, at::kLong);
@@ -246,7 +248,7 @@ void Runner::learn_input_shape(int s) {
     dtrain::detail::OpLabel label(cat(where(s, 0), ", shape of the forward input"));
     group_->recv(header, rank_of(s - 1), kTagBase - 1 - s)->wait();
   } catch (const Error&) {
-    rethrow_with(cat(where(s, 0), ": waiting for the shape of stage ", s - 1, "'s output: "));
+    rethrow_with(cat(where(s, 0), ": waiting for stage ", s - 1, "'s output (its shape): "));
   }
   const auto* h = header.data_ptr<int64_t>();
   DTRAIN_CHECK_ARG(h[1] >= 0 && h[1] <= kMaxDims, where(s, 0), ": a shape header of ", h[1],
@@ -325,10 +327,9 @@ void Runner::forward(int s, int mb, bool train) {
   }
   DTRAIN_CHECK_ARG(out.sizes().vec() == st.output.sizes && out.scalar_type() == st.output.dtype,
                    where(s, mb), ": the stage's output is ",
-                   shape_text(out.sizes().vec(), out.scalar_type()), " but was ",
-                   shape_text(st.output.sizes, st.output.dtype),
-                   " on the first step, which stage ", s + 1,
-                   " expects; shapes must not change between steps");
+                   shape_text(out.sizes().vec(), out.scalar_type()), " but microbatch 0's was ",
+                   shape_text(st.output.sizes, st.output.dtype), ", which stage ", s + 1,
+                   " was told to expect; the microbatches of a step must have one shape");
   send(sent, s + 1, false, mb, "forward input");
 }
 
@@ -373,6 +374,7 @@ at::Tensor Runner::run(const StepArgs& args) {
   compute_ms_ = 0;
   held_ = 0;
   stats_.peak_microbatches = 0;
+  for (auto& st : stages_) st.state().input.known = st.state().output.known = false;
   if (train)
     for (auto& s : stages_)
       if (s.state().module.set_sync) s.state().module.set_sync(false);

@@ -1,7 +1,7 @@
 #pragma once
 
-// What a PipelineStage keeps: its module, place, and the shapes learnt on
-// its first step (which later steps must keep).
+// What a PipelineStage keeps: its module, its place, and the shapes of the
+// current step's microbatches (learnt anew each step).
 
 #include <ATen/core/Tensor.h>
 
