@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <stdexcept>
@@ -34,6 +35,15 @@ inline Args parse(int argc, char** argv, int first) {
     a.flags[k.substr(2)] = argv[i + 1];
   }
   return a;
+}
+
+// A "Vm...:" line of /proc/self/status, in bytes.
+inline int64_t vm_status_bytes(const std::string& key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(key, 0) == 0) return std::stoll(line.substr(key.size())) * 1024;
+  return 0;
 }
 
 inline double median(std::vector<double> v) {

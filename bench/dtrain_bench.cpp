@@ -23,6 +23,9 @@
 //       Step time of a small ResNet-style convnet (3x32x32 images) under DDP
 //       with SyncBatchNorm2d vs with plain BatchNorm2d, interleaved runs:
 //       SyncBatchNorm's overhead.
+//   dtrain-bench pipeline [--ranks 2] [--microbatches 8] [--batch 512] ...
+//       The pipeline schedules' bubble beside its theory, and 1F1B's peak
+//       memory against GPipe's; see pipeline.cpp.
 //   dtrain-bench memory   [--worlds 2,4] [--layers 6] [--width 4096] [--batch 8] [--steps 3]
 //       Per-rank memory and speed of DDP, ZeroRedundancyOptimizer and FSDP
 //       training a wide MLP with Adam; see memory.cpp.
@@ -356,12 +359,15 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "rank" && argc > 2 && is_memory_mode(argv[2]))
       return memory_rank_main(argv[2], parse(argc, argv, 3));
+    if (cmd == "rank" && argc > 2 && is_pipeline_mode(argv[2]))
+      return pipeline_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2 && is_cuda_mode(argv[2])) return cuda_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2) return rank_main(argv[2], parse(argc, argv, 3));
     // collectives runs in every rank of a job: its rank 0 prints this.
     if (cmd != "rank" && cmd != "collectives") std::printf("%s\n", build_line().c_str());
     if (cmd == "memory") return bench_memory(parse(argc, argv, 2));
     if (cmd == "cuda") return bench_cuda(parse(argc, argv, 2));
+    if (cmd == "pipeline") return bench_pipeline(parse(argc, argv, 2));
     if (cmd == "ddp") return bench_ddp(parse(argc, argv, 2));
     if (cmd == "overlap") return bench_overlap(parse(argc, argv, 2));
     if (cmd == "dp") return bench_dp(parse(argc, argv, 2));
@@ -371,6 +377,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dtrain-bench: %s\n", e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: dtrain-bench ddp|overlap|dp|syncbn|memory|cuda|collectives [--flag value ...] (see the source header)\n");
+  std::fprintf(stderr, "usage: dtrain-bench ddp|overlap|dp|syncbn|memory|pipeline|cuda|collectives [--flag value ...] (see the source header)\n");
   return 2;
 }

@@ -69,15 +69,6 @@ struct Tally {
   }
 };
 
-// A "Vm...:" line of /proc/self/status, in bytes.
-int64_t vm_status_bytes(const std::string& key) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind(key, 0) == 0) return std::stoll(line.substr(key.size())) * 1024;
-  return 0;
-}
-
 std::unique_ptr<torch::optim::Optimizer> adam(std::vector<torch::Tensor> params) {
   return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-4));
 }

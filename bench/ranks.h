@@ -44,4 +44,9 @@ bool is_memory_mode(const std::string& mode);
 int memory_rank_main(const std::string& mode, const Args& a);
 int bench_memory(const Args& a);
 
+// dtrain-bench pipeline (pipeline.cpp).
+bool is_pipeline_mode(const std::string& mode);
+int pipeline_rank_main(const std::string& mode, const Args& a);
+int bench_pipeline(const Args& a);
+
 }  // namespace dtrain::bench

@@ -9,7 +9,7 @@
 //   pp::PipelineStage stage(parts[rank], rank, 2, pp::PipelineStageOptions().group(g));
 //   pp::Schedule1F1B schedule(stage, /*n_microbatches=*/8, loss_fn);
 //   if (stage.is_first()) schedule.step(x);                     // the whole batch
-//   else schedule.step(y, &losses);                             // the targets; losses per microbatch
+//   else schedule.step(y, &losses);                  // the targets; one loss per microbatch
 //   optimizer.step();                                           // on the stage's parameters
 //
 // A stage's module is any module with `Tensor forward(Tensor)`: one tensor
@@ -144,7 +144,8 @@ using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tens
 struct ScheduleStats {
   int64_t steps = 0;
   double step_ms = 0;        // the last step, first action to last send completed
-  double compute_ms = 0;     // forwards and backwards of its stages
+  double compute_ms = 0;     // forwards and backwards of its stages (the loss included)
+  double wait_ms = 0;        // waiting for other stages' activations, gradients and sends
   double idle_fraction = 0;  // 1 - compute / step: the rank's bubble
   int peak_microbatches = 0; // most microbatches whose activations it held at once
 };

@@ -89,7 +89,8 @@ std::string check_shape(ScheduleKind kind, int ranks, int stages_per_rank, int m
   if (!multi_stage(kind) && stages_per_rank != 1)
     return dtrain::detail::cat(name, " runs one stage per rank, got ", stages_per_rank);
   if (kind == ScheduleKind::INTERLEAVED_1F1B && m % ranks != 0)
-    return dtrain::detail::cat(name, ": n_microbatches (", m, ") must be a multiple of the pipeline's ", ranks,
+    return dtrain::detail::cat(name, ": n_microbatches (", m,
+                               ") must be a multiple of the pipeline's ", ranks,
                " ranks (microbatches go through the stages in rounds of one per rank)");
   return "";
 }

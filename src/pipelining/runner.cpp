@@ -212,7 +212,8 @@ void Runner::post_receives(bool train) {
       for (int mb = 0; mb < m_; ++mb) {
         if (!posted_.insert({s, bwd, mb}).second) continue;
         Pending p;
-        p.tensor = at::empty(shape.sizes, at::TensorOptions().dtype(shape.dtype));
+        p.tensor =
+            at::empty(shape.sizes, at::TensorOptions().dtype(shape.dtype).device(st.device));
         dtrain::detail::OpLabel label(cat(where(s, mb), ", ", what));
         p.work = group_->recv(p.tensor, rank_of(from), tag(s, bwd, mb));
         into.emplace(Key{s, mb}, std::move(p));
@@ -228,11 +229,13 @@ void Runner::post_receives(bool train) {
 at::Tensor Runner::receive(std::map<Key, Pending>& from, int s, int mb, const char* what) {
   auto it = from.find({s, mb});
   DTRAIN_ENFORCE(it != from.end());
+  const auto begin = Clock::now();
   try {
     it->second.work->wait();
   } catch (const Error&) {
     rethrow_with(cat(where(s, mb), ": waiting for ", what, ": "));
   }
+  wait_ms_ += ms_since(begin);
   auto t = std::move(it->second.tensor);
   from.erase(it);
   return t;
@@ -243,13 +246,17 @@ at::Tensor Runner::receive(std::map<Key, Pending>& from, int s, int mb, const ch
 // size, as an eval after training often does).
 void Runner::learn_input_shape(int s) {
   auto& st = stage(s);
-  auto header = at::empty({2 + kMaxDims}, at::kLong);
+  // On the stage's device, as a device backend (nccl) takes only those.
+  auto header = at::empty({2 + kMaxDims}, at::TensorOptions().dtype(at::kLong).device(st.device));
+  const auto begin = Clock::now();
   try {
     dtrain::detail::OpLabel label(cat(where(s, 0), ", shape of the forward input"));
     group_->recv(header, rank_of(s - 1), kTagBase - 1 - s)->wait();
+    header = header.cpu();
   } catch (const Error&) {
     rethrow_with(cat(where(s, 0), ": waiting for stage ", s - 1, "'s output (its shape): "));
   }
+  wait_ms_ += ms_since(begin);
   const auto* h = header.data_ptr<int64_t>();
   DTRAIN_CHECK_ARG(h[1] >= 0 && h[1] <= kMaxDims, where(s, 0), ": a shape header of ", h[1],
                    " dimensions");
@@ -284,26 +291,25 @@ void Runner::forward(int s, int mb, bool train) {
                      "pass gradients back");
     x = x.detach().requires_grad_(true);
   }
+  const bool last = s == st.num_stages - 1;
   const auto begin = Clock::now();
-  at::Tensor out;
+  at::Tensor out, loss;
   {
     torch::AutoGradMode grad(train);
     out = st.module.forward(x);
+    DTRAIN_CHECK_ARG(out.defined(), where(s, mb), ": the stage's forward returned no tensor");
+    if (last && !targets_.empty()) loss = loss_fn_(out, targets_[mb]);
   }
   compute_ms_ += ms_since(begin);
   draw("forward", s, mb, begin);
-  DTRAIN_CHECK_ARG(out.defined(), where(s, mb), ": the stage's forward returned no tensor");
   auto& micro = micro_[{s, mb}];
   micro.input = x;
   micro.output = out;
+  micro.loss = loss;
   ++held_;
   stats_.peak_microbatches = std::max(stats_.peak_microbatches, held_);
-  if (s == st.num_stages - 1) {
-    if (!targets_.empty()) {
-      torch::AutoGradMode grad(train);
-      micro.loss = loss_fn_(out, targets_[mb]);
-      losses_[mb] = micro.loss.detach();
-    }
+  if (last) {
+    if (loss.defined()) losses_[mb] = loss.detach();
     outputs_[mb] = out.detach();
     return;
   }
@@ -322,7 +328,7 @@ void Runner::forward(int s, int mb, bool train) {
     for (int64_t d = 0; d < out.dim(); ++d) h[2 + d] = out.size(d);
     st.output = TensorShape{true, out.sizes().vec(), out.scalar_type()};
     dtrain::detail::OpLabel label(cat(where(s + 1, mb), ", shape of the forward input"));
-    sends_.push_back(group_->send(header, rank_of(s + 1), kTagBase - 1 - (s + 1)));
+    sends_.push_back(group_->send(header.to(out.device()), rank_of(s + 1), kTagBase - 1 - (s + 1)));
     post_receives(train);
   }
   DTRAIN_CHECK_ARG(out.sizes().vec() == st.output.sizes && out.scalar_type() == st.output.dtype,
@@ -371,7 +377,7 @@ at::Tensor Runner::run(const StepArgs& args) {
   targets_ = args.target ? args.target->chunk(m_, 0) : std::vector<at::Tensor>();
   outputs_.assign(m_, at::Tensor());
   losses_.assign(m_, at::Tensor());
-  compute_ms_ = 0;
+  compute_ms_ = wait_ms_ = 0;
   held_ = 0;
   stats_.peak_microbatches = 0;
   for (auto& st : stages_) st.state().input.known = st.state().output.known = false;
@@ -390,6 +396,7 @@ at::Tensor Runner::run(const StepArgs& args) {
         backward(a.stage, a.microbatch);
       }
     }
+    const auto sent = Clock::now();
     for (auto& w : sends_) {
       try {
         w->wait();
@@ -398,6 +405,7 @@ at::Tensor Runner::run(const StepArgs& args) {
                          w->description(), ": "));
       }
     }
+    wait_ms_ += ms_since(sent);
   } catch (...) {
     finish_step(train);
     throw;
@@ -410,6 +418,7 @@ at::Tensor Runner::run(const StepArgs& args) {
   stats_.steps += 1;
   stats_.step_ms = ms_since(begin);
   stats_.compute_ms = compute_ms_;
+  stats_.wait_ms = wait_ms_;
   stats_.idle_fraction = stats_.step_ms > 0 ? 1 - compute_ms_ / stats_.step_ms : 0;
   if (args.losses && args.target) *args.losses = losses_;
   const bool last = holds(stages_[0].num_stages() - 1);

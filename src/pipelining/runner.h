@@ -88,7 +88,7 @@ class Runner {
   std::map<Key, at::Tensor> local_activations_, local_grads_;  // between stages of this rank
   std::vector<WorkPtr> sends_;
   std::vector<at::Tensor> outputs_, losses_;
-  double compute_ms_ = 0;
+  double compute_ms_ = 0, wait_ms_ = 0;
   int held_ = 0;
 };
 

@@ -32,6 +32,8 @@ PipelineStage::PipelineStage(detail::StageModule module, int stage_index, int nu
   auto group = options.group() ? options.group() : default_group();
   DTRAIN_CHECK_ARG(group->rank() >= 0, "PipelineStage: this rank is not a member of group '",
                    group->name(), "'");
+  const auto params = module.module->parameters();
+  if (!params.empty()) state_->device = params.front().device();
   state_->module = std::move(module);
   state_->index = stage_index;
   state_->num_stages = num_stages;

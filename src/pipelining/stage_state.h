@@ -23,6 +23,9 @@ struct StageState {
   int index = 0;
   int num_stages = 1;
   std::shared_ptr<ProcessGroup> group;
+  // Where received activations and gradients go: the device of the
+  // module's first parameter (the CPU for a module without parameters).
+  c10::Device device = c10::Device(c10::DeviceType::CPU);
   TensorShape input;   // of one microbatch, as received from the previous stage
   TensorShape output;  // of one microbatch, as sent to the next stage
 };

@@ -112,7 +112,8 @@ TEST(BatchP2P, AWrongOperationRefusesTheWholeBatchNamingIt) {
               "batch_isend_irecv: operation 1 uses another group than operation 0 (group "
               "'other' against 'default'); every operation must use the same group");
     EXPECT_EQ(error_of([&] {
-                batch_isend_irecv({P2POp(isend, t, peer, ctx.group), P2POp(irecv, t, 5, ctx.group)});
+                batch_isend_irecv(
+                    {P2POp(isend, t, peer, ctx.group), P2POp(irecv, t, 5, ctx.group)});
               }),
               "batch_isend_irecv: operation 1: recv: src rank 5 is not a member of group "
               "'default' (global ranks 0, 1)");

@@ -26,7 +26,8 @@ DeviceMeshOptions thread_mesh(RankContext& ctx) {
   return DeviceMeshOptions().group(ctx.group).new_group([&ctx](const std::vector<int>& ranks) {
     std::string name = "mesh";
     for (int r : ranks) name += "-" + std::to_string(r);
-    const int me = static_cast<int>(std::find(ranks.begin(), ranks.end(), ctx.rank) - ranks.begin());
+    const auto at = std::find(ranks.begin(), ranks.end(), ctx.rank);
+    const int me = static_cast<int>(at - ranks.begin());
     return create_process_group("tcp", std::make_shared<PrefixStore>(name, ctx.store), me,
                                 static_cast<int>(ranks.size()),
                                 GroupOptions().name(name).global_ranks(ranks));

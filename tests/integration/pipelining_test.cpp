@@ -302,20 +302,27 @@ TEST(Pipelining, AStalledStageFailsTheOtherRanksNamingIt) {
         auto piece = pp::split_sequential(models[r], std::vector<int>{2, 4})[r];
         pp::PipelineStage stage(piece, r, 3, pp::PipelineStageOptions().group(ctx.group));
         pp::Schedule1F1B schedule(stage, 4, mse);
-        const auto begin = std::chrono::steady_clock::now();
         for (int step = 0; step < 2; ++step) {
           if (r == 1 && step == 1) {  // stalls in its second step
             std::this_thread::sleep_for(3s);
             return;
           }
-          if (r == 0) schedule.step(x);
-          else if (r == 2) schedule.step(x, nullptr);
-          else schedule.step();
+          const auto begin = std::chrono::steady_clock::now();
+          try {
+            if (r == 0) schedule.step(x);
+            else if (r == 2) schedule.step(x, nullptr);
+            else schedule.step();
+          } catch (const Error&) {
+            seconds[r] = testing::seconds_since(begin);
+            throw;
+          }
         }
-        seconds[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
       },
       1500ms);
   EXPECT_TRUE(errors[1].empty()) << errors[1];
+  // Within the 1.5 s timeout (and the stalled rank's 3 s).
+  EXPECT_LT(seconds[0], 1.5 * testing::kSanitizerSlowdown + 1.4);
+  EXPECT_LT(seconds[2], 1.5 * testing::kSanitizerSlowdown + 1.4);
   EXPECT_TRUE(Contains(errors[0], "pipeline stage 0 (rank 0 of group 'default'), microbatch 0: "
                                   "waiting for stage 1's gradient: "))
       << errors[0];

@@ -124,7 +124,8 @@ TEST(PipelineOrders, ShapesTheScheduleCannotRunAreNamed) {
   EXPECT_EQ(check_shape(ScheduleKind::INTERLEAVED_1F1B, 2, 2, 3),
             "ScheduleInterleaved1F1B: n_microbatches (3) must be a multiple of the pipeline's 2 "
             "ranks (microbatches go through the stages in rounds of one per rank)");
-  EXPECT_EQ(check_shape(ScheduleKind::GPIPE, 2, 2, 4), "ScheduleGPipe runs one stage per rank, got 2");
+  EXPECT_EQ(check_shape(ScheduleKind::GPIPE, 2, 2, 4),
+            "ScheduleGPipe runs one stage per rank, got 2");
   EXPECT_EQ(check_shape(ScheduleKind::ONE_F_ONE_B, 2, 1, 0),
             "Schedule1F1B: n_microbatches must be at least 1, got 0");
 }
