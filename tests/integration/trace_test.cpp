@@ -343,6 +343,36 @@ TEST(FlightRecorderLauncher, AnalyzerUsesUnfinishedDumpsAndErrorFiles) {
   EXPECT_TRUE(Contains(bad.output(), "dtrain-trace: " + dir.path() + "/error-0.json: 'rank' is not an integer"));
 }
 
+// Point-to-point operations that never completed are named with their
+// labels (a pipeline's stage and microbatch), and make the verdict when the
+// collectives agree.
+TEST(FlightRecorderLauncher, AnalyzerNamesUnfinishedPointToPointWithItsLabel) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  for (int rank = 0; rank < 2; ++rank) {
+    std::ofstream out(dir.path() + "/rank-" + std::to_string(rank) + ".json");
+    out << "{\"format\": \"dtrain-flight-recorder\", \"version\": 1, \"rank\": " << rank
+        << ", \"world_size\": 2, \"pid\": " << 100 + rank << ", \"host\": \"node-a\", "
+        << "\"reason\": \"SIGUSR2\", \"groups\": [{\"name\": \"pp\", \"rank\": " << rank
+        << ", \"size\": 2, \"backend\": \"tcp\", \"global_ranks\": [0, 1], \"entries\": ["
+        << "{\"seq\": 0, \"op\": \"send\", \"kind\": \"p2p\", \"dtype\": \"Float\", "
+        << "\"shape\": [4], \"numel\": 4, \"root\": " << 1 - rank << ", \"reduce_op\": \"\", "
+        << "\"state\": \"completed\", \"issued_us\": 1, \"finished_us\": 2, \"error\": \"\"}, "
+        << "{\"seq\": 1, \"op\": \"recv\", \"kind\": \"p2p\", \"dtype\": \"Float\", "
+        << "\"shape\": [4], \"numel\": 4, \"root\": " << 1 - rank << ", \"reduce_op\": \"\", "
+        << "\"state\": \"" << (rank == 0 ? "started" : "completed") << "\", \"issued_us\": 1, "
+        << "\"finished_us\": 0, \"error\": \"\", \"label\": \"pipeline stage " << rank
+        << ", microbatch 3, gradient of the output\"}]}]}\n";
+  }
+  ProcessRanks procs;
+  const auto out = analyzed(procs, dir.path());
+  EXPECT_TRUE(Contains(out, "verdict: the collectives agree; rank 0 in group 'pp': recv #1 from "
+                            "group rank 1 [pipeline stage 0, microbatch 3, gradient of the "
+                            "output] did not complete (started)"))
+      << out;
+  EXPECT_FALSE(Contains(out, "rank 1 in group 'pp'")) << out;
+}
+
 TEST(FlightRecorderLauncher, AnalyzerRefusesWhatIsNotADump) {
   TempDir dir;
   ASSERT_FALSE(dir.path().empty());
