@@ -6,7 +6,9 @@
 //           step time, over --steps steps after one warm-up; the same spans
 //           DTRAIN_TIMELINE draws per stage; "wait" is the part spent
 //           waiting for the other rank), for GPipe, 1F1B and
-//           interleaved 1F1B (2 stages per rank) on --ranks ranks with
+//           interleaved 1F1B (2 stages per rank) and ZB-V (two half
+//           stages per rank, shown against 1F1B's theory, as zero bubble
+//           has none) on --ranks ranks with
 //           balanced stages (--layers Linear(--width) + tanh per rank,
 //           split evenly over its stages), --microbatches of a --batch;
 //           each beside its theory, (p-1)/(m+p-1) or (p-1)/(vm+p-1).
@@ -63,7 +65,7 @@ int pipeline_rank_main(const std::string& mode, const Args& a) {
   const int p = get_world_size(), r = get_rank();
   const bool memory = mode.rfind("pp-mem-", 0) == 0;
   const std::string schedule = memory ? mode.substr(7) : mode.substr(3);
-  const int v = schedule == "interleaved" ? 2 : 1;
+  const int v = schedule == "interleaved" || schedule == "zbv" ? 2 : 1;
   const int width = a.num("width", 256), layers = a.num("layers", 8);
   const int m = memory ? 16 : a.num("microbatches", 8);
   const int batch = memory ? a.num("mem-batch", 16384) : a.num("batch", 512);
@@ -74,19 +76,24 @@ int pipeline_rank_main(const std::string& mode, const Args& a) {
   for (int k = 0; k < v; ++k) {
     auto piece = make_stage(memory ? a.num("mem-blocks", 4) : layers / v, width, memory ? 4 : 1);
     for (auto& t : piece->parameters()) params.push_back(t);
-    stages.emplace_back(piece, r + k * p, p * v);
+    // Looped (stage r + kp), or for ZB-V a V (stages r and 2p - 1 - r).
+    const int index = schedule == "zbv" && k == 1 ? 2 * p - 1 - r : r + k * p;
+    stages.emplace_back(piece, index, p * v);
   }
   auto mse = [](const at::Tensor& o, const at::Tensor& t) { return torch::mse_loss(o, t); };
   std::unique_ptr<pp::PipelineSchedule> s;
   if (schedule == "gpipe") s = std::make_unique<pp::ScheduleGPipe>(stages[0], m, mse);
   else if (schedule == "1f1b") s = std::make_unique<pp::Schedule1F1B>(stages[0], m, mse);
+  else if (schedule == "zbv") s = std::make_unique<pp::ScheduleZBVZeroBubble>(stages, m, mse);
   else s = std::make_unique<pp::ScheduleInterleaved1F1B>(stages, m, mse);
   torch::optim::SGD opt(params, 1e-3);
   const auto x = torch::randn({batch, width}), y = torch::randn({batch, width});
   double compute = 0, total = 0, wait = 0;
   for (int i = 0; i <= steps; ++i) {
     opt.zero_grad();
-    if (r == 0) s->step(x);
+    if (schedule == "zbv" && r == 0) s->step(x, y, nullptr);  // stages 0 and 2p - 1
+    else if (schedule == "zbv") s->step();
+    else if (r == 0) s->step(x);
     else if (r == p - 1) s->step(y, nullptr);
     else s->step();
     opt.step();
@@ -127,10 +134,12 @@ int bench_pipeline(const Args& a) {
   for (int q = 0; q < p; ++q) std::printf("   idle%d  xtheory  wait%d", q, q);
   std::printf(" %10s\n", "samples/s");
   const std::string parts = a.get("run", "bubble,memory");
-  for (const char* schedule : {"gpipe", "1f1b", "interleaved"}) {
+  for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zbv"}) {
     if (parts.find("bubble") == std::string::npos) break;
     const int v = std::string(schedule) == "interleaved" ? 2 : 1;
-    const double theory = (p - 1.0) / (v * m + p - 1.0);
+    // ZB-V's theory is no bubble at all: it is shown against 1F1B's.
+    const bool zbv = std::string(schedule) == "zbv";
+    const double theory = (p - 1.0) / ((zbv ? 1 : v) * m + p - 1.0);
     const auto out = run_ranks(p, std::string("pp-") + schedule, rank_args);
     std::printf("%-13s %8.4f", schedule, theory);
     for (int q = 0; q < p; ++q) {

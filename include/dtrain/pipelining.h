@@ -25,7 +25,8 @@
 //
 // Stage s lives on rank s mod p of the pipeline's group (p ranks): one
 // stage per rank for ScheduleGPipe and Schedule1F1B, v per rank for
-// ScheduleInterleaved1F1B and ScheduleLoopedBFS (rank r holds r, r+p, ...).
+// ScheduleInterleaved1F1B and ScheduleLoopedBFS (rank r holds r, r+p, ...);
+// ScheduleZBVZeroBubble places two per rank in a V (r and 2p - 1 - r).
 // A stage whose module is a DistributedDataParallel (over another group,
 // the data-parallel one) reduces its gradients once per step, in the last
 // microbatch's backward.
@@ -214,6 +215,19 @@ class ScheduleInterleaved1F1B : public PipelineSchedule {
  public:
   ScheduleInterleaved1F1B(std::vector<PipelineStage> stages, int n_microbatches,
                           LossFn loss_fn = nullptr);
+};
+
+// Zero bubble (ZB-V, Qi et al.): two stages per rank in a V — rank r holds
+// stages r and 2p - 1 - r, so rank 0 holds the first and the last and calls
+// step(input, target, &losses) — with each backward split into the input's
+// gradient, which the previous stage waits for, and the parameters'
+// gradients, which fill the bubble. n_microbatches >= 2p. The weights' half
+// runs backward again to the parameters (libtorch has no partial graph
+// replay), so each backward costs up to twice its layers' work.
+class ScheduleZBVZeroBubble : public PipelineSchedule {
+ public:
+  ScheduleZBVZeroBubble(std::vector<PipelineStage> stages, int n_microbatches,
+                        LossFn loss_fn = nullptr);
 };
 
 // Several stages per rank, breadth first: every microbatch through each

@@ -67,6 +67,33 @@ std::vector<Action> looped_bfs(int rank, int p, int v, int m) {
   return out;
 }
 
+// ZB-V (Qi et al., "Zero Bubble Pipeline Parallelism"): two stages per
+// rank in a V (rank r holds stages r and 2p-1-r, so rank 0 holds the first
+// and the last), backward split into the input gradient (I, which the
+// previous stage waits for) and the weight gradient (W, which nobody waits
+// for and so fills the bubbles).
+std::vector<Action> zbv(int rank, int p, int m) {
+  const int down = rank, up = 2 * p - 1 - rank;  // the rank's two stages
+  int f0 = 0, f1 = 0, i0 = 0, i1 = 0, w0 = 0, w1 = 0;
+  std::vector<Action> out;
+  auto F = [&](int stage, int& n) { out.push_back(forward(stage, n++)); };
+  auto I = [&](int stage, int& n) { out.push_back(Action{ActionKind::INPUT_GRAD, stage, n++}); };
+  auto W = [&](int stage, int& n) { out.push_back(Action{ActionKind::WEIGHT_GRAD, stage, n++}); };
+  for (int k = 0; k < 2 * (p - rank) - 1; ++k) F(down, f0);
+  for (int k = 0; k < rank; ++k) F(up, f1), F(down, f0);
+  for (int k = 0; k < p - rank; ++k) F(up, f1), I(up, i1), W(up, w1);
+  while (f1 < f0 || f0 < m) {
+    if (f0 < m) F(down, f0);
+    I(down, i0), W(down, w0);
+    F(up, f1), I(up, i1), W(up, w1);
+  }
+  for (int k = 0; k < rank; ++k) I(down, i0), I(up, i1);
+  for (int k = 0; k < p - rank; ++k) I(down, i0), W(down, w0);
+  while (w1 < i1) W(up, w1);
+  while (w0 < i0) W(down, w0);
+  return out;
+}
+
 }  // namespace
 
 const char* to_string(ScheduleKind kind) {
@@ -75,12 +102,19 @@ const char* to_string(ScheduleKind kind) {
     case ScheduleKind::ONE_F_ONE_B: return "Schedule1F1B";
     case ScheduleKind::INTERLEAVED_1F1B: return "ScheduleInterleaved1F1B";
     case ScheduleKind::LOOPED_BFS: return "ScheduleLoopedBFS";
+    case ScheduleKind::ZBV_ZERO_BUBBLE: return "ScheduleZBVZeroBubble";
   }
   return "?";
 }
 
+const char* placement_text(ScheduleKind kind) {
+  return kind == ScheduleKind::ZBV_ZERO_BUBBLE ? "stage s on rank s, then 2p-1-s: a V"
+                                               : "stage s on rank s mod p";
+}
+
 bool multi_stage(ScheduleKind kind) {
-  return kind == ScheduleKind::INTERLEAVED_1F1B || kind == ScheduleKind::LOOPED_BFS;
+  return kind == ScheduleKind::INTERLEAVED_1F1B || kind == ScheduleKind::LOOPED_BFS ||
+         kind == ScheduleKind::ZBV_ZERO_BUBBLE;
 }
 
 std::string check_shape(ScheduleKind kind, int ranks, int stages_per_rank, int m) {
@@ -88,6 +122,11 @@ std::string check_shape(ScheduleKind kind, int ranks, int stages_per_rank, int m
   if (m < 1) return dtrain::detail::cat(name, ": n_microbatches must be at least 1, got ", m);
   if (!multi_stage(kind) && stages_per_rank != 1)
     return dtrain::detail::cat(name, " runs one stage per rank, got ", stages_per_rank);
+  if (kind == ScheduleKind::ZBV_ZERO_BUBBLE && stages_per_rank != 2)
+    return dtrain::detail::cat(name, " runs two stages per rank (a V), got ", stages_per_rank);
+  if (kind == ScheduleKind::ZBV_ZERO_BUBBLE && m < 2 * ranks)
+    return dtrain::detail::cat(name, ": n_microbatches (", m, ") must be at least twice the ",
+                               "pipeline's ", ranks, " ranks");
   if (kind == ScheduleKind::INTERLEAVED_1F1B && m % ranks != 0)
     return dtrain::detail::cat(name, ": n_microbatches (", m,
                                ") must be a multiple of the pipeline's ", ranks,
@@ -102,6 +141,7 @@ std::vector<Action> order_of(ScheduleKind kind, int rank, int ranks, int stages_
     case ScheduleKind::ONE_F_ONE_B: return one_f_one_b(rank, ranks, m);
     case ScheduleKind::INTERLEAVED_1F1B: return interleaved(rank, ranks, stages_per_rank, m);
     case ScheduleKind::LOOPED_BFS: return looped_bfs(rank, ranks, stages_per_rank, m);
+    case ScheduleKind::ZBV_ZERO_BUBBLE: return zbv(rank, ranks, m);
   }
   return {};
 }

@@ -94,14 +94,15 @@ Runner::Runner(ScheduleKind kind, std::vector<PipelineStage> stages, int n_micro
   for (const auto& s : stages)
     DTRAIN_CHECK_ARG(rank_of(s.stage_index()) == rank_, name, ": stage ", s.stage_index(),
                      " belongs on rank ", rank_of(s.stage_index()), " of group '",
-                     group_->name(), "' (stage s on rank s mod ", ranks_, "), but rank ", rank_,
-                     " holds it");
+                     group_->name(), "' (", placement_text(kind_), ", p = ", ranks_,
+                     "), but rank ", rank_, " holds it");
   DTRAIN_CHECK_ARG(static_cast<int64_t>(num_stages) * 2 * m_ < kTagBase, name,
                    ": too many stages x microbatches to tag their messages");
   stages_ = std::move(stages);
   order_ = order_of(kind, rank_, ranks_, v, m_);
   for (size_t i = 0; i < order_.size(); ++i)
-    if (order_[i].kind == ActionKind::BACKWARD) last_backward_[order_[i].stage] = i;
+    if (order_[i].kind == ActionKind::BACKWARD || order_[i].kind == ActionKind::WEIGHT_GRAD)
+      last_backward_[order_[i].stage] = i;
 }
 
 StageState& Runner::stage(int index) {
@@ -183,7 +184,8 @@ void Runner::check_schedules_agree() {
   auto describe = [&](int r) {
     const auto* q = all[r].data_ptr<int64_t>();
     std::vector<int64_t> held(q + 4, q + 4 + std::clamp<int64_t>(q[3], 0, kMaxLocalStages));
-    const auto k = static_cast<ScheduleKind>(std::clamp<int64_t>(q[0], 0, 3));
+    const auto k = static_cast<ScheduleKind>(
+        std::clamp<int64_t>(q[0], 0, static_cast<int64_t>(ScheduleKind::ZBV_ZERO_BUBBLE)));
     return cat("rank ", r, ": ", to_string(k), ", stage(s) ", join(held), " of ", q[1], ", ",
                q[2], " microbatches");
   };
@@ -328,7 +330,8 @@ void Runner::forward(int s, int mb, bool train) {
     for (int64_t d = 0; d < out.dim(); ++d) h[2 + d] = out.size(d);
     st.output = TensorShape{true, out.sizes().vec(), out.scalar_type()};
     dtrain::detail::OpLabel label(cat(where(s + 1, mb), ", shape of the forward input"));
-    sends_.push_back(group_->send(header.to(out.device()), rank_of(s + 1), kTagBase - 1 - (s + 1)));
+    sends_.push_back(
+        group_->send(header.to(out.device()), rank_of(s + 1), kTagBase - 1 - (s + 1)));
     post_receives(train);
   }
   DTRAIN_CHECK_ARG(out.sizes().vec() == st.output.sizes && out.scalar_type() == st.output.dtype,
@@ -339,30 +342,63 @@ void Runner::forward(int s, int mb, bool train) {
   send(sent, s + 1, false, mb, "forward input");
 }
 
-void Runner::backward(int s, int mb) {
-  auto& st = stage(s);
-  auto& micro = micro_.at({s, mb});
-  at::Tensor grad;
-  const bool last = s == st.num_stages - 1;
-  if (!last && holds(s + 1)) {
-    grad = local_grads_.at({s, mb});
+// The gradient of stage s's output for microbatch mb (undefined for the
+// last stage, whose backward starts from its loss).
+at::Tensor Runner::gradient_of_output(int s, int mb) {
+  if (s == stage(s).num_stages - 1) return at::Tensor();
+  if (holds(s + 1)) {
+    auto g = local_grads_.at({s, mb});
     local_grads_.erase({s, mb});
-  } else if (!last) {
-    grad = receive(grads_, s, mb, cat("stage ", s + 1, "'s gradient").c_str());
+    return g;
   }
+  return receive(grads_, s, mb, cat("stage ", s + 1, "'s gradient").c_str());
+}
+
+// BACKWARD: the whole backward, the input's gradient sent back. The
+// zero-bubble halves: INPUT_GRAD computes only the input's gradient
+// (torch::autograd::grad, keeping the graph) and sends it; WEIGHT_GRAD
+// then runs backward again to the stage's parameters alone. The two halves
+// cost about two backwards of the stage's layers: what the weights' half
+// saves is the wait, not the work.
+void Runner::backward(int s, int mb, ActionKind kind) {
+  auto& micro = micro_.at({s, mb});
+  const bool last = s == stage(s).num_stages - 1;
+  if (kind != ActionKind::WEIGHT_GRAD) micro.grad_out = gradient_of_output(s, mb);
+  const auto& from = last ? micro.loss : micro.output;
+  const std::vector<at::Tensor> seed =
+      last ? std::vector<at::Tensor>{} : std::vector<at::Tensor>{micro.grad_out};
   const auto begin = Clock::now();
-  if (last) torch::autograd::backward({micro.loss});
-  else torch::autograd::backward({micro.output}, {grad});
-  compute_ms_ += ms_since(begin);
-  draw("backward", s, mb, begin);
-  if (s > 0) {
-    auto g = micro.input.grad();
-    if (!g.defined()) g = at::zeros_like(micro.input);  // the stage did not use its input
-    if (holds(s - 1)) local_grads_[{s - 1, mb}] = g;
-    else send(g.contiguous(), s - 1, true, mb, "gradient of the output");
+  at::Tensor input_grad;
+  if (kind == ActionKind::BACKWARD) {
+    torch::autograd::backward({from}, seed);
+    if (s > 0) input_grad = micro.input.grad();
+  } else if (kind == ActionKind::INPUT_GRAD) {
+    if (s > 0)
+      input_grad = torch::autograd::grad({from}, {micro.input}, seed, /*retain_graph=*/true,
+                                         /*create_graph=*/false, /*allow_unused=*/true)[0];
+  } else {
+    std::vector<at::Tensor> params;
+    for (const auto& p : stage(s).module.module->parameters())
+      if (p.requires_grad()) params.push_back(p);
+    if (!params.empty())
+      torch::autograd::backward({from}, seed, /*retain_graph=*/false, /*create_graph=*/false,
+                                params);
   }
-  micro_.erase({s, mb});
-  --held_;
+  compute_ms_ += ms_since(begin);
+  draw(kind == ActionKind::BACKWARD     ? "backward"
+       : kind == ActionKind::INPUT_GRAD ? "backward (input)"
+                                        : "backward (weights)",
+       s, mb, begin);
+  if (kind != ActionKind::WEIGHT_GRAD && s > 0) {
+    // A stage that did not use its input sends zeros.
+    if (!input_grad.defined()) input_grad = at::zeros_like(micro.input);
+    if (holds(s - 1)) local_grads_[{s - 1, mb}] = input_grad;
+    else send(input_grad.contiguous(), s - 1, true, mb, "gradient of the output");
+  }
+  if (kind != ActionKind::INPUT_GRAD) {
+    micro_.erase({s, mb});
+    --held_;
+  }
 }
 
 at::Tensor Runner::run(const StepArgs& args) {
@@ -393,7 +429,7 @@ at::Tensor Runner::run(const StepArgs& args) {
       } else if (train) {
         auto& sync = stage(a.stage).module.sync_last_backward;
         if (sync && last_backward_.at(a.stage) == i) sync();
-        backward(a.stage, a.microbatch);
+        backward(a.stage, a.microbatch, a.kind);
       }
     }
     const auto sent = Clock::now();

@@ -52,11 +52,12 @@ class Runner {
   // What a step keeps per microbatch of a local stage.
   struct Micro {
     at::Tensor input, output, loss;
+    at::Tensor grad_out;  // between a split backward's two halves
   };
 
   StageState& stage(int index);
   bool holds(int index) const;
-  int rank_of(int stage) const { return rank_of_stage(stage, ranks_); }
+  int rank_of(int stage) const { return rank_of_stage(kind_, stage, ranks_); }
   int tag(int stage, bool backward, int mb) const;
   std::string where(int stage, int mb) const;
   void check_call(const StepArgs& args) const;
@@ -66,7 +67,9 @@ class Runner {
   void learn_input_shape(int stage);
   void send(const at::Tensor& t, int to_stage, bool backward, int mb, const char* what);
   void forward(int s, int mb, bool train);
-  void backward(int s, int mb);
+  // A whole backward (BACKWARD) or one of its halves.
+  void backward(int s, int mb, ActionKind kind);
+  at::Tensor gradient_of_output(int s, int mb);
   void finish_step(bool train);
 
   ScheduleKind kind_;
@@ -76,7 +79,9 @@ class Runner {
   std::shared_ptr<ProcessGroup> group_;
   int rank_, ranks_;
   std::vector<Action> order_;
-  std::map<int, size_t> last_backward_;  // stage -> its last backward in order_
+  // stage -> its last action in order_ that accumulates the parameters'
+  // gradients (a backward, or the weights' half of one)
+  std::map<int, size_t> last_backward_;
   bool checked_ = false;
   ScheduleStats stats_;
 

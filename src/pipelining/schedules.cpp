@@ -58,6 +58,11 @@ ScheduleInterleaved1F1B::ScheduleInterleaved1F1B(std::vector<PipelineStage> stag
     : PipelineSchedule(static_cast<int>(ScheduleKind::INTERLEAVED_1F1B), std::move(stages),
                        n_microbatches, std::move(loss_fn)) {}
 
+ScheduleZBVZeroBubble::ScheduleZBVZeroBubble(std::vector<PipelineStage> stages,
+                                             int n_microbatches, LossFn loss_fn)
+    : PipelineSchedule(static_cast<int>(ScheduleKind::ZBV_ZERO_BUBBLE), std::move(stages),
+                       n_microbatches, std::move(loss_fn)) {}
+
 ScheduleLoopedBFS::ScheduleLoopedBFS(std::vector<PipelineStage> stages, int n_microbatches,
                                      LossFn loss_fn)
     : PipelineSchedule(static_cast<int>(ScheduleKind::LOOPED_BFS), std::move(stages),

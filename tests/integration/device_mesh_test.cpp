@@ -95,13 +95,15 @@ TEST(DeviceMesh, ShapesThatDoNotFitTheGroupAreNamed) {
   }));
 }
 
-// PP(2) x DP(2): each pipeline rank's stage is wrapped in DDP over the
+// PP(2) x DP(2): each pipeline rank's stages are wrapped in DDP over the
 // mesh's "dp" group, each data-parallel replica takes half the batch; after
 // 5 steps of Adam every stage equals one process on the whole batch, and
-// DDP synchronized once per step.
+// each DDP synchronized once per step. With 1F1B (a stage per rank) and
+// with ZB-V (two per rank, each backward in two halves).
 constexpr int kWidth = 10, kRows = 16, kSteps = 5;
 
-TEST(DeviceMesh, PipelineTimesDataParallelEqualsOneProcess) {
+void expect_pipeline_times_ddp_equals_one_process(bool zbv) {
+  SCOPED_TRACE(zbv ? "ZBV" : "1F1B");
   auto make_model = [] {
     torch::manual_seed(3);
     torch::nn::Sequential m;
@@ -127,31 +129,52 @@ TEST(DeviceMesh, PipelineTimesDataParallelEqualsOneProcess) {
   for (int r = 0; r < 4; ++r) models.push_back(make_model());
   expect_no_errors(run_rank_contexts(4, [&](RankContext& ctx) {
     auto mesh = DeviceMesh({2, 2}, {"pp", "dp"}, thread_mesh(ctx));
-    const int stage_index = mesh.get_local_rank("pp"), replica = mesh.get_local_rank("dp");
-    auto piece = pp::split_sequential(models[ctx.rank], 2)[stage_index];
-    auto ddp = std::make_shared<DistributedDataParallel<torch::nn::SequentialImpl>>(
-        piece.ptr(), DDPOptions().process_group(mesh.get_group("dp")));
-    pp::PipelineStage stage(ddp, stage_index, 2,
-                            pp::PipelineStageOptions().group(mesh.get_group("pp")));
-    pp::Schedule1F1B schedule(stage, 4, mse);
-    torch::optim::Adam opt(ddp->parameters(), torch::optim::AdamOptions(1e-2));
+    const int pp_rank = mesh.get_local_rank("pp"), replica = mesh.get_local_rank("dp");
+    const int num_stages = zbv ? 4 : 2;
+    const std::vector<int> held = zbv ? std::vector<int>{pp_rank, 3 - pp_rank}
+                                      : std::vector<int>{pp_rank};
+    auto pieces = pp::split_sequential(models[ctx.rank], num_stages);
+    std::vector<pp::PipelineStage> stages;
+    std::vector<std::shared_ptr<DistributedDataParallel<torch::nn::SequentialImpl>>> ddps;
+    std::vector<torch::Tensor> params;
+    for (int s : held) {
+      ddps.push_back(std::make_shared<DistributedDataParallel<torch::nn::SequentialImpl>>(
+          pieces[s].ptr(), DDPOptions().process_group(mesh.get_group("dp"))));
+      for (const auto& p : ddps.back()->parameters()) params.push_back(p);
+      stages.emplace_back(ddps.back(), s, num_stages,
+                          pp::PipelineStageOptions().group(mesh.get_group("pp")));
+    }
+    std::unique_ptr<pp::PipelineSchedule> schedule;
+    if (zbv) schedule = std::make_unique<pp::ScheduleZBVZeroBubble>(stages, 4, mse);
+    else schedule = std::make_unique<pp::Schedule1F1B>(stages[0], 4, mse);
+    torch::optim::Adam opt(params, torch::optim::AdamOptions(1e-2));
     for (const auto& [x, y] : data) {
       opt.zero_grad();
       const auto half = [&](const at::Tensor& t) { return t.chunk(2)[replica]; };
-      if (stage_index == 0) schedule.step(half(x));
-      else schedule.step(half(y), nullptr);
+      if (zbv && pp_rank == 0) schedule->step(half(x), half(y), nullptr);  // stages 0 and 3
+      else if (zbv) schedule->step();                                      // stages 1 and 2
+      else if (pp_rank == 0) schedule->step(half(x));
+      else schedule->step(half(y), nullptr);
       opt.step();
     }
-    EXPECT_EQ(ddp->stats().iteration, kSteps) << "DDP synchronizes once per step";
-    for (int c = stage_index * 4; c < stage_index * 4 + 4; ++c) {
-      auto got = models[ctx.rank]->children()[c]->parameters();
-      auto want = whole->children()[c]->parameters();
-      for (size_t i = 0; i < got.size(); ++i)
-        EXPECT_LE((got[i] - want[i]).abs().max().item<double>(),
-                  1e-5 * want[i].abs().max().item<double>())
-            << "child " << c << " on rank " << ctx.rank;
-    }
+    for (const auto& ddp : ddps)
+      EXPECT_EQ(ddp->stats().iteration, kSteps) << "DDP synchronizes once per step";
+    const int per = 8 / num_stages;
+    for (int s : held)
+      for (int c = s * per; c < (s + 1) * per; ++c) {
+        auto got = models[ctx.rank]->children()[c]->parameters();
+        auto want = whole->children()[c]->parameters();
+        for (size_t i = 0; i < got.size(); ++i)
+          EXPECT_LE((got[i] - want[i]).abs().max().item<double>(),
+                    1e-5 * want[i].abs().max().item<double>())
+              << "child " << c << " on rank " << ctx.rank;
+      }
   }));
+}
+
+TEST(DeviceMesh, PipelineTimesDataParallelEqualsOneProcess) {
+  expect_pipeline_times_ddp_equals_one_process(false);
+  expect_pipeline_times_ddp_equals_one_process(true);
 }
 
 }  // namespace

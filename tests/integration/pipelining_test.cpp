@@ -81,7 +81,7 @@ double relative_difference(const std::vector<at::Tensor>& got,
   return diff / scale;
 }
 
-enum class Kind { GPIPE, ONE_F_ONE_B, INTERLEAVED, LOOPED_BFS };
+enum class Kind { GPIPE, ONE_F_ONE_B, INTERLEAVED, LOOPED_BFS, ZBV };
 
 const char* name_of(Kind k) {
   switch (k) {
@@ -89,6 +89,7 @@ const char* name_of(Kind k) {
     case Kind::ONE_F_ONE_B: return "1F1B";
     case Kind::INTERLEAVED: return "Interleaved1F1B";
     case Kind::LOOPED_BFS: return "LoopedBFS";
+    case Kind::ZBV: return "ZBVZeroBubble";
   }
   return "?";
 }
@@ -100,6 +101,7 @@ std::unique_ptr<pp::PipelineSchedule> make_schedule(Kind kind, std::vector<pp::P
     case Kind::ONE_F_ONE_B: return std::make_unique<pp::Schedule1F1B>(s[0], m, mse);
     case Kind::INTERLEAVED: return std::make_unique<pp::ScheduleInterleaved1F1B>(s, m, mse);
     case Kind::LOOPED_BFS: return std::make_unique<pp::ScheduleLoopedBFS>(s, m, mse);
+    case Kind::ZBV: return std::make_unique<pp::ScheduleZBVZeroBubble>(s, m, mse);
   }
   return nullptr;
 }
@@ -123,7 +125,11 @@ void expect_equivalent(Kind kind, int ranks, int stages, int m, bool adam,
         std::vector<pp::PipelineStage> mine;
         std::vector<int> children;  // the model's child indices this rank holds
         const int per = 8 / stages;
-        for (int s = r; s < stages; s += ranks) {
+        // Stage s on rank s mod ranks; for ZB-V, ranks r and 2 ranks - 1 - r.
+        std::vector<int> held;
+        for (int s = r; s < stages; s += ranks) held.push_back(s);
+        if (kind == Kind::ZBV) held = {r, 2 * ranks - 1 - r};
+        for (int s : held) {
           mine.emplace_back(pieces[s], s, stages, pp::PipelineStageOptions().group(ctx.group));
           for (int c = s * per; c < (s + 1) * per; ++c) children.push_back(c);
         }
@@ -132,7 +138,8 @@ void expect_equivalent(Kind kind, int ranks, int stages, int m, bool adam,
           for (const auto& p : st.module()->parameters()) params.push_back(p);
         auto opt = make_optimizer(adam, params);
         auto schedule = make_schedule(kind, mine, m);
-        const bool first = r == 0, last = (stages - 1) % ranks == r;
+        const bool first = r == 0;
+        const bool last = kind == Kind::ZBV ? r == 0 : (stages - 1) % ranks == r;
         for (const auto& b : data) {
           opt->zero_grad();
           std::vector<at::Tensor> losses;
@@ -169,6 +176,14 @@ TEST(Pipelining, InterleavedAndLoopedBFSEqualOneProcessAt2And4Stages) {
     for (int stages : {2, 4})
       for (int m : {4, 8})
         for (bool adam : {false, true}) expect_equivalent(kind, stages / 2, stages, m, adam);
+}
+
+// Zero bubble: 2 stages on one rank and 4 stages on 2 ranks (a V: rank 0
+// holds stages 0 and 3), each backward split into its two halves.
+TEST(Pipelining, ZeroBubbleEqualsOneProcessAt2And4Stages) {
+  for (int stages : {2, 4})
+    for (int m : {4, 8})
+      for (bool adam : {false, true}) expect_equivalent(Kind::ZBV, stages / 2, stages, m, adam);
 }
 
 TEST(Pipelining, OtherTransportsGiveTheSameParameters) {
@@ -259,7 +274,7 @@ TEST(Pipelining, WrongCallsAndPlacementsAreNamed) {
     EXPECT_EQ(testing::what_thrown<InvalidArgument>(
         [&] { pp::Schedule1F1B(pp::PipelineStage(piece, 1 - r, 2, opts), 4, mse); }),
         "Schedule1F1B: stage " + std::to_string(1 - r) + " belongs on rank " +
-            std::to_string(1 - r) + " of group 'default' (stage s on rank s mod 2), but rank " +
+            std::to_string(1 - r) + " of group 'default' (stage s on rank s mod p, p = 2), but rank " +
             std::to_string(r) + " holds it");
     EXPECT_EQ(testing::what_thrown<InvalidArgument>(
         [&] { pp::Schedule1F1B(pp::PipelineStage(piece, r, 3, opts), 4, mse); }),
