@@ -126,7 +126,8 @@ void ProcessGroup::timeline_span(const Call& call, Work& work) {
     tl::span(name, track->id, begin, end,
              detail::cat("\"seq\": ", seq, ", \"kind\": \"", collective ? "collective" : "p2p",
                          "\", \"ok\": ", error ? "false" : "true",
-                         label.empty() ? "" : ", \"label\": \"" + detail::json_escaped(label) + "\""));
+                         label.empty() ? ""
+                                       : ", \"label\": \"" + detail::json_escaped(label) + "\""));
   });
 }
 

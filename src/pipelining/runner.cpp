@@ -4,7 +4,6 @@
 #include <torch/autograd.h>
 
 #include <algorithm>
-#include <set>
 
 #include "common/enforce.h"
 #include "diagnostics/op_label.h"
