@@ -177,15 +177,16 @@ INSTANTIATE_TEST_SUITE_P(
                    "valid (expected cache or system)"}),
     [](const auto& info) { return std::string(info.param.name); });
 
-// Minor page faults of SGD steps 20..29 on 64 MiB tensors in a process
-// after init_process_group().
+// The fewest minor page faults of any 5 consecutive SGD steps (of six
+// windows after step 10) on 64 MiB tensors in a process after
+// init_process_group().
 long faults_with_cpu_memory(const std::string& policy) {
   auto env = rank_env(0, 1, free_port());
   if (!policy.empty()) env["DTRAIN_CPU_MEMORY"] = policy;
   env["OMP_NUM_THREADS"] = "1";
   ProcessRanks procs;
   auto& p = procs.spawn({kWorker, "page-faults"}, env);
-  EXPECT_TRUE(procs.wait(p, Clock::now() + 60s)) << "page-faults worker hung";
+  EXPECT_TRUE(procs.wait(p, Clock::now() + 90s)) << "page-faults worker hung";
   EXPECT_EQ(p.exit_code, 0) << describe(p);
   const auto at = p.output().find("faults ");
   EXPECT_NE(at, std::string::npos) << describe(p);
@@ -194,24 +195,25 @@ long faults_with_cpu_memory(const std::string& policy) {
 
 TEST(CpuMemory, TrainingStepsReuseFreedMemoryWithoutPageFaults) {
   // glibc's defaults map blocks above its mmap threshold afresh each time;
-  // the threshold rises with the blocks freed, up to 32 MiB, so with 16 MiB
-  // tensors it sometimes stopped faulting at all (0 faults seen here, after
-  // 8,160 to 40,896 on other runs). 64 MiB tensors stay above it: every
-  // step faults in its temporaries. The cache serves them from memory the
-  // process kept (0 faults measured), but a heap extension may still fault
-  // in one tensor during the measured steps (seen on CI with 16 MiB
-  // tensors), so its bound is one tensor's pages.
+  // the threshold rises with the blocks freed, up to 32 MiB, so 64 MiB
+  // tensors stay above it: every step faults in its temporaries (about
+  // 115,000 faults a step measured). The cache serves them from memory the
+  // process kept. Its heap may still grow now and then, its free blocks
+  // fragmented by small objects, and fault in a tensor or two: CI once saw
+  // two tensors' pages in 10 steps. Steady steps fault none, so the bound
+  // is on the quietest 5-step window (0 faults measured), not on a fixed
+  // one.
   const long tensor_pages = (64L << 20) / sysconf(_SC_PAGESIZE);
   const long system = faults_with_cpu_memory("system");
   const long cached = faults_with_cpu_memory("");  // the default: cache
-  EXPECT_GT(system, tensor_pages + tensor_pages / 8)
-      << "DTRAIN_CPU_MEMORY=system must leave malloc as glibc has it";
+  EXPECT_GT(system, 2 * tensor_pages) << "DTRAIN_CPU_MEMORY=system must leave malloc as glibc has it";
   EXPECT_GE(cached, 0);
-  EXPECT_LE(cached, tensor_pages + tensor_pages / 8)
-      << "DTRAIN_CPU_MEMORY=cache (the default): " << cached << " page faults in 10 steps, against "
-      << system << " with system";
+  EXPECT_LE(cached, tensor_pages / 8)
+      << "DTRAIN_CPU_MEMORY=cache (the default): " << cached
+      << " page faults in the quietest 5 steps, against " << system << " with system";
   const long explicit_cache = faults_with_cpu_memory("cache");
-  EXPECT_LE(explicit_cache, tensor_pages + tensor_pages / 8);
+  EXPECT_GE(explicit_cache, 0);
+  EXPECT_LE(explicit_cache, tensor_pages / 8);
 }
 
 TEST(ProcessFailures, MissingRankIsNamedWhenJoinTimesOut) {
