@@ -15,6 +15,7 @@
 // group creations.
 
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,6 +64,10 @@ class DeviceMesh {
   // sharing this mesh's groups; a name made by flatten() works too.
   DeviceMesh operator[](const std::string& name) const;
   DeviceMesh operator[](const std::vector<std::string>& names) const;
+  // mesh[{"dp", "pp"}] (without it, the braces could also make one string).
+  DeviceMesh operator[](std::initializer_list<std::string> names) const {
+    return (*this)[std::vector<std::string>(names)];
+  }
   // This mesh's dimensions as one (named `name`, by default the names
   // joined by "_"), with a group over the ranks that differ only in them.
   // Collective on every rank of the whole mesh; the name then also works

@@ -66,6 +66,7 @@
 #include <vector>
 
 #include "dtrain/arg.h"
+#include "dtrain/device_mesh.h"
 #include "dtrain/no_sync_guard.h"
 #include "dtrain/process_group.h"
 
@@ -83,6 +84,14 @@ struct MixedPrecision {
 struct FSDPOptions {
   // The group the parameters are sharded over; null: the default group.
   DTRAIN_ARG(std::shared_ptr<ProcessGroup>, process_group) = nullptr;
+  // Instead of process_group, as FSDP2's fully_shard(mesh=...): a 1-D mesh
+  // shards over its group; a 2-D mesh is HSDP, replicating along dimension
+  // 0 and sharding along dimension 1 (typically: hosts x GPUs or ranks in a
+  // host). Each replica holds the whole model in shards; gradients are
+  // reduce-scattered inside the replica, then the shards' gradients are
+  // all-reduced across replicas, so only 1/shard-size of them crosses
+  // between replicas, and all-gathers stay inside.
+  DTRAIN_ARG(c10::optional<DeviceMesh>, mesh) = c10::nullopt;
   // Free a unit's full parameters after its forward (ZeRO-3); false keeps
   // them until its gradients are reduced (SHARD_GRAD_OP, ZeRO-2-like).
   DTRAIN_ARG(bool, reshard_after_forward) = true;
@@ -179,6 +188,14 @@ class FSDPCore {
   bool sync_enabled() const;
   FSDPStats stats() const;
   ProcessGroup& group() const;
+  // HSDP: the group the shards are replicated over; null otherwise.
+  ProcessGroup* replicate_group() const;
+  // Pipelining: between begin_microbatches() and end_microbatches() several
+  // forwards may await their backwards; each backward ends with the
+  // units resharded, and reduces its gradients only when sync is on (the
+  // runner turns it on before the step's last backward).
+  void begin_microbatches();
+  void end_microbatches();
 
  private:
   struct Impl;
@@ -377,7 +394,10 @@ class FullyShardedDataParallel : public torch::nn::Module {
 
   FSDPStats stats() const { return core_->stats(); }
   const std::shared_ptr<ModuleType>& module() const { return module_; }
+  // The group the shards are split over (with HSDP, the mesh's dimension 1).
   ProcessGroup& process_group() const { return core_->group(); }
+  // The engine (for dtrain's own wrappers, such as pipeline stages).
+  detail::FSDPCore& engine() const { return *core_; }
 
  private:
   template <typename T>

@@ -27,9 +27,11 @@
 // stage per rank for ScheduleGPipe and Schedule1F1B, v per rank for
 // ScheduleInterleaved1F1B and ScheduleLoopedBFS (rank r holds r, r+p, ...);
 // ScheduleZBVZeroBubble places two per rank in a V (r and 2p - 1 - r).
-// A stage whose module is a DistributedDataParallel (over another group,
-// the data-parallel one) reduces its gradients once per step, in the last
-// microbatch's backward.
+// A stage whose module is a DistributedDataParallel or a
+// FullyShardedDataParallel (over another group, the data-parallel one, or
+// an HSDP mesh) reduces its gradients once per step, in the last
+// microbatch's backward (an FSDP stage keeps the unsharded gradients of the
+// earlier microbatches until then, as PyTorch's does).
 // See docs/pipelining.md.
 
 #include <ATen/core/Tensor.h>
@@ -51,6 +53,13 @@
 namespace dtrain {
 template <typename ModuleType>
 class DistributedDataParallel;
+template <typename ModuleType>
+class FullyShardedDataParallel;
+namespace detail {
+class FSDPCore;
+void fsdp_begin_microbatches(FSDPCore& core, bool on);  // src/pipelining/stage.cpp
+void fsdp_sync(FSDPCore& core, bool on);
+}  // namespace detail
 }  // namespace dtrain
 
 namespace dtrain::pipelining {
@@ -63,7 +72,7 @@ struct PipelineStageOptions {
 namespace detail {
 
 // How a stage runs its module, and how it turns the gradient
-// synchronization of a DDP-wrapped module off and on.
+// synchronization of a DDP- or FSDP-wrapped module off and on.
 struct StageModule {
   std::shared_ptr<torch::nn::Module> module;
   std::function<at::Tensor(at::Tensor)> forward;
@@ -72,12 +81,20 @@ struct StageModule {
   // step, which then reduces everything accumulated; set_sync(true) after.
   std::function<void(bool)> set_sync;
   std::function<void()> sync_last_backward;
+  // The tensors whose gradients the step accumulates (null: the module's
+  // parameters; an FSDP stage's: its shards).
+  std::function<std::vector<at::Tensor>()> parameters;
+  bool fsdp = false;  // its backward cannot be split in two (zero bubble)
 };
 
 template <typename M>
 struct IsDdp : std::false_type {};
 template <typename M>
 struct IsDdp<DistributedDataParallel<M>> : std::true_type {};
+template <typename M>
+struct IsFsdp : std::false_type {};
+template <typename M>
+struct IsFsdp<FullyShardedDataParallel<M>> : std::true_type {};
 
 template <typename M>
 StageModule stage_module(std::shared_ptr<M> m) {
@@ -87,6 +104,15 @@ StageModule stage_module(std::shared_ptr<M> m) {
     auto& engine = m->engine();
     s.set_sync = [&engine](bool on) { engine.set_sync(on); };
     s.sync_last_backward = [&engine] { engine.sync_next_backward(); };
+  } else if constexpr (IsFsdp<M>::value) {
+    auto& engine = m->engine();
+    s.set_sync = [&engine](bool on) {
+      fsdp_sync(engine, on);
+      fsdp_begin_microbatches(engine, !on);
+    };
+    s.sync_last_backward = [&engine] { fsdp_sync(engine, true); };
+    s.parameters = [raw = m.get()] { return raw->parameters(); };
+    s.fsdp = true;
   }
   s.module = std::move(m);
   return s;

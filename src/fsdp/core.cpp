@@ -84,6 +84,7 @@ void FSDPCore::Impl::build_units(torch::nn::Module& model, FSDPCore* core) {
                     ? adopt(*module, owner, params, std::move(names))
                     : std::make_shared<fsdp::FlatUnit>(owner, std::move(params), std::move(names), *group);
     unit->configure(options.mixed_precision(), on_grad);
+    if (replicate) unit->replicate_over(*replicate);
     units.push_back(std::move(unit));
   }
 }
@@ -107,12 +108,29 @@ std::shared_ptr<fsdp::FlatUnit> FSDPCore::Impl::adopt(FSDPModule& module, const 
   return unit;
 }
 
+void FSDPCore::Impl::resolve_groups() {
+  if (!options.mesh()) {
+    group = options.process_group() ? options.process_group() : default_group();
+    return;
+  }
+  const DeviceMesh& mesh = *options.mesh();
+  DTRAIN_CHECK_ARG(!options.process_group(), "FullyShardedDataParallel: give FSDPOptions a "
+                   "process_group or a mesh, not both");
+  std::string shape;
+  for (int n : mesh.shape()) shape += (shape.empty() ? "" : " x ") + std::to_string(n);
+  DTRAIN_CHECK_ARG(mesh.ndim() == 1 || mesh.ndim() == 2, "FullyShardedDataParallel: a mesh of ",
+                   shape, " has ", mesh.ndim(), " dimensions; FSDP takes 1 (shard) or 2 "
+                   "(replicate, shard: HSDP); slice it first (mesh[{\"dp_replicate\", \"dp_shard\"}])");
+  group = mesh.get_group(mesh.ndim() - 1);
+  if (mesh.ndim() == 2) replicate = mesh.get_group(0);
+}
+
 FSDPCore::FSDPCore(torch::nn::Module& model, const FSDPOptions& options)
     : impl_(std::make_unique<Impl>()) {
   apply_cpu_memory_policy();
   auto& s = *impl_;
   s.options = options;
-  s.group = options.process_group() ? options.process_group() : default_group();
+  s.resolve_groups();
   DTRAIN_CHECK_ARG(s.group->rank() >= 0, "FullyShardedDataParallel: this rank is not a member of group '",
                    s.group->name(), "'");
   const auto& mp = options.mixed_precision();
@@ -133,8 +151,13 @@ FSDPCore::FSDPCore(torch::nn::Module& model, const FSDPOptions& options)
     s.buffer_names.push_back(item.key());
     s.buffers.push_back(item.value());
   }
-  ddp::verify_same_model(*s.group, names, tensors, "FullyShardedDataParallel");
-  if (!s.buffers.empty() && s.group->size() > 1) ddp::broadcast_coalesced(*s.group, s.buffers, 0);
+  // Buffers: shard rank 0's, then replica 0's, so every rank has rank
+  // (0, 0)'s; the units' shards follow the same way (build_units).
+  for (auto* g : {s.group.get(), s.replicate.get()}) {
+    if (g == nullptr) continue;
+    ddp::verify_same_model(*g, names, tensors, "FullyShardedDataParallel");
+    if (!s.buffers.empty() && g->size() > 1) ddp::broadcast_coalesced(*g, s.buffers, 0);
+  }
   s.build_units(model, this);
   s.ran_forward.assign(s.units.size(), false);
 }
@@ -145,7 +168,7 @@ FSDPCore::~FSDPCore() {
 
 void FSDPCore::before_forward(const FSDPModule* module) {
   auto& s = *impl_;
-  if (module == nullptr) s.begin_iteration();
+  if (module == nullptr && !s.microbatching) s.begin_iteration();
   const size_t index = s.unit_index(module);
   if (index == Impl::kNone) return;
   if (!s.ran_forward[index]) {
@@ -211,6 +234,18 @@ FSDPStats FSDPCore::stats() const { return impl_->last; }
 void FSDPCore::set_sync(bool enabled) { impl_->sync = enabled; }
 bool FSDPCore::sync_enabled() const { return impl_->sync; }
 ProcessGroup& FSDPCore::group() const { return *impl_->group; }
+ProcessGroup* FSDPCore::replicate_group() const { return impl_->replicate.get(); }
+
+void FSDPCore::begin_microbatches() {
+  impl_->begin_iteration();
+  impl_->microbatching = true;
+}
+
+void FSDPCore::end_microbatches() {
+  auto& s = *impl_;
+  s.microbatching = false;
+  if (s.expect_backward || s.backward_running) s.end_iteration();  // a step that failed
+}
 
 // ---- the iteration ---------------------------------------------------------
 
@@ -301,12 +336,23 @@ void FSDPCore::Impl::settle_reductions(bool wait) {
 
 // End of backward: units whose parameters did not all get gradients are
 // reduced now (missing ones count as zero), in reverse forward order.
+// Between microbatches (pipelining, sync off), the units are resharded
+// and ready for the next microbatch's backward, whose forward already ran.
 void FSDPCore::Impl::finish_backward() {
   for (auto it = forward_order.rbegin(); it != forward_order.rend(); ++it) {
     auto& unit = *units[*it];
     if (unit.trainable() && !unit.reduced()) reduce(unit);
   }
   last_backward_order = backward_order;
+  if (microbatching && !sync) {
+    for (auto& unit : units) {
+      unit->reshard();
+      unit->reset_iteration();
+    }
+    backward_order.clear();
+    backward_running = false;
+    return;
+  }
   end_iteration();
   current.iteration = last.iteration + 1;
   current.shard_bytes = 0;

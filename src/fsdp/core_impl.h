@@ -20,7 +20,8 @@ namespace dtrain::detail {
 struct FSDPCore::Impl {
   static constexpr size_t kNone = std::numeric_limits<size_t>::max();
 
-  std::shared_ptr<ProcessGroup> group;
+  std::shared_ptr<ProcessGroup> group;      // the shards'
+  std::shared_ptr<ProcessGroup> replicate;  // HSDP's replicas, or null
   FSDPOptions options;
   std::vector<std::shared_ptr<fsdp::FlatUnit>> units;  // the root's first when it has one
   std::unordered_map<const FSDPModule*, size_t> index_of;  // null: the root unit
@@ -28,6 +29,7 @@ struct FSDPCore::Impl {
   std::vector<std::string> buffer_names;
   std::vector<at::Tensor> buffers;
   bool sync = true;
+  bool microbatching = false;  // between begin_ and end_microbatches()
 
   // The iteration: forward (units in the order they ran), then backward.
   std::vector<bool> ran_forward;
@@ -41,6 +43,8 @@ struct FSDPCore::Impl {
   // Gathers a unit (nothing if it is); `ahead`: a prefetch.
   void gather(size_t index, bool ahead);
 
+  // The shard group and (HSDP) the replicate group from the options.
+  void resolve_groups();
   void build_units(torch::nn::Module& model, FSDPCore* core);
   // The unit a ShardedConstruction built for `module`, taken over.
   std::shared_ptr<fsdp::FlatUnit> adopt(FSDPModule& module, const std::string& path,

@@ -186,17 +186,44 @@ void FlatUnit::reduce(bool sync) {
     unsynced_ = at::Tensor();
   }
   // Divided before the sum, as DDP's buckets are: the same rounding.
-  if (world > 1) flat.div_(world);
+  const int ways = world * (replicas_ ? replicas_->size() : 1);
+  if (ways > 1) flat.div_(ways);
   reduce_input_ = std::move(flat);
   reduce_output_ = at::empty({slice_}, reduce_input_.options());
   reduce_work_ = group_.reduce_scatter_tensor(reduce_output_, reduce_input_, ReduceOp::SUM);
+}
+
+void FlatUnit::replicate_over(ProcessGroup& replicas) {
+  replicas_ = &replicas;
+  if (replicas.size() <= 1) return;
+  auto values = shard_.detach();
+  replicas.broadcast(values, 0)->wait();
+}
+
+void FlatUnit::start_replica_reduce() {
+  if (replicas_ && replicas_->size() > 1 && !replica_work_) {
+    reduce_input_ = at::Tensor();  // the reduce-scatter is done with it
+    replica_work_ = replicas_->all_reduce(reduce_output_, ReduceOp::SUM);
+  }
+}
+
+bool FlatUnit::reduce_complete() {
+  if (!reduce_work_) return true;
+  if (!reduce_work_->is_completed()) return false;
+  start_replica_reduce();
+  return !replica_work_ || replica_work_->is_completed();
 }
 
 void FlatUnit::finish_reduce() {
   if (!reduce_work_) return;
   auto work = std::move(reduce_work_);
   reduce_work_ = nullptr;
+  auto replica = std::move(replica_work_);
+  replica_work_ = nullptr;
   work->wait();
+  if (!replica && replicas_ && replicas_->size() > 1)
+    replica = replicas_->all_reduce(reduce_output_, ReduceOp::SUM);
+  if (replica) replica->wait();
   at::NoGradGuard no_grad;
   auto average = reduce_output_.to(shard_.scalar_type());
   reduce_input_ = reduce_output_ = at::Tensor();

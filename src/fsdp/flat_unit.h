@@ -34,6 +34,10 @@ class FlatUnit {
   // sharded at construction knew only its own).
   void rename(std::string name, std::vector<std::string> names);
   ProcessGroup& group() const { return group_; }
+  // HSDP. Collective over `replicas` (the ranks holding the same shard in
+  // other replicas): broadcasts replica 0's shard, and from now on each
+  // reduce-scattered gradient is also all-reduced over them.
+  void replicate_over(ProcessGroup& replicas);
   ~FlatUnit();
   FlatUnit(const FlatUnit&) = delete;
   FlatUnit& operator=(const FlatUnit&) = delete;
@@ -68,7 +72,9 @@ class FlatUnit {
   // Waits for the reduce-scatter and adds the average into shard.grad.
   void finish_reduce();
   // Whether finish_reduce() would not block (none in flight, or done).
-  bool reduce_complete() const { return !reduce_work_ || reduce_work_->is_completed(); }
+  // With HSDP, a finished reduce-scatter starts the all-reduce across
+  // replicas.
+  bool reduce_complete();
   // Bytes of this unit's unsharded gradient buffers now (in reduction, or
   // kept under no_sync).
   int64_t gradient_bytes() const;
@@ -107,6 +113,9 @@ class FlatUnit {
   size_t grads_ = 0, trainable_count_ = 0;
   bool reduced_ = false;
   WorkPtr reduce_work_;
+  ProcessGroup* replicas_ = nullptr;  // HSDP
+  WorkPtr replica_work_;              // the all-reduce across replicas
+  void start_replica_reduce();
   at::Tensor reduce_input_, reduce_output_;
   at::Tensor unsynced_;  // flat gradients accumulated under no_sync
 };

@@ -17,7 +17,7 @@ namespace dtrain::detail {
 std::map<std::string, at::Tensor> FSDPCore::full_state_dict(bool rank0_only) {
   auto& s = *impl_;
   at::NoGradGuard no_grad;
-  const bool keep = !rank0_only || s.group->rank() == 0;
+  const bool keep = !rank0_only || (s.group->rank() == 0 && (!s.replicate || s.replicate->rank() == 0));
   std::map<std::string, at::Tensor> out;
   for (auto& unit : s.units) {
     auto values = unit->gather_master();

@@ -81,6 +81,10 @@ Runner::Runner(ScheduleKind kind, std::vector<PipelineStage> stages, int n_micro
                      s.num_stages());
     DTRAIN_CHECK_ARG(i == 0 || s.stage_index() != stages[i - 1].stage_index(), name, ": stage ",
                      s.stage_index(), " is given twice");
+    DTRAIN_CHECK_ARG(kind != ScheduleKind::ZBV_ZERO_BUBBLE || !s.state().module.fsdp, name,
+                     ": stage ", s.stage_index(), " is a FullyShardedDataParallel, whose backward "
+                     "cannot be split into the input's and the weights' halves; use DDP or a "
+                     "plain module for its stages, or another schedule");
   }
   const auto shape = check_shape(kind, ranks_, v, m_);
   DTRAIN_CHECK_ARG(shape.empty(), shape);
@@ -377,7 +381,7 @@ void Runner::backward(int s, int mb, ActionKind kind) {
                                          /*create_graph=*/false, /*allow_unused=*/true)[0];
   } else {
     std::vector<at::Tensor> params;
-    for (const auto& p : stage(s).module.module->parameters())
+    for (const auto& p : parameters_of(stage(s).module))
       if (p.requires_grad()) params.push_back(p);
     if (!params.empty())
       torch::autograd::backward({from}, seed, /*retain_graph=*/false, /*create_graph=*/false,
@@ -448,7 +452,7 @@ at::Tensor Runner::run(const StepArgs& args) {
   finish_step(train);
   if (train)
     for (auto& s : stages_)
-      for (auto& p : s.module()->parameters())
+      for (auto& p : parameters_of(s.state().module))
         if (p.grad().defined()) p.grad().div_(m_);
   stats_.steps += 1;
   stats_.step_ms = ms_since(begin);

@@ -4,8 +4,22 @@
 
 #include "common/enforce.h"
 #include "dtrain/distributed.h"
+#include "dtrain/fsdp.h"
 #include "dtrain/pipelining.h"
 #include "pipelining/stage_state.h"
+
+namespace dtrain::detail {
+
+void fsdp_begin_microbatches(FSDPCore& core, bool on) {
+  if (on)
+    core.begin_microbatches();
+  else
+    core.end_microbatches();
+}
+
+void fsdp_sync(FSDPCore& core, bool on) { core.set_sync(on); }
+
+}  // namespace dtrain::detail
 
 namespace dtrain::pipelining {
 
@@ -32,7 +46,7 @@ PipelineStage::PipelineStage(detail::StageModule module, int stage_index, int nu
   auto group = options.group() ? options.group() : default_group();
   DTRAIN_CHECK_ARG(group->rank() >= 0, "PipelineStage: this rank is not a member of group '",
                    group->name(), "'");
-  const auto params = module.module->parameters();
+  const auto params = detail::parameters_of(module);
   if (!params.empty()) state_->device = params.front().device();
   state_->module = std::move(module);
   state_->index = stage_index;

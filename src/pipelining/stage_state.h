@@ -30,4 +30,9 @@ struct StageState {
   TensorShape output;  // of one microbatch, as sent to the next stage
 };
 
+// The tensors a step accumulates gradients into.
+inline std::vector<at::Tensor> parameters_of(const StageModule& m) {
+  return m.parameters ? m.parameters() : m.module->parameters();
+}
+
 }  // namespace dtrain::pipelining::detail

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -86,6 +87,21 @@ inline std::vector<std::string> run_ranks(
     GroupOptions options = GroupOptions(), const std::string& backend = "tcp") {
   return run_rank_contexts(world, [&](RankContext& ctx) { body(*ctx.group); }, timeout, options,
                            backend);
+}
+
+// Mesh options for a thread rank: the mesh's groups are `backend` groups
+// (create_test_group) on the test's store, named by their ranks, with the
+// rank's group's timeout.
+inline DeviceMeshOptions thread_mesh(RankContext& ctx, const std::string& backend = "tcp") {
+  return DeviceMeshOptions().group(ctx.group).new_group([&ctx, backend](const std::vector<int>& ranks) {
+    std::string name = "mesh";
+    for (int r : ranks) name += "-" + std::to_string(r);
+    const auto at = std::find(ranks.begin(), ranks.end(), ctx.rank);
+    const int me = static_cast<int>(at - ranks.begin());
+    return create_test_group(backend, std::make_shared<PrefixStore>(name, ctx.store), me,
+                             static_cast<int>(ranks.size()),
+                             GroupOptions().name(name).global_ranks(ranks).timeout(ctx.group->timeout()));
+  });
 }
 
 // Fails the current test when any rank threw.

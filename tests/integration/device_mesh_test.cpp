@@ -19,20 +19,7 @@ using namespace std::chrono_literals;
 using testing::expect_no_errors;
 using testing::RankContext;
 using testing::run_rank_contexts;
-
-// Groups of a thread rank's mesh: tcp groups on the test's store, named by
-// their ranks.
-DeviceMeshOptions thread_mesh(RankContext& ctx) {
-  return DeviceMeshOptions().group(ctx.group).new_group([&ctx](const std::vector<int>& ranks) {
-    std::string name = "mesh";
-    for (int r : ranks) name += "-" + std::to_string(r);
-    const auto at = std::find(ranks.begin(), ranks.end(), ctx.rank);
-    const int me = static_cast<int>(at - ranks.begin());
-    return create_process_group("tcp", std::make_shared<PrefixStore>(name, ctx.store), me,
-                                static_cast<int>(ranks.size()),
-                                GroupOptions().name(name).global_ranks(ranks));
-  });
-}
+using testing::thread_mesh;
 
 // 2 x 3 over 6 ranks: rank r sits at (r / 3, r % 3).
 TEST(DeviceMesh, GroupsAlongEachDimensionSlicesAndFlattening) {
@@ -58,7 +45,7 @@ TEST(DeviceMesh, GroupsAlongEachDimensionSlicesAndFlattening) {
     EXPECT_EQ(dp.ndim(), 1);
     EXPECT_EQ(dp.get_group(), mesh.get_group("dp"));  // shared, not rebuilt
     EXPECT_EQ(dp.ranks(), (std::vector<int>{row, row + 1, row + 2}));
-    auto swapped = mesh[std::vector<std::string>{"dp", "pp"}];
+    auto swapped = mesh[{"dp", "pp"}];  // braces: the initializer_list overload
     EXPECT_EQ(swapped.mesh_dim_names(), (std::vector<std::string>{"dp", "pp"}));
     EXPECT_EQ(swapped.ranks(), (std::vector<int>{0, 3, 1, 4, 2, 5}));
 
@@ -98,27 +85,39 @@ TEST(DeviceMesh, ShapesThatDoNotFitTheGroupAreNamed) {
 // PP(2) x DP(2): each pipeline rank's stages are wrapped in DDP over the
 // mesh's "dp" group, each data-parallel replica takes half the batch; after
 // 5 steps of Adam every stage equals one process on the whole batch, and
-// each DDP synchronized once per step. With 1F1B (a stage per rank) and
-// with ZB-V (two per rank, each backward in two halves).
+// each data-parallel wrapper synchronized once per step: DDP stages under
+// 1F1B (a stage per rank) and ZB-V (two per rank, each backward in two
+// halves); FSDP stages (their Linears units of their own) under GPipe and
+// 1F1B.
 constexpr int kWidth = 10, kRows = 16, kSteps = 5;
 
-void expect_pipeline_times_ddp_equals_one_process(bool zbv) {
-  SCOPED_TRACE(zbv ? "ZBV" : "1F1B");
-  auto make_model = [] {
-    torch::manual_seed(3);
-    torch::nn::Sequential m;
-    for (int i = 0; i < 4; ++i) {
+enum class Composition { DDP_1F1B, DDP_ZBV, FSDP_GPIPE, FSDP_1F1B };
+
+using ShardedLinear = FullyShard<torch::nn::LinearImpl>;
+
+torch::nn::Sequential mesh_model(bool sharded_units) {
+  torch::manual_seed(3);
+  torch::nn::Sequential m;
+  for (int i = 0; i < 4; ++i) {
+    if (sharded_units)
+      m->push_back(std::make_shared<ShardedLinear>(kWidth, kWidth));
+    else
       m->push_back(torch::nn::Linear(kWidth, kWidth));
-      m->push_back(torch::nn::Functional(torch::tanh));
-    }
-    return m;
-  };
+    m->push_back(torch::nn::Functional(torch::tanh));
+  }
+  return m;
+}
+
+void expect_pipeline_times_dp_equals_one_process(Composition how) {
+  const bool zbv = how == Composition::DDP_ZBV;
+  const bool fsdp = how == Composition::FSDP_GPIPE || how == Composition::FSDP_1F1B;
+  SCOPED_TRACE(static_cast<int>(how));
   torch::manual_seed(5);
   std::vector<std::pair<at::Tensor, at::Tensor>> data;
   for (int s = 0; s < kSteps; ++s)
     data.emplace_back(torch::randn({kRows, kWidth}), torch::randn({kRows, kWidth}));
   auto mse = [](const at::Tensor& o, const at::Tensor& t) { return torch::mse_loss(o, t); };
-  auto whole = make_model();
+  auto whole = mesh_model(false);
   torch::optim::Adam ref_opt(whole->parameters(), torch::optim::AdamOptions(1e-2));
   for (const auto& [x, y] : data) {
     ref_opt.zero_grad();
@@ -126,7 +125,7 @@ void expect_pipeline_times_ddp_equals_one_process(bool zbv) {
     ref_opt.step();
   }
   std::vector<torch::nn::Sequential> models;
-  for (int r = 0; r < 4; ++r) models.push_back(make_model());
+  for (int r = 0; r < 4; ++r) models.push_back(mesh_model(fsdp));
   expect_no_errors(run_rank_contexts(4, [&](RankContext& ctx) {
     auto mesh = DeviceMesh({2, 2}, {"pp", "dp"}, thread_mesh(ctx));
     const int pp_rank = mesh.get_local_rank("pp"), replica = mesh.get_local_rank("dp");
@@ -136,16 +135,25 @@ void expect_pipeline_times_ddp_equals_one_process(bool zbv) {
     auto pieces = pp::split_sequential(models[ctx.rank], num_stages);
     std::vector<pp::PipelineStage> stages;
     std::vector<std::shared_ptr<DistributedDataParallel<torch::nn::SequentialImpl>>> ddps;
+    std::vector<std::shared_ptr<FullyShardedDataParallel<torch::nn::SequentialImpl>>> fsdps;
     std::vector<torch::Tensor> params;
+    const auto on_pp = pp::PipelineStageOptions().group(mesh.get_group("pp"));
     for (int s : held) {
+      if (fsdp) {
+        fsdps.push_back(std::make_shared<FullyShardedDataParallel<torch::nn::SequentialImpl>>(
+            pieces[s].ptr(), FSDPOptions().mesh(mesh["dp"])));
+        for (const auto& p : fsdps.back()->parameters()) params.push_back(p);
+        stages.emplace_back(fsdps.back(), s, num_stages, on_pp);
+        continue;
+      }
       ddps.push_back(std::make_shared<DistributedDataParallel<torch::nn::SequentialImpl>>(
           pieces[s].ptr(), DDPOptions().process_group(mesh.get_group("dp"))));
       for (const auto& p : ddps.back()->parameters()) params.push_back(p);
-      stages.emplace_back(ddps.back(), s, num_stages,
-                          pp::PipelineStageOptions().group(mesh.get_group("pp")));
+      stages.emplace_back(ddps.back(), s, num_stages, on_pp);
     }
     std::unique_ptr<pp::PipelineSchedule> schedule;
     if (zbv) schedule = std::make_unique<pp::ScheduleZBVZeroBubble>(stages, 4, mse);
+    else if (how == Composition::FSDP_GPIPE) schedule = std::make_unique<pp::ScheduleGPipe>(stages[0], 4, mse);
     else schedule = std::make_unique<pp::Schedule1F1B>(stages[0], 4, mse);
     torch::optim::Adam opt(params, torch::optim::AdamOptions(1e-2));
     for (const auto& [x, y] : data) {
@@ -159,22 +167,63 @@ void expect_pipeline_times_ddp_equals_one_process(bool zbv) {
     }
     for (const auto& ddp : ddps)
       EXPECT_EQ(ddp->stats().iteration, kSteps) << "DDP synchronizes once per step";
+    for (const auto& f : fsdps) {
+      EXPECT_EQ(f->stats().iteration, kSteps) << "FSDP reduces once per step";
+      EXPECT_EQ(f->stats().reduce_scatters, 2) << "one per unit (the stage's two Linears), in the last backward";
+    }
+    // The pieces keep the model's child names: "2.weight" is child 2's.
+    std::map<std::string, at::Tensor> got;
+    for (const auto& f : fsdps)
+      for (const auto& [name, t] : f->full_state_dict()) got[name] = t;
+    for (const auto& piece : pieces)
+      if (!fsdp)
+        for (const auto& item : piece->named_parameters()) got[item.key()] = item.value();
     const int per = 8 / num_stages;
+    size_t compared = 0;
     for (int s : held)
-      for (int c = s * per; c < (s + 1) * per; ++c) {
-        auto got = models[ctx.rank]->children()[c]->parameters();
-        auto want = whole->children()[c]->parameters();
-        for (size_t i = 0; i < got.size(); ++i)
-          EXPECT_LE((got[i] - want[i]).abs().max().item<double>(),
-                    1e-5 * want[i].abs().max().item<double>())
-              << "child " << c << " on rank " << ctx.rank;
-      }
+      for (int c = s * per; c < (s + 1) * per; ++c)
+        for (const auto& item : whole->children()[c]->named_parameters()) {
+          const std::string name = std::to_string(c) + "." + item.key();
+          ASSERT_TRUE(got.count(name)) << name << " on rank " << ctx.rank;
+          const auto& want = item.value();
+          EXPECT_LE((got[name] - want).abs().max().item<double>(), 1e-5 * want.abs().max().item<double>())
+              << name << " on rank " << ctx.rank;
+          ++compared;
+        }
+    EXPECT_EQ(compared, per * held.size()) << "two parameters per Linear, one Linear per two children";
   }));
 }
 
 TEST(DeviceMesh, PipelineTimesDataParallelEqualsOneProcess) {
-  expect_pipeline_times_ddp_equals_one_process(false);
-  expect_pipeline_times_ddp_equals_one_process(true);
+  expect_pipeline_times_dp_equals_one_process(Composition::DDP_1F1B);
+  expect_pipeline_times_dp_equals_one_process(Composition::DDP_ZBV);
+}
+
+TEST(DeviceMesh, PipelineOfFsdpStagesEqualsOneProcess) {
+  expect_pipeline_times_dp_equals_one_process(Composition::FSDP_GPIPE);
+  expect_pipeline_times_dp_equals_one_process(Composition::FSDP_1F1B);
+}
+
+TEST(DeviceMesh, ZeroBubbleRefusesFsdpStagesNamingThem) {
+  expect_no_errors(run_rank_contexts(2, [&](RankContext& ctx) {
+    torch::manual_seed(0);
+    auto pieces = pp::split_sequential(mesh_model(true), 4);
+    auto mse = [](const at::Tensor& o, const at::Tensor& t) { return torch::mse_loss(o, t); };
+    auto solo = std::make_shared<PrefixStore>("solo" + std::to_string(ctx.rank), ctx.store);
+    auto alone = create_process_group("tcp", solo, 0, 1, GroupOptions().name("alone"));
+    const int r = ctx.rank;
+    std::vector<pp::PipelineStage> stages;
+    for (int s : {r, 3 - r})
+      stages.emplace_back(std::make_shared<FullyShardedDataParallel<torch::nn::SequentialImpl>>(
+                              pieces[s].ptr(), FSDPOptions().process_group(alone)),
+                          s, 4, pp::PipelineStageOptions().group(ctx.group));
+    EXPECT_EQ(testing::what_thrown<InvalidArgument>(
+                  [&] { pp::ScheduleZBVZeroBubble schedule(stages, 4, mse); }),
+              "ScheduleZBVZeroBubble: stage " + std::to_string(std::min(r, 3 - r)) +
+                  " is a FullyShardedDataParallel, whose backward cannot be split into the "
+                  "input's and the weights' halves; use DDP or a plain module for its stages, or "
+                  "another schedule");
+  }));
 }
 
 }  // namespace
