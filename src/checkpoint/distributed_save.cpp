@@ -16,6 +16,7 @@
 
 #include "common/enforce.h"
 #include "checkpoint/distributed_files.h"
+#include "checkpoint/save_plan.h"
 #include "common/paths.h"
 #include "dtrain/distributed.h"
 #include "dtrain/objects.h"
@@ -27,38 +28,6 @@ using files::data_file;
 using files::kFormat;
 using files::check_local;
 using files::kMetadataFile;
-
-// Every rank must describe the same entries: a hash of names and sizes,
-// compared through its minimum and maximum over the group.
-void check_same_entries(ProcessGroup& group, const DistributedState& state) {
-  std::string text;
-  for (const auto& [name, t] : state.replicated)
-    text += "r" + name + ":" + std::to_string(t.numel()) + ";";
-  for (const auto& [name, s] : state.sharded) text += "s" + name + ":" + std::to_string(s.numel) + ";";
-  const auto hash = static_cast<int64_t>(std::hash<std::string>()(text) >> 1);
-  const auto on = at::TensorOptions().dtype(at::kLong).device(group.control_device());
-  auto low = at::full({1}, hash, on), high = at::full({1}, hash, on);
-  group.all_reduce(low, ReduceOp::MIN)->wait();
-  group.all_reduce(high, ReduceOp::MAX)->wait();
-  DTRAIN_CHECK_ARG(low.item<int64_t>() == high.item<int64_t>(),
-                   "checkpoint::save: the ranks describe different states (names or sizes of "
-                   "their replicated and sharded entries differ); every rank must add the same "
-                   "objects");
-}
-
-
-// Replicated entries go to the rank with the fewest bytes so far, in name
-// order: every rank computes the same assignment.
-std::map<std::string, int> assign_replicated(const DistributedState& state, int world) {
-  std::vector<int64_t> load(world, 0);
-  std::map<std::string, int> owner;
-  for (const auto& [name, t] : state.replicated) {
-    const int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
-    owner[name] = r;
-    load[r] += static_cast<int64_t>(t.nbytes());
-  }
-  return owner;
-}
 
 std::string new_token(ProcessGroup& group) {
   int64_t value = 0;
@@ -117,16 +86,16 @@ void save(const std::string& dir, const DistributedState& state, SaveOptions opt
   auto group = options.process_group() ? options.process_group() : default_group();
   DTRAIN_CHECK_ARG(group && group->rank() >= 0, "checkpoint::save: this rank is not in the group");
   check_local(state);
-  check_same_entries(*group, state);
+  const auto plan = files::plan_save(group, state);
   const int rank = group->rank(), world = group->size();
   const std::string token = new_token(*group);
   const std::string context = "checkpoint::save " + dir;
   agree(*group, error_of([&] { make_dir(dir); }), context);
-  const auto owner = assign_replicated(state, world);
   TensorFile mine;
   for (const auto& [name, t] : state.replicated)
-    if (owner.at(name) == rank) mine.tensors["r/" + name] = t;
+    if (plan.replicated_owner.at(name) == rank) mine.tensors["r/" + name] = t;
   for (const auto& [name, s] : state.sharded) {
+    if (!plan.my_pieces.count(name)) continue;
     mine.tensors["s/" + name] = s.local.reshape({-1});
     mine.metadata["offset/" + name] = std::to_string(s.offset);
   }
@@ -140,8 +109,8 @@ void save(const std::string& dir, const DistributedState& state, SaveOptions opt
     meta.metadata["format"] = kFormat;
     meta.metadata["token"] = token;
     meta.metadata["world_size"] = std::to_string(world);
-    for (const auto& [name, r] : owner) meta.metadata["replicated/" + name] = std::to_string(r);
-    for (const auto& [name, s] : state.sharded) meta.metadata["sharded/" + name] = std::to_string(s.numel);
+    for (const auto& [name, r] : plan.replicated_owner) meta.metadata["replicated/" + name] = std::to_string(r);
+    for (const auto& [name, n] : plan.sharded_numel) meta.metadata["sharded/" + name] = std::to_string(n);
     for (const auto& [key, value] : state.metadata) meta.metadata["u/" + key] = value;
     save_tensor_file(paths::join(dir, kMetadataFile), meta);
     remove_stale(dir, token);

@@ -281,14 +281,23 @@ TEST_F(DistributedCheckpoint, MistakesAreNamed) {
     auto& net = *nets[ctx.rank];
     ckpt::DistributedState state;
     ckpt::add_module(state, net);
-    if (ctx.rank == 1) state.replicated["extra"] = torch::zeros({3});
-    try {
-      ckpt::save(dir.path(), state, ckpt::SaveOptions().process_group(ctx.group));
-      ADD_FAILURE() << "different states were saved";
-    } catch (const InvalidArgument& e) {
-      EXPECT_TRUE(testing::Contains(e.what(), "the ranks describe different states"));
-    }
-    state.replicated.erase("extra");
+    // Ranks may hold different entries (a pipeline's stages do), but not
+    // one entry in two sizes, overlapping pieces, or pieces with a gap.
+    const auto refusal = [&](const ckpt::DistributedState& bad) {
+      return testing::what_thrown<InvalidArgument>(
+          [&] { ckpt::save(dir.path(), bad, ckpt::SaveOptions().process_group(ctx.group)); });
+    };
+    auto bad = state;
+    bad.replicated["extra"] = torch::zeros({3 + ctx.rank});
+    EXPECT_EQ(refusal(bad), "checkpoint::save: replicated 'extra' is 3 elements of Float on rank 0 "
+                            "but 4 of Float on rank 1; the ranks describe different states");
+    bad = state;
+    bad.sharded["piece"] = {torch::zeros({6}), 4 * ctx.rank, 10};
+    EXPECT_EQ(refusal(bad), "checkpoint::save: the pieces of sharded 'piece' overlap: [0, 6) on rank "
+                            "0 and [4, 10) on rank 1; ranks must hold the same piece or disjoint ones");
+    bad = state;
+    bad.sharded["piece"] = {torch::zeros({4}), 6 * ctx.rank, 10};
+    EXPECT_EQ(refusal(bad), "checkpoint::save: no rank holds elements [4, 6) of sharded 'piece'");
     ckpt::save(dir.path(), state, ckpt::SaveOptions().process_group(ctx.group));
     ckpt::DistributedState other;
     other.replicated["param/nothing"] = torch::zeros({1});

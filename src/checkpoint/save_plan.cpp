@@ -1,0 +1,145 @@
+// The save plan: every rank's entries gathered, checked against each other,
+// and each replicated entry and each distinct piece of a sharded entry
+// given to one of the ranks holding it, the one with the fewest bytes so
+// far (in name order, so every rank computes the same plan).
+
+#include "checkpoint/save_plan.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <sstream>
+#include <vector>
+
+#include "common/enforce.h"
+#include "dtrain/objects.h"
+
+namespace dtrain::checkpoint::files {
+namespace {
+
+struct Entry {
+  int rank = 0;
+  int64_t numel = 0, offset = 0, length = 0, bytes = 0;
+  std::string dtype;
+};
+
+struct Described {
+  std::map<std::string, std::vector<Entry>> replicated, sharded;
+};
+
+// One line per entry, the name last: "r numel bytes dtype name" or
+// "s numel offset length bytes dtype name".
+std::string describe(const DistributedState& state) {
+  std::ostringstream out;
+  auto check_name = [](const std::string& name) {
+    DTRAIN_CHECK_ARG(name.find('\n') == std::string::npos,
+                     "checkpoint::save: an entry's name holds a line break: '", name, "'");
+  };
+  for (const auto& [name, t] : state.replicated) {
+    check_name(name);
+    out << "r " << t.numel() << ' ' << t.nbytes() << ' ' << t.scalar_type() << ' ' << name << '\n';
+  }
+  for (const auto& [name, s] : state.sharded) {
+    check_name(name);
+    out << "s " << s.numel << ' ' << s.offset << ' ' << s.local.numel() << ' ' << s.local.nbytes()
+        << ' ' << s.local.scalar_type() << ' ' << name << '\n';
+  }
+  return out.str();
+}
+
+Described parse(const std::vector<std::string>& texts) {
+  Described all;
+  for (int rank = 0; rank < static_cast<int>(texts.size()); ++rank) {
+    std::istringstream lines(texts[rank]);
+    std::string line;
+    while (std::getline(lines, line)) {
+      std::istringstream in(line);
+      char kind = 0;
+      Entry e;
+      e.rank = rank;
+      in >> kind >> e.numel;
+      if (kind == 's') in >> e.offset >> e.length;
+      in >> e.bytes >> e.dtype;
+      in.get();
+      std::string name;
+      std::getline(in, name);
+      DTRAIN_ENFORCE(!in.bad() && (kind == 'r' || kind == 's'));
+      (kind == 'r' ? all.replicated : all.sharded)[name].push_back(e);
+    }
+  }
+  return all;
+}
+
+std::string where(const Entry& e) {
+  return "[" + std::to_string(e.offset) + ", " + std::to_string(e.offset + e.length) + ") on rank " +
+         std::to_string(e.rank);
+}
+
+// A sharded entry's distinct pieces, each with the ranks holding it.
+std::vector<std::vector<Entry>> distinct_pieces(const std::string& name, std::vector<Entry> held) {
+  std::sort(held.begin(), held.end(), [](const Entry& a, const Entry& b) {
+    return std::tie(a.offset, a.length, a.rank) < std::tie(b.offset, b.length, b.rank);
+  });
+  std::vector<std::vector<Entry>> pieces;
+  int64_t covered = 0;
+  for (const auto& e : held) {
+    if (e.length == 0) continue;
+    if (!pieces.empty() && pieces.back()[0].offset == e.offset && pieces.back()[0].length == e.length) {
+      pieces.back().push_back(e);
+      continue;
+    }
+    DTRAIN_CHECK_ARG(e.offset >= covered, "checkpoint::save: the pieces of sharded '", name,
+                     "' overlap: ", where(pieces.empty() ? e : pieces.back()[0]), " and ", where(e),
+                     "; ranks must hold the same piece or disjoint ones");
+    DTRAIN_CHECK_ARG(e.offset == covered, "checkpoint::save: no rank holds elements [", covered, ", ",
+                     e.offset, ") of sharded '", name, "'");
+    pieces.push_back({e});
+    covered = e.offset + e.length;
+  }
+  const int64_t numel = held.front().numel;
+  DTRAIN_CHECK_ARG(covered == numel, "checkpoint::save: no rank holds elements [", covered, ", ",
+                   numel, ") of sharded '", name, "'");
+  return pieces;
+}
+
+// Every holder of an entry agrees on its size (and, replicated, its dtype).
+void check_agree(const std::string& kind, const std::string& name, const std::vector<Entry>& held) {
+  for (const auto& e : held) {
+    const auto& first = held.front();
+    DTRAIN_CHECK_ARG(e.numel == first.numel && e.dtype == first.dtype, "checkpoint::save: ", kind,
+                     " '", name, "' is ", first.numel, " elements of ", first.dtype, " on rank ",
+                     first.rank, " but ", e.numel, " of ", e.dtype,
+                     " on rank ", e.rank, "; the ranks describe different states");
+  }
+}
+
+}  // namespace
+
+SavePlan plan_save(const std::shared_ptr<ProcessGroup>& group, const DistributedState& state) {
+  const auto all = parse(all_gather_object(describe(state), CollectiveOptions().group(group)));
+  std::vector<int64_t> load(group->size(), 0);
+  auto least_loaded = [&](const std::vector<Entry>& holders) {
+    const Entry* best = &holders.front();
+    for (const auto& e : holders)
+      if (load[e.rank] < load[best->rank]) best = &e;
+    load[best->rank] += best->bytes;
+    return best->rank;
+  };
+  SavePlan plan;
+  for (const auto& [name, held] : all.replicated) {
+    DTRAIN_CHECK_ARG(!all.sharded.count(name), "checkpoint::save: '", name, "' is replicated on rank ",
+                     held.front().rank, " but sharded on rank ", all.sharded.at(name).front().rank,
+                     "; the ranks describe different states");
+    check_agree("replicated", name, held);
+    plan.replicated_owner[name] = least_loaded(held);
+  }
+  for (const auto& [name, held] : all.sharded) {
+    check_agree("sharded", name, held);
+    plan.sharded_numel[name] = held.front().numel;
+    for (const auto& piece : distinct_pieces(name, held))
+      if (least_loaded(piece) == group->rank()) plan.my_pieces.insert(name);
+  }
+  return plan;
+}
+
+}  // namespace dtrain::checkpoint::files
