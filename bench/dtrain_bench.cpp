@@ -23,6 +23,10 @@
 //       Step time of a small ResNet-style convnet (3x32x32 images) under DDP
 //       with SyncBatchNorm2d vs with plain BatchNorm2d, interleaved runs:
 //       SyncBatchNorm's overhead.
+//   dtrain-bench composed [--link-rate 2gbit] [--width 4096] [--layers 8] ...
+//       DDP, FSDP, HSDP and a pipeline of DDP stages on 4 ranks over two
+//       hosts joined by a shaped link: samples/s and the bytes that cross
+//       the link; see composed.cpp.
 //   dtrain-bench pipeline [--ranks 2] [--microbatches 8] [--batch 512] ...
 //       The pipeline schedules' bubble beside its theory, and 1F1B's peak
 //       memory against GPipe's; see pipeline.cpp.
@@ -359,6 +363,8 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "rank" && argc > 2 && is_memory_mode(argv[2]))
       return memory_rank_main(argv[2], parse(argc, argv, 3));
+    if (cmd == "rank" && argc > 2 && is_composed_mode(argv[2]))
+      return composed_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2 && is_pipeline_mode(argv[2]))
       return pipeline_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2 && is_cuda_mode(argv[2])) return cuda_rank_main(argv[2], parse(argc, argv, 3));
@@ -368,6 +374,7 @@ int main(int argc, char** argv) {
     if (cmd == "memory") return bench_memory(parse(argc, argv, 2));
     if (cmd == "cuda") return bench_cuda(parse(argc, argv, 2));
     if (cmd == "pipeline") return bench_pipeline(parse(argc, argv, 2));
+    if (cmd == "composed") return bench_composed(parse(argc, argv, 2));
     if (cmd == "ddp") return bench_ddp(parse(argc, argv, 2));
     if (cmd == "overlap") return bench_overlap(parse(argc, argv, 2));
     if (cmd == "dp") return bench_dp(parse(argc, argv, 2));
@@ -377,6 +384,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dtrain-bench: %s\n", e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: dtrain-bench ddp|overlap|dp|syncbn|memory|pipeline|cuda|collectives [--flag value ...] (see the source header)\n");
+  std::fprintf(stderr, "usage: dtrain-bench ddp|overlap|dp|syncbn|memory|pipeline|composed|cuda|collectives [--flag value ...] (see the source header)\n");
   return 2;
 }

@@ -3,9 +3,10 @@
 // with ZeroRedundancyOptimizer over it), FSDP without resharding after
 // forward (PyTorch's SHARD_GRAD_OP, its ZeRO-2 counterpart) and FSDP
 // (ZeRO-3): a wide MLP (--layers square layers of --width, each an FSDP
-// unit) trained with Adam, DTRAIN_CPU_MEMORY=system (dtrain's cache keeps a
-// process at its peak and would hide what sharding frees), side by side at
-// each world size of --worlds, every column also as a ratio to DDP's.
+// unit) trained with Adam, under DTRAIN_CPU_MEMORY=--cpu-memory (system by
+// default: malloc as glibc has it; cache: dtrain's default, which keeps
+// what malloc frees, FSDP's buffers excepted), side by side at each world
+// size of --worlds, every column also as a ratio to DDP's.
 //
 //   logical   bytes of the distinct tensors a rank keeps between steps:
 //             parameters, gradients, optimizer state, DDP's buckets
@@ -196,17 +197,19 @@ int bench_memory(const Args& a) {
   const double params = static_cast<double>(layers) * (width * width + width) + width * 10 + 10;
   const double p_bytes = 4 * params;
   std::printf("model: %d x Linear(%d, %d) + head, %.1f M parameters, P = %.0f MiB (fp32), Adam, "
-              "batch %s/rank, %s steps, backend %s, DTRAIN_CPU_MEMORY=system\n",
+              "batch %s/rank, %s steps, backend %s, DTRAIN_CPU_MEMORY=%s\n",
               layers, width, width, params / 1e6, p_bytes / (1 << 20), rank_args.get("batch", "").c_str(),
-              rank_args.get("steps", "").c_str(), rank_args.get("backend", "").c_str());
+              rank_args.get("steps", "").c_str(), rank_args.get("backend", "").c_str(),
+              a.get("cpu-memory", "system").c_str());
   std::printf("%-5s %-12s %11s %7s %6s %12s %7s %11s %12s %10s %7s\n", "world", "mode",
               "logical_MiB", "xDDP", "xP", "peak_rss_MiB", "xDDP", "peak_vm_MiB", "gathered_MiB",
               "samples/s", "xDDP");
   const auto worlds = parse_worlds(a.get("worlds", "2,4"));
+  const std::string cpu_memory = a.get("cpu-memory", "system");
   for (int world : worlds) {
     double base_logical = 0, base_rss = 0, base_rate = 0;
     for (const auto& mode : kModes) {
-      const auto out = run_ranks(world, mode.name, rank_args, nullptr, "DTRAIN_CPU_MEMORY=system");
+      const auto out = run_ranks(world, mode.name, rank_args, nullptr, "DTRAIN_CPU_MEMORY=" + cpu_memory);
       const double logical = field(out, "logical"), rss = field(out, "peak_rss");
       const double rate = field(out, "samples_per_s"), gathered = field(out, "gathered");
       const double vm = field(out, "peak_vm");

@@ -8,10 +8,11 @@
 
 namespace dtrain::bench {
 
-ShapedLink::ShapedLink(const std::string& rate) {
+ShapedLink::ShapedLink(const std::string& rate, int per_host) : per_host_(per_host) {
   const auto id = std::to_string(getpid());
   ns_ = {"dtb-a-" + id, "dtb-b-" + id};
   const std::string va = ("dtba" + id).substr(0, 15), vb = ("dtbb" + id).substr(0, 15);
+  dev_ = va;
   std::ostringstream sh;
   sh << "set -e; ip netns add " << ns_[0] << "; ip netns add " << ns_[1]
      << "; ip link add " << va << " type veth peer name " << vb
@@ -31,6 +32,14 @@ ShapedLink::ShapedLink(const std::string& rate) {
 }
 
 ShapedLink::~ShapedLink() { cleanup(); }
+
+int64_t ShapedLink::bytes() const {
+  int64_t total = 0;
+  for (const char* way : {"tx_bytes", "rx_bytes"})
+    total += std::stoll(capture("ip netns exec " + ns_[0] + " cat /sys/class/net/" + dev_ +
+                                "/statistics/" + way));
+  return total;
+}
 
 void ShapedLink::cleanup() {
   for (const auto& n : ns_) std::system(("ip netns del " + n + " 2>/dev/null").c_str());

@@ -17,15 +17,22 @@ namespace dtrain::bench {
 // TCP. Needs root. Removed on destruction.
 class ShapedLink {
  public:
-  explicit ShapedLink(const std::string& rate);
+  // Ranks alternate between the hosts, or with `per_host` > 0 the first
+  // per_host ranks are on the first host, the next on the second.
+  explicit ShapedLink(const std::string& rate, int per_host = 0);
   ~ShapedLink();
   ShapedLink(const ShapedLink&) = delete;
   ShapedLink& operator=(const ShapedLink&) = delete;
-  const std::string& ns(int rank) const { return ns_[rank % 2]; }
+  const std::string& ns(int rank) const { return ns_[per_host_ > 0 ? rank / per_host_ % 2 : rank % 2]; }
+  // Bytes that have crossed the link so far, both directions (the first
+  // host's veth counters).
+  int64_t bytes() const;
 
  private:
   void cleanup();
   std::vector<std::string> ns_;
+  std::string dev_;
+  int per_host_ = 0;
 };
 
 // Starts `world` ranks of this binary (on `link`'s two hosts when given),
@@ -43,6 +50,11 @@ int bench_cuda(const Args& a);
 bool is_memory_mode(const std::string& mode);
 int memory_rank_main(const std::string& mode, const Args& a);
 int bench_memory(const Args& a);
+
+// dtrain-bench composed (composed.cpp).
+bool is_composed_mode(const std::string& mode);
+int composed_rank_main(const std::string& mode, const Args& a);
+int bench_composed(const Args& a);
 
 // dtrain-bench pipeline (pipeline.cpp).
 bool is_pipeline_mode(const std::string& mode);

@@ -132,4 +132,19 @@ const std::string& apply_cpu_memory_policy() {
   return policy;
 }
 
+void return_large_blocks(int bytes) {
+  if (apply_cpu_memory_policy() != "cache") return;
+#if defined(__GLIBC__)
+  static std::once_flag once;
+  std::call_once(once, [bytes] {
+    if (user_malloc().mmap_threshold) return;
+    if (mallopt(M_MMAP_THRESHOLD, bytes) == 1)
+      DTRAIN_LOG_INFO(cat("cpu memory: sharded training: blocks of ", in_mib(bytes),
+                          " or more are mapped and returned to the system when freed"));
+  });
+#else
+  (void)bytes;
+#endif
+}
+
 }  // namespace dtrain::detail

@@ -31,4 +31,11 @@ namespace dtrain::detail {
 // value throws InvalidArgument naming the variable.
 const std::string& apply_cpu_memory_policy();
 
+// For sharded training (FSDP), whose point is to hold little at once: under
+// the cache policy, blocks of at least `bytes` get their own mapping again,
+// returned to the system when freed (as glibc's defaults do above 32 MiB),
+// so that the heap keeps only smaller ones. Nothing when the policy is
+// system or the user set the mmap threshold. Applies the policy first.
+void return_large_blocks(int bytes);
+
 }  // namespace dtrain::detail

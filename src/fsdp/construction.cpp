@@ -7,6 +7,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/cpu_memory.h"
 #include "common/enforce.h"
 #include "ddp/model_sync.h"
 #include "dtrain/distributed.h"
@@ -28,6 +29,7 @@ ShardedConstruction::ShardedConstruction(std::shared_ptr<ProcessGroup> group)
     : group_(group ? std::move(group) : default_group()), outer_(current) {
   DTRAIN_CHECK_ARG(group_->rank() >= 0, "ShardedConstruction: this rank is not a member of group '",
                    group_->name(), "'");
+  detail::return_large_blocks(32 << 20);  // as FullyShardedDataParallel does
   current = this;
 }
 

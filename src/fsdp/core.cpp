@@ -127,7 +127,9 @@ void FSDPCore::Impl::resolve_groups() {
 
 FSDPCore::FSDPCore(torch::nn::Module& model, const FSDPOptions& options)
     : impl_(std::make_unique<Impl>()) {
-  apply_cpu_memory_policy();
+  // The heap keeps blocks below 32 MiB; larger ones (a layer's gradient,
+  // FSDP's own buffers are mapped anyway) go back to the system.
+  return_large_blocks(32 << 20);
   auto& s = *impl_;
   s.options = options;
   s.resolve_groups();

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "common/enforce.h"
+#include "fsdp/mapped_memory.h"
 
 namespace dtrain::fsdp {
 namespace {
@@ -125,7 +126,7 @@ void FlatUnit::free_storage() {
 void FlatUnit::start_gather() {
   if (allocated_) return;
   auto storage = full_.storage();
-  storage.set_data_ptr_noswap(storage.allocator()->allocate(full_bytes_));
+  storage.set_data_ptr_noswap(allocate_transient(full_bytes_, storage, full_.device()));
   storage.set_nbytes(full_bytes_);
   allocated_ = true;
   at::NoGradGuard no_grad;
@@ -167,7 +168,7 @@ void FlatUnit::reduce(bool sync) {
   at::NoGradGuard no_grad;
   reduced_ = true;
   const int world = group_.size();
-  auto flat = at::zeros({slice_ * world}, full_.options().dtype(reduce_dtype_));
+  auto flat = transient_zeros(slice_ * world, full_.options().dtype(reduce_dtype_));
   for (size_t i = 0; i < params_.size(); ++i) {
     auto& grad = params_[i].mutable_grad();
     if (!grad.defined()) continue;

@@ -216,6 +216,31 @@ TEST(CpuMemory, TrainingStepsReuseFreedMemoryWithoutPageFaults) {
   EXPECT_LE(explicit_cache, tensor_pages / 8);
 }
 
+// Under the cache (the default), the heap keeps every block below 1 GiB;
+// once FSDP is built, blocks of 32 MiB or more are mapped and go back to the
+// system when freed again, so that FSDP's peak memory is what it holds.
+TEST(CpuMemory, FsdpReturnsLargeBlocksToTheSystem) {
+  for (const std::string policy : {"", "system"}) {
+    auto env = rank_env(0, 1, free_port());
+    if (!policy.empty()) env["DTRAIN_CPU_MEMORY"] = policy;
+    ProcessRanks procs;
+    auto& p = procs.spawn({kWorker, "fsdp-malloc"}, env);
+    ASSERT_TRUE(procs.wait(p, Clock::now() + 60s)) << "fsdp-malloc worker hung";
+    ASSERT_EQ(p.exit_code, 0) << describe(p);
+    long long before = -1, after = -1;
+    ASSERT_EQ(std::sscanf(p.output().c_str() + p.output().find("mapped "), "mapped %lld %lld", &before,
+                          &after), 2) << describe(p);
+    const long long block = 48LL << 20;
+    if (policy.empty()) {
+      EXPECT_EQ(before, 0) << "the cache serves a 48 MiB block from the heap";
+      EXPECT_GE(after, block) << "after FSDP, a 48 MiB block is mapped";
+    } else {
+      EXPECT_GE(before, block) << "glibc maps 48 MiB blocks";
+      EXPECT_GE(after, block);
+    }
+  }
+}
+
 TEST(ProcessFailures, MissingRankIsNamedWhenJoinTimesOut) {
   const int port = free_port();
   ProcessRanks procs;

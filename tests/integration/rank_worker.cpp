@@ -40,6 +40,9 @@
 //                             prints "faults N": the fewest minor page
 //                             faults of the six 5-step windows after step
 //                             10 (DTRAIN_CPU_MEMORY)
+//   rank_worker fsdp-malloc   prints "mapped A B": the bytes of a 48 MiB
+//                             block malloc mapped on its own before and
+//                             after building an FSDP (DTRAIN_CPU_MEMORY)
 //   rank_worker trace BACKEND FAULT
 //                             5 all_reduces and a barrier with one fault:
 //                             stop (rank 1 SIGSTOPs itself before #3), exit
@@ -65,6 +68,7 @@
 #include <ATen/ATen.h>
 #include <torch/torch.h>
 
+#include <malloc.h>
 #include <signal.h>
 #include <sys/resource.h>
 
@@ -518,6 +522,23 @@ int page_faults() {
   return 0;
 }
 
+// Bytes of a 48 MiB tensor's block that malloc mapped on its own (glibc's
+// mallinfo2 hblkhd), before and after FSDP is built: "mapped A B".
+int fsdp_malloc() {
+  dtrain::init_process_group();
+  auto mapped_bytes_of_a_block = [] {
+    const auto before = mallinfo2().hblkhd;
+    auto t = at::empty({12 << 20});  // 48 MiB
+    return static_cast<long long>(mallinfo2().hblkhd - before);
+  };
+  const long long before = mapped_bytes_of_a_block();
+  torch::manual_seed(0);
+  dtrain::FullyShardedDataParallel fsdp(std::make_shared<dtrain::testing::ShardedMLPImpl>());
+  std::printf("mapped %lld %lld\n", before, mapped_bytes_of_a_block());
+  dtrain::destroy_process_group();
+  return 0;
+}
+
 int mismatch() {
   dtrain::init_process_group();
   auto t = at::ones({8});
@@ -652,6 +673,7 @@ int main(int argc, char** argv) {
     if (mode == "trace" && argc > 3) return trace_fault(argv[2], argv[3]);
     if (mode == "timeline") return timeline_training();
     if (mode == "page-faults") return page_faults();
+    if (mode == "fsdp-malloc") return fsdp_malloc();
     if (mode == "ddp") return ddp_training();
     if (mode == "cuda-devices") {
       std::cout << "cuda devices: " << torch::cuda::device_count() << std::endl;

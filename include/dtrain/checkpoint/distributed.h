@@ -42,9 +42,9 @@ namespace dtrain::checkpoint {
 
 // A rank's piece of a tensor of `numel` elements that all ranks together
 // hold: `local` (1-D, contiguous) is elements [offset, offset + local.numel())
-// of the whole, flattened. Each rank saves its whole piece, so the pieces
-// of different ranks must not overlap (FSDP's and ZeRO's do not); the
-// whole's shape is not recorded.
+// of the whole, flattened. The pieces of different ranks are either the
+// same piece (HSDP's replicas: saved once) or disjoint (FSDP's, ZeRO's);
+// the whole's shape is not recorded.
 struct ShardedTensor {
   at::Tensor local;
   int64_t offset = 0;
@@ -75,9 +75,12 @@ struct SaveOptions {
 // Collective. Writes this rank's data file, then (rank 0, once every
 // rank's file is durable) the metadata file, atomically; then removes the
 // files of the checkpoint it replaces. A crash at any point leaves the
-// previous checkpoint in `dir` loadable. Every rank must pass the same
-// replicated and sharded names with the same sizes (InvalidArgument
-// otherwise, on every rank). When a rank cannot write (a full disk, an
+// previous checkpoint in `dir` loadable. Ranks may pass different entries
+// (a pipeline's stages) and the same ones (replicas): each is written once.
+// An entry must have the same size (and kind, and dtype) on every rank
+// holding it, and a sharded entry's pieces must be the same piece or
+// disjoint and cover it (InvalidArgument otherwise, the same on every
+// rank). When a rank cannot write (a full disk, an
 // unwritable directory), every rank throws the same Error,
 // "checkpoint::save <dir>: rank <r>: <why>", and the previous checkpoint
 // stays the one in `dir`.
