@@ -26,6 +26,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <stdexcept>
 #include <string>
 
 #include "dtrain/dtrain.h"
@@ -53,13 +54,71 @@ torch::nn::Sequential make_stage(int blocks, int width, int mult) {
   return s;
 }
 
+// The model and data of bench/scripts/pipeline_vs_pytorch.py, from formulas
+// both sides compute alike: 4 x [Linear(16, 16), Tanh], 5 steps of 8 rows.
+constexpr int kRefWidth = 16, kRefRows = 8;
+
+torch::nn::Sequential reference_model() {
+  torch::NoGradGuard no_grad;
+  torch::nn::Sequential m;
+  for (int i = 0; i < 4; ++i) {
+    torch::nn::Linear l(kRefWidth, kRefWidth);
+    l->weight.copy_((torch::arange(kRefWidth * kRefWidth) * 0.37 + i).sin().reshape({kRefWidth, kRefWidth}) * 0.25);
+    l->bias.copy_((torch::arange(kRefWidth) * 0.11 + i).cos() * 0.1);
+    m->push_back(l);
+    m->push_back(torch::nn::Tanh());
+  }
+  return m;
+}
+
+torch::Tensor reference_input(int step) {
+  return (torch::arange(kRefRows * kRefWidth) * 0.05 + step).sin().reshape({kRefRows, kRefWidth});
+}
+
+torch::Tensor reference_target(int step) {
+  return (torch::arange(kRefRows * kRefWidth) * 0.07 + 2 * step).cos().reshape({kRefRows, kRefWidth}) * 0.5;
+}
+
+// pp-ref: two stages under --schedule gpipe or 1f1b, 4 microbatches, SGD
+// (lr 0.5), 5 steps; each rank writes its stage's parameters, float32 in
+// order, to --out with ".<rank>" appended.
+int reference_rank_main(const Args& a) {
+  init_process_group(InitOptions().backend(a.get("backend", "tcp")));
+  const int r = get_rank();
+  auto piece = pp::split_sequential(reference_model(), 2)[r];
+  pp::PipelineStage stage(piece, r, 2);
+  auto mse = [](const at::Tensor& o, const at::Tensor& t) { return torch::mse_loss(o, t); };
+  std::unique_ptr<pp::PipelineSchedule> s;
+  if (a.get("schedule", "gpipe") == "gpipe") s = std::make_unique<pp::ScheduleGPipe>(stage, 4, mse);
+  else s = std::make_unique<pp::Schedule1F1B>(stage, 4, mse);
+  torch::optim::SGD opt(piece->parameters(), 0.5);
+  for (int step = 0; step < 5; ++step) {
+    opt.zero_grad();
+    if (r == 0) s->step(reference_input(step));
+    else s->step(reference_target(step), nullptr);
+    opt.step();
+  }
+  const std::string path = a.get("out", "pp-ref") + "." + std::to_string(r);
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) throw std::runtime_error("cannot write " + path);
+  for (const auto& p : piece->parameters()) {
+    auto t = p.detach().contiguous();
+    std::fwrite(t.data_ptr<float>(), sizeof(float), t.numel(), f);
+  }
+  std::fclose(f);
+  destroy_process_group();
+  return 0;
+}
+
 }  // namespace
 
 bool is_pipeline_mode(const std::string& mode) { return mode.rfind("pp-", 0) == 0; }
 
-// Modes: pp-gpipe, pp-1f1b, pp-interleaved (bubble); pp-mem-gpipe,
-// pp-mem-1f1b (memory).
+// Modes: pp-gpipe, pp-1f1b, pp-interleaved, pp-zbv (bubble); pp-mem-gpipe,
+// pp-mem-1f1b (memory); pp-ref (against PyTorch, run by
+// bench/scripts/pipeline_vs_pytorch.sh).
 int pipeline_rank_main(const std::string& mode, const Args& a) {
+  if (mode == "pp-ref") return reference_rank_main(a);
   torch::set_num_threads(1);
   init_process_group(InitOptions().backend(a.get("backend", "auto")));
   const int p = get_world_size(), r = get_rank();
