@@ -28,19 +28,18 @@ struct Described {
 };
 
 // One line per entry, the name last: "r numel bytes dtype name" or
-// "s numel offset length bytes dtype name".
+// "s numel offset length bytes dtype name"; or, for a name that cannot be
+// saved, "!" and the error, so that every rank throws it (not only this
+// one, leaving the others in the all-gather).
 std::string describe(const DistributedState& state) {
   std::ostringstream out;
-  auto check_name = [](const std::string& name) {
-    DTRAIN_CHECK_ARG(name.find('\n') == std::string::npos,
-                     "checkpoint::save: an entry's name holds a line break: '", name, "'");
-  };
+  auto bad = [](const std::string& name) { return name.empty() || name.find('\n') != std::string::npos; };
   for (const auto& [name, t] : state.replicated) {
-    check_name(name);
+    if (bad(name)) return "!an entry's name is empty or holds a line break: '" + name + "'";
     out << "r " << t.numel() << ' ' << t.nbytes() << ' ' << t.scalar_type() << ' ' << name << '\n';
   }
   for (const auto& [name, s] : state.sharded) {
-    check_name(name);
+    if (bad(name)) return "!an entry's name is empty or holds a line break: '" + name + "'";
     out << "s " << s.numel << ' ' << s.offset << ' ' << s.local.numel() << ' ' << s.local.nbytes()
         << ' ' << s.local.scalar_type() << ' ' << name << '\n';
   }
@@ -50,6 +49,8 @@ std::string describe(const DistributedState& state) {
 Described parse(const std::vector<std::string>& texts) {
   Described all;
   for (int rank = 0; rank < static_cast<int>(texts.size()); ++rank) {
+    DTRAIN_CHECK_ARG(texts[rank].empty() || texts[rank][0] != '!', "checkpoint::save: rank ", rank,
+                     ": ", texts[rank].substr(texts[rank].empty() ? 0 : 1));
     std::istringstream lines(texts[rank]);
     std::string line;
     while (std::getline(lines, line)) {
@@ -63,7 +64,10 @@ Described parse(const std::vector<std::string>& texts) {
       in.get();
       std::string name;
       std::getline(in, name);
-      DTRAIN_ENFORCE(!in.bad() && (kind == 'r' || kind == 's'));
+      DTRAIN_CHECK_ARG(!in.fail() && (kind == 'r' || kind == 's') && !name.empty() && e.numel >= 0 &&
+                           e.offset >= 0 && e.length >= 0,
+                       "checkpoint::save: rank ", rank, " described an entry as '", line,
+                       "', which is not an entry");
       (kind == 'r' ? all.replicated : all.sharded)[name].push_back(e);
     }
   }

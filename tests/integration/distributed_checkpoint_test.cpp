@@ -298,6 +298,11 @@ TEST_F(DistributedCheckpoint, MistakesAreNamed) {
     bad = state;
     bad.sharded["piece"] = {torch::zeros({4}), 6 * ctx.rank, 10};
     EXPECT_EQ(refusal(bad), "checkpoint::save: no rank holds elements [4, 6) of sharded 'piece'");
+    // A name only rank 1 gets wrong: both ranks throw (none waits for it).
+    bad = state;
+    if (ctx.rank == 1) bad.replicated[""] = torch::zeros({1});
+    EXPECT_EQ(refusal(bad),
+              "checkpoint::save: rank 1: an entry's name is empty or holds a line break: ''");
     ckpt::save(dir.path(), state, ckpt::SaveOptions().process_group(ctx.group));
     ckpt::DistributedState other;
     other.replicated["param/nothing"] = torch::zeros({1});
