@@ -7,10 +7,9 @@
 #include <sys/stat.h>
 #include <torch/torch.h>
 
-#include <mutex>
-
 #include "common/paths.h"
 #include "dtrain/dtrain.h"
+#include "harness/assembled_state.h"
 #include "harness/assertions.h"
 #include "harness/fsdp_models.h"
 #include "harness/temp_dir.h"
@@ -38,37 +37,7 @@ torch::nn::Sequential mlp(int seed) {
   return m;
 }
 
-// Every entry of the states added, by name (replicas' copies overwrite
-// each other; a sharded entry is assembled from its pieces).
-class Collected {
- public:
-  void add(const ckpt::DistributedState& state) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (const auto& [name, t] : state.replicated) tensors_[name] = t.detach().clone();
-    for (const auto& [name, s] : state.sharded) {
-      auto& whole = tensors_[name];
-      if (!whole.defined()) whole = torch::full({s.numel}, std::nan(""), s.local.options());
-      whole.narrow(0, s.offset, s.local.numel()).copy_(s.local.detach());
-    }
-  }
-  void expect_equal(const Collected& other) const {
-    EXPECT_EQ(tensors_.size(), other.tensors_.size());
-    for (const auto& [name, t] : tensors_) {
-      ASSERT_TRUE(other.tensors_.count(name)) << name;
-      EXPECT_TRUE(torch::equal(t, other.tensors_.at(name))) << name << " differs";
-    }
-  }
-  int64_t bytes() const {
-    int64_t n = 0;
-    for (const auto& [name, t] : tensors_) n += static_cast<int64_t>(t.nbytes());
-    return n;
-  }
-  size_t size() const { return tensors_.size(); }
-
- private:
-  std::mutex mutex_;
-  std::map<std::string, torch::Tensor> tensors_;
-};
+using Collected = testing::AssembledState;
 
 int64_t data_bytes(const std::string& dir) {
   int64_t total = 0;

@@ -13,6 +13,7 @@
 #include <mutex>
 
 #include "dtrain/dtrain.h"
+#include "harness/assembled_state.h"
 #include "harness/assertions.h"
 #include "harness/fsdp_models.h"
 #include "harness/temp_dir.h"
@@ -57,32 +58,7 @@ void train_steps(FullyShardedDataParallel<M>& fsdp, torch::optim::Optimizer& opt
   }
 }
 
-// Every sharded entry assembled from all ranks' pieces, plus the
-// replicated ones: the whole state as one process would hold it.
-class Assembled {
- public:
-  void add(const ckpt::DistributedState& state) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (const auto& [name, s] : state.sharded) {
-      auto& whole = tensors_[name];
-      if (!whole.defined()) whole = torch::full({s.numel}, std::nan(""), s.local.options());
-      whole.narrow(0, s.offset, s.local.numel()).copy_(s.local.detach());
-    }
-    for (const auto& [name, t] : state.replicated) tensors_[name] = t.detach().clone();
-  }
-  void expect_equal(const Assembled& other) const {
-    ASSERT_EQ(tensors_.size(), other.tensors_.size());
-    for (const auto& [name, t] : tensors_) {
-      ASSERT_TRUE(other.tensors_.count(name)) << name;
-      EXPECT_TRUE(torch::equal(t, other.tensors_.at(name))) << name << " differs";
-    }
-  }
-  size_t size() const { return tensors_.size(); }
-
- private:
-  std::mutex mutex_;
-  std::map<std::string, torch::Tensor> tensors_;
-};
+using Assembled = testing::AssembledState;
 
 std::unique_ptr<torch::optim::Adam> adam(const std::vector<torch::Tensor>& params) {
   return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-3));
