@@ -38,7 +38,7 @@ exec 9>"$roots/$release.lock"
 flock 9
 
 if [ ! -x "$root/usr/bin/apt-get" ]; then
-  bash scripts/setup.sh mmdebstrap
+  bash scripts/setup.sh only mmdebstrap
   echo "compat: making a $release root in $root (mmdebstrap, about 2 minutes)"
   partial="$root.partial"
   if findmnt -rn -o TARGET | grep -q "^$partial"; then

@@ -39,13 +39,13 @@ case $mode in
 esac
 targets=(unit_test)
 [ "$mode" = address-torch ] && targets=(collectives_test ddp_test data_parallel_test)
-bash scripts/setup.sh
+bash scripts/setup.sh test
 echo "sanitize: configuring ./$dir (-fsanitize=$flags)"
 cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTRAIN_SANITIZE="$flags" \
   -DDTRAIN_BUILD_EXAMPLES=OFF -DDTRAIN_BUILD_BENCH=OFF \
   -DDTRAIN_WITH_NCCL=OFF >/dev/null  # nothing here can run NCCL (no GPU); keeps CI's build short
 echo "sanitize: compiling ${targets[*]}"
-for t in "${targets[@]}"; do cmake --build "$dir" -j"${DTRAIN_BUILD_JOBS:-2}" --target "$t"; done
+cmake --build "$dir" -j"${DTRAIN_BUILD_JOBS:-2}" --target "${targets[@]}"
 leaks=1
 [ "$mode" = address-torch ] && leaks=0
 export ASAN_OPTIONS=detect_leaks=$leaks:abort_on_error=0:halt_on_error=1

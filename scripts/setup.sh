@@ -1,26 +1,45 @@
 #!/usr/bin/env bash
-# Installs the Debian packages dtrain needs, only those that are missing.
-# Used by the README's commands and by CI. Needs root (or sudo) the first time.
-# Arguments name further packages a script needs (fuzz.sh: clang).
+# Installs the Debian packages dtrain needs for a purpose, only those that
+# are missing. Used by the README's commands and by CI. Needs root (or sudo)
+# the first time.
+#   bash scripts/setup.sh main [packages...]   the library, dtrain-run and the
+#                                              training example (scripts/train.sh)
+#   bash scripts/setup.sh test [packages...]   main's, and what the test suite,
+#                                              the benchmarks and the sanitizers use
+#   bash scripts/setup.sh only packages...     just the named ones (compat.sh: mmdebstrap)
+# Further arguments name packages a script needs besides (fuzz.sh: clang).
 set -euo pipefail
 
-packages=(
+purpose=${1:-test}
+case "$purpose" in
+  main|test|only) [ $# -gt 0 ] && shift ;;
+  *) echo "setup.sh: unknown purpose '$purpose' (expected main, test or only)" >&2; exit 2 ;;
+esac
+
+main=(
   build-essential cmake ccache pkg-config
-  libtorch-dev      # libtorch 1.13 (ATen, c10d headers)
+  libtorch-dev      # libtorch (ATen, autograd, nn)
   zlib1g-dev        # gzip datasets
   libssl-dev        # libcrypto: HMAC-SHA256 for the store's job token
   dataset-fashion-mnist  # Fashion-MNIST IDX files (training example, data tests)
-  libcli11-dev      # launcher flags
-  nlohmann-json3-dev  # dtrain-trace reads flight recorder dumps, dtrain-run workers' error files
+  libcli11-dev      # launcher and example flags
+  nlohmann-json3-dev  # dtrain-run reads workers' error files; dtrain-trace, flight recorder dumps
+  gnuplot-nox fonts-liberation  # the training example's PNG plot
+)
+test=(
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch     # PyTorch's torchrun and the Python baselines
   openmpi-bin libopenmpi-dev  # the mpi backend, and mpirun to test it
-  iproute2          # network namespaces for the multi-host test
+  iproute2          # network namespaces for the multi-host tests
   procps            # pgrep and sysctl: the Slurm and three-host tests
-  slurm-wlm munge   # a real two-node Slurm for the srun test
-  gnuplot-nox fonts-liberation  # the training example's PNG plot
+  slurm-wlm munge   # a real two-node Slurm for the srun tests
 )
 
+packages=()
+case "$purpose" in
+  main) packages=("${main[@]}") ;;
+  test) packages=("${main[@]}" "${test[@]}") ;;
+esac
 packages+=("$@")
 missing=()
 for p in "${packages[@]}"; do
@@ -30,9 +49,14 @@ for p in "${packages[@]}"; do
 done
 
 if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup: installing ${missing[*]}"
+  start=$(date +%s)
+  echo "setup: installing ${#missing[@]} packages and what they need: ${missing[*]}"
   sudo=""
   if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # A line every 25 packages set up, so a log shows that it moves.
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends \
+    "${missing[@]}" | awk '/^Setting up/ { n++; if (n % 25 == 0) { printf("setup: %d packages set up\n", n); fflush() } }
+                           END { printf("setup: %d packages set up\n", n) }'
+  echo "setup: installed in $(( $(date +%s) - start )) s"
 fi

@@ -16,6 +16,6 @@ if [ "${1:-}" = "--nproc-per-node" ]; then
   shift 2
 fi
 # Only what the main job needs: the library, the launcher and the example.
-bash scripts/build.sh dtrain-run dtrain-fashion-mnist
+bash scripts/build.sh --main dtrain-run dtrain-fashion-mnist
 exec ./build/tools/dtrain-run/dtrain-run --standalone --nproc-per-node "$nproc" --max-restarts 1 \
   ./build/examples/dtrain-fashion-mnist "$@"

@@ -1,1 +1,0 @@
-// Anchor for the tests' shared precompiled header (tests/CMakeLists.txt).
