@@ -53,9 +53,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${#missing[@]} packages and what they need: ${missing[*]}"
   sudo=""
   if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-  $sudo apt-get update -qq
+  # Another apt-get at work (a second script, unattended upgrades): wait for
+  # it rather than fail.
+  $sudo apt-get -o DPkg::Lock::Timeout=600 update -qq
   # A line every 25 packages set up, so a log shows that it moves.
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends \
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends \
     "${missing[@]}" | awk '/^Setting up/ { n++; if (n % 25 == 0) { printf("setup: %d packages set up\n", n); fflush() } }
                            END { printf("setup: %d packages set up\n", n) }'
   echo "setup: installed in $(( $(date +%s) - start )) s"
