@@ -47,6 +47,13 @@ at::Tensor host_bytes(const std::string& name, const at::Tensor& t) {
   return t.detach().to(at::kCPU).contiguous();
 }
 
+}  // namespace
+
+// A member of TensorFileReader::Impl, so not in the anonymous namespace
+// (gcc warns of a class with a member of internal linkage once this file
+// is part of a unity batch).
+namespace tensor_file_io {
+
 class File {
  public:
   explicit File(const std::string& what, const std::string& path) : what_(what) {
@@ -84,7 +91,7 @@ class File {
   uint64_t size_ = 0;
 };
 
-}  // namespace
+}  // namespace tensor_file_io
 
 void save_tensor_file(const std::string& path, const TensorFile& file, const WriteFaults& faults) {
   tf::Header header;
@@ -121,7 +128,7 @@ void save_tensor_file(const std::string& path, const TensorFile& file, const Wri
 
 struct TensorFileReader::Impl {
   std::string what;
-  File in;
+  tensor_file_io::File in;
   tf::Layout layout;
   std::map<std::string, size_t> index;
   Impl(const std::string& path) : what("tensor file " + path), in(what, path) {

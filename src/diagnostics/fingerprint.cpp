@@ -8,27 +8,29 @@
 namespace dtrain {
 namespace {
 
-constexpr int64_t kMagic = 0x64747266;  // "dtrf"
+constexpr int64_t kFingerprintMagic = 0x64747266;  // "dtrf"
 constexpr int kWidth = 16;
-constexpr int kMaxDims = 7;
+constexpr int kFingerprintMaxDims = 7;
 const char* const kOps[] = {"all_reduce", "broadcast",      "reduce",     "all_gather", "gather",
                             "scatter",    "reduce_scatter", "all_to_all", "barrier"};
 const char* const kReduceOps[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"};
 
-int64_t op_index(const char* op) {
+int64_t fingerprint_op_index(const char* op) {
   for (size_t i = 0; i < sizeof(kOps) / sizeof(kOps[0]); ++i)
     if (std::strcmp(kOps[i], op) == 0) return static_cast<int64_t>(i);
   return -1;
 }
 
 // Layout: magic, seq, op, dtype, root, reduce op, ndim, numel, sizes...
-std::string describe(const int64_t* f) {
+std::string describe_fingerprint(const int64_t* f) {
   std::vector<std::string> parts;
   if (f[3] >= 0) {
     std::ostringstream shape;
     shape << "shape [";
-    for (int64_t d = 0; d < std::min<int64_t>(f[6], kMaxDims); ++d) shape << (d ? ", " : "") << f[8 + d];
-    shape << (f[6] > kMaxDims ? ", ...]" : "]");
+    for (int64_t d = 0; d < std::min<int64_t>(f[6], kFingerprintMaxDims); ++d) {
+      shape << (d ? ", " : "") << f[8 + d];
+    }
+    shape << (f[6] > kFingerprintMaxDims ? ", ...]" : "]");
     parts.push_back(detail::cat("dtype ", static_cast<at::ScalarType>(f[3])));
     parts.push_back(shape.str());
   }
@@ -46,14 +48,16 @@ at::Tensor make_fingerprint(const char* op, uint64_t seq, const at::Tensor& tens
                             int64_t reduce_op) {
   auto row = at::full({kWidth}, -1, at::kLong);
   auto* f = row.data_ptr<int64_t>();
-  f[0] = kMagic;
+  f[0] = kFingerprintMagic;
   f[1] = static_cast<int64_t>(seq);
-  f[2] = op_index(op);
+  f[2] = fingerprint_op_index(op);
   if (tensor.defined()) {
     f[3] = static_cast<int64_t>(tensor.scalar_type());
     f[6] = tensor.dim();
     f[7] = tensor.numel();
-    for (int64_t d = 0; d < std::min<int64_t>(tensor.dim(), kMaxDims); ++d) f[8 + d] = tensor.size(d);
+    for (int64_t d = 0; d < std::min<int64_t>(tensor.dim(), kFingerprintMaxDims); ++d) {
+      f[8 + d] = tensor.size(d);
+    }
   }
   f[4] = root;
   f[5] = reduce_op;
@@ -70,7 +74,9 @@ void compare_fingerprints(const std::string& group, uint64_t seq,
   std::ostringstream out;
   out << "DTRAIN_DEBUG=DETAIL: ranks of group '" << group << "' called different collectives at call #"
       << seq << ":";
-  for (size_t r = 0; r < rows.size(); ++r) out << "\n  rank " << r << ": " << describe(rows[r].data_ptr<int64_t>());
+  for (size_t r = 0; r < rows.size(); ++r) {
+    out << "\n  rank " << r << ": " << describe_fingerprint(rows[r].data_ptr<int64_t>());
+  }
   out << "\nEvery rank must issue the same collectives, in the same order, on tensors of the same "
          "dtype and shape.";
   throw CollectiveMismatch(out.str());

@@ -20,7 +20,7 @@
 namespace dtrain::detail {
 namespace {
 
-constexpr int kMaxDims = 6;
+constexpr int kRecordedMaxDims = 6;
 const char* const kStates[] = {"issued", "completed", "failed"};
 
 int64_t now_ns() {
@@ -29,7 +29,7 @@ int64_t now_ns() {
       .count();
 }
 
-std::string error_text(const std::exception_ptr& error) {
+std::string recorded_error_text(const std::exception_ptr& error) {
   try {
     std::rethrow_exception(error);
   } catch (const std::exception& e) {
@@ -40,7 +40,7 @@ std::string error_text(const std::exception_ptr& error) {
 }
 
 // Every live recorder of the process.
-struct Registry {
+struct RecorderRegistry {
   std::mutex mutex;
   std::vector<std::weak_ptr<FlightRecorder>> recorders;
   // The first failure dumps; a failure on another thread meanwhile waits
@@ -52,8 +52,8 @@ struct Registry {
   int world_size = -1;
 };
 
-Registry& registry() {
-  static auto* r = new Registry;  // used from signal-driven and exiting threads: never destroyed
+RecorderRegistry& recorder_registry() {
+  static auto* r = new RecorderRegistry;  // used from signal-driven and exiting threads: never destroyed
   return *r;
 }
 
@@ -128,7 +128,7 @@ std::shared_ptr<FlightRecorder> FlightRecorder::create(const ProcessGroup& group
   const size_t capacity = ring_size();
   if (capacity == 0 || group.rank() < 0) return nullptr;
   std::shared_ptr<FlightRecorder> recorder(new FlightRecorder(group, capacity));
-  auto& r = registry();
+  auto& r = recorder_registry();
   {
     std::lock_guard<std::mutex> lock(r.mutex);
     r.recorders.erase(std::remove_if(r.recorders.begin(), r.recorders.end(),
@@ -173,7 +173,7 @@ uint64_t FlightRecorder::issued(const char* op, bool collective, uint64_t seq,
   e.label = OpLabel::current();
   if (tensor.defined()) {
     e.dtype = static_cast<int8_t>(tensor.scalar_type());
-    e.ndim = static_cast<int8_t>(std::min<int64_t>(tensor.dim(), kMaxDims));
+    e.ndim = static_cast<int8_t>(std::min<int64_t>(tensor.dim(), kRecordedMaxDims));
     for (int d = 0; d < e.ndim; ++d) e.sizes[d] = tensor.size(d);
     e.numel = tensor.numel();
   } else {
@@ -191,15 +191,16 @@ void FlightRecorder::finished(uint64_t id, const std::exception_ptr& error) {
     if (e.id != id) return;  // overwritten: the ring wrapped meanwhile
     e.state = error ? 2 : 1;
     e.finished_ns = now_ns();
-    if (error) e.error = error_text(error);
+    if (error) e.error = recorded_error_text(error);
   }
   if (!error || !env::get(env::kTraceDir)) return;
   // Runs before the failed work's waiters are woken (Work::on_finish): the
   // dump is renamed into place and synced before the error can reach a
   // caller that lets it end the process.
-  std::call_once(registry().failure_dump, [&] {
+  std::call_once(recorder_registry().failure_dump, [&] {
     try {
-      log_warning(cat("flight recorder written to ", dump_all("failure: " + error_text(error))));
+      log_warning(
+          cat("flight recorder written to ", dump_all("failure: " + recorded_error_text(error))));
     } catch (const std::exception& e) {
       log_warning(cat("flight recorder dump after a failure failed: ", e.what()));
     }
@@ -257,7 +258,7 @@ std::string dump_all(const std::string& reason, const std::string& dir_arg, bool
   std::string dir = dir_arg.empty() ? env::get(env::kTraceDir).value_or("") : dir_arg;
   DTRAIN_CHECK_ARG(!dir.empty(),
                    "dump_flight_recorder: no directory given and DTRAIN_TRACE_DIR is not set");
-  auto& r = registry();
+  auto& r = recorder_registry();
   std::vector<std::shared_ptr<FlightRecorder>> live;
   int rank, world;
   {

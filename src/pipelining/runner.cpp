@@ -21,7 +21,7 @@ using dtrain::detail::join;
 // per receiving stage, direction and microbatch; a stage's first-step shape
 // header just below them.
 constexpr int kTagBase = 1 << 28;
-constexpr int kMaxDims = 10;
+constexpr int kShapeHeaderMaxDims = 10;
 constexpr int kMaxLocalStages = 16;
 
 double ms_since(Clock::time_point t) {
@@ -252,7 +252,8 @@ at::Tensor Runner::receive(std::map<Key, Pending>& from, int s, int mb, const ch
 void Runner::learn_input_shape(int s) {
   auto& st = stage(s);
   // On the stage's device, as a device backend (nccl) takes only those.
-  auto header = at::empty({2 + kMaxDims}, at::TensorOptions().dtype(at::kLong).device(st.device));
+  auto header =
+      at::empty({2 + kShapeHeaderMaxDims}, at::TensorOptions().dtype(at::kLong).device(st.device));
   const auto begin = Clock::now();
   try {
     dtrain::detail::OpLabel label(cat(where(s, 0), ", shape of the forward input"));
@@ -263,8 +264,8 @@ void Runner::learn_input_shape(int s) {
   }
   wait_ms_ += ms_since(begin);
   const auto* h = header.data_ptr<int64_t>();
-  DTRAIN_CHECK_ARG(h[1] >= 0 && h[1] <= kMaxDims, where(s, 0), ": a shape header of ", h[1],
-                   " dimensions");
+  DTRAIN_CHECK_ARG(h[1] >= 0 && h[1] <= kShapeHeaderMaxDims, where(s, 0), ": a shape header of ",
+                   h[1], " dimensions");
   st.input.sizes.assign(h + 2, h + 2 + h[1]);
   st.input.dtype = static_cast<at::ScalarType>(h[0]);
   st.input.known = true;
@@ -324,10 +325,10 @@ void Runner::forward(int s, int mb, bool train) {
     return;
   }
   if (!st.output.known) {
-    auto header = at::zeros({2 + kMaxDims}, at::kLong);
+    auto header = at::zeros({2 + kShapeHeaderMaxDims}, at::kLong);
     auto* h = header.data_ptr<int64_t>();
-    DTRAIN_CHECK_ARG(out.dim() <= kMaxDims, where(s, mb), ": outputs of at most ", kMaxDims,
-                     " dimensions are sent, got ", out.dim());
+    DTRAIN_CHECK_ARG(out.dim() <= kShapeHeaderMaxDims, where(s, mb), ": outputs of at most ",
+                     kShapeHeaderMaxDims, " dimensions are sent, got ", out.dim());
     h[0] = static_cast<int64_t>(out.scalar_type());
     h[1] = out.dim();
     for (int64_t d = 0; d < out.dim(); ++d) h[2 + d] = out.size(d);

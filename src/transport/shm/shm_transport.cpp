@@ -16,7 +16,7 @@
 namespace dtrain::transport {
 namespace {
 
-constexpr uint64_t kMagic = 0x6474726e72696e67ULL;  // "dtrnring"
+constexpr uint64_t kRingMagic = 0x6474726e72696e67ULL;  // "dtrnring"
 constexpr uint32_t kVersion = 1;
 
 struct alignas(64) Header {
@@ -69,11 +69,11 @@ int add_ring_links(Store& store, int rank, const std::vector<int>& ranks, uint64
     h->size = static_cast<uint32_t>(n);
     h->ring_bytes = ring_bytes;
     h->version = kVersion;
-    h->magic = kMagic;
+    h->magic = kRingMagic;
   };
   plan.check = [&](const shm::Segment& segment) {
     const auto* h = static_cast<const Header*>(segment.data());
-    if (h->magic != kMagic || h->version != kVersion || h->size != static_cast<uint32_t>(n) ||
+    if (h->magic != kRingMagic || h->version != kVersion || h->size != static_cast<uint32_t>(n) ||
         h->ring_bytes != ring_bytes || Layout(n, ring_bytes).total != segment.size())
       throw InternalError(detail::cat(plan.what, ": /dev/shm", segment.name(),
                                       " is not a ring segment of this group (magic, version, "
