@@ -5,7 +5,7 @@
 #   bash scripts/build.sh --main [targets...]   the main job's packages only
 #                                               (scripts/setup.sh main), and a
 #                                               build without tests and benchmarks
-# The build shows CMake's own [n/N] progress lines.
+# The build shows its [n/N] progress lines (Ninja's, or make's percentages).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 purpose=test
@@ -18,8 +18,8 @@ fi
 bash scripts/setup.sh "$purpose"
 start=$(date +%s)
 echo "build: configuring ./build"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DDTRAIN_BUILD_TESTS=$with_tests -DDTRAIN_BUILD_BENCH=$with_tests >/dev/null
+bash scripts/configure.sh build -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DDTRAIN_BUILD_TESTS=$with_tests -DDTRAIN_BUILD_BENCH=$with_tests
 targets=()
 for t in "$@"; do targets+=(--target "$t"); done
 echo "build: compiling ${*:-everything} (-j${DTRAIN_BUILD_JOBS:-2})"

@@ -16,9 +16,9 @@ harnesses=(store_server_fuzz c10d_scan_fuzz file_store_fuzz launcher_options_fuz
            distributed_checkpoint_fuzz error_file_fuzz transport_frames_fuzz)
 bash scripts/setup.sh main clang libclang-rt-14-dev  # clang and its libFuzzer
 echo "fuzz: configuring ./build-fuzz (clang, -fsanitize=fuzzer,address,undefined)"
-CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+CC=clang CXX=clang++ bash scripts/configure.sh build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DDTRAIN_SANITIZE=address,undefined -DDTRAIN_BUILD_FUZZERS=ON -DDTRAIN_BUILD_TESTS=OFF \
-  -DDTRAIN_BUILD_EXAMPLES=OFF -DDTRAIN_BUILD_BENCH=OFF -DDTRAIN_WITH_NCCL=OFF >/dev/null
+  -DDTRAIN_BUILD_EXAMPLES=OFF -DDTRAIN_BUILD_BENCH=OFF -DDTRAIN_WITH_NCCL=OFF
 cmake --build build-fuzz -j"${DTRAIN_BUILD_JOBS:-2}" --target "${harnesses[@]}"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1

@@ -41,9 +41,9 @@ targets=(unit_test)
 [ "$mode" = address-torch ] && targets=(collectives_test ddp_test data_parallel_test)
 bash scripts/setup.sh test
 echo "sanitize: configuring ./$dir (-fsanitize=$flags)"
-cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTRAIN_SANITIZE="$flags" \
-  -DDTRAIN_BUILD_EXAMPLES=OFF -DDTRAIN_BUILD_BENCH=OFF \
-  -DDTRAIN_WITH_NCCL=OFF >/dev/null  # nothing here can run NCCL (no GPU); keeps CI's build short
+# No NCCL: nothing here can run it (no GPU); keeps CI's build short.
+bash scripts/configure.sh "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTRAIN_SANITIZE="$flags" \
+  -DDTRAIN_BUILD_EXAMPLES=OFF -DDTRAIN_BUILD_BENCH=OFF -DDTRAIN_WITH_NCCL=OFF
 echo "sanitize: compiling ${targets[*]}"
 cmake --build "$dir" -j"${DTRAIN_BUILD_JOBS:-2}" --target "${targets[@]}"
 leaks=1

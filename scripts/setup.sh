@@ -17,7 +17,7 @@ case "$purpose" in
 esac
 
 main=(
-  build-essential cmake ccache pkg-config
+  build-essential cmake ninja-build ccache pkg-config
   libtorch-dev      # libtorch (ATen, autograd, nn)
   zlib1g-dev        # gzip datasets
   libssl-dev        # libcrypto: HMAC-SHA256 for the store's job token

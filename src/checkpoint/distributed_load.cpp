@@ -24,6 +24,51 @@ using files::kMetadataFile;
 
 namespace {
 
+// Which elements of a staged tensor the pieces read so far have written:
+// one flag per element, so that coverage is exact whatever the pieces are
+// (an N-D box is a narrow() of the staged tensor and of the flags in each
+// dimension: the same calls).
+class Coverage {
+ public:
+  explicit Coverage(int64_t numel) : written_(at::zeros({numel}, at::kBool)) {}
+
+  bool complete() const { return count_ == written_.numel(); }
+
+  // Writes `piece` into `into`, the part of the staged tensor that starts
+  // at element `first`. Where an earlier piece wrote already, the two must
+  // agree: returns the first element where they differ (nothing is
+  // written then), else -1.
+  int64_t add(at::Tensor into, const at::Tensor& piece, int64_t first) {
+    at::Tensor seen = written_.narrow(0, first, into.numel());
+    const int64_t before = seen.sum().item<int64_t>();
+    if (before > 0) {
+      at::Tensor same = into.eq(piece);
+      if (into.is_floating_point() || into.is_complex())
+        same = same.logical_or(into.isnan().logical_and(piece.isnan()));  // NaN agrees with NaN
+      const at::Tensor differ = seen.logical_and(same.logical_not()).nonzero();
+      if (differ.numel() > 0) return first + differ[0][0].item<int64_t>();
+    }
+    into.copy_(piece);
+    seen.fill_(true);
+    count_ += into.numel() - before;
+    return -1;
+  }
+
+  // The first run of elements no piece wrote, as [lo, hi); lo == hi when
+  // every element was written.
+  std::pair<int64_t, int64_t> first_gap() const {
+    if (complete()) return {0, 0};
+    const at::Tensor missing = written_.logical_not().nonzero().view({-1});
+    const int64_t lo = missing[0].item<int64_t>();
+    const at::Tensor after = written_.narrow(0, lo, written_.numel() - lo).nonzero();
+    return {lo, after.numel() > 0 ? lo + after[0][0].item<int64_t>() : written_.numel()};
+  }
+
+ private:
+  at::Tensor written_;
+  int64_t count_ = 0;
+};
+
 struct Saved {
   std::string dir, what, token;
   int world = 0;
@@ -69,7 +114,11 @@ struct Saved {
   }
 
   // This rank's piece of a sharded entry, assembled from the saved pieces
-  // that overlap it (a new tensor shaped like out.local).
+  // that overlap it (a new tensor shaped like out.local). Every element
+  // must come from a piece: `save` writes disjoint pieces that cover the
+  // entry, so a gap, or an overlap whose values differ, means files that
+  // were changed or mixed up after the save, and is refused by name rather
+  // than loaded as whatever memory held.
   at::Tensor read_sharded(const std::string& name, const ShardedTensor& out) {
     auto it = meta.find("sharded/" + name);
     DTRAIN_CHECK_ARG(it != meta.end(), what, ": has no sharded '", name, "'");
@@ -78,8 +127,8 @@ struct Saved {
                      " elements in the checkpoint but ", out.numel, " here");
     const int64_t lo = out.offset, hi = out.offset + out.local.numel();
     at::Tensor staged = at::empty({hi - lo}, out.local.options().device(at::kCPU));
-    int64_t covered = 0;
-    for (int r = 0; r < world && covered < hi - lo; ++r) {
+    Coverage coverage(hi - lo);
+    for (int r = 0; r < world && !coverage.complete(); ++r) {
       const auto& file = reader(r);
       auto off = file.metadata().find("offset/" + name);
       if (off == file.metadata().end()) continue;
@@ -91,11 +140,15 @@ struct Saved {
       if (a >= b) continue;
       const at::Tensor piece = file.read("s/" + name);
       check_dtype(name, piece, out.local);
-      staged.narrow(0, a - lo, b - a).copy_(piece.narrow(0, a - start, b - a));
-      covered += b - a;  // pieces of different ranks do not overlap in what dtrain saves
+      const int64_t clash = coverage.add(staged.narrow(0, a - lo, b - a), piece.narrow(0, a - start, b - a),
+                                         a - lo);
+      DTRAIN_CHECK_ARG(clash < 0, what, ": rank ", r, "'s piece of '", name,
+                       "' overlaps another piece with different values (first at element ",
+                       lo + clash, "); the checkpoint's files were changed or mixed up");
     }
-    DTRAIN_CHECK_ARG(covered >= hi - lo, what, ": the saved pieces of '", name,
-                     "' do not cover elements [", lo, ", ", hi, ")");
+    const auto [gap_lo, gap_hi] = coverage.first_gap();
+    DTRAIN_CHECK_ARG(gap_lo == gap_hi, what, ": the saved pieces of '", name, "' do not cover elements [",
+                     lo + gap_lo, ", ", lo + gap_hi, ")");
     return staged;
   }
 

@@ -556,16 +556,23 @@ TEST(TwoLevel, PipelinedAllReduceIsExactInEveryChunk) {
   for (const auto& [backend, world] :
        {std::pair<std::string, int>{"auto@2", 4}, {"auto@2", 6}, {"auto@3", 6}}) {
     const int W = world;
+    const std::vector<int64_t> sizes = {2500007, 4500007};
+    // The expected results once, before the ranks start, not once per rank:
+    // computing them was most of this test's time on 2 cores.
+    std::vector<at::Tensor> float_sums, long_maxes;
+    for (int64_t n : sizes) {
+      float_sums.push_back(expected_reduction(W, n, at::kFloat, ReduceOp::SUM));
+      long_maxes.push_back(expected_reduction(W, n, at::kLong, ReduceOp::MAX));
+    }
     expect_no_errors(testing::run_ranks(W, [&](ProcessGroup& g) {
-      for (int64_t n : {int64_t{2500007}, int64_t{4500007}}) {
+      for (size_t k = 0; k < sizes.size(); ++k) {
+        const int64_t n = sizes[k];
         auto t = input(g.rank(), n, at::kFloat);
         g.all_reduce(t)->wait();
-        expect_equal(t, expected_reduction(W, n, at::kFloat, ReduceOp::SUM),
-                     detail::cat("float SUM on ", backend, " world ", W, " n=", n));
+        expect_equal(t, float_sums[k], detail::cat("float SUM on ", backend, " world ", W, " n=", n));
         auto l = input(g.rank(), n, at::kLong);
         g.all_reduce(l, ReduceOp::MAX)->wait();
-        expect_equal(l, expected_reduction(W, n, at::kLong, ReduceOp::MAX),
-                     detail::cat("long MAX on ", backend, " world ", W, " n=", n));
+        expect_equal(l, long_maxes[k], detail::cat("long MAX on ", backend, " world ", W, " n=", n));
       }
     }, std::chrono::seconds(90), GroupOptions(), backend));
   }

@@ -25,13 +25,13 @@ using testing::thread_mesh;
 namespace ckpt = checkpoint;
 namespace pp = pipelining;
 
-constexpr int kWidth = 12, kRows = 8;
+constexpr int kComposedWidth = 12, kComposedRows = 8;
 
 torch::nn::Sequential mlp(int seed) {
   torch::manual_seed(seed);
   torch::nn::Sequential m;
   for (int i = 0; i < 4; ++i) {
-    m->push_back(torch::nn::Linear(kWidth, kWidth));
+    m->push_back(torch::nn::Linear(kComposedWidth, kComposedWidth));
     m->push_back(torch::nn::Functional(torch::tanh));
   }
   return m;
@@ -55,7 +55,7 @@ TEST(ComposedCheckpoint, PipelineOfDdpStagesLoadsIntoOneProcess) {
   std::vector<torch::nn::Sequential> models;
   for (int r = 0; r < 4; ++r) models.push_back(mlp(3));
   torch::manual_seed(8);
-  const auto x = torch::randn({kRows, kWidth}), y = torch::randn({kRows, kWidth});
+  const auto x = torch::randn({kComposedRows, kComposedWidth}), y = torch::randn({kComposedRows, kComposedWidth});
   auto mse = [](const at::Tensor& o, const at::Tensor& t) { return torch::mse_loss(o, t); };
   testing::expect_no_errors(run_rank_contexts(4, [&](RankContext& ctx) {
     auto mesh = DeviceMesh({2, 2}, {"pp", "dp"}, thread_mesh(ctx));

@@ -27,8 +27,8 @@ using testing::make_data;
 using testing::make_model;
 using testing::make_sgd;
 
-constexpr int kBatch = 4;  // per rank
-constexpr int kSteps = 6;
+constexpr int kDdpBatch = 4;  // per rank
+constexpr int kDdpSteps = 6;
 using Configure = std::function<DDPOptions(DDPOptions)>;
 const Configure kDefault = [](DDPOptions o) { return o; };
 
@@ -76,7 +76,7 @@ void check_equivalence(int world, const Configure& configure, std::vector<int> m
   if (members.empty())
     for (int r = 0; r < world; ++r) members.push_back(r);
   const int n = static_cast<int>(members.size());
-  auto data = make_data<Impl>(n * kBatch, kSteps);
+  auto data = make_data<Impl>(n * kDdpBatch, kDdpSteps);
   auto expected = reference_run<Impl>(data);
   // Different initial weights everywhere: DDP must start all from rank 0's.
   std::vector<std::shared_ptr<Impl>> models;
@@ -92,9 +92,9 @@ void check_equivalence(int world, const Configure& configure, std::vector<int> m
                                    GroupOptions().name("sub").global_ranks(members).timeout(30s));
     DistributedDataParallel ddp(models[ctx.rank], configure(DDPOptions().process_group(group)));
     auto opt = make_sgd(ddp.parameters());
-    for (int s = 0; s < kSteps; ++s) {
+    for (int s = 0; s < kDdpSteps; ++s) {
       opt.zero_grad();
-      auto x = data[s].x.narrow(0, me * kBatch, kBatch), y = data[s].y.narrow(0, me * kBatch, kBatch);
+      auto x = data[s].x.narrow(0, me * kDdpBatch, kDdpBatch), y = data[s].y.narrow(0, me * kDdpBatch, kDdpBatch);
       torch::mse_loss(ddp.forward(x), y).backward();
       opt.step();
       expect_close(snapshot(*models[ctx.rank]), expected[s],
@@ -176,7 +176,7 @@ TEST(DDP, ModelThatDiffersByRankFailsConstructionOnEveryRank) {
 
 TEST(DDP, NoSyncAccumulationEqualsTheLargeBatch) {
   const int world = 3, micro = 3;
-  auto data = make_data<testing::MLPImpl>(world * kBatch, micro * 2);
+  auto data = make_data<testing::MLPImpl>(world * kDdpBatch, micro * 2);
   auto expected = reference_run<testing::MLPImpl>(data, micro);
   std::vector<std::shared_ptr<testing::MLPImpl>> models;
   for (int r = 0; r < world; ++r) models.push_back(make_model<testing::MLPImpl>(r == 0 ? 0 : 7 + r));
@@ -187,7 +187,7 @@ TEST(DDP, NoSyncAccumulationEqualsTheLargeBatch) {
       opt.zero_grad();
       for (int k = 0; k < micro; ++k) {
         const auto& d = data[step * micro + k];
-        auto x = d.x.narrow(0, ctx.rank * kBatch, kBatch), y = d.y.narrow(0, ctx.rank * kBatch, kBatch);
+        auto x = d.x.narrow(0, ctx.rank * kDdpBatch, kDdpBatch), y = d.y.narrow(0, ctx.rank * kDdpBatch, kDdpBatch);
         if (k + 1 < micro) {
           auto guard = ddp.no_sync();
           torch::mse_loss(ddp.forward(x), y).backward();
@@ -205,7 +205,7 @@ TEST(DDP, NoSyncAccumulationEqualsTheLargeBatch) {
 // state); returns rank 0's parameters.
 std::vector<torch::Tensor> train_with_hook(int world, std::function<CommHook()> make_hook,
                                            int steps, std::vector<float>* losses = nullptr) {
-  auto data = make_data<testing::MLPImpl>(world * kBatch, 1);
+  auto data = make_data<testing::MLPImpl>(world * kDdpBatch, 1);
   std::vector<std::shared_ptr<testing::MLPImpl>> models;
   for (int r = 0; r < world; ++r) models.push_back(make_model<testing::MLPImpl>(0));
   std::vector<torch::Tensor> result;
@@ -213,7 +213,7 @@ std::vector<torch::Tensor> train_with_hook(int world, std::function<CommHook()> 
     DistributedDataParallel ddp(models[ctx.rank], DDPOptions().process_group(ctx.group));
     if (make_hook) ddp.register_comm_hook(make_hook());
     auto opt = make_sgd(ddp.parameters());
-    auto x = data[0].x.narrow(0, ctx.rank * kBatch, kBatch), y = data[0].y.narrow(0, ctx.rank * kBatch, kBatch);
+    auto x = data[0].x.narrow(0, ctx.rank * kDdpBatch, kDdpBatch), y = data[0].y.narrow(0, ctx.rank * kDdpBatch, kDdpBatch);
     for (int s = 0; s < steps; ++s) {
       opt.zero_grad();
       auto loss = torch::mse_loss(ddp.forward(x), y);
@@ -249,7 +249,7 @@ TEST(DDP, PowerSGDTrainsToTheSameLossRegion) {
 
 TEST(DDP, JoinWithUnevenInputsEndsWithIdenticalParameters) {
   const int world = 3, k = 2;
-  auto data = make_data<testing::MLPImpl>(kBatch, k + world);
+  auto data = make_data<testing::MLPImpl>(kDdpBatch, k + world);
   std::vector<std::shared_ptr<testing::MLPImpl>> models;
   for (int r = 0; r < world; ++r) models.push_back(make_model<testing::MLPImpl>(r));
   std::vector<std::vector<torch::Tensor>> final_params(world);
@@ -271,7 +271,7 @@ TEST(DDP, JoinWithUnevenInputsEndsWithIdenticalParameters) {
 }
 
 TEST(DDP, JoinCanThrowOnEarlyTermination) {
-  auto data = make_data<testing::MLPImpl>(kBatch, 3);
+  auto data = make_data<testing::MLPImpl>(kDdpBatch, 3);
   std::vector<std::shared_ptr<testing::MLPImpl>> models;
   for (int r = 0; r < 2; ++r) models.push_back(make_model<testing::MLPImpl>(r));
   auto errors = run_rank_contexts(2, [&](RankContext& ctx) {
@@ -291,11 +291,11 @@ TEST(DDP, JoinCanThrowOnEarlyTermination) {
 // every rank and training goes on exactly like one process that skipped it.
 TEST(DDP, BackwardThatThrowsOnEveryRankIsSkippedAndTrainingGoesOn) {
   const int n = 2, bad = 2;
-  auto data = make_data<testing::MLPImpl>(n * kBatch, kSteps);
+  auto data = make_data<testing::MLPImpl>(n * kDdpBatch, kDdpSteps);
   auto reference = make_model<testing::MLPImpl>(0);
   auto reference_opt = make_sgd(reference->parameters());
   std::vector<std::vector<torch::Tensor>> expected;
-  for (int s = 0; s < kSteps; ++s) {
+  for (int s = 0; s < kDdpSteps; ++s) {
     if (s != bad) {
       reference_opt.zero_grad();
       torch::mse_loss(reference->forward(data[s].x), data[s].y).backward();
@@ -309,10 +309,10 @@ TEST(DDP, BackwardThatThrowsOnEveryRankIsSkippedAndTrainingGoesOn) {
     DistributedDataParallel ddp(models[ctx.rank],
                                DDPOptions().process_group(ctx.group).bucket_cap_mb(0.0001));
     auto opt = make_sgd(ddp.parameters());
-    for (int s = 0; s < kSteps; ++s) {
+    for (int s = 0; s < kDdpSteps; ++s) {
       opt.zero_grad();
-      auto x = data[s].x.narrow(0, ctx.rank * kBatch, kBatch);
-      auto y = data[s].y.narrow(0, ctx.rank * kBatch, kBatch);
+      auto x = data[s].x.narrow(0, ctx.rank * kDdpBatch, kDdpBatch);
+      auto y = data[s].y.narrow(0, ctx.rank * kDdpBatch, kDdpBatch);
       auto loss = torch::mse_loss(ddp.forward(x), y);
       if (s == bad) {
         auto& w = models[ctx.rank]->fc1->weight;
@@ -336,7 +336,7 @@ TEST(DDP, BackwardThatThrowsOnEveryRankIsSkippedAndTrainingGoesOn) {
 // launches. Every rank must end with an error within the timeout, not hang.
 TEST(DDP, BackwardThatThrowsOnOneRankFailsEveryRankWithinTheTimeout) {
   const int n = 2;
-  auto data = make_data<testing::MLPImpl>(n * kBatch, 3);
+  auto data = make_data<testing::MLPImpl>(n * kDdpBatch, 3);
   std::vector<std::shared_ptr<testing::MLPImpl>> models;
   for (int r = 0; r < n; ++r) models.push_back(make_model<testing::MLPImpl>(0));
   const auto start = std::chrono::steady_clock::now();
@@ -346,8 +346,8 @@ TEST(DDP, BackwardThatThrowsOnOneRankFailsEveryRankWithinTheTimeout) {
     auto opt = make_sgd(ddp.parameters());
     for (int s = 0; s < 3; ++s) {
       opt.zero_grad();
-      auto loss = torch::mse_loss(ddp.forward(data[s].x.narrow(0, ctx.rank * kBatch, kBatch)),
-                                  data[s].y.narrow(0, ctx.rank * kBatch, kBatch));
+      auto loss = torch::mse_loss(ddp.forward(data[s].x.narrow(0, ctx.rank * kDdpBatch, kDdpBatch)),
+                                  data[s].y.narrow(0, ctx.rank * kDdpBatch, kDdpBatch));
       if (s == 1 && ctx.rank == 0) {
         auto& w = models[0]->fc1->weight;
         const auto hook = w.register_hook([](torch::Tensor g) -> torch::Tensor {

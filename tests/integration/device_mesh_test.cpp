@@ -89,7 +89,7 @@ TEST(DeviceMesh, ShapesThatDoNotFitTheGroupAreNamed) {
 // 1F1B (a stage per rank) and ZB-V (two per rank, each backward in two
 // halves); FSDP stages (their Linears units of their own) under GPipe and
 // 1F1B.
-constexpr int kWidth = 10, kRows = 16, kSteps = 5;
+constexpr int kMeshWidth = 10, kMeshRows = 16, kMeshSteps = 5;
 
 enum class Composition { DDP_1F1B, DDP_ZBV, FSDP_GPIPE, FSDP_1F1B };
 
@@ -100,9 +100,9 @@ torch::nn::Sequential mesh_model(bool sharded_units) {
   torch::nn::Sequential m;
   for (int i = 0; i < 4; ++i) {
     if (sharded_units)
-      m->push_back(std::make_shared<ShardedLinear>(kWidth, kWidth));
+      m->push_back(std::make_shared<ShardedLinear>(kMeshWidth, kMeshWidth));
     else
-      m->push_back(torch::nn::Linear(kWidth, kWidth));
+      m->push_back(torch::nn::Linear(kMeshWidth, kMeshWidth));
     m->push_back(torch::nn::Functional(torch::tanh));
   }
   return m;
@@ -114,8 +114,8 @@ void expect_pipeline_times_dp_equals_one_process(Composition how) {
   SCOPED_TRACE(static_cast<int>(how));
   torch::manual_seed(5);
   std::vector<std::pair<at::Tensor, at::Tensor>> data;
-  for (int s = 0; s < kSteps; ++s)
-    data.emplace_back(torch::randn({kRows, kWidth}), torch::randn({kRows, kWidth}));
+  for (int s = 0; s < kMeshSteps; ++s)
+    data.emplace_back(torch::randn({kMeshRows, kMeshWidth}), torch::randn({kMeshRows, kMeshWidth}));
   auto mse = [](const at::Tensor& o, const at::Tensor& t) { return torch::mse_loss(o, t); };
   auto whole = mesh_model(false);
   torch::optim::Adam ref_opt(whole->parameters(), torch::optim::AdamOptions(1e-2));
@@ -166,9 +166,9 @@ void expect_pipeline_times_dp_equals_one_process(Composition how) {
       opt.step();
     }
     for (const auto& ddp : ddps)
-      EXPECT_EQ(ddp->stats().iteration, kSteps) << "DDP synchronizes once per step";
+      EXPECT_EQ(ddp->stats().iteration, kMeshSteps) << "DDP synchronizes once per step";
     for (const auto& f : fsdps) {
-      EXPECT_EQ(f->stats().iteration, kSteps) << "FSDP reduces once per step";
+      EXPECT_EQ(f->stats().iteration, kMeshSteps) << "FSDP reduces once per step";
       EXPECT_EQ(f->stats().reduce_scatters, 2) << "one per unit (the stage's two Linears), in the last backward";
     }
     // The pieces keep the model's child names: "2.weight" is child 2's.

@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include <cerrno>
+#include <fstream>
 #include <mutex>
 
 #include "dtrain/dtrain.h"
@@ -304,6 +305,62 @@ TEST_F(DistributedCheckpoint, MistakesAreNamed) {
     }
   }, 30s);
   testing::expect_no_errors(errors);
+}
+
+// Files changed after the save never load as memory no piece wrote: a data
+// file copied over another leaves a gap, and pieces that overlap must hold
+// the same values there (save writes disjoint pieces, so an overlap can only
+// come from files mixed up afterwards).
+TEST_F(DistributedCheckpoint, TamperedPiecesWithAGapOrADisagreeingOverlapAreRefused) {
+  testing::TempDir a, agree, differ;
+  auto errors = run_rank_contexts(2, [&](RankContext& ctx) {
+    const auto save = [&](const testing::TempDir& dir, int64_t split, const torch::Tensor& whole) {
+      const int64_t begin = ctx.rank == 0 ? 0 : split, end = ctx.rank == 0 ? split : 8;
+      ckpt::DistributedState state;
+      state.sharded["w"] = ckpt::ShardedTensor{whole.narrow(0, begin, end - begin).clone(), begin, 8};
+      ckpt::save(dir.path(), state, ckpt::SaveOptions().process_group(ctx.group));
+    };
+    const auto ones_then_twos = torch::cat({torch::ones({4}), torch::full({4}, 2.0f)});
+    save(a, 4, ones_then_twos);                  // [0, 4) = 1 on rank 0, [4, 8) = 2 on rank 1
+    save(agree, 2, ones_then_twos);              // rank 1: [2, 8) = 1, 1, 2, 2, 2, 2
+    save(differ, 2, torch::full({8}, 7.0f));     // rank 1: [2, 8) = 7
+  }, 30s);
+  testing::expect_no_errors(errors);
+  const auto data_file = [](const testing::TempDir& dir, int rank) {
+    for (const auto& name : paths::list(dir.path()))
+      if (name.rfind("data-", 0) == 0 && name.find("-" + std::to_string(rank) + ".dtt") != std::string::npos)
+        return dir / name;
+    ADD_FAILURE() << "no data file of rank " << rank << " in " << dir.path();
+    return std::string();
+  };
+  const auto copy = [](const std::string& from, const std::string& to) {
+    std::ifstream in(from, std::ios::binary);
+    std::ofstream out(to, std::ios::binary | std::ios::trunc);
+    out << in.rdbuf();
+    ASSERT_TRUE(out.good()) << to;
+  };
+  const auto load = [&] {
+    ckpt::DistributedState state;
+    state.sharded["w"] = ckpt::ShardedTensor{torch::zeros({8}), 0, 8};
+    ckpt::load(a.path(), state);
+    return state.sharded["w"].local;
+  };
+  const std::string rank1 = data_file(a, 1);
+  const std::string original = a / "rank1.kept";
+  copy(rank1, original);
+  ASSERT_TRUE(torch::equal(load(), torch::cat({torch::ones({4}), torch::full({4}, 2.0f)})));
+
+  copy(data_file(a, 0), rank1);  // both files hold [0, 4): nothing holds [4, 8)
+  EXPECT_EQ(testing::what_thrown<InvalidArgument>(load),
+            "checkpoint " + a.path() + ": the saved pieces of 'w' do not cover elements [4, 8)");
+
+  copy(data_file(differ, 1), rank1);  // [2, 8) = 7 overlaps rank 0's [0, 4) = 1
+  EXPECT_EQ(testing::what_thrown<InvalidArgument>(load),
+            "checkpoint " + a.path() + ": rank 1's piece of 'w' overlaps another piece with different "
+            "values (first at element 2); the checkpoint's files were changed or mixed up");
+
+  copy(data_file(agree, 1), rank1);  // [2, 8) agrees with rank 0's piece where they overlap
+  EXPECT_TRUE(torch::equal(load(), torch::cat({torch::ones({4}), torch::full({4}, 2.0f)})));
 }
 
 // A rank whose data file cannot be written stops every rank with its

@@ -21,7 +21,7 @@ using namespace std::chrono_literals;
 using testing::RankContext;
 using testing::run_rank_contexts;
 
-constexpr int kBatch = 4;
+constexpr int kFsdpBatch = 4;
 
 template <typename Impl>
 torch::Tensor inputs(int64_t n) {
@@ -30,9 +30,7 @@ torch::Tensor inputs(int64_t n) {
   return torch::randn({n, 10});
 }
 
-struct Batch {
-  torch::Tensor x, y;
-};
+using testing::Batch;
 
 template <typename Impl>
 std::vector<Batch> batches(int64_t rows, int steps) {
@@ -87,7 +85,7 @@ void expect_equal_to(const std::map<std::string, at::Tensor>& full, torch::nn::M
 template <typename Impl>
 void expect_fsdp_equals_ddp(int world, const MakeOptimizer& make, FSDPOptions options = {},
                             int steps = 10, const std::string& backend = "tcp") {
-  auto data = batches<Impl>(world * kBatch, steps);
+  auto data = batches<Impl>(world * kFsdpBatch, steps);
   auto plain = models<Impl>(world), sharded = models<Impl>(world);
   auto errors = run_rank_contexts(world, [&](RankContext& ctx) {
     const int r = ctx.rank;
@@ -96,7 +94,7 @@ void expect_fsdp_equals_ddp(int world, const MakeOptimizer& make, FSDPOptions op
     auto opt_ddp = make(ddp.parameters());
     auto opt_fsdp = make(fsdp.parameters());
     for (int s = 0; s < steps; ++s) {
-      auto x = data[s].x.narrow(0, r * kBatch, kBatch), y = data[s].y.narrow(0, r * kBatch, kBatch);
+      auto x = data[s].x.narrow(0, r * kFsdpBatch, kFsdpBatch), y = data[s].y.narrow(0, r * kFsdpBatch, kFsdpBatch);
       opt_ddp->zero_grad();
       torch::mse_loss(ddp.forward(x), y).backward();
       opt_ddp->step();
@@ -163,7 +161,7 @@ TEST(Fsdp, ParametersHoldMemoryOnlyWhileTheirUnitComputes) {
     auto& net = *nets[ctx.rank];
     FullyShardedDataParallel fsdp(nets[ctx.rank], FSDPOptions().process_group(ctx.group));
     for (const auto& p : net.parameters()) EXPECT_FALSE(holds_memory(p)) << "after construction";
-    auto loss = fsdp.forward(torch::randn({kBatch, 10})).sum();
+    auto loss = fsdp.forward(torch::randn({kFsdpBatch, 10})).sum();
     EXPECT_FALSE(holds_memory(net.l1->fc->weight));
     EXPECT_FALSE(holds_memory(net.l2->fc->weight));
     EXPECT_TRUE(holds_memory(net.head->weight)) << "the root stays for backward";
@@ -179,7 +177,7 @@ TEST(Fsdp, ParametersHoldMemoryOnlyWhileTheirUnitComputes) {
     // Evaluation: no gradients, nothing stays gathered.
     {
       torch::NoGradGuard no_grad;
-      fsdp.forward(torch::randn({kBatch, 10}));
+      fsdp.forward(torch::randn({kFsdpBatch, 10}));
     }
     for (const auto& p : net.parameters()) EXPECT_FALSE(holds_memory(p)) << "after evaluation";
   });
@@ -194,7 +192,7 @@ TEST(Fsdp, StatsShowPrefetchingAndBoundedGatheredMemory) {
   auto errors = run_rank_contexts(2, [&](RankContext& ctx) {
     auto run = [&](std::shared_ptr<testing::BlockStackImpl> net, FSDPOptions options) {
       FullyShardedDataParallel fsdp(net, options.process_group(ctx.group));
-      for (int i = 0; i < 3; ++i) fsdp.forward(torch::randn({kBatch, 3, 10})).sum().backward();
+      for (int i = 0; i < 3; ++i) fsdp.forward(torch::randn({kFsdpBatch, 3, 10})).sum().backward();
       return fsdp.stats();
     };
     const auto stats = run(nets[ctx.rank], FSDPOptions());
@@ -233,7 +231,7 @@ TEST(Fsdp, WithoutReshardAfterForwardUnitsStayUntilTheirGradientsAreReduced) {
     auto& net = *nets[ctx.rank];
     FullyShardedDataParallel fsdp(
         nets[ctx.rank], FSDPOptions().process_group(ctx.group).reshard_after_forward(false));
-    auto loss = fsdp.forward(torch::randn({kBatch, 10})).sum();
+    auto loss = fsdp.forward(torch::randn({kFsdpBatch, 10})).sum();
     EXPECT_TRUE(holds_memory(net.l1->fc->weight));
     loss.backward();
     EXPECT_FALSE(holds_memory(net.l1->fc->weight));
@@ -244,7 +242,7 @@ TEST(Fsdp, WithoutReshardAfterForwardUnitsStayUntilTheirGradientsAreReduced) {
 // Two micro-batches, the first under no_sync, then one step: as DDP.
 TEST(Fsdp, NoSyncAndGradientAccumulationMatchDdp) {
   constexpr int kWorld = 2, kSteps = 4;
-  auto data = batches<testing::BlockStackImpl>(kWorld * kBatch, 3 * kSteps);
+  auto data = batches<testing::BlockStackImpl>(kWorld * kFsdpBatch, 3 * kSteps);
   auto plain = models<testing::BlockStackImpl>(kWorld), sharded = models<testing::BlockStackImpl>(kWorld);
   auto errors = run_rank_contexts(kWorld, [&](RankContext& ctx) {
     const int r = ctx.rank;
@@ -253,7 +251,7 @@ TEST(Fsdp, NoSyncAndGradientAccumulationMatchDdp) {
     auto opt_ddp = kTransformerAdam(ddp.parameters());
     auto opt_fsdp = kTransformerAdam(fsdp.parameters());
     auto slice = [&](int i) {
-      return std::make_pair(data[i].x.narrow(0, r * kBatch, kBatch), data[i].y.narrow(0, r * kBatch, kBatch));
+      return std::make_pair(data[i].x.narrow(0, r * kFsdpBatch, kFsdpBatch), data[i].y.narrow(0, r * kFsdpBatch, kFsdpBatch));
     };
     for (int s = 0; s < kSteps; ++s) {
       opt_ddp->zero_grad();
@@ -282,7 +280,7 @@ TEST(Fsdp, NoSyncAndGradientAccumulationMatchDdp) {
 
 TEST(Fsdp, ClipGradNormMatchesClippingTheWholeModel) {
   constexpr int kWorld = 3;
-  auto data = batches<testing::ShardedMLPImpl>(kWorld * kBatch, 5);
+  auto data = batches<testing::ShardedMLPImpl>(kWorld * kFsdpBatch, 5);
   auto plain = models<testing::ShardedMLPImpl>(kWorld), sharded = models<testing::ShardedMLPImpl>(kWorld);
   auto errors = run_rank_contexts(kWorld, [&](RankContext& ctx) {
     const int r = ctx.rank;
@@ -291,7 +289,7 @@ TEST(Fsdp, ClipGradNormMatchesClippingTheWholeModel) {
     auto opt_ddp = kSgdMomentum(ddp.parameters());
     auto opt_fsdp = kSgdMomentum(fsdp.parameters());
     for (int s = 0; s < 5; ++s) {
-      auto x = data[s].x.narrow(0, r * kBatch, kBatch), y = data[s].y.narrow(0, r * kBatch, kBatch);
+      auto x = data[s].x.narrow(0, r * kFsdpBatch, kFsdpBatch), y = data[s].y.narrow(0, r * kFsdpBatch, kFsdpBatch);
       opt_ddp->zero_grad();
       (10 * torch::mse_loss(ddp.forward(x), y)).backward();
       const double expected = torch::nn::utils::clip_grad_norm_(ddp.parameters(), 0.1);
@@ -399,7 +397,7 @@ struct ProbeNetImpl : torch::nn::Module {
 // bf16 compute and communication, fp32 shards: close to fp32 training.
 TEST(Fsdp, MixedPrecisionComputesInBf16AndKeepsFp32Shards) {
   constexpr int kWorld = 2, kSteps = 10;
-  auto data = batches<testing::ShardedMLPImpl>(kWorld * kBatch, kSteps);
+  auto data = batches<testing::ShardedMLPImpl>(kWorld * kFsdpBatch, kSteps);
   auto full = models<ProbeNetImpl>(kWorld), mixed = models<ProbeNetImpl>(kWorld);
   auto errors = run_rank_contexts(kWorld, [&](RankContext& ctx) {
     const int r = ctx.rank;
@@ -408,7 +406,7 @@ TEST(Fsdp, MixedPrecisionComputesInBf16AndKeepsFp32Shards) {
                                              MixedPrecision().param_dtype(at::kBFloat16)));
     auto opt_a = kSgdMomentum(a.parameters()), opt_b = kSgdMomentum(b.parameters());
     for (int s = 0; s < kSteps; ++s) {
-      auto x = data[s].x.narrow(0, r * kBatch, kBatch), y = data[s].y.narrow(0, r * kBatch, kBatch);
+      auto x = data[s].x.narrow(0, r * kFsdpBatch, kFsdpBatch), y = data[s].y.narrow(0, r * kFsdpBatch, kFsdpBatch);
       opt_a->zero_grad();
       torch::mse_loss(a.forward(x), y).backward();
       opt_a->step();

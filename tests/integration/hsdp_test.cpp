@@ -20,7 +20,7 @@ using testing::RankContext;
 using testing::run_rank_contexts;
 using testing::thread_mesh;
 
-constexpr int kBatch = 4, kSteps = 6;
+constexpr int kHsdpBatch = 4, kHsdpSteps = 6;
 
 // Replicas (dimension 0) x shards (dimension 1) over 4 thread ranks,
 // against DDP over the 4; each rank builds its models from its own seed,
@@ -30,8 +30,8 @@ void expect_hsdp_equals_ddp(const testing::MakeOptimizer& make, const std::strin
   constexpr int kWorld = 4;
   torch::manual_seed(7);
   std::vector<std::pair<at::Tensor, at::Tensor>> data;
-  for (int s = 0; s < kSteps; ++s)
-    data.emplace_back(torch::randn({kWorld * kBatch, 3, 10}), torch::randn({kWorld * kBatch, 4}));
+  for (int s = 0; s < kHsdpSteps; ++s)
+    data.emplace_back(torch::randn({kWorld * kHsdpBatch, 3, 10}), torch::randn({kWorld * kHsdpBatch, 4}));
   std::vector<std::shared_ptr<testing::BlockStackImpl>> plain, sharded;
   for (int r = 0; r < kWorld; ++r) {
     torch::manual_seed(r);
@@ -48,7 +48,7 @@ void expect_hsdp_equals_ddp(const testing::MakeOptimizer& make, const std::strin
     auto opt_ddp = make(ddp.parameters());
     auto opt_hsdp = make(hsdp.parameters());
     for (const auto& [x, y] : data) {
-      auto mine = [&](const at::Tensor& t) { return t.narrow(0, r * kBatch, kBatch); };
+      auto mine = [&](const at::Tensor& t) { return t.narrow(0, r * kHsdpBatch, kHsdpBatch); };
       opt_ddp->zero_grad();
       torch::mse_loss(ddp.forward(mine(x)), mine(y)).backward();
       opt_ddp->step();

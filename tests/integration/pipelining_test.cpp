@@ -22,16 +22,16 @@ using testing::expect_no_errors;
 using testing::RankContext;
 using testing::run_rank_contexts;
 
-constexpr int kWidth = 12;
-constexpr int kRows = 16;
-constexpr int kSteps = 5;
+constexpr int kPipeWidth = 12;
+constexpr int kPipeRows = 16;
+constexpr int kPipeSteps = 5;
 
 // Eight children: a Linear and a Tanh per layer, so that any cut works.
 torch::nn::Sequential make_model() {
   torch::manual_seed(7);
   torch::nn::Sequential m;
   for (int i = 0; i < 4; ++i) {
-    m->push_back(torch::nn::Linear(kWidth, kWidth));
+    m->push_back(torch::nn::Linear(kPipeWidth, kPipeWidth));
     m->push_back(torch::nn::Functional(torch::tanh));
   }
   return m;
@@ -40,8 +40,8 @@ torch::nn::Sequential make_model() {
 std::vector<testing::Batch> make_batches() {
   torch::manual_seed(11);
   std::vector<testing::Batch> data;
-  for (int s = 0; s < kSteps; ++s)
-    data.push_back({torch::randn({kRows, kWidth}), torch::randn({kRows, kWidth})});
+  for (int s = 0; s < kPipeSteps; ++s)
+    data.push_back({torch::randn({kPipeRows, kPipeWidth}), torch::randn({kPipeRows, kPipeWidth})});
   return data;
 }
 
@@ -56,7 +56,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(bool adam,
   return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
 }
 
-// Each child's parameters after `kSteps` steps of one process on the whole
+// Each child's parameters after `kPipeSteps` steps of one process on the whole
 // batch.
 std::vector<std::vector<at::Tensor>> reference(bool adam) {
   auto model = make_model();
@@ -247,7 +247,7 @@ TEST(Pipelining, SplitSequentialCutsEvenlyOrAtPointsKeepingNames) {
 // the first step, every rank naming what each runs.
 TEST(Pipelining, MismatchedSchedulesAreRefusedAtTheFirstStepNamingThem) {
   std::vector<torch::nn::Sequential> models{make_model(), make_model()};
-  const auto x = torch::randn({8, kWidth});
+  const auto x = torch::randn({8, kPipeWidth});
   auto errors = run_rank_contexts(2, [&](RankContext& ctx) {
     auto piece = pp::split_sequential(models[ctx.rank], 2)[ctx.rank];
     pp::PipelineStage stage(piece, ctx.rank, 2, pp::PipelineStageOptions().group(ctx.group));
@@ -266,7 +266,7 @@ TEST(Pipelining, MismatchedSchedulesAreRefusedAtTheFirstStepNamingThem) {
 
 TEST(Pipelining, WrongCallsAndPlacementsAreNamed) {
   std::vector<torch::nn::Sequential> models{make_model(), make_model()};
-  const auto x = torch::randn({8, kWidth});
+  const auto x = torch::randn({8, kPipeWidth});
   expect_no_errors(run_rank_contexts(2, [&](RankContext& ctx) {
     const int r = ctx.rank;
     auto piece = pp::split_sequential(models[r], 2)[r];
@@ -290,7 +290,7 @@ TEST(Pipelining, WrongCallsAndPlacementsAreNamed) {
           "Schedule1F1B.step: rank 0 holds stage(s) 0 of 2, the first, which needs the input: "
           "call step(input, ...)");
       EXPECT_EQ(testing::what_thrown<InvalidArgument>(
-          [&] { schedule.step(torch::randn({6, kWidth})); }),
+          [&] { schedule.step(torch::randn({6, kPipeWidth})); }),
           "Schedule1F1B.step: dim 0 (6) of the input does not split into 4 equal microbatches");
     } else {
       EXPECT_EQ(testing::what_thrown<InvalidArgument>(
@@ -308,7 +308,7 @@ TEST(Pipelining, WrongCallsAndPlacementsAreNamed) {
 // each naming the stage and microbatch it waited for.
 TEST(Pipelining, AStalledStageFailsTheOtherRanksNamingIt) {
   std::vector<torch::nn::Sequential> models{make_model(), make_model(), make_model()};
-  const auto x = torch::randn({8, kWidth});
+  const auto x = torch::randn({8, kPipeWidth});
   std::vector<double> seconds(3);
   auto errors = run_rank_contexts(
       3,
@@ -351,7 +351,7 @@ TEST(Pipelining, AStalledStageFailsTheOtherRanksNamingIt) {
 TEST(Pipelining, StepsMayDifferInBatchSize) {
   auto whole = make_model();
   std::vector<torch::nn::Sequential> models{make_model(), make_model()};
-  const auto x8 = torch::randn({8, kWidth}), x6 = torch::randn({6, kWidth});
+  const auto x8 = torch::randn({8, kPipeWidth}), x6 = torch::randn({6, kPipeWidth});
   const auto want8 = whole->forward(x8), want6 = whole->forward(x6);
   expect_no_errors(run_rank_contexts(2, [&](RankContext& ctx) {
     auto piece = pp::split_sequential(models[ctx.rank], 2)[ctx.rank];
@@ -382,7 +382,7 @@ TEST(Pipelining, MicrobatchOutputsOfDifferentShapesAreNamed) {
         auto stage = ctx.rank == 0 ? pp::PipelineStage(shrinking, 0, 2, opts)
                                    : pp::PipelineStage(piece, 1, 2, opts);
         pp::ScheduleGPipe schedule(stage, 2, mse);
-        const auto x = torch::randn({8, kWidth});
+        const auto x = torch::randn({8, kPipeWidth});
         if (ctx.rank == 0) schedule.step(x);
         else schedule.step(x, nullptr);
       },

@@ -17,7 +17,7 @@ namespace {
 using testing::RankContext;
 using testing::run_rank_contexts;
 
-constexpr int kWorld = 2, kBatch = 4, kSteps = 6;
+constexpr int kWorld = 2, kPowerSgdBatch = 4, kPowerSgdSteps = 6;
 using Widths = std::vector<int64_t>;  // input, then the output of l1 .. l4
 
 // Four layers applied l1, l2, l3, l4, registered in `order`. The gradients
@@ -64,8 +64,8 @@ Run train(const Widths& widths, const std::vector<std::string>& order) {
   std::vector<std::shared_ptr<ChainImpl>> models;
   for (int r = 0; r < kWorld; ++r) models.push_back(std::make_shared<ChainImpl>(widths, order));
   torch::manual_seed(99);
-  auto x = torch::randn({kWorld * kBatch, widths.front()});
-  auto y = torch::randn({kWorld * kBatch, widths.back()});
+  auto x = torch::randn({kWorld * kPowerSgdBatch, widths.front()});
+  auto y = torch::randn({kWorld * kPowerSgdBatch, widths.back()});
   Run run;
   std::mutex mutex;
   testing::expect_no_errors(run_rank_contexts(kWorld, [&](RankContext& ctx) {
@@ -82,8 +82,8 @@ Run train(const Widths& widths, const std::vector<std::string>& order) {
       powersgd(g, b);
     });
     torch::optim::SGD opt(ddp.parameters(), torch::optim::SGDOptions(0.1));
-    auto xs = x.narrow(0, ctx.rank * kBatch, kBatch), ys = y.narrow(0, ctx.rank * kBatch, kBatch);
-    for (int s = 0; s < kSteps; ++s) {
+    auto xs = x.narrow(0, ctx.rank * kPowerSgdBatch, kPowerSgdBatch), ys = y.narrow(0, ctx.rank * kPowerSgdBatch, kPowerSgdBatch);
+    for (int s = 0; s < kPowerSgdSteps; ++s) {
       opt.zero_grad();
       torch::mse_loss(ddp.forward(xs), ys).backward();
       opt.step();
@@ -107,8 +107,8 @@ TEST_P(PowerSGDRebuild, StateFollowsParametersAcrossTheBucketRebuild) {
   const auto rebuilt = train(widths, {"l3", "l1", "l4", "l2"});
   if (HasFailure()) return;
 
-  ASSERT_EQ(steady.buckets.size(), size_t(kSteps));
-  ASSERT_EQ(rebuilt.buckets.size(), size_t(kSteps));
+  ASSERT_EQ(steady.buckets.size(), size_t(kPowerSgdSteps));
+  ASSERT_EQ(rebuilt.buckets.size(), size_t(kPowerSgdSteps));
   EXPECT_EQ(steady.buckets.at(0), steady.buckets.at(1)) << "the reference's buckets changed";
   ASSERT_EQ(rebuilt.buckets.at(0).size(), 4u);
   EXPECT_NE(rebuilt.buckets.at(0).at(0), rebuilt.buckets.at(1).at(0))

@@ -36,10 +36,11 @@
 //                             and ZeRO-2, against one process on the
 //                             combined batch; prints "rank R fsdp|fsdp
 //                             (sharded construction)|zero1|zero2 matches ..."
-//   rank_worker page-faults   init, then 40 SGD steps on 64 MiB tensors;
-//                             prints "faults N": the fewest minor page
-//                             faults of the six 5-step windows after step
-//                             10 (DTRAIN_CPU_MEMORY)
+//   rank_worker page-faults [STEPS]
+//                             init, then STEPS (default 40) SGD steps on
+//                             64 MiB tensors; prints "faults N": the fewest
+//                             minor page faults of the 5-step windows after
+//                             step 10 (DTRAIN_CPU_MEMORY)
 //   rank_worker fsdp-malloc   prints "mapped A B": the bytes of a 48 MiB
 //                             block malloc mapped on its own before and
 //                             after building an FSDP (DTRAIN_CPU_MEMORY)
@@ -490,7 +491,7 @@ long minor_faults() {
   return usage.ru_minflt;
 }
 
-int page_faults() {
+int page_faults(int steps) {
   dtrain::init_process_group();
   torch::manual_seed(0);
   // Training steps of cheap element-wise work on 64 MiB tensors: the
@@ -505,7 +506,7 @@ int page_faults() {
   // faults in a tensor now and then, but steady steps fault none.
   long fewest = -1;
   long window_start = 0;
-  for (int step = 0; step < 40; ++step) {
+  for (int step = 0; step < steps; ++step) {
     if (step >= 10 && step % 5 == 0) {
       const long now = minor_faults();
       if (step > 10 && (fewest < 0 || now - window_start < fewest)) fewest = now - window_start;
@@ -672,7 +673,7 @@ int main(int argc, char** argv) {
     if (mode == "mismatch") return mismatch();
     if (mode == "trace" && argc > 3) return trace_fault(argv[2], argv[3]);
     if (mode == "timeline") return timeline_training();
-    if (mode == "page-faults") return page_faults();
+    if (mode == "page-faults") return page_faults(argc > 2 ? std::stoi(argv[2]) : 40);
     if (mode == "fsdp-malloc") return fsdp_malloc();
     if (mode == "ddp") return ddp_training();
     if (mode == "cuda-devices") {

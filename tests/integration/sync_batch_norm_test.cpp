@@ -25,7 +25,7 @@ using testing::RankContext;
 using testing::run_rank_contexts;
 
 constexpr int kChannels = 3;
-constexpr int kSteps = 20;
+constexpr int kSbnSteps = 20;
 constexpr double kTol = 1e-5;
 
 std::shared_ptr<torch::nn::Module> reference_norm(size_t dims,
@@ -92,7 +92,7 @@ TEST_P(SyncBatchNormEquivalence, MatchesBatchNormOnTheConcatenatedBatch) {
   // Ranks are threads sharing torch's generator: draw every step's data first.
   std::vector<torch::Tensor> inputs, upstreams;
   torch::manual_seed(100);
-  for (int step = 0; step < kSteps; ++step) {
+  for (int step = 0; step < kSbnSteps; ++step) {
     inputs.push_back(batch(c.dims, total));
     upstreams.push_back(torch::randn_like(inputs.back()));
   }
@@ -101,7 +101,7 @@ TEST_P(SyncBatchNormEquivalence, MatchesBatchNormOnTheConcatenatedBatch) {
     const int64_t begin = std::accumulate(c.slices.begin(), c.slices.begin() + r, int64_t{0});
     auto ref = reference_norm(c.dims, options);  // weights 1 and 0 on every rank
     auto sync = sync_norm(c.dims, options, ctx.group);
-    for (int step = 0; step < kSteps; ++step) {
+    for (int step = 0; step < kSbnSteps; ++step) {
       const auto x_all = inputs[step].clone().requires_grad_();
       const auto& upstream = upstreams[step];
       auto y_all = forward_any(ref, x_all);
@@ -165,7 +165,7 @@ TEST(SyncBatchNorm, InsideDdpTrainsLikeBatchNormOnTheWholeBatch) {
   auto single = convnet(torch::nn::BatchNorm2d(4));
   torch::optim::SGD single_opt(single->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   std::vector<torch::Tensor> xs, ys;
-  for (int s = 0; s < kSteps; ++s) {
+  for (int s = 0; s < kSbnSteps; ++s) {
     xs.push_back(torch::randn({kWorld * kBatch, 2, 5, 5}));
     ys.push_back(torch::randn({kWorld * kBatch, 3}));
     single_opt.zero_grad();
@@ -176,7 +176,7 @@ TEST(SyncBatchNorm, InsideDdpTrainsLikeBatchNormOnTheWholeBatch) {
     auto net = convnet(SyncBatchNorm2d(torch::nn::BatchNormOptions(4), ctx.group));
     DistributedDataParallel ddp(net.ptr(), DDPOptions().process_group(ctx.group));
     torch::optim::SGD opt(ddp.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-    for (int s = 0; s < kSteps; ++s) {
+    for (int s = 0; s < kSbnSteps; ++s) {
       opt.zero_grad();
       auto x = xs[s].narrow(0, ctx.rank * kBatch, kBatch);
       auto y = ys[s].narrow(0, ctx.rank * kBatch, kBatch);

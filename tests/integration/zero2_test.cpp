@@ -21,8 +21,8 @@ using namespace std::chrono_literals;
 using testing::RankContext;
 using testing::run_rank_contexts;
 
-constexpr int kBatch = 4;
-constexpr int kSteps = 20;
+constexpr int kZero2Batch = 4;
+constexpr int kZero2Steps = 20;
 
 // Buckets of about 100 bytes: the MLP's parameters fall into 3 buckets,
 // the convnet's into 2.
@@ -32,7 +32,7 @@ DDPOptions sharded(const std::shared_ptr<ProcessGroup>& group) {
 
 template <typename Impl>
 void expect_zero2_equals_plain(int world, const testing::MakeOptimizer& make) {
-  auto data = testing::make_data<Impl>(world * kBatch, kSteps);
+  auto data = testing::make_data<Impl>(world * kZero2Batch, kZero2Steps);
   std::vector<std::shared_ptr<Impl>> plain, zero2;
   for (int r = 0; r < world; ++r) {
     plain.push_back(testing::make_model<Impl>(0));
@@ -48,8 +48,8 @@ void expect_zero2_equals_plain(int world, const testing::MakeOptimizer& make) {
     ZeroRedundancyOptimizer opt_zero(ddp_zero, make);
     EXPECT_GE(opt_zero.local_optimizer().param_groups()[0].params().size(), 2u)
         << "one slice per bucket";
-    for (int s = 0; s < kSteps; ++s) {
-      auto x = data[s].x.narrow(0, r * kBatch, kBatch), y = data[s].y.narrow(0, r * kBatch, kBatch);
+    for (int s = 0; s < kZero2Steps; ++s) {
+      auto x = data[s].x.narrow(0, r * kZero2Batch, kZero2Batch), y = data[s].y.narrow(0, r * kZero2Batch, kZero2Batch);
       // Every third step takes two synchronized backwards (halves of the
       // batch): their averages add up, as .grad does under plain DDP. The
       // step after that accumulates its first half under no_sync.

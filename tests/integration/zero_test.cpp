@@ -20,8 +20,8 @@ using namespace std::chrono_literals;
 using testing::RankContext;
 using testing::run_rank_contexts;
 
-constexpr int kBatch = 4;
-constexpr int kSteps = 20;
+constexpr int kZeroBatch = 4;
+constexpr int kZeroSteps = 20;
 
 using testing::kAdam;
 using testing::kSgdMomentum;
@@ -30,7 +30,7 @@ using testing::MakeOptimizer;
 
 template <typename Impl>
 void expect_zero_equals_plain(int world, const MakeOptimizer& make) {
-  auto data = testing::make_data<Impl>(world * kBatch, kSteps);
+  auto data = testing::make_data<Impl>(world * kZeroBatch, kZeroSteps);
   std::vector<std::shared_ptr<Impl>> plain, sharded;
   for (int r = 0; r < world; ++r) {
     plain.push_back(testing::make_model<Impl>(0));
@@ -48,8 +48,8 @@ void expect_zero_equals_plain(int world, const MakeOptimizer& make) {
     // Each rank steps only its slice, balanced to within one element.
     const int64_t slice = (opt_zero.numel() + world - 1) / world;
     EXPECT_EQ(opt_zero.shard_begin(), std::min<int64_t>(opt_zero.numel(), r * slice));
-    for (int s = 0; s < kSteps; ++s) {
-      auto x = data[s].x.narrow(0, r * kBatch, kBatch), y = data[s].y.narrow(0, r * kBatch, kBatch);
+    for (int s = 0; s < kZeroSteps; ++s) {
+      auto x = data[s].x.narrow(0, r * kZeroBatch, kZeroBatch), y = data[s].y.narrow(0, r * kZeroBatch, kZeroBatch);
       opt_plain->zero_grad();
       torch::mse_loss(ddp_plain.forward(x), y).backward();
       opt_plain->step();
@@ -76,7 +76,7 @@ void expect_zero_equals_plain(int world, const MakeOptimizer& make) {
         const auto& got = full.at(std::to_string(i) + "/" + field);
         EXPECT_TRUE(torch::allclose(got, value, 1e-5, 1e-8)) << "parameter " << i << " " << field;
       }
-      if (reference.step.defined()) EXPECT_EQ(full.at("step").item<int64_t>(), kSteps);
+      if (reference.step.defined()) EXPECT_EQ(full.at("step").item<int64_t>(), kZeroSteps);
     }
   }, 120s);
   for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;

@@ -6,7 +6,12 @@
 # Usage: package_test.sh SOURCE_DIR BUILD_DIR
 set -euo pipefail
 src=$1 build=$2
-work=$(mktemp -d)
+# A fixed folder inside the build tree, not a fresh temporary one: the
+# consumers' builds then compile with the same paths each time, so ccache
+# (CI points CCACHE_BASEDIR at the checkout) serves them on the next run.
+work=$build/package-test
+rm -rf "$work"
+mkdir -p "$work"
 trap 'rm -rf "$work"' EXIT
 consumer=$src/tests/package/consumer
 launcher=()
