@@ -13,16 +13,47 @@ CompletionWatcher::~CompletionWatcher() {
     stop_ = true;
   }
   signal_->cv.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 void CompletionWatcher::add(Op op) {
+  std::exception_ptr closed;
   {
     std::lock_guard<std::mutex> lock(signal_->mutex);
-    incoming_.push_back(std::move(op));
+    closed = closed_;
+    if (!closed) {
+      incoming_.push_back(std::move(op));
+      signal_->told = true;
+    }
+  }
+  if (closed) {
+    end(op, closed);
+    return;
+  }
+  signal_->cv.notify_all();
+}
+
+void CompletionWatcher::close(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(signal_->mutex);
+    if (closed_) return;
+    closed_ = error;
+    stop_ = true;
     signal_->told = true;
   }
   signal_->cv.notify_all();
+  thread_.join();
+}
+
+void CompletionWatcher::end(Op& op, const std::exception_ptr& error) {
+  std::exception_ptr result = error;
+  try {
+    if (op.test()) result = nullptr;
+    else if (op.abandon) op.abandon();
+  } catch (...) {
+    result = std::current_exception();
+  }
+  op.work->finish(result);
 }
 
 void CompletionWatcher::notify() {
@@ -54,6 +85,14 @@ void CompletionWatcher::loop() {
       const auto ready = [&] { return signal_->told || (stop_ && ops.empty()); };
       if (wake == Clock::time_point::max()) signal_->cv.wait(lock, ready);
       else signal_->cv.wait_until(lock, wake, ready);
+      if (closed_) {
+        for (auto& op : incoming_) ops.push_back(std::move(op));
+        incoming_.clear();
+        const auto error = closed_;
+        lock.unlock();
+        for (auto& op : ops) end(op, error);
+        return;
+      }
       if (stop_ && ops.empty() && incoming_.empty()) return;
       signal_->told = false;
       for (auto& op : incoming_) ops.push_back(std::move(op));

@@ -35,16 +35,25 @@ class CompletionWatcher {
     // break the group).
     std::function<void()> expire;
     Clock::time_point deadline;
+    // close() ends the operation while it is still pending: lets go of it
+    // (cancels it where the source can). May be empty.
+    std::function<void()> abandon;
   };
 
   // `poll`: how often to test without being told; zero: only when told.
   explicit CompletionWatcher(std::chrono::microseconds poll = std::chrono::microseconds(0));
-  // Waits for every operation to finish or expire.
+  // Without close(): waits for every operation to finish or expire.
   ~CompletionWatcher();
   CompletionWatcher(const CompletionWatcher&) = delete;
   CompletionWatcher& operator=(const CompletionWatcher&) = delete;
 
   void add(Op op);
+  // Ends every operation still pending now, without waiting for its
+  // deadline: one that is done by now finishes as usual; the others are
+  // abandoned and their Works fail with `error`. An operation added later
+  // fails with `error` at once. Returns once the watcher's thread has
+  // stopped. For a group being destroyed.
+  void close(std::exception_ptr error);
   // Something may have finished; safe from any thread, never blocks long.
   void notify();
   // A hook for Request::on_done that outlives this watcher safely.
@@ -62,8 +71,12 @@ class CompletionWatcher {
 
   const std::chrono::microseconds poll_;
   std::shared_ptr<Signal> signal_;
+  // Finishes `op` as done, else abandons it and fails its Work with `error`.
+  static void end(Op& op, const std::exception_ptr& error);
+
   std::vector<Op> incoming_;  // guarded by signal_->mutex
   bool stop_ = false;         // likewise
+  std::exception_ptr closed_;  // likewise: close()'s error
   std::thread thread_;
 };
 

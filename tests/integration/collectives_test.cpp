@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cctype>
+#include <map>
 #include <thread>
 #include <tuple>
 
@@ -80,12 +81,15 @@ class Collectives
 TEST_P(Collectives, AllReduceEveryOpAndSize) {
   const int W = world();
   const auto dt = dtype();
+  std::map<std::pair<int, int64_t>, at::Tensor> expected;  // {op, n}: once, not per rank
+  for (auto op : ops_for(dt))
+    for (auto n : kSizes) expected[{static_cast<int>(op), n}] = expected_reduction(W, n, dt, op);
   expect_no_errors(run_ranks(W, [&](ProcessGroup& g) {
     for (auto op : ops_for(dt)) {
       for (auto n : kSizes) {
         auto t = input(g.rank(), n, dt);
         g.all_reduce(t, op)->wait();
-        expect_equal(t, expected_reduction(W, n, dt, op),
+        expect_equal(t, expected.at({static_cast<int>(op), n}),
                      detail::cat("all_reduce ", to_string(op), " n=", n, " rank ", g.rank()));
       }
     }
@@ -514,33 +518,39 @@ TEST(TwoLevel, AllGatherAndReduceScatterOverHostsAreExact) {
     for (const auto& [backend, world] :
          {std::pair<std::string, int>{"auto@2", 4}, {"auto@2", 6}, {"auto@3", 6}}) {
       const int W = world;
+      const std::vector<int64_t> sizes = {1, 4099, 70001};
+      // What every rank expects, computed once before the ranks start.
+      std::vector<at::Tensor> gathered, sums, maxes;
+      for (int64_t n : sizes) {
+        std::vector<at::Tensor> rows;
+        for (int r = 0; r < W; ++r) rows.push_back(input(r, n, at::kFloat));
+        gathered.push_back(at::cat(rows));
+        sums.push_back(expected_reduction(W, n * W, at::kFloat, ReduceOp::SUM));
+        maxes.push_back(expected_reduction(W, n * W, at::kLong, ReduceOp::MAX));
+      }
       expect_no_errors(testing::run_ranks(W, [&](ProcessGroup& g) {
         const auto what = [&](const char* op, int64_t n) {
           return detail::cat(op, " on ", backend, " world ", W, " n=", n, " DTRAIN_ALGO=", algo,
                              " rank ", g.rank());
         };
-        for (int64_t n : {1, 4099, 70001}) {
-          std::vector<at::Tensor> rows;
-          for (int r = 0; r < W; ++r) rows.push_back(input(r, n, at::kFloat));
+        for (size_t k = 0; k < sizes.size(); ++k) {
+          const int64_t n = sizes[k];
           auto flat = at::zeros({n * W});
           g.all_gather_into_tensor(flat, input(g.rank(), n, at::kFloat))->wait();
-          expect_equal(flat, at::cat(rows), what("all_gather_into_tensor", n));
+          expect_equal(flat, gathered[k], what("all_gather_into_tensor", n));
           std::vector<at::Tensor> outs;
           for (int r = 0; r < W; ++r) outs.push_back(at::zeros({n}));
           g.all_gather(outs, input(g.rank(), n, at::kFloat))->wait();
-          expect_equal(at::cat(outs), at::cat(rows), what("all_gather", n));
+          expect_equal(at::cat(outs), gathered[k], what("all_gather", n));
 
           auto out = at::zeros({n});
           g.reduce_scatter_tensor(out, input(g.rank(), n * W, at::kFloat))->wait();
-          expect_equal(out, expected_reduction(W, n * W, at::kFloat, ReduceOp::SUM).narrow(0, g.rank() * n, n),
-                       what("reduce_scatter_tensor", n));
+          expect_equal(out, sums[k].narrow(0, g.rank() * n, n), what("reduce_scatter_tensor", n));
           auto full = input(g.rank(), n * W, at::kLong);
           auto chunks = full.chunk(W);
           auto out_long = at::zeros({n}, at::kLong);
           g.reduce_scatter(out_long, std::vector<at::Tensor>(chunks.begin(), chunks.end()), ReduceOp::MAX)->wait();
-          expect_equal(out_long,
-                       expected_reduction(W, n * W, at::kLong, ReduceOp::MAX).narrow(0, g.rank() * n, n),
-                       what("reduce_scatter MAX", n));
+          expect_equal(out_long, maxes[k].narrow(0, g.rank() * n, n), what("reduce_scatter MAX", n));
         }
       }, std::chrono::seconds(60), GroupOptions(), backend));
     }

@@ -179,14 +179,47 @@ int mismatch(int rank) {
   return 0;
 }
 
+// Rank 1 posts a receive that rank 0 never answers, under the group's
+// default timeout (30 min), and destroys the group: that takes seconds, not
+// the timeout, and the receive fails naming the destroyed group. Then the
+// same on the default group when main returns without destroying it.
+int destroy_pending(int rank) {
+  // Made directly, so that this is its last reference.
+  auto group = std::make_shared<mpi_backend::MpiProcessGroup>(rank, 2, GroupOptions().name("own"));
+  WorkPtr work;
+  if (rank == 1) work = group->recv(at::zeros({kN}), 0, /*tag=*/5);
+  const auto start = Clock::now();
+  group.reset();
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  if (rank == 1) {
+    if (seconds > 5) return fail(rank, "destroying the group took " + std::to_string(seconds) + " s");
+    try {
+      work->wait();
+      return fail(rank, "the receive completed without a message");
+    } catch (const NetworkError& e) {
+      if (std::string(e.what()).find("group 'own' was destroyed while this operation was pending") ==
+          std::string::npos)
+        return fail(rank, std::string("the receive's error does not name the destroyed group: ") + e.what());
+    } catch (const std::exception& e) {
+      return fail(rank, std::string("the receive failed with something else: ") + e.what());
+    }
+    std::cout << "rank 1 destroyed its group in " << seconds << " s" << std::endl;
+    default_group()->recv(at::zeros({kN}), 0, /*tag=*/6);  // pending when main returns
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return 0;
+}
+
 int run_worker(const std::string& mode) {
   init_process_group(InitOptions().backend("mpi"));
   const int rank = get_rank();
   if (get_world_size() != 2) return fail(rank, "run with mpirun -np 2");
-  const int rc = mode == "late-recv"  ? late_recv(rank)
-                 : mode == "mismatch" ? mismatch(rank)
-                                      : late_collective(rank);
+  const int rc = mode == "late-recv"         ? late_recv(rank)
+                 : mode == "mismatch"        ? mismatch(rank)
+                 : mode == "destroy-pending" ? destroy_pending(rank)
+                                             : late_collective(rank);
   if (rc == 0) std::cout << "rank " << rank << " " << mode << " ok" << std::endl;
+  if (mode == "destroy-pending") return rc;  // the default group goes at exit, a receive pending
   destroy_process_group();
   return rc;
 }
@@ -199,12 +232,12 @@ std::string self_path() {
   return n > 0 ? std::string(buf, n) : std::string();
 }
 
-void expect_two_ranks_pass(const std::string& mode) {
+void expect_two_ranks_pass(const std::string& mode, std::chrono::seconds limit = 120s) {
   ProcessRanks procs;
   auto& p = procs.spawn({MPIRUN_EXECUTABLE, "-np", "2", "--allow-run-as-root", "--oversubscribe",
                          self_path(), "worker", mode},
                         {{"OMPI_MCA_plm_rsh_agent", ""}});
-  ASSERT_TRUE(procs.wait(p, Clock::now() + 120s)) << "mpirun did not finish: " << p.output();
+  ASSERT_TRUE(procs.wait(p, Clock::now() + limit)) << "mpirun did not finish: " << p.output();
   EXPECT_EQ(p.exit_code, 0) << p.output();
   for (int r = 0; r < 2; ++r)
     EXPECT_NE(p.output().find("rank " + std::to_string(r) + " " + mode + " ok"),
@@ -218,6 +251,12 @@ TEST(MpiTimeout, TimedOutRecvIsCancelledAndItsBuffersNeverWritten) {
 
 TEST(MpiTimeout, TimedOutCollectiveKeepsItsBuffersUntilMpiIsDone) {
   expect_two_ranks_pass("late-collective");
+}
+
+// Without cancelling, each destroy would wait for the receive's timeout:
+// 30 minutes.
+TEST(MpiTeardown, DestroyingAGroupOrExitingEndsPendingReceivesAtOnce) {
+  expect_two_ranks_pass("destroy-pending", 60s);
 }
 
 TEST(MpiErrors, ACollectiveMismatchFailsTheCallAndLeavesTheGroupUsable) {

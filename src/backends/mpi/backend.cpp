@@ -182,9 +182,16 @@ MpiProcessGroup::MpiProcessGroup(int rank, int size, GroupOptions options)
 }
 
 MpiProcessGroup::~MpiProcessGroup() {
-  // The executors (declared last) have drained by the time members go; free
-  // the communicator unless MPI is already finalized (process exit). MPI
-  // defers the free until requests still in flight on it are done.
+  // Queued collectives run first (each under its deadline), as on every
+  // backend; then sends and receives still pending (a receive whose message
+  // never came) are cancelled where MPI can and fail naming the destroyed
+  // group, instead of holding the destructor to their deadlines (30 min by
+  // default). Free the communicator unless MPI is already finalized
+  // (process exit); MPI defers the free until requests still in flight on
+  // it are done.
+  collectives_.shutdown();
+  p2p_.close(std::make_exception_ptr(NetworkError(detail::cat(
+      "group '", name(), "' was destroyed while this operation was pending"))));
   in_flight().reap();
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -247,6 +254,7 @@ WorkPtr MpiProcessGroup::launch_p2p(const Call& call, at::Tensor tensor,
     }
     if (posted->receive) work->set_source_rank(posted->source);
   };
+  op.abandon = [posted] { abandon(*posted); };
   p2p_.add(std::move(op));
   return work;
 }
@@ -255,7 +263,27 @@ WorkPtr MpiProcessGroup::launch_p2p(const Call& call, at::Tensor tensor,
 // transport does on tcp.
 void MpiProcessGroup::mark_broken(std::exception_ptr error) { failures_->break_with(error); }
 
+// The group is going: a receive not yet matched is cancelled (its buffer
+// is never written); what MPI cannot cancel keeps its buffers alive in the
+// requests in flight until MPI is done with it.
+void MpiProcessGroup::abandon(Posted& posted) {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized || posted.request == MPI_REQUEST_NULL) return;  // MPI writes nothing any more
+  if (posted.cancellable) {
+    int done = 0;
+    MPI_Cancel(&posted.request);
+    if (MPI_Test(&posted.request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) return;
+  }
+  in_flight().add(posted.request, std::make_shared<std::vector<at::Tensor>>(posted.buffers));
+  posted.request = MPI_REQUEST_NULL;
+}
+
 bool MpiProcessGroup::test(const Call& call, Posted& posted) {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized)  // the process is exiting; MPI_Test would be an error now
+    throw NetworkError(detail::cat(call.description, ": MPI was finalized while it was pending"));
   int done = 0;
   MPI_Status status;
   check(MPI_Test(&posted.request, &done, &status), call.description);

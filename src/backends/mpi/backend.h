@@ -64,6 +64,9 @@ class MpiProcessGroup final : public ProcessGroup {
   // requests in flight and throws TimeoutError (returns when the request
   // completed after all).
   void expire(const Call& call, const std::shared_ptr<Posted>& posted);
+  // The group is destroyed with the request pending: cancels what can be,
+  // hands the rest to the requests in flight.
+  static void abandon(Posted& posted);
   void mark_broken(std::exception_ptr error);
   void run_monitored_barrier(const Call& call, bool wait_all_ranks);
   // User tags stay below MPI_TAG_UB, which monitored_barrier uses.
