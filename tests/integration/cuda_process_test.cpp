@@ -1,4 +1,5 @@
-// Training on CUDA tensors (DDP, FSDP, ZeRO-1/2, SyncBatchNorm) as users
+// Training on CUDA tensors (DDP, FSDP, HSDP, ZeRO-1/2, SyncBatchNorm, the
+// five pipeline schedules) as users
 // run it: dtrain-run starts the ranks as processes, each trains with its
 // tensors on the GPU, and every rank ends at the parameters of one process
 // on the whole batch.
@@ -9,7 +10,9 @@
 // thread, so thread ranks that wait for each other inside backward (DDP,
 // FSDP) would wait for ever.
 //
-// Skipped on a machine without a GPU (the development machines and CI); the
+// The "_cpu" cases run the same worker modes on the CPU everywhere, so that
+// CI checks the modes themselves. The GPU ones are skipped on a machine
+// without a GPU (the development machines and CI); the
 // GPU issue runs them on a lent GPU machine.
 
 #include <gtest/gtest.h>
@@ -81,6 +84,16 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"zero2-equivalence", 2, "auto", kStaged},
                       Case{"syncbn-equivalence", 2, "auto", kStaged},
                       Case{"syncbn-equivalence", 2, "auto", ""},
+                      Case{"hsdp-equivalence", 4, "auto", kStaged},
+                      Case{"hsdp-equivalence", 4, "auto", ""},
+                      Case{"pipeline-gpipe", 2, "auto", kStaged},
+                      Case{"pipeline-1f1b", 2, "auto", kStaged},
+                      Case{"pipeline-interleaved", 2, "auto", kStaged},
+                      Case{"pipeline-looped-bfs", 2, "auto", kStaged},
+                      Case{"pipeline-zbv", 2, "auto", kStaged},
+                      Case{"pipeline-1f1b", 2, "auto", ""},
+                      Case{"pipeline-interleaved", 2, "auto", ""},
+                      Case{"pipeline-zbv", 2, "auto", ""},
                       Case{"ddp-equivalence", 1, "auto", "CUDA tensors: nccl"},
                       Case{"fsdp-equivalence", 1, "nccl", "nccl"},
                       Case{"zero2-equivalence", 1, "nccl", "nccl"}),

@@ -36,6 +36,13 @@
 //                             and ZeRO-2, against one process on the
 //                             combined batch; prints "rank R fsdp|fsdp
 //                             (sharded construction)|zero1|zero2 matches ..."
+//   rank_worker hsdp-equivalence BACKEND
+//                             HSDP over a (2, world / 2) mesh, the same check
+//   rank_worker pipeline-SCHEDULE BACKEND
+//                             SCHEDULE (gpipe, 1f1b, interleaved, looped-bfs,
+//                             zbv) over the ranks, 5 steps, against one
+//                             process; prints "rank R pipeline ... matches ..."
+//   (each of these with "cuda" after BACKEND trains on GPU LOCAL_RANK % count)
 //   rank_worker page-faults [STEPS]
 //                             init, then STEPS (default 40) SGD steps on
 //                             64 MiB tensors; prints "faults N": the fewest
@@ -661,8 +668,14 @@ int main(int argc, char** argv) {
       return ddp_equivalence(argc > 2 ? argv[2] : "auto",
                              argc > 3 && argv[3] == std::string("wide") ? 4096 : 32, worker_device(argc, argv));
     const std::string backend = argc > 2 ? argv[2] : "auto";
-    if (mode == "fsdp-equivalence") return fsdp_equivalence(backend, false, worker_device(argc, argv));
-    if (mode == "fsdp-sharded-construction") return fsdp_equivalence(backend, true, worker_device(argc, argv));
+    if (mode == "fsdp-equivalence")
+      return fsdp_equivalence(backend, FsdpVariant::kFull, worker_device(argc, argv));
+    if (mode == "fsdp-sharded-construction")
+      return fsdp_equivalence(backend, FsdpVariant::kShardedConstruction, worker_device(argc, argv));
+    if (mode == "hsdp-equivalence")
+      return fsdp_equivalence(backend, FsdpVariant::kHybrid, worker_device(argc, argv));
+    if (mode.rfind("pipeline-", 0) == 0)
+      return pipeline_equivalence(mode.substr(9), backend, worker_device(argc, argv));
     if (mode == "zero1-equivalence") return zero_equivalence(backend, 1, worker_device(argc, argv));
     if (mode == "zero2-equivalence") return zero_equivalence(backend, 2, worker_device(argc, argv));
     if (mode == "syncbn-equivalence") return syncbn_equivalence(backend, worker_device(argc, argv));

@@ -30,7 +30,12 @@ inline torch::Device worker_device(int argc, char** argv) {
   return torch::Device(torch::kCPU);
 }
 
-int fsdp_equivalence(const std::string& backend, bool sharded_construction, torch::Device device);
+// FSDP over every rank with the model built in full, or built under a
+// ShardedConstruction; or HSDP over a (2, world / 2) mesh.
+enum class FsdpVariant { kFull, kShardedConstruction, kHybrid };
+int fsdp_equivalence(const std::string& backend, FsdpVariant variant, torch::Device device);
+// SCHEDULE: gpipe, 1f1b, interleaved, looped-bfs or zbv.
+int pipeline_equivalence(const std::string& schedule, const std::string& backend, torch::Device device);
 // ZeRO-1 or ZeRO-2.
 int zero_equivalence(const std::string& backend, int stage, torch::Device device);
 int syncbn_equivalence(const std::string& backend, torch::Device device);

@@ -40,9 +40,11 @@ void train_beside_reference(int rank, int world,
 
 // FullyShardedDataParallel (nested attention units, Adam) against one
 // process training the same model on the concatenated batch.
-// With sharded_construction each rank builds its model under a
+// With kShardedConstruction each rank builds its model under a
 // ShardedConstruction from a seed of its own: rank 0's values must win.
-int fsdp_equivalence(const std::string& backend, bool sharded_construction, torch::Device device) {
+// With kHybrid the ranks are 2 replicas of world / 2 shards (HSDP).
+int fsdp_equivalence(const std::string& backend, FsdpVariant variant, torch::Device device) {
+  const bool sharded_construction = variant == FsdpVariant::kShardedConstruction;
   dtrain::init_process_group(dtrain::InitOptions().backend(backend));
   const int rank = dtrain::get_rank(), world = dtrain::get_world_size();
   auto make = [](int seed) {
@@ -62,7 +64,12 @@ int fsdp_equivalence(const std::string& backend, bool sharded_construction, torc
   }
   reference->to(device);
   if (!sharded_construction) model->to(device);
-  dtrain::FullyShardedDataParallel fsdp(model);
+  dtrain::FSDPOptions options;
+  if (variant == FsdpVariant::kHybrid) {
+    if (world % 2 != 0) return fail("hsdp needs an even number of ranks");
+    options.mesh(dtrain::init_device_mesh({2, world / 2}, {"replicate", "shard"}));
+  }
+  dtrain::FullyShardedDataParallel fsdp(model, options);
   // lr 1e-3: fsdp_test.cpp's kTransformerAdam says why.
   torch::optim::Adam opt(fsdp.parameters(), torch::optim::AdamOptions(1e-3));
   train_beside_reference(rank, world, [&](const torch::Tensor& x) { return fsdp.forward(x); }, opt,
@@ -72,7 +79,10 @@ int fsdp_equivalence(const std::string& backend, bool sharded_construction, torc
     if (!torch::allclose(full.at(item.key()).cpu(), item.value().cpu(), 1e-5, 1e-6))
       return fail("parameter " + item.key() + " differs from single-process training");
   const auto stats = fsdp.stats();
-  std::cout << "rank " << rank << (sharded_construction ? " fsdp (sharded construction)" : " fsdp")
+  const char* what = sharded_construction ? " fsdp (sharded construction)"
+                     : variant == FsdpVariant::kHybrid ? " hsdp (2 replicas)"
+                                                       : " fsdp";
+  std::cout << "rank " << rank << what
             << " matches single-process training on "
             << dtrain::default_group()->backend_name() << " with tensors on " << device << " keeping " << stats.shard_bytes
             << " shard bytes" << std::endl;
