@@ -198,6 +198,11 @@ int bench_pipeline(const Args& a) {
     const int v = std::string(schedule) == "interleaved" ? 2 : 1;
     // ZB-V's theory is no bubble at all: it is shown against 1F1B's.
     const bool zbv = std::string(schedule) == "zbv";
+    if (zbv && m < 2 * p) {
+      std::printf("%-13s skipped: ScheduleZBVZeroBubble needs at least 2 x %d ranks microbatches "
+                  "(--microbatches %d)\n", schedule, p, 2 * p);
+      continue;
+    }
     const double theory = (p - 1.0) / ((zbv ? 1 : v) * m + p - 1.0);
     const auto out = run_ranks(p, std::string("pp-") + schedule, rank_args);
     std::printf("%-13s %8.4f", schedule, theory);

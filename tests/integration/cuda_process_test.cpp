@@ -17,6 +17,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <string>
 #include <tuple>
@@ -41,7 +42,12 @@ int visible_gpus() {
     // libtorch may print warnings first: read the line the worker writes.
     const std::string out = p.output(), said = "cuda devices: ";
     const auto at = out.find(said);
-    return at == std::string::npos ? -1 : std::atoi(out.c_str() + at + said.size());
+    // A count in digits, or -1: anything else (a count written as a
+    // character, as once on libtorch 2.x) fails the tests instead of
+    // reading as 0 and skipping them.
+    if (at == std::string::npos) return -1;
+    const char* digits = out.c_str() + at + said.size();
+    return std::isdigit(static_cast<unsigned char>(*digits)) ? std::atoi(digits) : -1;
   }();
   return count;
 }
@@ -55,7 +61,7 @@ class CudaLaunched : public ::testing::TestWithParam<Case> {};
 TEST_P(CudaLaunched, RanksMatchOneProcessOnTheWholeBatch) {
   const auto& [mode, ranks, backend, path] = GetParam();
   const bool cuda = !path.empty();
-  ASSERT_GE(visible_gpus(), 0) << "rank_worker cuda-devices failed";
+  ASSERT_GE(visible_gpus(), 0) << "rank_worker cuda-devices failed or wrote no count in digits";
   if (cuda && visible_gpus() == 0) GTEST_SKIP() << "no GPU is visible to libtorch";
   ProcessRanks procs;
   auto& run = procs.spawn({DTRAIN_RUN_EXECUTABLE, "--nproc-per-node", std::to_string(ranks),

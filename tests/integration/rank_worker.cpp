@@ -690,7 +690,9 @@ int main(int argc, char** argv) {
     if (mode == "fsdp-malloc") return fsdp_malloc();
     if (mode == "ddp") return ddp_training();
     if (mode == "cuda-devices") {
-      std::cout << "cuda devices: " << torch::cuda::device_count() << std::endl;
+      // As a number: libtorch 2.x returns c10::DeviceIndex (a char type),
+      // which a stream would write as a character.
+      std::cout << "cuda devices: " << static_cast<int>(torch::cuda::device_count()) << std::endl;
       return 0;
     }
     if (mode == "init") {
