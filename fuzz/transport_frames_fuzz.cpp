@@ -6,7 +6,9 @@
 // rank and a send larger than its credit, so every frame kind has somewhere
 // to go. The fake then closes; every request must finish (done or failed)
 // at once. A crash, a sanitizer report, a request left pending or memory
-// allocated beyond the credit (ASan's rss limit) fails the run.
+// allocated beyond the credit (ASan's rss limit) fails the run. Every
+// announcement and every empty message counts against the credit too
+// (seeds rts_flood and empty_flood: 2,000 of each, refused after 256).
 
 #include <chrono>
 #include <cstdint>

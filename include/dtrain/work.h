@@ -10,7 +10,13 @@
 //    called), or throws dtrain::TimeoutError if the operation is still
 //    running when `timeout` passes. With no argument it waits without a
 //    limit of its own; the operation itself always ends, because every
-//    backend runs it under the group's timeout. It returns (or rethrows)
+//    backend runs it under the group's timeout: a collective's counts from
+//    when it was issued, a send's or recv's from when it is first waited
+//    on (a timeout bounds how long a waiter waits for a stalled peer, not
+//    how long a request may stay posted: a pipeline posts its receives
+//    ahead). A send or recv that nobody waits on never times out; it ends
+//    when its message has gone or arrived, or when its group is destroyed
+//    or breaks. It returns (or rethrows)
 //    only after the work's on_finish callbacks have run, so a failure that
 //    escapes the program finds the flight recorder's dump already written.
 //  - exception() is null until the operation fails, then holds the failure.
@@ -73,6 +79,15 @@ class Work {
   // call before the work is handed out.
   void set_device_wait(std::function<void()> stream_wait);
 
+  // For backends: runs `fn` once, on the thread that first waits on this
+  // work (wait() or synchronize(), or note_waiting()), before it blocks; at
+  // once if that has happened already. Point-to-point operations start
+  // their timeout there.
+  void on_first_wait(std::function<void()> fn);
+  // For backends whose Work stands for another's: counts as a first wait
+  // (runs the on_first_wait callbacks), without blocking.
+  void note_waiting();
+
   // What the operation is, e.g. "all_reduce #12 on group 'default'".
   const std::string& description() const { return description_; }
 
@@ -122,6 +137,8 @@ class Work {
   std::vector<std::function<void()>> then_;
   std::vector<std::function<void(const std::exception_ptr&)>> finished_;
   std::function<void()> device_wait_;
+  bool waited_ = false;  // the on_first_wait callbacks have run (or are running)
+  std::vector<std::function<void()>> first_wait_;
 };
 
 using WorkPtr = std::shared_ptr<Work>;

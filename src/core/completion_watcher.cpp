@@ -17,17 +17,28 @@ CompletionWatcher::~CompletionWatcher() {
 }
 
 void CompletionWatcher::add(Op op) {
+  Watched w;
+  w.deadline = std::make_shared<std::atomic<Clock::rep>>(Clock::time_point::max().time_since_epoch().count());
+  // The first wait arms the deadline (saturating: a timeout of hours or
+  // more must not wrap around) and wakes the thread to take it into account.
+  op.work->on_first_wait([deadline = w.deadline, timeout = op.timeout, notify = notifier()] {
+    const auto now = Clock::now();
+    const auto due = timeout >= Clock::time_point::max() - now ? Clock::time_point::max() : now + timeout;
+    deadline->store(due.time_since_epoch().count());
+    notify();
+  });
+  w.op = std::move(op);
   std::exception_ptr closed;
   {
     std::lock_guard<std::mutex> lock(signal_->mutex);
     closed = closed_;
     if (!closed) {
-      incoming_.push_back(std::move(op));
+      incoming_.push_back(std::move(w));
       signal_->told = true;
     }
   }
   if (closed) {
-    end(op, closed);
+    end(w.op, closed);
     return;
   }
   signal_->cv.notify_all();
@@ -75,51 +86,52 @@ std::function<void()> CompletionWatcher::notifier() const {
 }
 
 void CompletionWatcher::loop() {
-  std::vector<Op> ops;
+  std::vector<Watched> ops;
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(signal_->mutex);
       auto wake = Clock::time_point::max();
-      for (const auto& op : ops) wake = std::min(wake, op.deadline);
+      for (const auto& w : ops) wake = std::min(wake, w.due());
       if (poll_.count() > 0 && !ops.empty()) wake = std::min(wake, Clock::now() + poll_);
       const auto ready = [&] { return signal_->told || (stop_ && ops.empty()); };
       if (wake == Clock::time_point::max()) signal_->cv.wait(lock, ready);
       else signal_->cv.wait_until(lock, wake, ready);
       if (closed_) {
-        for (auto& op : incoming_) ops.push_back(std::move(op));
+        for (auto& w : incoming_) ops.push_back(std::move(w));
         incoming_.clear();
         const auto error = closed_;
         lock.unlock();
-        for (auto& op : ops) end(op, error);
+        for (auto& w : ops) end(w.op, error);
         return;
       }
       if (stop_ && ops.empty() && incoming_.empty()) return;
       signal_->told = false;
-      for (auto& op : incoming_) ops.push_back(std::move(op));
+      for (auto& w : incoming_) ops.push_back(std::move(w));
       incoming_.clear();
     }
     sweep(ops);
   }
 }
 
-void CompletionWatcher::sweep(std::vector<Op>& ops) {
+void CompletionWatcher::sweep(std::vector<Watched>& ops) {
   const auto now = Clock::now();
-  std::vector<Op> kept;
+  std::vector<Watched> kept;
   kept.reserve(ops.size());
-  for (auto& op : ops) {
+  for (auto& w : ops) {
     std::exception_ptr error;
     try {
-      if (!op.test()) {
-        if (now < op.deadline) {
-          kept.push_back(std::move(op));
+      if (!w.op.test()) {
+        const auto due = w.due();
+        if (now < due) {
+          kept.push_back(std::move(w));
           continue;
         }
-        op.expire();
+        w.op.expire(due);
       }
     } catch (...) {
       error = std::current_exception();
     }
-    op.work->finish(error);
+    w.op.work->finish(error);
   }
   ops.swap(kept);
 }

@@ -6,9 +6,13 @@
 // completes on its own; only collectives run in issue order). One thread
 // per group tests what is outstanding when told something finished
 // (notify(), from a transport's on_done hook), every `poll` interval for
-// sources that cannot tell (MPI), and at each operation's deadline. Works'
-// callbacks run on that thread, never on a transport's.
+// sources that cannot tell (MPI), and at each operation's deadline.
+// An operation's deadline is its timeout after its Work is first waited
+// on (work.h): until then it has none, so a receive posted long before it
+// is needed (a pipeline's) does not time out while nobody waits for it.
+// Works' callbacks run on that thread, never on a transport's.
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -33,8 +37,9 @@ class CompletionWatcher {
     std::function<bool()> test;
     // The deadline passed with test() false: throws the timeout (and may
     // break the group).
-    std::function<void()> expire;
-    Clock::time_point deadline;
+    std::function<void(Clock::time_point deadline)> expire;
+    // Counted from the Work's first wait.
+    Clock::duration timeout{};
     // close() ends the operation while it is still pending: lets go of it
     // (cancels it where the source can). May be empty.
     std::function<void()> abandon;
@@ -65,16 +70,23 @@ class CompletionWatcher {
     std::condition_variable cv;
     bool told = false;
   };
+  // An operation with its deadline, which its Work's first wait sets
+  // (from another thread): Clock::time_point::max() until then.
+  struct Watched {
+    Op op;
+    std::shared_ptr<std::atomic<Clock::rep>> deadline;
+    Clock::time_point due() const { return Clock::time_point(Clock::duration(deadline->load())); }
+  };
   void loop();
   // Tests each of `ops`; finishes those done or expired, keeps the others.
-  void sweep(std::vector<Op>& ops);
+  void sweep(std::vector<Watched>& ops);
 
   const std::chrono::microseconds poll_;
   std::shared_ptr<Signal> signal_;
   // Finishes `op` as done, else abandons it and fails its Work with `error`.
   static void end(Op& op, const std::exception_ptr& error);
 
-  std::vector<Op> incoming_;  // guarded by signal_->mutex
+  std::vector<Watched> incoming_;  // guarded by signal_->mutex
   bool stop_ = false;         // likewise
   std::exception_ptr closed_;  // likewise: close()'s error
   std::thread thread_;

@@ -43,7 +43,30 @@ void Work::set_device_wait(std::function<void()> stream_wait) {
   device_wait_ = std::move(stream_wait);
 }
 
+void Work::on_first_wait(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!waited_) {
+      first_wait_.push_back(std::move(fn));
+      return;
+    }
+  }
+  fn();
+}
+
+void Work::note_waiting() {
+  std::vector<std::function<void()>> hooks;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (waited_) return;
+    waited_ = true;
+    hooks.swap(first_wait_);
+  }
+  for (auto& fn : hooks) fn();
+}
+
 void Work::wait(std::chrono::milliseconds timeout) {
+  note_waiting();
   std::function<void()> device_wait;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -55,6 +78,7 @@ void Work::wait(std::chrono::milliseconds timeout) {
 }
 
 void Work::synchronize(std::chrono::milliseconds timeout) {
+  note_waiting();
   std::unique_lock<std::mutex> lock(mutex_);
   if (timeout < std::chrono::milliseconds::zero()) {
     done_cv_.wait(lock, [&] { return woken_; });

@@ -206,16 +206,27 @@ void Runner::check_schedules_agree() {
   }
 }
 
-// Posts every receive of this step whose shape is known and that is not
-// posted yet.
+// Receives posted ahead, per stage and direction: the one needed next and
+// the one after it, so that a message lands while the stage computes. A
+// step holds that many receive buffers per direction, not one for each
+// microbatch, as PyTorch's schedules post each receive when its action
+// runs (the one after it is the prefetch).
+constexpr int kReceivesAhead = 2;
+
+// Posts the next receives of this step whose shape is known, up to
+// kReceivesAhead in flight per stage and direction, in microbatch order
+// (the order every schedule consumes them in).
 void Runner::post_receives(bool train) {
   for (auto& handle : stages_) {
     auto& st = handle.state();
     const int s = st.index;
     auto post = [&](std::map<Key, Pending>& into, const TensorShape& shape, int from, bool bwd,
                     const char* what) {
-      for (int mb = 0; mb < m_; ++mb) {
+      int in_flight = 0;
+      for (const auto& entry : into) in_flight += std::get<0>(entry.first) == s;
+      for (int mb = 0; mb < m_ && in_flight < kReceivesAhead; ++mb) {
         if (!posted_.insert({s, bwd, mb}).second) continue;
+        ++in_flight;
         Pending p;
         p.tensor =
             at::empty(shape.sizes, at::TensorOptions().dtype(shape.dtype).device(st.device));
@@ -233,7 +244,7 @@ void Runner::post_receives(bool train) {
 
 at::Tensor Runner::receive(std::map<Key, Pending>& from, int s, int mb, const char* what) {
   auto it = from.find({s, mb});
-  DTRAIN_ENFORCE(it != from.end());
+  DTRAIN_ENFORCE(it != from.end());  // posted in microbatch order, consumed so
   const auto begin = Clock::now();
   try {
     it->second.work->wait();
@@ -243,6 +254,7 @@ at::Tensor Runner::receive(std::map<Key, Pending>& from, int s, int mb, const ch
   wait_ms_ += ms_since(begin);
   auto t = std::move(it->second.tensor);
   from.erase(it);
+  post_receives(train_);  // the next one in its place
   return t;
 }
 
@@ -412,6 +424,7 @@ at::Tensor Runner::run(const StepArgs& args) {
     checked_ = true;
   }
   const bool train = args.train && static_cast<bool>(loss_fn_);
+  train_ = train;
   const auto begin = Clock::now();
   inputs_ = args.input ? args.input->chunk(m_, 0) : std::vector<at::Tensor>();
   targets_ = args.target ? args.target->chunk(m_, 0) : std::vector<at::Tensor>();

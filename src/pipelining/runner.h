@@ -95,6 +95,7 @@ class Runner {
   std::vector<at::Tensor> outputs_, losses_;
   double compute_ms_ = 0, wait_ms_ = 0;
   int held_ = 0;
+  bool train_ = false;  // this step runs backwards
 };
 
 }  // namespace dtrain::pipelining::detail

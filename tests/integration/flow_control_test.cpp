@@ -107,6 +107,38 @@ TEST(TcpFlowControl, ARunAheadSenderIsHeldToTheReceiversBudget) {
 #endif
 }
 
+// Empty messages cost the credit too (256 bytes each besides their
+// payload): a sender running ahead with 2,000 of them has at most
+// 65536 / 256 = 256 sent, the others pending until the receiver posts its
+// receives. Before, each cost the receiver an entry and none the credit.
+TEST(TcpFlowControl, EmptyMessagesAheadOfTheirReceivesAreHeldToTheCredit) {
+  ScopedEnv budget("DTRAIN_TCP_UNEXPECTED_BYTES", "65536");
+  ScopedEnv streams("DTRAIN_TCP_STREAMS", "1");
+  constexpr int kMessages = 2000;
+  std::atomic<int> completed_early{-1};
+  expect_no_errors(run_ranks(2, [&](ProcessGroup& g) {
+    auto empty = at::empty({0});
+    if (g.rank() == 1) {
+      std::vector<WorkPtr> works;
+      for (int i = 0; i < kMessages; ++i) works.push_back(g.send(empty, 0, 3));
+      int done = -1, last = -2;
+      while (done != last) {  // until what may go has gone
+        last = done;
+        std::this_thread::sleep_for(200ms);
+        done = 0;
+        for (auto& w : works) done += w->is_completed() ? 1 : 0;
+      }
+      completed_early = done;
+      for (auto& w : works) w->wait();
+      return;
+    }
+    while (completed_early < 0) std::this_thread::sleep_for(5ms);
+    for (int i = 0; i < kMessages; ++i) g.recv(empty, 1, 3)->wait();
+  }, 20s, GroupOptions(), "tcp"));
+  EXPECT_GT(completed_early.load(), 0);
+  EXPECT_LE(completed_early.load(), 65536 / 256);
+}
+
 TEST(TcpFlowControl, SendsWaitForTheirReceiveBeyondTheBudget) {
   ScopedEnv budget("DTRAIN_TCP_UNEXPECTED_BYTES", "65536");
   std::atomic<bool> checked{false};

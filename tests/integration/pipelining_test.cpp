@@ -346,6 +346,39 @@ TEST(Pipelining, AStalledStageFailsTheOtherRanksNamingIt) {
       << errors[2];
 }
 
+// A healthy step longer than the group's timeout: stage 1's forward takes
+// 300 ms a microbatch, so 8 microbatches take 2.4 s under a 1.5 s timeout,
+// and the gradient of microbatch 7 reaches stage 0 ~2.4 s after the step
+// began. No wait lasts longer than ~0.7 s: a receive's timeout counts from
+// its first wait, not from when the runner posted it (which was the step's
+// start, and failed this step with a TimeoutError).
+TEST(Pipelining, AStepLongerThanTheTimeoutSucceedsWhenEveryWaitIsShort) {
+  std::vector<torch::nn::Sequential> models{make_model(), make_model()};
+  const auto x = torch::randn({8, kPipeWidth}), y = torch::randn({8, kPipeWidth});
+  std::vector<double> seconds(2);
+  testing::expect_no_errors(run_rank_contexts(
+      2,
+      [&](RankContext& ctx) {
+        const int r = ctx.rank;
+        auto piece = pp::split_sequential(models[r], 2)[r];
+        if (r == 1)
+          piece->push_back("slow", torch::nn::Functional([](at::Tensor t) {
+            std::this_thread::sleep_for(300ms);
+            return t;
+          }));
+        pp::PipelineStage stage(piece, r, 2, pp::PipelineStageOptions().group(ctx.group));
+        pp::Schedule1F1B schedule(stage, 8, mse);
+        const auto begin = std::chrono::steady_clock::now();
+        std::vector<at::Tensor> losses;
+        if (r == 0) schedule.step(x);
+        else schedule.step(y, &losses);
+        seconds[r] = testing::seconds_since(begin);
+        if (r == 1) EXPECT_EQ(losses.size(), 8u);
+      },
+      1500ms, GroupOptions(), "tcp"));
+  EXPECT_GT(seconds[0], 2.4);  // the step did outlast the timeout
+}
+
 // Steps may differ in batch size (each step learns its shapes): a step of
 // 8 rows, then an eval of 6, give the model's outputs.
 TEST(Pipelining, StepsMayDifferInBatchSize) {

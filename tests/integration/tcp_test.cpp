@@ -112,9 +112,10 @@ class FakePeer {
 // Rank 0's real transport against the fake rank 1; returns what rank 0's
 // receive of 100 bytes throws.
 std::string receive_from_fake(const std::function<void(FakePeer&)>& act,
-                              bool breaks = true) {
+                              bool breaks = true, size_t unexpected_bytes = size_t{64} << 20) {
   HashStore store(10s);
   transport::TcpOptions options;
+  options.unexpected_bytes = unexpected_bytes;
   options.streams = 2;
   options.timeout = 10s;
   options.name = "hostile";
@@ -167,6 +168,32 @@ TEST(TcpTransport, APeerThatSendsMoreThanItsCreditFailsTheGroupWithoutAllocating
   });
   EXPECT_TRUE(testing::Contains(what, "rank 1")) << what;
   EXPECT_TRUE(testing::Contains(what, "bytes ahead of its receives, over the")) << what;
+}
+
+// Announcements and empty messages cost the credit too (256 bytes each):
+// a peer that streams them for a tag nobody receives fails the group once
+// they pass the 64 KiB it was granted (256 of them), instead of making the
+// receiver hold an entry for each of the 2,000 it sends.
+TEST(TcpTransport, APeerThatStreamsAnnouncementsOrEmptyMessagesIsHeldToItsCredit) {
+  for (const uint64_t kind : {uint64_t{1}, uint64_t{0}}) {  // kRts, then zero-byte kData
+    auto what = receive_from_fake(
+        [&](FakePeer& p) {
+          std::vector<uint64_t> frames;
+          for (int i = 0; i < 2000; ++i)
+            frames.insert(frames.end(), {transport::engine::kFrameMagic | (kind << 32), 9,
+                                         kind == 1 ? uint64_t{300000} : uint64_t{0}});
+          try {
+            p.send(frames.data(), frames.size() * sizeof(uint64_t));
+          } catch (const std::exception&) {  // rank 0 may close before reading it all
+          }
+        },
+        /*breaks=*/true, /*unexpected_bytes=*/128 << 10);
+    EXPECT_TRUE(testing::Contains(what, kind == 1 ? "announced messages costing 65792 bytes ahead "
+                                                    "of its receives, over the 65536 bytes"
+                                                  : "sent messages costing 65792 bytes ahead of "
+                                                    "its receives, over the 65536 bytes"))
+        << what;
+  }
 }
 
 TEST(TcpTransport, APeerThatAsksForAnUnannouncedMessageFailsTheGroup) {

@@ -42,6 +42,9 @@ class Staging {
   // A Work that ends once `inner` has and the results are back in place.
   WorkPtr finish(const std::string& description, const WorkPtr& inner, bool is_recv = false) {
     auto work = std::make_shared<Work>(description + " (staged through host memory)");
+    // A wait on this work is a wait on the inner one (a send's or recv's
+    // timeout starts there).
+    work->on_first_wait([inner] { inner->note_waiting(); });
     inner->on_finish([work, inner, is_recv, back = std::move(back_)](const std::exception_ptr& error) {
       std::exception_ptr failure = error;
       if (!failure) {

@@ -351,18 +351,20 @@ WorkPtr EngineProcessGroup::post_p2p(const Call& call, at::Tensor tensor, int pe
     if (!failures_->error()) throw;
     std::rethrow_exception(broken_group_error(call.description, failures_->error()));
   }
-  // Posted above; each completes on its own (not in posting order).
-  const auto deadline = transport::Clock::now() + call.timeout;
+  // Posted above; each completes on its own (not in posting order), and
+  // times out call.timeout after its first wait (completion_watcher.h).
   CompletionWatcher::Op op;
   op.work = work;
-  op.deadline = deadline;
+  op.timeout = call.timeout;
   op.test = [work, request, tensor, is_send, what = call.description] {
     if (!request->done()) return false;
     request->wait(transport::Clock::now(), what);  // returns, or throws its error
     if (!is_send) work->set_source_rank(request->source());
     return true;
   };
-  op.expire = [request, deadline, what = call.description] { request->wait(deadline, what); };
+  op.expire = [request, what = call.description](CompletionWatcher::Clock::time_point deadline) {
+    request->wait(deadline, what);
+  };
   p2p_.add(std::move(op));
   request->on_done(p2p_.notifier());
   return work;

@@ -234,7 +234,7 @@ WorkPtr MpiProcessGroup::launch_p2p(const Call& call, at::Tensor tensor,
   post(*posted);  // on the caller's thread, in issue order
   CompletionWatcher::Op op;
   op.work = work;
-  op.deadline = Clock::now() + call.timeout;
+  op.timeout = call.timeout;  // from the first wait (completion_watcher.h)
   op.test = [this, work, posted, call] {
     try {
       if (!test(call, *posted)) return false;
@@ -245,7 +245,7 @@ WorkPtr MpiProcessGroup::launch_p2p(const Call& call, at::Tensor tensor,
     if (posted->receive) work->set_source_rank(posted->source);
     return true;
   };
-  op.expire = [this, work, posted, call] {
+  op.expire = [this, work, posted, call](Clock::time_point) {
     try {
       expire(call, posted);
     } catch (...) {

@@ -42,6 +42,11 @@ class Engine;
 // kData and kRts carry the message's tag and `total` (its whole size; the
 // part on this stream follows from it, see part_range()) and are matched in
 // arrival order; kCts and kRndvData carry the rendezvous id in `tag`.
+// Each kData and kRts frame costs the credit kHeldEntryCharge besides its
+// payload (what the receiver's entry for it costs when it arrives before
+// its receive): so zero-byte messages and announcements are bounded by the
+// credit too, and a sender out of credit for an announcement holds its
+// further parts back (Connection::blocked) until credit comes back.
 enum FrameKind : uint32_t {
   kData = 0,
   kRts = 1,
@@ -57,6 +62,10 @@ struct FrameHeader {
 };
 static_assert(sizeof(FrameHeader) == 24, "the frame header is 24 bytes on the wire");
 constexpr uint32_t kFrameMagic = 0x6d465464;  // "dTFm"
+// More than a held entry (Held, its list node and its payload's
+// allocation) costs the receiver, so that what a peer makes it hold stays
+// within the credit it granted.
+constexpr uint64_t kHeldEntryCharge = 256;
 
 // The byte range of a `total`-byte message that stream `s` of `streams`
 // carries; {0, 0, false} when it carries no frame of that message.
@@ -157,6 +166,10 @@ struct Connection {
   uint64_t credit_limit = 0;  // the peer's grant
   uint64_t rts_sent = 0;
   std::unordered_map<uint64_t, Part> awaiting_cts;
+  // Parts with too little credit even to be announced, in order: each
+  // goes (eager or announced) once credit comes back; later ones wait
+  // behind them so that one tag's messages stay in posting order.
+  std::deque<Part> blocked;
   // ... and as the receiver: its own grant, the eager bytes received and
   // not given back yet, those of them consumed (owed back), the kRts frames
   // counted, and the receives whose rendezvous payload is due.

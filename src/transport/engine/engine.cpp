@@ -228,6 +228,11 @@ bool Engine::kill(Connection& c, std::exception_ptr error) {
   for (auto& p : c.sendq) fail_part(p);
   for (auto& p : c.recvq) fail_part(p);
   for (auto& [id, p] : c.awaiting_cts) fail_part(p);
+  for (auto& p : c.blocked) fail_part(p);
+  // An irecv_any's parts for the peer's other streams, matched on this one:
+  // their request has failed above; posting them now would copy held
+  // payloads into the buffer of a request that already failed.
+  for (auto& entry : c.deferred) fail_part(entry.second);
   for (auto& [id, p] : c.awaiting_data) fail_part(p);
   if (c.in_message && c.current.request) fail_part(c.current);
   for (auto& h : c.held)
@@ -235,6 +240,8 @@ bool Engine::kill(Connection& c, std::exception_ptr error) {
   c.sendq.clear();
   c.recvq.clear();
   c.awaiting_cts.clear();
+  c.blocked.clear();
+  c.deferred.clear();
   c.awaiting_data.clear();
   c.controlq.clear();
   c.writing = Connection::Writing::kNothing;
@@ -378,7 +385,8 @@ void Engine::post_deferred(Connection& c) {
 // A part that fits the peer's eager credit goes at once; a larger one is
 // announced (kRts) and waits in awaiting_cts for the peer's kCts. Either
 // way the frame keeps its place in the send queue, so that messages of one
-// tag are matched in the order they were posted.
+// tag are matched in the order they were posted. With no credit left even
+// for an announcement, it waits in c.blocked (and so does every later one).
 void Engine::post_send(Connection& c, Part part) {
   std::exception_ptr broke;
   {
@@ -387,28 +395,39 @@ void Engine::post_send(Connection& c, Part part) {
       part.request->fail(c.dead);
       return;
     }
-    if (part.bytes <= c.credit) {
-      c.credit -= part.bytes;
-      part.kind = kData;
-      c.sendq.push_back(std::move(part));
-    } else {
-      const uint64_t id = c.rts_sent++;
-      Part rts;
-      rts.kind = kRts;
-      rts.tag = part.tag;
-      rts.total = part.total;
-      rts.rendezvous = id;
-      part.kind = kRndvData;
-      part.rendezvous = id;
-      c.awaiting_cts.emplace(id, std::move(part));
-      c.sendq.push_back(std::move(rts));
-    }
+    if (!c.blocked.empty() || !queue_part(c, part)) c.blocked.push_back(std::move(part));
     // Written on the caller's thread while the socket takes it; the I/O
     // thread finishes what does not fit.
     pump(c);
     if (c.dead && kill(c, c.dead)) broke = c.dead;
   }
   if (broke) fail(broke);
+}
+
+bool Engine::queue_part(Connection& c, Part& part) {
+  if (part.bytes + kHeldEntryCharge <= c.credit) {
+    c.credit -= part.bytes + kHeldEntryCharge;
+    part.kind = kData;
+    c.sendq.push_back(std::move(part));
+    return true;
+  }
+  if (kHeldEntryCharge > c.credit) return false;
+  c.credit -= kHeldEntryCharge;
+  const uint64_t id = c.rts_sent++;
+  Part rts;
+  rts.kind = kRts;
+  rts.tag = part.tag;
+  rts.total = part.total;
+  rts.rendezvous = id;
+  part.kind = kRndvData;
+  part.rendezvous = id;
+  c.awaiting_cts.emplace(id, std::move(part));
+  c.sendq.push_back(std::move(rts));
+  return true;
+}
+
+void Engine::release_blocked(Connection& c) {
+  while (!c.blocked.empty() && queue_part(c, c.blocked.front())) c.blocked.pop_front();
 }
 
 void Engine::post_recv(Connection& c, Part part) {
@@ -443,7 +462,7 @@ void Engine::match_recv(Connection& c, Part part) {
     if (part.bytes) std::memcpy(part.data, it->data.get(), part.bytes);
     const uint64_t bytes = it->bytes;
     c.held.erase(it);
-    give_back(c, bytes);
+    give_back(c, bytes + kHeldEntryCharge);
     pump(c);
     part.request->part_done();
     return;

@@ -114,6 +114,12 @@ class Engine final : public Transport {
   Parts split(int peer, uint64_t tag, uint8_t* data, size_t bytes,
               const std::shared_ptr<EngineRequest>& request, const char* op);
   void post_send(Connection& c, Part part);
+  // Queues `part` as kData if its payload and entry fit the credit, else
+  // announces it (kRts) if the announcement's entry does; false when
+  // neither fits (the caller keeps it in c.blocked).
+  bool queue_part(Connection& c, Part& part);
+  // Queues the blocked parts that the credit now allows, in order.
+  void release_blocked(Connection& c);
   void post_recv(Connection& c, Part part);
   // post_recv's work under c.mutex.
   void match_recv(Connection& c, Part part);
@@ -141,6 +147,7 @@ class Engine final : public Transport {
   void start_payload(Connection& c, const FrameHeader& h);
   void start_rendezvous(Connection& c, const FrameHeader& h);
   void on_control(Connection& c, const FrameHeader& h);
+  bool charge(Connection& c, uint64_t cost, const char* did);
   void finish_message(Connection& c);
   // The receive `part` matched the peer's kRts `id`: ask for the payload.
   void answer_rts(Connection& c, uint64_t id, Part part);

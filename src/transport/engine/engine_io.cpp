@@ -260,12 +260,7 @@ std::optional<Part> Engine::claim_receive(Connection& c, const FrameHeader& h) {
 void Engine::start_payload(Connection& c, const FrameHeader& h) {
   PartRange range;
   if (!part_of(c, h, streams_of(c.peer), &range)) return;
-  if (c.eager_in + range.bytes > c.eager_limit) {
-    protocol_error(c, "sent ", c.eager_in + range.bytes, " bytes ahead of its receives, over "
-                   "the ", c.eager_limit, " bytes of credit this rank granted; closing the group");
-    return;
-  }
-  c.eager_in += range.bytes;
+  if (!charge(c, range.bytes + kHeldEntryCharge, "sent")) return;
   if (auto part = claim_receive(c, h)) {
     c.current = std::move(*part);
     c.current.kind = kData;
@@ -288,6 +283,7 @@ void Engine::start_payload(Connection& c, const FrameHeader& h) {
 void Engine::start_rendezvous(Connection& c, const FrameHeader& h) {
   PartRange range;
   if (!part_of(c, h, streams_of(c.peer), &range)) return;
+  if (!charge(c, kHeldEntryCharge, "announced")) return;
   const uint64_t id = c.rts_seen++;
   if (auto part = claim_receive(c, h)) return answer_rts(c, id, std::move(*part));
   if (c.dead) return;
@@ -300,7 +296,23 @@ void Engine::start_rendezvous(Connection& c, const FrameHeader& h) {
   c.held.push_back(std::move(held));
 }
 
+// The credit a kData or kRts frame costs (connection.h): refused, and the
+// group closed, when the sender overdraws what this rank granted.
+bool Engine::charge(Connection& c, uint64_t cost, const char* did) {
+  if (c.eager_in + cost > c.eager_limit) {
+    protocol_error(c, did, " messages costing ", c.eager_in + cost, " bytes ahead of its "
+                   "receives, over the ", c.eager_limit, " bytes of credit this rank granted "
+                   "(each message costs ", kHeldEntryCharge, " bytes besides its payload); "
+                   "closing the group");
+    return false;
+  }
+  c.eager_in += cost;
+  return true;
+}
+
+// The announcement's charge goes back at once: its entry is gone.
 void Engine::answer_rts(Connection& c, uint64_t id, Part part) {
+  give_back(c, kHeldEntryCharge);
   part.kind = kRndvData;
   c.awaiting_data.emplace(id, std::move(part));
   c.controlq.push_back(FrameHeader{kFrameMagic, kCts, id, 0});
@@ -314,6 +326,7 @@ void Engine::on_control(Connection& c, const FrameHeader& h) {
       return;
     }
     c.credit += h.total;
+    release_blocked(c);
     return;
   }
   auto it = c.awaiting_cts.find(h.tag);
@@ -341,7 +354,7 @@ void Engine::finish_message(Connection& c) {
   c.in_message = false;
   if (!c.current_held) {
     auto request = std::move(c.current.request);
-    if (c.current.kind == kData) give_back(c, c.current.bytes);
+    if (c.current.kind == kData) give_back(c, c.current.bytes + kHeldEntryCharge);
     c.current = Part{};
     request->part_done();
     return;
@@ -352,7 +365,7 @@ void Engine::finish_message(Connection& c) {
   if (!h.waiter) return;
   if (h.waiter->bytes) std::memcpy(h.waiter->data, h.data.get(), h.waiter->bytes);
   auto request = std::move(h.waiter->request);
-  give_back(c, h.bytes);
+  give_back(c, h.bytes + kHeldEntryCharge);
   for (auto it = c.held.begin(); it != c.held.end(); ++it)
     if (&*it == &h) {
       c.held.erase(it);
