@@ -164,8 +164,17 @@ class ProcessGroup {
   // sends they answer. recv from kAnySource takes the first message with
   // its tag from any rank (receives from a named rank are matched before
   // it); the work's source_rank() names the sender.
+  // Tags run from 0 to max_tag(); those from internal_tags_from() up are
+  // dtrain's own (pipeline schedules), and a send or recv there is refused.
   WorkPtr send(at::Tensor tensor, int dst, int tag = 0, Timeout timeout = {});
   WorkPtr recv(at::Tensor tensor, int src, int tag = 0, Timeout timeout = {});
+  // The largest tag the backend takes: INT_MAX, or on mpi one below
+  // MPI_TAG_UB (which the MPI standard only guarantees to be 32,767;
+  // MPI_TAG_UB itself is monitored_barrier's).
+  virtual int max_tag() const;
+  // The first of dtrain's own tags: 2^28, or half of max_tag() + 1 where
+  // the backend's range is smaller.
+  int internal_tags_from() const;
 
   // Any of the operations above as a descriptor (each method is one call of
   // this): the same checks, numbering, diagnostics and staging, then the

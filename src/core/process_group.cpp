@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <numeric>
 
 #include "common/enforce.h"
@@ -17,6 +18,7 @@
 #include "diagnostics/flight_recorder.h"
 #include "diagnostics/op_label.h"
 #include "diagnostics/timeline.h"
+#include "core/internal_tags.h"
 #include "core/tensor_checks.h"
 
 namespace dtrain {
@@ -318,6 +320,10 @@ void ProcessGroup::check_op(const Op& op) const {
       DTRAIN_CHECK_ARG(op.root != kAnySource || size() > 1, "recv: from any rank in group '",
                        this->name(), "' of one rank: there is no other rank");
       DTRAIN_CHECK_ARG(op.tag >= 0, name, ": tag must be >= 0, got ", op.tag);
+      DTRAIN_CHECK_ARG(op.tag < internal_tags_from() || detail::InternalTraffic::active(), name,
+                       ": tag ", op.tag, " is one of dtrain's own on group '", this->name(),
+                       "' (", internal_tags_from(), " to ", max_tag(),
+                       ": pipeline schedules use them); use a tag below ", internal_tags_from());
       break;
     case OpType::BARRIER: case OpType::MONITORED_BARRIER:
       break;
@@ -475,6 +481,12 @@ WorkPtr ProcessGroup::monitored_barrier(Timeout timeout, bool wait_all_ranks) {
   auto op = make_op(OpType::MONITORED_BARRIER, {}, {});
   op.wait_all_ranks = wait_all_ranks;
   return issue(std::move(op), timeout);
+}
+
+int ProcessGroup::max_tag() const { return std::numeric_limits<int>::max(); }
+
+int ProcessGroup::internal_tags_from() const {
+  return std::min(1 << 28, static_cast<int>((static_cast<int64_t>(max_tag()) + 1) / 2));
 }
 
 WorkPtr ProcessGroup::send(at::Tensor tensor, int dst, int tag, Timeout timeout) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "common/enforce.h"
+#include "core/internal_tags.h"
 #include "diagnostics/op_label.h"
 #include "diagnostics/timeline.h"
 #include "dtrain/errors.h"
@@ -20,7 +21,6 @@ using dtrain::detail::join;
 // Tags of the pipeline's messages: above what programs usually pick, one
 // per receiving stage, direction and microbatch; a stage's first-step shape
 // header just below them.
-constexpr int kTagBase = 1 << 28;
 constexpr int kShapeHeaderMaxDims = 10;
 constexpr int kMaxLocalStages = 16;
 
@@ -99,8 +99,13 @@ Runner::Runner(ScheduleKind kind, std::vector<PipelineStage> stages, int n_micro
                      " belongs on rank ", rank_of(s.stage_index()), " of group '",
                      group_->name(), "' (", placement_text(kind_), ", p = ", ranks_,
                      "), but rank ", rank_, " holds it");
-  DTRAIN_CHECK_ARG(static_cast<int64_t>(num_stages) * 2 * m_ < kTagBase, name,
-                   ": too many stages x microbatches to tag their messages");
+  // dtrain's own tags (core/internal_tags.h): a shape header per stage,
+  // then one per stage, direction and microbatch.
+  const int64_t top = int64_t{group_->internal_tags_from()} + num_stages + 2 * num_stages * m_ - 1;
+  DTRAIN_CHECK_ARG(top <= group_->max_tag(), name, ": ", num_stages, " stages x ", m_,
+                   " microbatches need point-to-point tags up to ", top, ", over the ",
+                   group_->max_tag(), " that group '", group_->name(), "' takes (backend ",
+                   group_->backend_name(), "); use fewer microbatches or stages");
   stages_ = std::move(stages);
   order_ = order_of(kind, rank_, ranks_, v, m_);
   for (size_t i = 0; i < order_.size(); ++i)
@@ -120,8 +125,11 @@ bool Runner::holds(int index) const {
 }
 
 int Runner::tag(int stage, bool backward, int mb) const {
-  return kTagBase + (stage * 2 + (backward ? 1 : 0)) * m_ + mb;
+  const int num_stages = stages_.front().num_stages();
+  return group_->internal_tags_from() + num_stages + (stage * 2 + (backward ? 1 : 0)) * m_ + mb;
 }
+
+int Runner::header_tag(int stage) const { return group_->internal_tags_from() + stage; }
 
 std::string Runner::where(int stage, int mb) const {
   return cat("pipeline stage ", stage, " (rank ", rank_, " of group '", group_->name(),
@@ -231,6 +239,7 @@ void Runner::post_receives(bool train) {
         p.tensor =
             at::empty(shape.sizes, at::TensorOptions().dtype(shape.dtype).device(st.device));
         dtrain::detail::OpLabel label(cat(where(s, mb), ", ", what));
+        dtrain::detail::InternalTraffic own;
         p.work = group_->recv(p.tensor, rank_of(from), tag(s, bwd, mb));
         into.emplace(Key{s, mb}, std::move(p));
       }
@@ -269,7 +278,12 @@ void Runner::learn_input_shape(int s) {
   const auto begin = Clock::now();
   try {
     dtrain::detail::OpLabel label(cat(where(s, 0), ", shape of the forward input"));
-    group_->recv(header, rank_of(s - 1), kTagBase - 1 - s)->wait();
+    WorkPtr work;
+    {
+      dtrain::detail::InternalTraffic own;
+      work = group_->recv(header, rank_of(s - 1), header_tag(s));
+    }
+    work->wait();
     header = header.cpu();
   } catch (const Error&) {
     rethrow_with(cat(where(s, 0), ": waiting for stage ", s - 1, "'s output (its shape): "));
@@ -285,6 +299,7 @@ void Runner::learn_input_shape(int s) {
 
 void Runner::send(const at::Tensor& t, int to_stage, bool backward, int mb, const char* what) {
   dtrain::detail::OpLabel label(cat(where(to_stage, mb), ", ", what));
+  dtrain::detail::InternalTraffic own;
   sends_.push_back(group_->send(t, rank_of(to_stage), tag(to_stage, backward, mb)));
 }
 
@@ -346,8 +361,8 @@ void Runner::forward(int s, int mb, bool train) {
     for (int64_t d = 0; d < out.dim(); ++d) h[2 + d] = out.size(d);
     st.output = TensorShape{true, out.sizes().vec(), out.scalar_type()};
     dtrain::detail::OpLabel label(cat(where(s + 1, mb), ", shape of the forward input"));
-    sends_.push_back(
-        group_->send(header.to(out.device()), rank_of(s + 1), kTagBase - 1 - (s + 1)));
+    dtrain::detail::InternalTraffic own;
+    sends_.push_back(group_->send(header.to(out.device()), rank_of(s + 1), header_tag(s + 1)));
     post_receives(train);
   }
   DTRAIN_CHECK_ARG(out.sizes().vec() == st.output.sizes && out.scalar_type() == st.output.dtype,

@@ -59,6 +59,7 @@ class Runner {
   bool holds(int index) const;
   int rank_of(int stage) const { return rank_of_stage(kind_, stage, ranks_); }
   int tag(int stage, bool backward, int mb) const;
+  int header_tag(int stage) const;  // the shape of stage `stage`'s input
   std::string where(int stage, int mb) const;
   void check_call(const StepArgs& args) const;
   void check_schedules_agree();

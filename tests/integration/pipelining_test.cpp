@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <limits>
 #include <string>
 #include <thread>
 
@@ -302,6 +303,29 @@ TEST(Pipelining, WrongCallsAndPlacementsAreNamed) {
     if (r == 0) schedule.step(x);
     else schedule.step(x);
   }));
+}
+
+// The schedules' messages use tags of their own (from 2^28 on a backend
+// whose tags reach INT_MAX): a program's send or recv there, which could
+// take a pipeline's message, is refused naming the range; below it, it
+// goes through.
+TEST(Pipelining, TheSchedulesTagsAreRefusedToTheUsersSendsAndRecvs) {
+  testing::expect_no_errors(testing::run_ranks(2, [&](ProcessGroup& g) {
+    EXPECT_EQ(g.max_tag(), std::numeric_limits<int>::max());
+    EXPECT_EQ(g.internal_tags_from(), 1 << 28);
+    auto t = at::zeros({4});
+    const std::string refused = "tag 268435456 is one of dtrain's own on group 'default' "
+                                "(268435456 to 2147483647: pipeline schedules use them); use a "
+                                "tag below 268435456";
+    EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] { g.send(t, 1 - g.rank(), 1 << 28); }),
+              "send: " + refused);
+    EXPECT_TRUE(Contains(
+        testing::what_thrown<InvalidArgument>([&] { g.recv(t, 1 - g.rank(), 1 << 28); }), refused));
+    auto r = g.recv(t, 1 - g.rank(), (1 << 28) - 1);
+    g.send(at::full({4}, float(g.rank())), 1 - g.rank(), (1 << 28) - 1)->wait();
+    r->wait();
+    EXPECT_TRUE(at::equal(t, at::full({4}, float(1 - g.rank()))));
+  }, 20s, GroupOptions(), "tcp"));
 }
 
 // A stage that stops answering fails its neighbours within the timeout,

@@ -45,6 +45,7 @@ class RoutingProcessGroup final : public ProcessGroup {
                       RoutingOptions routing = RoutingOptions());
 
   std::string backend_name() const override;
+  int max_tag() const override { return cpu_->max_tag(); }
   bool supports(c10::DeviceType type) const override;
   CudaPath cuda_path() const { return cuda_path_; }
 

@@ -486,6 +486,8 @@ static int reserved_tag(MPI_Comm comm) {
   return found && ub ? *ub : 32767;  // the least MPI guarantees
 }
 
+int MpiProcessGroup::max_tag() const { return reserved_tag(comm_->comm) - 1; }
+
 void MpiProcessGroup::check_tag(const Call& call, int tag) const {
   const int reserved = reserved_tag(comm_->comm);
   DTRAIN_CHECK_ARG(tag < reserved, call.description, ": tag ", tag,

@@ -39,6 +39,7 @@ class MpiProcessGroup final : public ProcessGroup {
   ~MpiProcessGroup() override;
 
   std::string backend_name() const override { return "mpi"; }
+  int max_tag() const override;
   bool supports(c10::DeviceType type) const override { return type == c10::DeviceType::CPU; }
 
  protected:

@@ -1,0 +1,28 @@
+#pragma once
+
+// Point-to-point tags from ProcessGroup::internal_tags_from() up are
+// dtrain's own (the pipeline schedules' activations, gradients and shape
+// headers): a user's send or recv there is refused, so that it can neither
+// take a pipeline's message nor have its own taken. dtrain's own traffic is
+// issued while an InternalTraffic lives on the issuing thread.
+
+namespace dtrain::detail {
+
+class InternalTraffic {
+ public:
+  InternalTraffic() : previous_(flag()) { flag() = true; }
+  ~InternalTraffic() { flag() = previous_; }
+  InternalTraffic(const InternalTraffic&) = delete;
+  InternalTraffic& operator=(const InternalTraffic&) = delete;
+
+  static bool active() { return flag(); }
+
+ private:
+  static bool& flag() {
+    thread_local bool on = false;
+    return on;
+  }
+  bool previous_;
+};
+
+}  // namespace dtrain::detail
