@@ -22,5 +22,6 @@
 #include "dtrain/store/prefix_store.h"
 #include "dtrain/store/store.h"
 #include "dtrain/store/tcp_store.h"
+#include "dtrain/tensor_parallel.h"
 #include "dtrain/timeline.h"
 #include "dtrain/work.h"

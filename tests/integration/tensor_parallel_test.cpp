@@ -1,0 +1,189 @@
+// Tensor parallelism against one process: a column-parallel Linear, an
+// elementwise function and a row-parallel Linear over 2 and 4 thread ranks
+// give the outputs, gradient shards and (after 5 Adam steps) parameter
+// shards of the same layers in one process; what a user gets wrong is named.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "dtrain/tensor_parallel.h"
+#include "harness/assertions.h"
+#include "harness/thread_ranks.h"
+
+namespace dtrain {
+namespace {
+
+namespace tp = tensor_parallel;
+using namespace std::chrono_literals;
+using testing::RankContext;
+
+constexpr int kTpSteps = 5;
+
+torch::nn::Linear copy_of(const torch::nn::Linear& l) {
+  return std::dynamic_pointer_cast<torch::nn::LinearImpl>(l->clone());
+}
+
+void expect_close(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  const double scale = std::max(want.abs().max().item<double>(), 1e-12);
+  EXPECT_LE((got - want).abs().max().item<double>() / scale, 1e-5) << what;
+}
+
+// Rows (dim 0) or columns (dim 1) [r n/t, (r+1) n/t) of `t`.
+at::Tensor shard(const at::Tensor& t, int64_t dim, int rank, int ranks) {
+  const int64_t part = t.size(dim) / ranks;
+  return t.narrow(dim, rank * part, part);
+}
+
+// up: Linear(8, 16), tanh, down: Linear(16, 8); Adam; the first step's
+// output and gradients, and the parameters after kTpSteps steps.
+struct OneProcess {
+  at::Tensor output, up_grad, up_bias_grad, down_grad, down_bias_grad, input_grad;
+  torch::nn::Linear up, down;
+};
+
+OneProcess one_process(const torch::nn::Linear& up0, const torch::nn::Linear& down0,
+                       const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& ys) {
+  OneProcess p{{}, {}, {}, {}, {}, {}, copy_of(up0), copy_of(down0)};
+  std::vector<at::Tensor> params = p.up->parameters();
+  for (const auto& q : p.down->parameters()) params.push_back(q);
+  torch::optim::Adam adam(params, torch::optim::AdamOptions(1e-2));
+  for (int step = 0; step < kTpSteps; ++step) {
+    adam.zero_grad();
+    auto x = xs[step].clone().requires_grad_(true);
+    auto out = p.down(torch::tanh(p.up(x)));
+    torch::mse_loss(out, ys[step]).backward();
+    if (step == 0) {
+      p.output = out.detach().clone();
+      p.up_grad = p.up->weight.grad().clone();
+      p.up_bias_grad = p.up->bias.grad().clone();
+      p.down_grad = p.down->weight.grad().clone();
+      p.down_bias_grad = p.down->bias.grad().clone();
+      p.input_grad = x.grad().clone();
+    }
+    adam.step();
+  }
+  return p;
+}
+
+void expect_column_row_equal_one_process(int ranks) {
+  SCOPED_TRACE("tensor-parallel ranks: " + std::to_string(ranks));
+  torch::manual_seed(3);
+  torch::nn::Linear up0(8, 16), down0(16, 8);
+  std::vector<at::Tensor> xs, ys;
+  for (int step = 0; step < kTpSteps; ++step) {
+    xs.push_back(torch::randn({6, 8}));
+    ys.push_back(torch::randn({6, 8}));
+  }
+  const auto want = one_process(up0, down0, xs, ys);
+  testing::expect_no_errors(testing::run_rank_contexts(ranks, [&](RankContext& ctx) {
+    const int r = ctx.rank;
+    const auto options = tp::ParallelLinearOptions().group(ctx.group);
+    tp::ColumnParallelLinear up(up0, options);
+    tp::RowParallelLinear down(down0, options);
+    EXPECT_EQ(up->weight.sizes(), (std::vector<int64_t>{16 / ranks, 8}));
+    EXPECT_EQ(down->weight.sizes(), (std::vector<int64_t>{8, 16 / ranks}));
+    std::vector<at::Tensor> params = up->parameters();
+    for (const auto& q : down->parameters()) params.push_back(q);
+    torch::optim::Adam adam(params, torch::optim::AdamOptions(1e-2));
+    for (int step = 0; step < kTpSteps; ++step) {
+      adam.zero_grad();
+      auto x = xs[step].clone().requires_grad_(true);
+      auto out = down(torch::tanh(up(x)));
+      torch::mse_loss(out, ys[step]).backward();
+      if (step == 0) {
+        expect_close(out, want.output, "output");
+        expect_close(up->weight.grad(), shard(want.up_grad, 0, r, ranks), "up.weight's gradient");
+        expect_close(up->bias.grad(), shard(want.up_bias_grad, 0, r, ranks), "up.bias's gradient");
+        expect_close(down->weight.grad(), shard(want.down_grad, 1, r, ranks), "down.weight's gradient");
+        expect_close(down->bias.grad(), want.down_bias_grad, "down.bias's gradient");
+        expect_close(x.grad(), want.input_grad, "the input's gradient");
+      }
+      adam.step();
+    }
+    expect_close(up->weight, shard(want.up->weight, 0, r, ranks), "up.weight after 5 steps");
+    expect_close(up->bias, shard(want.up->bias, 0, r, ranks), "up.bias after 5 steps");
+    expect_close(down->weight, shard(want.down->weight, 1, r, ranks), "down.weight after 5 steps");
+    expect_close(down->bias, want.down->bias, "down.bias after 5 steps");
+  }));
+}
+
+TEST(TensorParallel, ColumnThenRowEqualsOneProcessAt2And4Ranks) {
+  expect_column_row_equal_one_process(2);
+  expect_column_row_equal_one_process(4);
+}
+
+// gather_output, and a row layer that slices a whole input itself: each
+// equals the whole Linear, output and input gradient.
+TEST(TensorParallel, GatheredOutputsAndWholeInputsEqualTheWholeLayer) {
+  torch::manual_seed(4);
+  torch::nn::Linear full(12, 8);
+  const auto x = torch::randn({5, 12});
+  auto whole_x = x.clone().requires_grad_(true);
+  const auto want = full(whole_x);
+  want.pow(2).sum().backward();
+  testing::expect_no_errors(testing::run_ranks(4, [&](ProcessGroup& g) {
+    auto group = std::shared_ptr<ProcessGroup>(&g, [](ProcessGroup*) {});
+    tp::ColumnParallelLinear column(full, tp::ParallelLinearOptions().group(group).gather_output(true));
+    auto xc = x.clone().requires_grad_(true);
+    auto out = column(xc);
+    expect_close(out, want, "ColumnParallelLinear with gather_output");
+    out.pow(2).sum().backward();
+    expect_close(xc.grad(), whole_x.grad(), "its input's gradient");
+
+    tp::RowParallelLinear row(full, tp::ParallelLinearOptions().group(group).input_is_parallel(false));
+    auto xr = x.clone().requires_grad_(true);
+    auto out_row = row(xr);
+    expect_close(out_row, want, "RowParallelLinear of a whole input");
+    out_row.pow(2).sum().backward();
+    expect_close(xr.grad(), whole_x.grad(), "its input's gradient");
+  }));
+}
+
+// Built from sizes, a module holds its rank's shard of the Linear that the
+// same seed makes in one process (the ranks are threads here: the shared
+// generator is seeded and drawn under a lock).
+TEST(TensorParallel, ModulesBuiltFromSizesHoldTheShardOfTheSameSeedsLinear) {
+  torch::manual_seed(9);
+  torch::nn::Linear up(6, 8), down(8, 6);
+  std::mutex rng;
+  testing::expect_no_errors(testing::run_rank_contexts(2, [&](RankContext& ctx) {
+    const auto options = tp::ParallelLinearOptions().group(ctx.group);
+    std::unique_lock<std::mutex> lock(rng);
+    torch::manual_seed(9);
+    tp::ColumnParallelLinear column(6, 8, options);
+    tp::RowParallelLinear row(8, 6, options);
+    lock.unlock();
+    EXPECT_TRUE(at::equal(column->weight, shard(up->weight, 0, ctx.rank, 2)));
+    EXPECT_TRUE(at::equal(column->bias, shard(up->bias, 0, ctx.rank, 2)));
+    EXPECT_TRUE(at::equal(row->weight, shard(down->weight, 1, ctx.rank, 2)));
+    EXPECT_TRUE(at::equal(row->bias, down->bias));
+    EXPECT_EQ(column->named_parameters().keys(), (std::vector<std::string>{"weight", "bias"}));
+  }));
+}
+
+TEST(TensorParallel, SizesThatDoNotSplitAndWrongInputsAreNamed) {
+  testing::expect_no_errors(testing::run_rank_contexts(4, [&](RankContext& ctx) {
+    const auto options = tp::ParallelLinearOptions().group(ctx.group);
+    EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] { tp::ColumnParallelLinear(8, 10, options); }),
+              "ColumnParallelLinear: out_features (10) does not split over the 4 ranks of group "
+              "'default'");
+    EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] { tp::RowParallelLinear(10, 8, options); }),
+              "RowParallelLinear: in_features (10) does not split over the 4 ranks of group "
+              "'default'");
+    tp::RowParallelLinear row(16, 8, options);
+    EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] { row(torch::zeros({2, 16})); }),
+              "RowParallelLinear: the input's last dimension is 16, expected 4 (this rank's "
+              "share of in_features, as input_is_parallel says)");
+    tp::ColumnParallelLinear column(16, 8, options);
+    EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] { column(torch::zeros({2, 4})); }),
+              "ColumnParallelLinear: the input's last dimension is 4, expected 16 (in_features)");
+  }));
+}
+
+}  // namespace
+}  // namespace dtrain
