@@ -32,11 +32,11 @@
 // Every rank of the group runs the same forwards and backwards (the region
 // operations are collectives). The group must outlive the backward passes
 // through a module. See docs/tensor-parallel.md (what is not here yet:
-// sequence parallelism, VocabParallelEmbedding, the vocabulary-parallel
-// loss, the plan form, activation checkpointing).
+// sequence parallelism, the plan form, activation checkpointing).
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
@@ -119,5 +119,41 @@ class RowParallelLinearImpl : public torch::nn::Module {
   int64_t in_, out_;
 };
 TORCH_MODULE(RowParallelLinear);
+
+// An Embedding whose table is split along the vocabulary: rank r holds rows
+// [r n/t, (r+1) n/t) of the [num_embeddings, embedding_dim] weight, looks up
+// the ids in its range (zeros for the others), and the ranks' lookups are
+// summed (one all_reduce forward). Its output is whole on every rank.
+class VocabParallelEmbeddingImpl : public torch::nn::Module {
+ public:
+  VocabParallelEmbeddingImpl(int64_t num_embeddings, int64_t embedding_dim,
+                             const ParallelLinearOptions& options = ParallelLinearOptions());
+  // This rank's rows of `full`.
+  VocabParallelEmbeddingImpl(const torch::nn::Embedding& full,
+                             const ParallelLinearOptions& options = ParallelLinearOptions());
+
+  at::Tensor forward(const at::Tensor& ids);
+
+  int64_t num_embeddings() const { return num_; }  // the whole vocabulary
+  int64_t first_id() const { return first_; }      // of this rank's rows
+
+  at::Tensor weight;  // [num_embeddings / t, embedding_dim]
+
+ private:
+  void take_shard(const torch::nn::Embedding& full);
+  ParallelLinearOptions options_;
+  int64_t num_, first_ = 0;
+};
+TORCH_MODULE(VocabParallelEmbedding);
+
+// PyTorch's loss_parallel: the mean cross-entropy of logits split along the
+// vocabulary (the last dimension: this rank's [N, V/t] slice, as a
+// ColumnParallelLinear without gather_output gives it) against targets
+// [N] of ids in [0, V), without gathering the logits: the ranks exchange
+// each row's maximum, its sum of exponentials and its target's logit (three
+// all_reduces of N values). The loss is the same on every rank, and its
+// gradient reaches each rank's logits as that slice of the whole softmax's.
+at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits_shard, const at::Tensor& target,
+                                        const std::shared_ptr<ProcessGroup>& group = nullptr);
 
 }  // namespace dtrain::tensor_parallel

@@ -1,7 +1,8 @@
 // Tensor parallelism against one process: a column-parallel Linear, an
 // elementwise function and a row-parallel Linear over 2 and 4 thread ranks
 // give the outputs, gradient shards and (after 5 Adam steps) parameter
-// shards of the same layers in one process; what a user gets wrong is named.
+// shards of the same layers in one process; so do the vocabulary-parallel
+// embedding and cross-entropy; what a user gets wrong is named.
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -183,6 +184,56 @@ TEST(TensorParallel, SizesThatDoNotSplitAndWrongInputsAreNamed) {
     EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] { column(torch::zeros({2, 4})); }),
               "ColumnParallelLinear: the input's last dimension is 4, expected 16 (in_features)");
   }));
+}
+
+// The vocabulary-parallel embedding equals the whole Embedding: output, and
+// each rank's rows of the table's gradient.
+TEST(TensorParallel, VocabParallelEmbeddingEqualsTheWholeEmbedding) {
+  torch::manual_seed(6);
+  torch::nn::Embedding full(12, 5);
+  const auto ids = torch::randint(0, 12, {4, 3}, torch::kLong);
+  auto whole = std::dynamic_pointer_cast<torch::nn::EmbeddingImpl>(full->clone());
+  const auto want = whole->forward(ids);
+  want.pow(2).sum().backward();
+  testing::expect_no_errors(testing::run_rank_contexts(4, [&](RankContext& ctx) {
+    tp::VocabParallelEmbedding embedding(full, tp::ParallelLinearOptions().group(ctx.group));
+    EXPECT_EQ(embedding->first_id(), 3 * ctx.rank);
+    auto out = embedding(ids);
+    expect_close(out, want, "VocabParallelEmbedding's output");
+    out.pow(2).sum().backward();
+    expect_close(embedding->weight.grad(), shard(whole->weight.grad(), 0, ctx.rank, 4),
+                 "its rows of the table's gradient");
+    EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] { embedding(torch::full({2}, 12, torch::kLong)); }),
+              "VocabParallelEmbedding: ids must be in [0, 12), got 12");
+  }));
+}
+
+// loss_parallel: the cross-entropy of logits split along the vocabulary
+// equals the whole logits' on every rank, and each rank's logits get their
+// slice of the whole gradient.
+TEST(TensorParallel, VocabParallelCrossEntropyEqualsTheWholeLoss) {
+  torch::manual_seed(8);
+  const auto logits = torch::randn({6, 16}) * 3;
+  const auto target = torch::randint(0, 16, {6}, torch::kLong);
+  auto whole = logits.clone().requires_grad_(true);
+  const auto want = torch::nn::functional::cross_entropy(whole, target);
+  want.backward();
+  for (int ranks : {2, 4}) {
+    SCOPED_TRACE("tensor-parallel ranks: " + std::to_string(ranks));
+    testing::expect_no_errors(testing::run_rank_contexts(ranks, [&](RankContext& ctx) {
+      auto mine = shard(logits, 1, ctx.rank, ranks).clone().requires_grad_(true);
+      auto loss = tp::vocab_parallel_cross_entropy(mine, target, ctx.group);
+      expect_close(loss, want, "the loss");
+      loss.backward();
+      expect_close(mine.grad(), shard(whole.grad(), 1, ctx.rank, ranks), "the logits' gradient");
+      if (ranks == 2)
+        EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] {
+                    tp::vocab_parallel_cross_entropy(mine, torch::full({6}, 16, torch::kLong), ctx.group);
+                  }),
+                  "vocab_parallel_cross_entropy: targets must be in [0, 16) (8 logits on each of "
+                  "the 2 ranks of group 'default'), got 16");
+    }));
+  }
 }
 
 }  // namespace

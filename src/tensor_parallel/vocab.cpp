@@ -1,0 +1,101 @@
+// VocabParallelEmbedding and vocab_parallel_cross_entropy
+// (tensor_parallel.h).
+
+#include <torch/torch.h>
+
+#include "common/enforce.h"
+#include "dtrain/distributed.h"
+#include "dtrain/tensor_parallel.h"
+
+namespace dtrain::tensor_parallel {
+namespace {
+
+std::shared_ptr<ProcessGroup> vocab_group(const std::shared_ptr<ProcessGroup>& given,
+                                          const char* what) {
+  auto g = given ? given : default_group();
+  DTRAIN_CHECK_ARG(g, what, ": no group given and no default group (init_process_group first)");
+  DTRAIN_CHECK_ARG(g->rank() >= 0, what, ": this rank is not a member of group '", g->name(), "'");
+  return g;
+}
+
+// A copy of `t` summed over the group, outside autograd.
+at::Tensor summed_quietly(ProcessGroup& g, const at::Tensor& t, ReduceOp op) {
+  auto out = t.detach().contiguous().clone();
+  g.all_reduce(out, op)->wait();
+  return out;
+}
+
+}  // namespace
+
+VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(int64_t num_embeddings,
+                                                       int64_t embedding_dim,
+                                                       const ParallelLinearOptions& options)
+    : VocabParallelEmbeddingImpl(torch::nn::Embedding(num_embeddings, embedding_dim), options) {}
+
+VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(const torch::nn::Embedding& full,
+                                                       const ParallelLinearOptions& options)
+    : options_(options), num_(full->options.num_embeddings()) {
+  options_.group(vocab_group(options.group(), "VocabParallelEmbedding"));
+  take_shard(full);
+}
+
+void VocabParallelEmbeddingImpl::take_shard(const torch::nn::Embedding& full) {
+  auto& g = *options_.group();
+  DTRAIN_CHECK_ARG(num_ > 0 && num_ % g.size() == 0, "VocabParallelEmbedding: num_embeddings (",
+                   num_, ") does not split over the ", g.size(), " ranks of group '", g.name(),
+                   "'");
+  const int64_t part = num_ / g.size();
+  first_ = g.rank() * part;
+  torch::NoGradGuard no_grad;
+  weight = register_parameter("weight", full->weight.narrow(0, first_, part).clone());
+}
+
+at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
+  DTRAIN_CHECK_ARG(!ids.is_floating_point() && !ids.is_complex(),
+                   "VocabParallelEmbedding: ids must be integers, got ", ids.scalar_type());
+  if (ids.numel() > 0) {
+    const auto lo = ids.min().item<int64_t>(), hi = ids.max().item<int64_t>();
+    DTRAIN_CHECK_ARG(lo >= 0 && hi < num_, "VocabParallelEmbedding: ids must be in [0, ", num_,
+                     "), got ", lo < 0 ? lo : hi);
+  }
+  const int64_t part = weight.size(0);
+  const auto mine = (ids >= first_) & (ids < first_ + part);
+  // Ids of other ranks look up row 0 and are zeroed, so that their rows
+  // get no gradient here.
+  const auto local = at::where(mine, ids - first_, at::zeros_like(ids));
+  auto rows = torch::embedding(weight, local) * mine.unsqueeze(-1).to(weight.scalar_type());
+  return reduce_from_region(rows, options_.group());
+}
+
+at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits_shard, const at::Tensor& target,
+                                        const std::shared_ptr<ProcessGroup>& group) {
+  const char* what = "vocab_parallel_cross_entropy";
+  auto g = vocab_group(group, what);
+  DTRAIN_CHECK_ARG(logits_shard.dim() == 2 && target.dim() == 1 &&
+                       target.size(0) == logits_shard.size(0),
+                   what, ": logits [N, V / t] and target [N], got ", logits_shard.sizes(), " and ",
+                   target.sizes());
+  const int64_t part = logits_shard.size(1), vocab = part * g->size();
+  const int64_t first = g->rank() * part;
+  if (target.numel() > 0) {
+    const auto lo = target.min().item<int64_t>(), hi = target.max().item<int64_t>();
+    DTRAIN_CHECK_ARG(lo >= 0 && hi < vocab, what, ": targets must be in [0, ", vocab,
+                     ") (", part, " logits on each of the ", g->size(), " ranks of group '",
+                     g->name(), "'), got ", lo < 0 ? lo : hi);
+  }
+  // Shifted by the row's maximum over every rank (a constant for autograd).
+  const auto row_max = summed_quietly(*g, std::get<0>(logits_shard.max(1)), ReduceOp::MAX);
+  const auto shifted = logits_shard - row_max.unsqueeze(1);
+  // The sum of exponentials and the target's logit, each summed over the
+  // ranks by a region whose backward is the identity: each rank's gradient
+  // is then its slice of softmax - one_hot.
+  const auto sum_exp = reduce_from_region(shifted.exp().sum(1), g);
+  const auto mine = (target >= first) & (target < first + part);
+  const auto local = at::where(mine, target - first, at::zeros_like(target));
+  const auto picked = shifted.gather(1, local.unsqueeze(1)).squeeze(1) *
+                      mine.to(shifted.scalar_type());
+  const auto target_logit = reduce_from_region(picked, g);
+  return (sum_exp.log() - target_logit).mean();
+}
+
+}  // namespace dtrain::tensor_parallel
