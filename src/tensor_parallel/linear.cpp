@@ -5,19 +5,11 @@
 #include <torch/torch.h>
 
 #include "common/enforce.h"
-#include "dtrain/distributed.h"
 #include "dtrain/tensor_parallel.h"
+#include "tensor_parallel/group.h"
 
 namespace dtrain::tensor_parallel {
 namespace {
-
-std::shared_ptr<ProcessGroup> tp_group(const ParallelLinearOptions& options, const char* module) {
-  auto g = options.group() ? options.group() : default_group();
-  DTRAIN_CHECK_ARG(g, module, ": no group given and no default group (init_process_group first)");
-  DTRAIN_CHECK_ARG(g->rank() >= 0, module, ": this rank is not a member of group '", g->name(),
-                   "'");
-  return g;
-}
 
 // The features a rank holds of `features` split over `g`.
 int64_t shard_size(int64_t features, const ProcessGroup& g, const char* module, const char* what) {
@@ -46,7 +38,7 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t in_features, int64_t 
 ColumnParallelLinearImpl::ColumnParallelLinearImpl(const torch::nn::Linear& full,
                                                    const ParallelLinearOptions& options)
     : options_(options), in_(full->options.in_features()), out_(full->options.out_features()) {
-  options_.group(tp_group(options, "ColumnParallelLinear"));
+  options_.group(detail::group_or_default(options.group(), "ColumnParallelLinear"));
   take_shard(full);
 }
 
@@ -75,7 +67,7 @@ RowParallelLinearImpl::RowParallelLinearImpl(int64_t in_features, int64_t out_fe
 RowParallelLinearImpl::RowParallelLinearImpl(const torch::nn::Linear& full,
                                              const ParallelLinearOptions& options)
     : options_(options), in_(full->options.in_features()), out_(full->options.out_features()) {
-  options_.group(tp_group(options, "RowParallelLinear"));
+  options_.group(detail::group_or_default(options.group(), "RowParallelLinear"));
   take_shard(full);
 }
 

@@ -4,19 +4,11 @@
 #include <torch/torch.h>
 
 #include "common/enforce.h"
-#include "dtrain/distributed.h"
 #include "dtrain/tensor_parallel.h"
+#include "tensor_parallel/group.h"
 
 namespace dtrain::tensor_parallel {
 namespace {
-
-std::shared_ptr<ProcessGroup> vocab_group(const std::shared_ptr<ProcessGroup>& given,
-                                          const char* what) {
-  auto g = given ? given : default_group();
-  DTRAIN_CHECK_ARG(g, what, ": no group given and no default group (init_process_group first)");
-  DTRAIN_CHECK_ARG(g->rank() >= 0, what, ": this rank is not a member of group '", g->name(), "'");
-  return g;
-}
 
 // A copy of `t` summed over the group, outside autograd.
 at::Tensor summed_quietly(ProcessGroup& g, const at::Tensor& t, ReduceOp op) {
@@ -35,7 +27,7 @@ VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(int64_t num_embeddings,
 VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(const torch::nn::Embedding& full,
                                                        const ParallelLinearOptions& options)
     : options_(options), num_(full->options.num_embeddings()) {
-  options_.group(vocab_group(options.group(), "VocabParallelEmbedding"));
+  options_.group(detail::group_or_default(options.group(), "VocabParallelEmbedding"));
   take_shard(full);
 }
 
@@ -70,7 +62,7 @@ at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits_shard, const at::Tensor& target,
                                         const std::shared_ptr<ProcessGroup>& group) {
   const char* what = "vocab_parallel_cross_entropy";
-  auto g = vocab_group(group, what);
+  auto g = detail::group_or_default(group, what);
   DTRAIN_CHECK_ARG(logits_shard.dim() == 2 && target.dim() == 1 &&
                        target.size(0) == logits_shard.size(0),
                    what, ": logits [N, V / t] and target [N], got ", logits_shard.sizes(), " and ",
