@@ -229,10 +229,6 @@ bool Engine::kill(Connection& c, std::exception_ptr error) {
   for (auto& p : c.recvq) fail_part(p);
   for (auto& [id, p] : c.awaiting_cts) fail_part(p);
   for (auto& p : c.blocked) fail_part(p);
-  // An irecv_any's parts for the peer's other streams, matched on this one:
-  // their request has failed above; posting them now would copy held
-  // payloads into the buffer of a request that already failed.
-  for (auto& entry : c.deferred) fail_part(entry.second);
   for (auto& [id, p] : c.awaiting_data) fail_part(p);
   if (c.in_message && c.current.request) fail_part(c.current);
   for (auto& h : c.held)
@@ -241,7 +237,6 @@ bool Engine::kill(Connection& c, std::exception_ptr error) {
   c.recvq.clear();
   c.awaiting_cts.clear();
   c.blocked.clear();
-  c.deferred.clear();
   c.awaiting_data.clear();
   c.controlq.clear();
   c.writing = Connection::Writing::kNothing;
