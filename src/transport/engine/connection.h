@@ -98,6 +98,10 @@ class EngineRequest final : public Request {
   }
   void part_done();
   void fail(std::exception_ptr error);
+  bool failed() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return error_ != nullptr;
+  }
 
  private:
   // Runs the on_done hook once the request finished (mutex_ not held).

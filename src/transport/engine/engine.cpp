@@ -374,7 +374,11 @@ void Engine::post_deferred(Connection& c) {
     std::lock_guard<std::mutex> lock(c.mutex);
     parts.swap(c.deferred);
   }
-  for (auto& [conn, part] : parts) post_recv(*conn, std::move(part));
+  // A part whose request failed meanwhile (this connection broke in the
+  // read that matched it) is dropped: posting it would copy a held
+  // payload into the buffer of a request that has already failed.
+  for (auto& [conn, part] : parts)
+    if (!part.request->failed()) post_recv(*conn, std::move(part));
 }
 
 // A part that fits the peer's eager credit goes at once; a larger one is
