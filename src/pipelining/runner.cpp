@@ -101,7 +101,8 @@ Runner::Runner(ScheduleKind kind, std::vector<PipelineStage> stages, int n_micro
                      "), but rank ", rank_, " holds it");
   // dtrain's own tags (core/internal_tags.h): a shape header per stage,
   // then one per stage, direction and microbatch.
-  const int64_t top = int64_t{group_->internal_tags_from()} + num_stages + 2 * num_stages * m_ - 1;
+  tag_base_ = group_->internal_tags_from();
+  const int64_t top = int64_t{tag_base_} + num_stages + 2 * num_stages * m_ - 1;
   DTRAIN_CHECK_ARG(top <= group_->max_tag(), name, ": ", num_stages, " stages x ", m_,
                    " microbatches need point-to-point tags up to ", top, ", over the ",
                    group_->max_tag(), " that group '", group_->name(), "' takes (backend ",
@@ -126,10 +127,10 @@ bool Runner::holds(int index) const {
 
 int Runner::tag(int stage, bool backward, int mb) const {
   const int num_stages = stages_.front().num_stages();
-  return group_->internal_tags_from() + num_stages + (stage * 2 + (backward ? 1 : 0)) * m_ + mb;
+  return tag_base_ + num_stages + (stage * 2 + (backward ? 1 : 0)) * m_ + mb;
 }
 
-int Runner::header_tag(int stage) const { return group_->internal_tags_from() + stage; }
+int Runner::header_tag(int stage) const { return tag_base_ + stage; }
 
 std::string Runner::where(int stage, int mb) const {
   return cat("pipeline stage ", stage, " (rank ", rank_, " of group '", group_->name(),

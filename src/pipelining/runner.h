@@ -97,6 +97,7 @@ class Runner {
   double compute_ms_ = 0, wait_ms_ = 0;
   int held_ = 0;
   bool train_ = false;  // this step runs backwards
+  int tag_base_ = 0;     // the group's internal_tags_from(), asked once (mpi asks MPI)
 };
 
 }  // namespace dtrain::pipelining::detail
