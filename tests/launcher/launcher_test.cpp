@@ -347,10 +347,32 @@ TEST(Launcher, SignalDuringTheRendezvousStopsItPromptly) {
     kill(p.pid, SIGTERM);
     ASSERT_TRUE(procs.wait(p, Clock::now() + 20s)) << "node " << node << " ignored SIGTERM";
     EXPECT_LT(Clock::now() - sent, 5s);
+    EXPECT_EQ(p.signal, 0) << "node " << node << " died of signal " << p.signal;
     EXPECT_EQ(p.exit_code, 128 + SIGTERM) << p.output();
     EXPECT_TRUE(Contains(p.output(), "dtrain-run: received SIGTERM " + phase)) << p.output();
     EXPECT_TRUE(Contains(p.output(), "dtrain-run: job stopped by SIGTERM; exit code 143"));
   }
+}
+
+// A library loaded with the launcher may start threads before main() can
+// block anything (OpenBLAS does, sized by OMP_NUM_THREADS): a SIGTERM that
+// the kernel hands to such a thread must still stop the launcher in order,
+// not end it silently with the default action. Without the handler this
+// failed every time: the launcher died of SIGTERM, printing nothing.
+TEST(Launcher, SignalTakenByALibrarysEarlyThreadStillStopsTheLauncherInOrder) {
+  const std::string port = std::to_string(free_port());
+  ProcessRanks procs;
+  auto& p = procs.spawn({kRun, "--nnodes", "2", "--node-rank", "1", "--master-port", port, kProbe,
+                         "env"},
+                        {{"LD_PRELOAD", EARLY_THREAD_LIBRARY}});
+  ASSERT_TRUE(wait_watching_signals(p.pid, Clock::now() + 30s)) << p.output();
+  kill(p.pid, SIGTERM);
+  ASSERT_TRUE(procs.wait(p, Clock::now() + 20s)) << "the launcher ignored SIGTERM";
+  EXPECT_EQ(p.signal, 0) << "the launcher died of signal " << p.signal;
+  EXPECT_EQ(p.exit_code, 128 + SIGTERM) << p.output();
+  EXPECT_TRUE(Contains(p.output(),
+                       "dtrain-run: received SIGTERM while connecting to the rendezvous store"))
+      << p.output();
 }
 
 // A node that took a place in the round (its count) but died before it

@@ -1,9 +1,13 @@
 #pragma once
 
-// The launcher's signals. SIGINT, SIGTERM, SIGHUP and SIGQUIT are blocked in
-// every thread and taken by one watcher thread, so that every phase — the
+// The launcher's signals. SIGINT, SIGTERM, SIGHUP and SIGQUIT are caught by a
+// handler and handed to one watcher thread, so that every phase — the
 // rendezvous, waiting for other nodes, watching the workers, stopping them —
 // can ask whether the job was told to stop, and none of them ignores it.
+// Every thread the launcher starts blocks them (no call of ours sees EINTR);
+// a thread a library started before main() may take one, and the handler
+// makes that harmless (with only a blocked mask, the default action there
+// would end the launcher without a word).
 
 #include <chrono>
 #include <stdexcept>
@@ -11,7 +15,8 @@
 
 namespace dtrain::run {
 
-// Blocks the signals and starts the watcher; call before any other thread.
+// Installs the handler, blocks the signals in the calling thread and starts
+// the watcher; call before starting any thread of ours.
 void start_signal_watch();
 // The first signal received so far, or 0.
 int pending_signal();
