@@ -16,6 +16,10 @@ trap 'rm -rf "$work"' EXIT
 consumer=$src/tests/package/consumer
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+# dtrain as a subproject compiles with its precompiled headers; without this
+# sloppiness ccache compiles those units but never caches them (the top
+# CMakeLists.txt sets it for dtrain's own build, not for a parent's launcher).
+export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
 # The consumer finds libtorch as its user would: at the libtorch dtrain was
 # built against (outside the default paths for PyTorch's own libtorch).
 torch_dir=$(sed -n 's/^Torch_DIR:[A-Z]*=//p' "$build/CMakeCache.txt")
