@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "common/socket.h"
@@ -210,6 +211,59 @@ TEST(TcpTransport, APeerThatSendsAnUnaskedPayloadFailsTheGroup) {
     p.send(header, sizeof(header));
   });
   EXPECT_TRUE(testing::Contains(what, "sent a payload this rank did not ask for")) << what;
+}
+
+// Issue 42 item 6. An any-source receive binds to the peer whose message of
+// its tag arrives first on stream 0; its parts on that peer's other streams
+// are posted once that read is done. When the same frame breaks the
+// connection (here: its size is not the receive's), the receive has failed
+// by then, and what the peer had already sent on stream 1 (held, waiting
+// for its receive) must not be copied into the failed receive's buffer.
+// Before the fix it was: the second half of the buffer changed after the
+// receive had failed.
+TEST(TcpTransport, AnAnySourceReceiveThatFailsAsItMatchesTakesNoHeldPayload) {
+  HashStore store(10s);
+  transport::TcpOptions options;
+  options.unexpected_bytes = size_t{64} << 20;
+  options.streams = 2;
+  options.timeout = 10s;
+  options.name = "hostile";
+  std::unique_ptr<transport::Transport> t;
+  std::thread real([&] { t = transport::connect_tcp(store, 0, 2, options); });
+  FakePeer fake(store, options.streams);
+  real.join();
+  constexpr size_t kTotal = 512 << 10;  // over kSplitBytes: half on each stream
+  constexpr size_t kHalf = kTotal / 2;
+  std::vector<uint8_t> any(kTotal, 0xAA), probe_buffer(kTotal);
+  auto receive = t->irecv_any(7, any.data(), any.size());
+  auto probe = t->irecv(1, 8, probe_buffer.data(), probe_buffer.size());
+  auto send_frame = [&](int stream, uint64_t tag, uint64_t total, size_t payload_bytes) {
+    const uint64_t header[3] = {transport::engine::kFrameMagic, tag, total};  // kData
+    const std::vector<uint8_t> payload(payload_bytes, 0x55);
+    const auto deadline = net::Clock::now() + 10s;
+    net::send_all(fake.fds[stream].get(), header, sizeof(header), deadline, "rank 0");
+    net::send_all(fake.fds[stream].get(), payload.data(), payload.size(), deadline, "rank 0");
+  };
+  // Stream 1 first carries tag 7's second half (held: nothing of rank 1's
+  // claims it yet), then tag 8's; once tag 8 is complete, rank 0 has read
+  // past tag 7's half and holds it.
+  send_frame(1, 7, kTotal, kHalf);
+  send_frame(0, 8, kTotal, kHalf);
+  send_frame(1, 8, kTotal, kHalf);
+  probe->wait(transport::Clock::now() + 10s, "probe");
+  // Tag 7 on stream 0, claiming twice the receive's size: matched, split,
+  // and failed in one read.
+  send_frame(0, 7, 2 * kTotal, 0);
+  std::string what;
+  try {
+    receive->wait(transport::Clock::now() + 10s, "irecv_any");
+  } catch (const std::exception& e) {
+    what = e.what();
+  }
+  EXPECT_TRUE(testing::Contains(what, "rank 1")) << what;
+  t.reset();  // the I/O threads are done with the buffer
+  const auto changed = std::count_if(any.begin(), any.end(), [](uint8_t b) { return b != 0xAA; });
+  EXPECT_EQ(changed, 0) << "bytes of the failed receive's buffer were written";
 }
 
 TEST(TcpTransport, AnAnnouncedMessageIsFetchedOnlyOnceItsReceiveIsPosted) {
