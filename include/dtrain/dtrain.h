@@ -2,6 +2,7 @@
 
 // Umbrella header: everything a training program needs.
 
+#include "dtrain/activation_checkpoint.h"
 #include "dtrain/checkpoint/distributed.h"
 #include "dtrain/checkpoint/tensor_file.h"
 #include "dtrain/data/distributed_sampler.h"

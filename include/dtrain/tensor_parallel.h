@@ -32,7 +32,8 @@
 // Every rank of the group runs the same forwards and backwards (the region
 // operations are collectives). The group must outlive the backward passes
 // through a module. See docs/tensor-parallel.md (what is not here yet:
-// sequence parallelism, the plan form, activation checkpointing).
+// sequence parallelism, the plan form; activation checkpointing is in
+// activation_checkpoint.h).
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>

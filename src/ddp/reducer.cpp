@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "common/end_of_backward.h"
 #include "common/enforce.h"
 #include "core/control_tensors.h"
 #include "core/storage_alias.h"
@@ -154,7 +155,9 @@ void Reducer::on_grad_ready(size_t index) {
   if (!backward_started_) {
     backward_started_ = true;
     backward_start_ = Clock::now();
-    torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(false); });
+    // At the end of the whole backward, also when a checkpointed segment's
+    // recomputation runs a backward inside it (activation_checkpoint.h).
+    detail::queue_end_of_backward([this] { finalize(false); });
   }
   if (ready_[index]) {
     if (options_.static_graph && iteration_ > 0 && static_unused_[index])

@@ -1,0 +1,144 @@
+// Activation checkpointing (activation_checkpoint.h) as one autograd
+// function: its forward runs the segment without recording a graph and keeps
+// the input; its backward runs the segment again with a graph, then a
+// backward through that graph (reentrant, as PyTorch's use_reentrant=True).
+
+#include "dtrain/activation_checkpoint.h"
+
+#include <ATen/Context.h>
+#include <torch/autograd.h>
+#include <ATen/core/ivalue.h>
+
+#include <mutex>
+#include <optional>
+#include <utility>
+
+#include "common/end_of_backward.h"
+#include "common/enforce.h"
+
+namespace dtrain {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+// What the backward needs besides the input: the segment (a copy: the
+// caller's lambda is gone by then) and the generators' state at the forward.
+struct Segment : torch::CustomClassHolder {
+  std::function<at::Tensor(at::Tensor)> run;
+  bool input_needs_grad = false;
+  bool preserve_rng = true;
+  at::Tensor cpu_rng;
+  std::optional<at::Device> device;
+  at::Tensor device_rng;
+};
+
+at::Tensor rng_state(at::Generator generator) {
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state();
+}
+
+void set_rng_state(at::Generator generator, const at::Tensor& state) {
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
+}
+
+at::Generator cpu_generator() { return at::globalContext().defaultGenerator(at::Device(at::kCPU)); }
+
+// For the recomputation: the generators as they were at the forward, and
+// as they are now again afterwards (the backward must not change what the
+// next forward draws).
+class RngAsAtForward {
+ public:
+  explicit RngAsAtForward(const Segment& s) : segment_(s) {
+    if (!s.preserve_rng) return;
+    cpu_now_ = rng_state(cpu_generator());
+    set_rng_state(cpu_generator(), s.cpu_rng);
+    if (s.device) {
+      device_now_ = rng_state(at::globalContext().defaultGenerator(*s.device));
+      set_rng_state(at::globalContext().defaultGenerator(*s.device), s.device_rng);
+    }
+  }
+  ~RngAsAtForward() {
+    if (!segment_.preserve_rng) return;
+    set_rng_state(cpu_generator(), cpu_now_);
+    if (segment_.device)
+      set_rng_state(at::globalContext().defaultGenerator(*segment_.device), device_now_);
+  }
+  RngAsAtForward(const RngAsAtForward&) = delete;
+  RngAsAtForward& operator=(const RngAsAtForward&) = delete;
+
+ private:
+  const Segment& segment_;
+  at::Tensor cpu_now_, device_now_;
+};
+
+Segment& segment_of(AutogradContext* ctx) {
+  return *static_cast<Segment*>(ctx->saved_data["segment"].toCapsule().get());
+}
+
+at::Tensor run_checked(const Segment& s, const at::Tensor& input, const char* when) {
+  at::Tensor out = s.run(input);
+  DTRAIN_CHECK_ARG(out.defined(), "activation_checkpoint: the segment returned no tensor ", when);
+  return out;
+}
+
+// Inputs: the input, an anchor (an empty tensor that requires grad, so
+// that the function is recorded even when nothing else going in does: an
+// integer input, or one that needs no gradient, feeding parameters that do)
+// and the segment.
+struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor&,
+                            const c10::intrusive_ptr<Segment>& segment) {
+    ctx->save_for_backward({input});
+    ctx->saved_data["segment"] = c10::IValue::make_capsule(segment);
+    if (segment->preserve_rng) {
+      segment->cpu_rng = rng_state(cpu_generator());
+      if (input.is_cuda()) {
+        segment->device = input.device();
+        segment->device_rng = rng_state(at::globalContext().defaultGenerator(input.device()));
+      }
+    }
+    return run_checked(*segment, input, "in the forward");
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    Segment& s = segment_of(ctx);
+    const at::Tensor saved = ctx->get_saved_variables()[0];
+    at::Tensor input = saved.detach();
+    if (s.input_needs_grad) input.requires_grad_(true);
+    at::Tensor out;
+    {
+      RngAsAtForward rng(s);
+      at::AutoGradMode enable(true);
+      out = run_checked(s, input, "when recomputed in the backward");
+    }
+    DTRAIN_CHECK_ARG(out.sizes() == grads[0].sizes(),
+                     "activation_checkpoint: the segment returned ", out.sizes(),
+                     " when recomputed in the backward but ", grads[0].sizes(),
+                     " in the forward; it must compute the same thing twice");
+    if (out.requires_grad()) {
+      detail::NestedBackward nested;  // DDP's end-of-backward work waits for the enclosing pass
+      torch::autograd::backward({out}, {grads[0]});
+    }
+    return {s.input_needs_grad ? input.grad() : at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor activation_checkpoint(const std::function<at::Tensor(at::Tensor)>& segment,
+                                 const at::Tensor& input,
+                                 const ActivationCheckpointOptions& options) {
+  DTRAIN_CHECK_ARG(static_cast<bool>(segment), "activation_checkpoint: no segment to run");
+  DTRAIN_CHECK_ARG(input.defined(), "activation_checkpoint: the input is an undefined tensor");
+  if (!at::GradMode::is_enabled()) return segment(input);
+  auto s = c10::make_intrusive<Segment>();
+  s->run = segment;
+  s->input_needs_grad = input.requires_grad();
+  s->preserve_rng = options.preserve_rng_state();
+  const auto anchor = at::empty({0}, input.options().dtype(at::kFloat)).requires_grad_(true);
+  return CheckpointFunction::apply(input, anchor, s);
+}
+
+}  // namespace dtrain

@@ -1,0 +1,209 @@
+// Activation checkpointing against the same model run plainly: the same
+// gradients (dropout's mask drawn again), no activation of a segment kept
+// in the graph, integer inputs and inputs without gradients, DDP over a
+// model that checkpoints its blocks equal to one process, and bad use named.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "dtrain/activation_checkpoint.h"
+#include "dtrain/ddp.h"
+#include "dtrain/errors.h"
+#include "harness/assertions.h"
+#include "harness/thread_ranks.h"
+
+namespace dtrain {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::RankContext;
+
+// Two blocks (Linear, dropout, tanh) and a head; each block may run as a
+// checkpointed segment.
+struct BlocksImpl : torch::nn::Module {
+  BlocksImpl(bool checkpoint, bool preserve_rng = true, double dropout = 0.3)
+      : checkpoint(checkpoint), preserve_rng(preserve_rng) {
+    for (int i = 0; i < 2; ++i)
+      blocks.push_back(register_module("block" + std::to_string(i),
+                                       torch::nn::Sequential(torch::nn::Linear(8, 8),
+                                                             torch::nn::Dropout(dropout),
+                                                             torch::nn::Tanh())));
+    head = register_module("head", torch::nn::Linear(8, 3));
+  }
+  // With head_in_segment, the head runs inside the last block's segment:
+  // the backward then starts inside a recomputation.
+  at::Tensor forward(at::Tensor x) {
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const bool with_head = head_in_segment && i + 1 == blocks.size();
+      // By value: the segment runs again in the backward, after this loop.
+      auto run = [this, i, with_head](at::Tensor h) {
+        h = blocks[i]->forward(h);
+        return with_head ? head->forward(h) : h;
+      };
+      x = checkpoint ? activation_checkpoint(
+                           run, x, ActivationCheckpointOptions().preserve_rng_state(preserve_rng))
+                     : run(x);
+    }
+    return head_in_segment ? x : head->forward(x);
+  }
+  bool checkpoint, preserve_rng, head_in_segment = false;
+  std::vector<torch::nn::Sequential> blocks;
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(Blocks);
+
+// The model's parameters' gradients and the input's after one backward,
+// from seed 5 for the weights and seed 9 for the data and dropout.
+std::vector<at::Tensor> gradients(Blocks model, bool input_needs_grad) {
+  torch::manual_seed(9);
+  auto x = torch::randn({4, 8}).requires_grad_(input_needs_grad);
+  auto y = torch::randn({4, 3});
+  torch::mse_loss(model->forward(x), y).backward();
+  std::vector<at::Tensor> out;
+  for (const auto& p : model->parameters()) out.push_back(p.grad().clone());
+  if (input_needs_grad) out.push_back(x.grad().clone());
+  return out;
+}
+
+Blocks seeded(bool checkpoint, bool preserve_rng = true) {
+  torch::manual_seed(5);
+  return Blocks(checkpoint, preserve_rng);
+}
+
+TEST(ActivationCheckpoint, GradientsEqualTheSegmentsRunPlainlyWithTheSameDropoutMasks) {
+  for (const bool input_needs_grad : {true, false}) {
+    SCOPED_TRACE(input_needs_grad ? "input needs grad" : "input needs no grad");
+    const auto plain = gradients(seeded(false), input_needs_grad);
+    const auto checkpointed = gradients(seeded(true), input_needs_grad);
+    ASSERT_EQ(plain.size(), checkpointed.size());
+    for (size_t i = 0; i < plain.size(); ++i)
+      EXPECT_TRUE(at::allclose(checkpointed[i], plain[i], 1e-6, 1e-7)) << "gradient #" << i;
+    // Without the generators put back, the recomputation draws other
+    // masks: the gradients differ (what the option is for).
+    const auto redrawn = gradients(seeded(true, /*preserve_rng=*/false), input_needs_grad);
+    EXPECT_FALSE(at::allclose(redrawn[0], plain[0], 1e-6, 1e-7));
+  }
+}
+
+TEST(ActivationCheckpoint, TheBackwardLeavesTheRandomNumberGeneratorAsItFoundIt) {
+  auto model = seeded(true);
+  torch::manual_seed(11);
+  auto x = torch::randn({4, 8}, torch::requires_grad());
+  auto out = model->forward(x);
+  const auto before = torch::randn({16});  // drawn after the forward
+  torch::manual_seed(11);
+  auto x2 = torch::randn({4, 8}, torch::requires_grad());
+  auto out2 = model->forward(x2);
+  out2.sum().backward();
+  EXPECT_TRUE(at::equal(torch::randn({16}), before));
+}
+
+TEST(ActivationCheckpoint, TheGraphHoldsOnlyTheSegmentsInput) {
+  torch::manual_seed(5);
+  torch::nn::Linear a(8, 8), b(8, 8);
+  auto x = torch::randn({4, 8}, torch::requires_grad());
+  auto y = activation_checkpoint([&](at::Tensor h) { return b(torch::tanh(a(h))); }, x);
+  ASSERT_TRUE(y.grad_fn());
+  // One node for the whole segment: its edges lead to the input's
+  // accumulator and the anchor, none into the segment's own operations.
+  const auto& edges = y.grad_fn()->next_edges();
+  ASSERT_EQ(edges.size(), 2u);
+  EXPECT_EQ(edges[0].function, torch::autograd::impl::gradient_edge(x).function);
+  EXPECT_EQ(edges[0].function->name(), std::string("torch::autograd::AccumulateGrad"));
+  EXPECT_EQ(edges[1].function->name(), std::string("torch::autograd::AccumulateGrad"));
+}
+
+TEST(ActivationCheckpoint, AnIntegerInputStillGivesTheParametersTheirGradients) {
+  torch::manual_seed(5);
+  torch::nn::Embedding table(10, 4);
+  const auto ids = torch::tensor({1, 3, 3, 7});
+  torch::mse_loss(table(ids), torch::ones({4, 4})).backward();
+  const auto plain = table->weight.grad().clone();
+  table->weight.mutable_grad().reset();
+  torch::mse_loss(activation_checkpoint([&](at::Tensor i) { return table(i); }, ids),
+                  torch::ones({4, 4}))
+      .backward();
+  EXPECT_TRUE(at::allclose(table->weight.grad(), plain));
+}
+
+TEST(ActivationCheckpoint, WithoutGradientsTheSegmentSimplyRuns) {
+  torch::NoGradGuard no_grad;
+  int runs = 0;
+  auto y = activation_checkpoint([&](at::Tensor h) { ++runs; return h * 2; }, torch::ones({2}));
+  EXPECT_EQ(runs, 1);
+  EXPECT_FALSE(y.requires_grad());
+  EXPECT_TRUE(at::equal(y, torch::full({2}, 2.0)));
+}
+
+TEST(ActivationCheckpoint, BadUseIsNamed) {
+  EXPECT_TRUE(testing::Contains(
+      testing::what_thrown<InvalidArgument>([] { activation_checkpoint(nullptr, torch::ones({2})); }),
+      "activation_checkpoint: no segment to run"));
+  auto x = torch::ones({2}, torch::requires_grad());
+  EXPECT_TRUE(testing::Contains(
+      testing::what_thrown<InvalidArgument>(
+          [&] { activation_checkpoint([](at::Tensor) { return at::Tensor(); }, x); }),
+      "activation_checkpoint: the segment returned no tensor in the forward"));
+  // A segment that computes something else the second time.
+  int runs = 0;
+  auto y = activation_checkpoint(
+      [&](at::Tensor h) { return ++runs == 1 ? h * 2 : torch::cat({h, h}); }, x);
+  // The engine may wrap what a backward function throws: the text is ours.
+  EXPECT_TRUE(testing::Contains(testing::what_thrown<InvalidArgument>([&] { y.sum().backward(); }),
+                                "activation_checkpoint: the segment returned [4] when recomputed "
+                                "in the backward but [2] in the forward"));
+}
+
+// DDP over 2 ranks whose model checkpoints its blocks: every gradient
+// equals one process on the whole batch, before and after DDP rebuilt its
+// buckets (no dropout: the ranks would draw their own masks).
+void expect_ddp_equals_one_process(bool head_in_segment) {
+  constexpr int kWorld = 2, kBatch = 4;
+  torch::manual_seed(9);
+  const auto x = torch::randn({kWorld * kBatch, 8}), y = torch::randn({kWorld * kBatch, 3});
+  auto reference = seeded(false);
+  reference->eval();
+  torch::mse_loss(reference->forward(x), y).backward();
+  std::vector<Blocks> models;
+  for (int r = 0; r < kWorld; ++r) {
+    models.push_back(seeded(true));
+    models.back()->head_in_segment = head_in_segment;
+    models.back()->eval();
+  }
+  testing::expect_no_errors(testing::run_rank_contexts(kWorld, [&](RankContext& ctx) {
+    DistributedDataParallel ddp(models[ctx.rank], DDPOptions().process_group(ctx.group));
+    for (int step = 0; step < 2; ++step) {
+      for (auto& p : ddp.parameters()) p.mutable_grad().reset();
+      torch::mse_loss(ddp.forward(x.narrow(0, ctx.rank * kBatch, kBatch)),
+                      y.narrow(0, ctx.rank * kBatch, kBatch))
+          .backward();
+      const auto want = reference->parameters();
+      const auto got = models[ctx.rank]->parameters();
+      for (size_t i = 0; i < want.size(); ++i)
+        EXPECT_TRUE(at::allclose(got[i].grad(), want[i].grad(), 1e-5, 1e-6))
+            << "rank " << ctx.rank << " step " << step << " gradient #" << i;
+    }
+  }, 60s));
+}
+
+// DDP's reduction is queued by the first gradient that is ready. With the
+// head inside the last segment, that is one of the segment's parameters,
+// inside a recomputation's own backward; the reduction must still wait for
+// the enclosing backward, which has the first block to do (without
+// end_of_backward.h it ran when the inner backward ended, and failed).
+TEST(ActivationCheckpoint, DdpOverCheckpointedBlocksEqualsOneProcess) {
+  {
+    SCOPED_TRACE("the backward starts inside a segment");
+    expect_ddp_equals_one_process(/*head_in_segment=*/true);
+  }
+  {
+    SCOPED_TRACE("the backward starts outside every segment");
+    expect_ddp_equals_one_process(/*head_in_segment=*/false);
+  }
+}
+
+}  // namespace
+}  // namespace dtrain
