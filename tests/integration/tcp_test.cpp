@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <optional>
 #include <thread>
 
 #include "common/socket.h"
@@ -110,20 +111,30 @@ class FakePeer {
   std::vector<net::Fd> fds;
 };
 
+// Rank 0's real transport (2 streams) connected to the fake rank 1.
+struct RealAndFake {
+  explicit RealAndFake(size_t unexpected_bytes) : store(10s) {
+    transport::TcpOptions options;
+    options.unexpected_bytes = unexpected_bytes;
+    options.streams = 2;
+    options.timeout = 10s;
+    options.name = "hostile";
+    std::thread real([&] { t = transport::connect_tcp(store, 0, 2, options); });
+    fake.emplace(store, options.streams);
+    real.join();
+  }
+  HashStore store;
+  std::unique_ptr<transport::Transport> t;
+  std::optional<FakePeer> fake;
+};
+
 // Rank 0's real transport against the fake rank 1; returns what rank 0's
 // receive of 100 bytes throws.
 std::string receive_from_fake(const std::function<void(FakePeer&)>& act,
                               bool breaks = true, size_t unexpected_bytes = size_t{64} << 20) {
-  HashStore store(10s);
-  transport::TcpOptions options;
-  options.unexpected_bytes = unexpected_bytes;
-  options.streams = 2;
-  options.timeout = 10s;
-  options.name = "hostile";
-  std::unique_ptr<transport::Transport> t;
-  std::thread real([&] { t = transport::connect_tcp(store, 0, 2, options); });
-  FakePeer fake(store, options.streams);
-  real.join();
+  RealAndFake ends(unexpected_bytes);
+  auto& t = ends.t;
+  auto& fake = *ends.fake;
   std::vector<uint8_t> buf(100);
   auto request = t->irecv(1, 42, buf.data(), buf.size());
   act(fake);
@@ -222,16 +233,9 @@ TEST(TcpTransport, APeerThatSendsAnUnaskedPayloadFailsTheGroup) {
 // Before the fix it was: the second half of the buffer changed after the
 // receive had failed.
 TEST(TcpTransport, AnAnySourceReceiveThatFailsAsItMatchesTakesNoHeldPayload) {
-  HashStore store(10s);
-  transport::TcpOptions options;
-  options.unexpected_bytes = size_t{64} << 20;
-  options.streams = 2;
-  options.timeout = 10s;
-  options.name = "hostile";
-  std::unique_ptr<transport::Transport> t;
-  std::thread real([&] { t = transport::connect_tcp(store, 0, 2, options); });
-  FakePeer fake(store, options.streams);
-  real.join();
+  RealAndFake ends(size_t{64} << 20);
+  auto& t = ends.t;
+  auto& fake = *ends.fake;
   constexpr size_t kTotal = 512 << 10;  // over kSplitBytes: half on each stream
   constexpr size_t kHalf = kTotal / 2;
   std::vector<uint8_t> any(kTotal, 0xAA), probe_buffer(kTotal);
