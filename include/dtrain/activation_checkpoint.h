@@ -26,6 +26,8 @@
 // torch::autograd::grad(outputs, parameters). DistributedDataParallel
 // composes with it (its reduction waits for the enclosing backward): put the
 // checkpoints inside the wrapped module's forward, not around ddp.forward.
+// So does FullyShardedDataParallel: a FullyShard unit run as a segment
+// gathers its parameters again for the recomputation.
 // Under torch::NoGradGuard the segment simply runs. The segment must
 // compute the same thing twice (no state that changes between the two
 // runs, other than the random number generators), and it runs again in the

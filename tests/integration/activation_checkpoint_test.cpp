@@ -12,6 +12,7 @@
 #include "dtrain/activation_checkpoint.h"
 #include "dtrain/ddp.h"
 #include "dtrain/errors.h"
+#include "dtrain/fsdp.h"
 #include "harness/assertions.h"
 #include "harness/thread_ranks.h"
 
@@ -202,6 +203,84 @@ TEST(ActivationCheckpoint, DdpOverCheckpointedBlocksEqualsOneProcess) {
   {
     SCOPED_TRACE("the backward starts outside every segment");
     expect_ddp_equals_one_process(/*head_in_segment=*/false);
+  }
+}
+
+struct ShardBlockImpl : torch::nn::Module {
+  ShardBlockImpl() { fc = register_module("fc", torch::nn::Linear(8, 8)); }
+  at::Tensor forward(at::Tensor x) { return torch::tanh(fc(x)); }
+  torch::nn::Linear fc{nullptr};
+};
+
+// Two FSDP units and a head (in the root unit); the units may run as
+// checkpointed segments.
+struct ShardNetImpl : torch::nn::Module {
+  explicit ShardNetImpl(bool checkpoint) : checkpoint(checkpoint) {
+    for (int i = 0; i < 2; ++i)
+      blocks.push_back(register_module("block" + std::to_string(i),
+                                       std::make_shared<FullyShard<ShardBlockImpl>>()));
+    head = register_module("head", torch::nn::Linear(8, 3));
+  }
+  // With head_in_segment, the head runs inside the last unit's segment.
+  at::Tensor forward(at::Tensor x) {
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const bool with_head = head_in_segment && i + 1 == blocks.size();
+      auto run = [this, i, with_head](at::Tensor h) {
+        h = blocks[i]->forward(h);
+        return with_head ? head(h) : h;
+      };
+      x = checkpoint ? activation_checkpoint(run, x) : run(x);
+    }
+    return head_in_segment ? x : head(x);
+  }
+  bool checkpoint, head_in_segment = false;
+  std::vector<std::shared_ptr<FullyShard<ShardBlockImpl>>> blocks;
+  torch::nn::Linear head{nullptr};
+};
+
+// FSDP gathers a unit's parameters again for its recomputation: every
+// shard's gradient equals that of the same FSDP model run plainly.
+void expect_fsdp_segments_equal_plain(bool head_in_segment) {
+  constexpr int kWorld = 2, kBatch = 4;
+  torch::manual_seed(9);
+  const auto x = torch::randn({kWorld * kBatch, 8}), y = torch::randn({kWorld * kBatch, 3});
+  std::vector<std::shared_ptr<ShardNetImpl>> plain, checkpointed;
+  for (int r = 0; r < kWorld; ++r) {
+    torch::manual_seed(5);
+    plain.push_back(std::make_shared<ShardNetImpl>(false));
+    torch::manual_seed(5);
+    checkpointed.push_back(std::make_shared<ShardNetImpl>(true));
+    plain.back()->head_in_segment = checkpointed.back()->head_in_segment = head_in_segment;
+  }
+  testing::expect_no_errors(testing::run_rank_contexts(kWorld, [&](RankContext& ctx) {
+    const int r = ctx.rank;
+    FullyShardedDataParallel a(plain[r], FSDPOptions().process_group(ctx.group));
+    FullyShardedDataParallel b(checkpointed[r], FSDPOptions().process_group(ctx.group));
+    for (int step = 0; step < 2; ++step) {
+      const auto xr = x.narrow(0, r * kBatch, kBatch), yr = y.narrow(0, r * kBatch, kBatch);
+      for (auto& p : a.parameters()) p.mutable_grad().reset();
+      for (auto& p : b.parameters()) p.mutable_grad().reset();
+      torch::mse_loss(a.forward(xr), yr).backward();
+      torch::mse_loss(b.forward(xr), yr).backward();
+      const auto want = a.parameters(), got = b.parameters();
+      ASSERT_EQ(want.size(), got.size());
+      for (size_t i = 0; i < want.size(); ++i)
+        EXPECT_TRUE(at::allclose(got[i].grad(), want[i].grad(), 1e-5, 1e-6))
+            << "rank " << r << " step " << step << " shard #" << i;
+    }
+  }, 60s));
+}
+
+// As with DDP, FSDP's end of backward (its last reduce-scatters) must wait
+// for the enclosing backward when the backward starts inside a segment.
+TEST(ActivationCheckpoint, FsdpUnitsRunAsSegmentsGiveThePlainShardsGradients) {
+  {
+    SCOPED_TRACE("the backward starts inside a segment");
+    expect_fsdp_segments_equal_plain(/*head_in_segment=*/true);
+  }
+  {
+    SCOPED_TRACE("the backward starts outside every segment");
+    expect_fsdp_segments_equal_plain(/*head_in_segment=*/false);
   }
 }
 
