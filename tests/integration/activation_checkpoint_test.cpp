@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,34 @@ namespace {
 using namespace std::chrono_literals;
 using testing::RankContext;
 
+// Blocks, then a head; each block may run as a checkpointed segment. With
+// head_in_segment, the head runs inside the last block's segment: the
+// backward then starts inside a recomputation.
+template <typename Block>
+at::Tensor run_blocks(const std::vector<Block>& blocks, torch::nn::Linear head,
+                      at::Tensor x, bool checkpoint, bool head_in_segment,
+                      const ActivationCheckpointOptions& options = {}) {
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const bool with_head = head_in_segment && i + 1 == blocks.size();
+    // By value: the segment runs again in the backward, after this loop.
+    auto run = [block = blocks[i], head, with_head](at::Tensor h) mutable {
+      h = block->forward(h);
+      return with_head ? head->forward(h) : h;
+    };
+    x = checkpoint ? activation_checkpoint(run, x, options) : run(x);
+  }
+  return head_in_segment ? x : head->forward(x);
+}
+
+// Runs `check(head_in_segment)` both ways, naming which.
+void with_both_backward_starts(const std::function<void(bool)>& check) {
+  for (const bool head_in_segment : {true, false}) {
+    SCOPED_TRACE(head_in_segment ? "the backward starts inside a segment"
+                                 : "the backward starts outside every segment");
+    check(head_in_segment);
+  }
+}
+
 // Two blocks (Linear, dropout, tanh) and a head; each block may run as a
 // checkpointed segment.
 struct BlocksImpl : torch::nn::Module {
@@ -34,21 +63,9 @@ struct BlocksImpl : torch::nn::Module {
                                                              torch::nn::Tanh())));
     head = register_module("head", torch::nn::Linear(8, 3));
   }
-  // With head_in_segment, the head runs inside the last block's segment:
-  // the backward then starts inside a recomputation.
   at::Tensor forward(at::Tensor x) {
-    for (size_t i = 0; i < blocks.size(); ++i) {
-      const bool with_head = head_in_segment && i + 1 == blocks.size();
-      // By value: the segment runs again in the backward, after this loop.
-      auto run = [this, i, with_head](at::Tensor h) {
-        h = blocks[i]->forward(h);
-        return with_head ? head->forward(h) : h;
-      };
-      x = checkpoint ? activation_checkpoint(
-                           run, x, ActivationCheckpointOptions().preserve_rng_state(preserve_rng))
-                     : run(x);
-    }
-    return head_in_segment ? x : head->forward(x);
+    return run_blocks(blocks, head, x, checkpoint, head_in_segment,
+                      ActivationCheckpointOptions().preserve_rng_state(preserve_rng));
   }
   bool checkpoint, preserve_rng, head_in_segment = false;
   std::vector<torch::nn::Sequential> blocks;
@@ -196,14 +213,7 @@ void expect_ddp_equals_one_process(bool head_in_segment) {
 // the enclosing backward, which has the first block to do (without
 // end_of_backward.h it ran when the inner backward ended, and failed).
 TEST(ActivationCheckpoint, DdpOverCheckpointedBlocksEqualsOneProcess) {
-  {
-    SCOPED_TRACE("the backward starts inside a segment");
-    expect_ddp_equals_one_process(/*head_in_segment=*/true);
-  }
-  {
-    SCOPED_TRACE("the backward starts outside every segment");
-    expect_ddp_equals_one_process(/*head_in_segment=*/false);
-  }
+  with_both_backward_starts(expect_ddp_equals_one_process);
 }
 
 struct ShardBlockImpl : torch::nn::Module {
@@ -221,17 +231,8 @@ struct ShardNetImpl : torch::nn::Module {
                                        std::make_shared<FullyShard<ShardBlockImpl>>()));
     head = register_module("head", torch::nn::Linear(8, 3));
   }
-  // With head_in_segment, the head runs inside the last unit's segment.
   at::Tensor forward(at::Tensor x) {
-    for (size_t i = 0; i < blocks.size(); ++i) {
-      const bool with_head = head_in_segment && i + 1 == blocks.size();
-      auto run = [this, i, with_head](at::Tensor h) {
-        h = blocks[i]->forward(h);
-        return with_head ? head(h) : h;
-      };
-      x = checkpoint ? activation_checkpoint(run, x) : run(x);
-    }
-    return head_in_segment ? x : head(x);
+    return run_blocks(blocks, head, x, checkpoint, head_in_segment);
   }
   bool checkpoint, head_in_segment = false;
   std::vector<std::shared_ptr<FullyShard<ShardBlockImpl>>> blocks;
@@ -274,14 +275,7 @@ void expect_fsdp_segments_equal_plain(bool head_in_segment) {
 // As with DDP, FSDP's end of backward (its last reduce-scatters) must wait
 // for the enclosing backward when the backward starts inside a segment.
 TEST(ActivationCheckpoint, FsdpUnitsRunAsSegmentsGiveThePlainShardsGradients) {
-  {
-    SCOPED_TRACE("the backward starts inside a segment");
-    expect_fsdp_segments_equal_plain(/*head_in_segment=*/true);
-  }
-  {
-    SCOPED_TRACE("the backward starts outside every segment");
-    expect_fsdp_segments_equal_plain(/*head_in_segment=*/false);
-  }
+  with_both_backward_starts(expect_fsdp_segments_equal_plain);
 }
 
 }  // namespace
