@@ -10,10 +10,13 @@
 #   scripts/sanitize.sh address-torch
 #                                 ASan+UBSan over the whole library and the
 #                                 thread-rank suites (collectives on every
-#                                 backend, the dtype matrix at world sizes 2
-#                                 and 3; DDP, DataParallel); leak checks off:
-#                                 libtorch's own allocations at exit are not
-#                                 ours to judge. ~15 min on 2 cores.
+#                                 backend, the dtype matrix at world sizes 1
+#                                 to 3; DDP, DataParallel, tensor parallelism
+#                                 and activation checkpointing); leak checks
+#                                 off: libtorch's own allocations at exit are
+#                                 not ours to judge. About 9 min on 2 cores
+#                                 from nothing (most of it compiling), 4
+#                                 with ccache.
 #   scripts/sanitize.sh thread    ThreadSanitizer over the store suites (server
 #                                 thread, many clients, waiters, limits) and
 #                                 the shm segments and rings. Not over libtorch: a
@@ -38,7 +41,7 @@ case $mode in
   *) echo "sanitize.sh: unknown mode '$mode' (expected address, thread or address-torch)" >&2; exit 2 ;;
 esac
 targets=(unit_test)
-[ "$mode" = address-torch ] && targets=(collectives_test ddp_test data_parallel_test)
+[ "$mode" = address-torch ] && targets=(collectives_test ddp_test data_parallel_test tensor_parallel_test)
 bash scripts/setup.sh test
 echo "sanitize: configuring ./$dir (-fsanitize=$flags)"
 # No NCCL: nothing here can run it (no GPU); keeps CI's build short.
