@@ -6,8 +6,8 @@
 #include "dtrain/activation_checkpoint.h"
 
 #include <ATen/Context.h>
-#include <torch/autograd.h>
 #include <ATen/core/ivalue.h>
+#include <torch/autograd.h>
 
 #include <mutex>
 #include <optional>
