@@ -16,6 +16,9 @@
 //   rank_worker p2p-loop [BACKEND]
 //                             as loop, with send/recv around a ring of ranks
 //                             (rank r sends to r+1, receives from r-1)
+//   rank_worker peer-leaves|recv-from-last [BACKEND]
+//                             a peer leaves, or rank 0 waits on the last
+//                             rank (rank_worker.h)
 //   rank_worker init          init only; on failure print "caught ..." and
 //                             exit 2 (used for bad-environment tests)
 //   rank_worker ddp           DDP training of a small MLP for 3 steps; prints
@@ -663,6 +666,8 @@ int main(int argc, char** argv) {
       return check_collectives(argc > 2 ? argv[2] : "env://", argc > 3 ? argv[3] : "auto");
     if (mode == "loop") return loop(argc > 2 ? argv[2] : "auto");
     if (mode == "p2p-loop") return p2p_loop(argc > 2 ? argv[2] : "auto");
+    if (mode == "peer-leaves") return peer_leaves(argc > 2 ? argv[2] : "auto");
+    if (mode == "recv-from-last") return recv_from_last(argc > 2 ? argv[2] : "auto");
     if (mode == "matrix") return check_matrix(argc > 2 ? argv[2] : "auto");
     if (mode == "ddp-equivalence")
       return ddp_equivalence(argc > 2 ? argv[2] : "auto",

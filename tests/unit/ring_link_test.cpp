@@ -128,6 +128,27 @@ TEST(RingLink, APeerWhoseLivenessLockIsGoneReadsAsAReset) {
   EXPECT_EQ(errno, EPIPE);
 }
 
+// The liveness check is due by the clock: an I/O thread that finds a link
+// ready at every wait (here unread bytes of the dead peer, in the engine any
+// busy peer) still hears of the death within about 0.1 s.
+TEST(RingLink, APeerDiesUnnoticedByNoPollerThatIsNeverIdle) {
+  Pair pair(/*rank1_alive=*/false);
+  const uint8_t last[3] = {7, 8, 9};
+  const iovec iov{const_cast<uint8_t*>(last), sizeof(last)};
+  ASSERT_EQ(pair.b->write(&iov, 1), 3);  // left unread: the link stays ready
+  RingPoller poller(&pair.bells[0], pair.seg0);
+  poller.add(*pair.a, pair.a.get());
+  std::vector<transport::Poller::Ready> ready;
+  const auto start = std::chrono::steady_clock::now();
+  bool gone = false;
+  while (!gone && std::chrono::steady_clock::now() - start < std::chrono::seconds(2)) {
+    ASSERT_TRUE(poller.wait(ready));
+    ASSERT_EQ(ready.size(), 1u);
+    gone = pair.a->write(&iov, 1) == -1 && errno == EPIPE;
+  }
+  EXPECT_TRUE(gone) << "2 s of waits that each returned at once never checked the peer";
+}
+
 TEST(RingLink, StopEndsAWaitFromAnotherThread) {
   Pair pair;
   RingPoller poller(&pair.bells[0], pair.seg0);

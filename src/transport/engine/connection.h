@@ -152,6 +152,7 @@ struct Connection {
   std::string name;    // "rank 3 (10.0.0.2:41234)"
   std::string label;   // "tcp" or "shm": the first word of its messages
   std::exception_ptr dead;  // set once: EOF, error, or the transport failed
+  bool polled = false;      // its link is in `poller`'s set (until it dies)
 
   // Sending: parts in order, and control frames (kCts, kCredit), which go
   // before the next part; the frame being written may be either.

@@ -108,6 +108,7 @@ Engine::Engine(Links links, int rank, int size, const EngineOptions& options)
       c->credit = c->credit_limit = links.grants[p][s];
       c->eager_limit = links.granted;
       c->poller->add(*c->link, c.get());
+      c->polled = true;
       conns_[p].push_back(std::move(c));
     }
   }
@@ -216,8 +217,12 @@ void Engine::close_in_order() {
 }
 
 bool Engine::kill(Connection& c, std::exception_ptr error) {
-  if (!c.dead) {
-    c.dead = error;
+  if (!c.dead) c.dead = error;
+  // However it died (here, or on the I/O path that set `dead` first), its
+  // link leaves the poller: a dead socket or ring reads as ready for ever,
+  // and left in the set it would wake the I/O thread at every wait.
+  if (c.polled) {
+    c.polled = false;
     c.poller->remove(*c.link);
   }
   bool pending = false;

@@ -111,7 +111,7 @@ bool RingLink::writable() const {
 }
 
 RingPoller::RingPoller(Doorbell* own_bell, std::shared_ptr<const Segment> segment)
-    : own_bell_(own_bell), segment_(std::move(segment)) {}
+    : own_bell_(own_bell), segment_(std::move(segment)), next_check_(Clock::now() + kLivenessCheck) {}
 
 void RingPoller::add(Link& link, void* key) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -155,18 +155,18 @@ void RingPoller::check_peers() {
 bool RingPoller::wait(std::vector<Ready>& ready) {
   ready.clear();
   const auto spin_until = Clock::now() + kSpin;
-  auto next_check = Clock::now() + kLivenessCheck;
   for (;;) {
     if (stopped_.load(std::memory_order_acquire)) return false;
     const uint32_t seen = own_bell_->rings.load(std::memory_order_seq_cst);
+    // Due by the clock, not by idleness: a thread that finds some link
+    // ready at every call still hears of a peer that died meanwhile.
+    const auto now = Clock::now();
+    if (now >= next_check_) {
+      check_peers();
+      next_check_ = now + kLivenessCheck;
+    }
     scan(ready);
     if (!ready.empty()) return true;
-    const auto now = Clock::now();
-    if (now >= next_check) {
-      check_peers();
-      next_check = now + kLivenessCheck;
-      continue;
-    }
     if (now < spin_until) {
       DTRAIN_CPU_RELAX();
       continue;
@@ -174,7 +174,7 @@ bool RingPoller::wait(std::vector<Ready>& ready) {
     own_bell_->sleeping.store(1, std::memory_order_seq_cst);
     if (own_bell_->rings.load(std::memory_order_seq_cst) == seen &&
         !stopped_.load(std::memory_order_acquire))
-      futex_wait(own_bell_->rings, seen, next_check - now);
+      futex_wait(own_bell_->rings, seen, next_check_ - now);
     own_bell_->sleeping.store(0, std::memory_order_relaxed);
   }
 }

@@ -10,12 +10,13 @@
 // move, the side that moved rings the other rank's doorbell (a counter it
 // sleeps on with futex(2)), so one doorbell per rank serves all its rings:
 // data to read, and room to write. The poller spins a little before it
-// sleeps (peers answer within microseconds), and while asleep it wakes every
-// 100 ms to ask the kernel whether each peer still holds its liveness lock
+// sleeps (peers answer within microseconds), and every 100 ms, asleep or
+// busy, it asks the kernel whether each peer still holds its liveness lock
 // (segment.h): a dead peer's link then reads what is left and then fails
 // with ECONNRESET, and writes to it fail with EPIPE, as a socket would.
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -102,6 +103,9 @@ class RingPoller final : public transport::Poller {
   std::mutex mutex_;
   std::vector<Entry> entries_;
   std::atomic<bool> stopped_{false};
+  // When wait() next asks whether the peers live (only wait() touches it:
+  // one I/O thread per poller).
+  std::chrono::steady_clock::time_point next_check_{};
 };
 
 }  // namespace dtrain::shm
