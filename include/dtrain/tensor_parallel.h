@@ -31,9 +31,8 @@
 //
 // Every rank of the group runs the same forwards and backwards (the region
 // operations are collectives). The group must outlive the backward passes
-// through a module. See docs/tensor-parallel.md (what is not here yet:
-// sequence parallelism, the plan form; activation checkpointing is in
-// activation_checkpoint.h).
+// through a module. See docs/tensor-parallel.md (what is not here yet: the
+// plan form; activation checkpointing is in activation_checkpoint.h).
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
@@ -59,6 +58,19 @@ struct ParallelLinearOptions {
   DTRAIN_ARG(bool, input_is_parallel) = true;
   // The tensor-parallel group; null: the default group.
   DTRAIN_ARG(std::shared_ptr<ProcessGroup>, group) = nullptr;
+  // Sequence parallelism (Megatron's; PyTorch's SequenceParallel between
+  // ColwiseParallel and RowwiseParallel): outside the layers, activations
+  // are split along the sequence dimension over the group. A column layer
+  // takes this rank's sequence shard and all-gathers it (reduce-scatter of
+  // the gradient); a row layer reduce-scatters its output along the
+  // sequence (all-gather of the gradient), where without it it would
+  // all-reduce; an embedding reduce-scatters its lookups. Not with
+  // gather_output, and a row layer's input must be parallel.
+  DTRAIN_ARG(bool, sequence_parallel) = false;
+  // Which dimension is the sequence: 1 for [batch, sequence, ...] (PyTorch's
+  // default), 0 for Megatron's [sequence, batch, ...]; negative counts from
+  // the end.
+  DTRAIN_ARG(int64_t, sequence_dim) = 1;
 };
 
 // The region operations, each an autograd function over `group`:
@@ -72,6 +84,34 @@ at::Tensor copy_to_region(const at::Tensor& x, const std::shared_ptr<ProcessGrou
 at::Tensor reduce_from_region(const at::Tensor& x, const std::shared_ptr<ProcessGroup>& group);
 at::Tensor gather_from_region(const at::Tensor& x, const std::shared_ptr<ProcessGroup>& group);
 at::Tensor scatter_to_region(const at::Tensor& x, const std::shared_ptr<ProcessGroup>& group);
+
+// Sequence parallelism's region operations, along dimension `dim` (the
+// sequence), which must split evenly over the group:
+// scatter_to_sequence_region: this rank's slice forward, all_gather of the
+// gradient backward (where a whole sequence enters the split region);
+// gather_from_sequence_region: all_gather forward, reduce_scatter (sum) of
+// the gradient backward (into a column-parallel layer, whose ranks each
+// hold part of the input's gradient); reduce_scatter_to_sequence_region:
+// reduce_scatter (sum) forward, all_gather of the gradient backward (out
+// of a row-parallel layer).
+at::Tensor scatter_to_sequence_region(const at::Tensor& x, const std::shared_ptr<ProcessGroup>& group,
+                                      int64_t dim = 1);
+at::Tensor gather_from_sequence_region(const at::Tensor& x, const std::shared_ptr<ProcessGroup>& group,
+                                       int64_t dim = 1);
+at::Tensor reduce_scatter_to_sequence_region(const at::Tensor& x,
+                                             const std::shared_ptr<ProcessGroup>& group,
+                                             int64_t dim = 1);
+
+// For a module that runs on sequence shards between sequence-parallel
+// layers (a LayerNorm or RMSNorm, whose weights are whole on every rank):
+// each of its parameters' gradients is summed over `group` as it arrives
+// (a hook on the parameter), so that every rank gets the gradient of the
+// whole sequence, as PyTorch's SequenceParallel and Megatron's
+// sequence-parallel norms do. Marking a parameter again for the same group
+// does nothing; for another group it is an InvalidArgument. Returns the
+// number of parameters newly marked.
+int64_t mark_sequence_parallel(torch::nn::Module& module,
+                               const std::shared_ptr<ProcessGroup>& group = nullptr);
 
 class ColumnParallelLinearImpl : public torch::nn::Module {
  public:

@@ -29,6 +29,23 @@ void check_features(const at::Tensor& input, int64_t features, const char* modul
                    " (", expected, ")");
 }
 
+// Sequence parallelism's constraints (tensor_parallel.h), at construction.
+void check_sequence_options(const ParallelLinearOptions& o, const char* module) {
+  if (!o.sequence_parallel()) return;
+  DTRAIN_CHECK_ARG(!o.gather_output(), module, ": gather_output with sequence_parallel (the output "
+                   "is this rank's features of the whole sequence; gather it yourself if needed)");
+  DTRAIN_CHECK_ARG(o.input_is_parallel(), module, ": sequence_parallel needs input_is_parallel "
+                   "(its input is this rank's features of the whole sequence)");
+}
+
+// options.sequence_dim() for `x`, checked.
+int64_t sequence_dim_of(const at::Tensor& x, const ParallelLinearOptions& o, const char* module) {
+  const int64_t d = o.sequence_dim() < 0 ? o.sequence_dim() + x.dim() : o.sequence_dim();
+  DTRAIN_CHECK_ARG(d >= 0 && d < x.dim() - 1, module, ": sequence_dim ", o.sequence_dim(),
+                   " of an input of shape ", x.sizes(), " (the last dimension is the features)");
+  return d;
+}
+
 }  // namespace
 
 ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t in_features, int64_t out_features,
@@ -39,6 +56,7 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(const torch::nn::Linear& full
                                                    const ParallelLinearOptions& options)
     : options_(options), in_(full->options.in_features()), out_(full->options.out_features()) {
   options_.group(detail::group_or_default(options.group(), "ColumnParallelLinear"));
+  check_sequence_options(options_, "ColumnParallelLinear");
   take_shard(full);
 }
 
@@ -56,7 +74,12 @@ void ColumnParallelLinearImpl::take_shard(const torch::nn::Linear& full) {
 at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& input) {
   check_features(input, in_, "ColumnParallelLinear", "in_features");
   const auto& g = options_.group();
-  auto out = torch::nn::functional::linear(copy_to_region(input, g), weight, bias);
+  // Sequence parallel: this rank's sequence shard, gathered whole.
+  const auto x = options_.sequence_parallel()
+                     ? gather_from_sequence_region(
+                           input, g, sequence_dim_of(input, options_, "ColumnParallelLinear"))
+                     : copy_to_region(input, g);
+  auto out = torch::nn::functional::linear(x, weight, bias);
   return options_.gather_output() ? gather_from_region(out, g) : out;
 }
 
@@ -68,6 +91,7 @@ RowParallelLinearImpl::RowParallelLinearImpl(const torch::nn::Linear& full,
                                              const ParallelLinearOptions& options)
     : options_(options), in_(full->options.in_features()), out_(full->options.out_features()) {
   options_.group(detail::group_or_default(options.group(), "RowParallelLinear"));
+  check_sequence_options(options_, "RowParallelLinear");
   take_shard(full);
 }
 
@@ -85,6 +109,13 @@ void RowParallelLinearImpl::take_shard(const torch::nn::Linear& full) {
 at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
   const auto& g = options_.group();
   const int64_t part = in_ / g->size();
+  int64_t d = 0;  // the sequence dimension, under sequence parallelism
+  if (options_.sequence_parallel()) {
+    d = sequence_dim_of(input, options_, "RowParallelLinear");
+    DTRAIN_CHECK_ARG(input.size(d) % g->size() == 0, "RowParallelLinear: the sequence (dimension ",
+                     d, ", ", input.size(d), ") does not split over the ", g->size(),
+                     " ranks of group '", g->name(), "'");
+  }
   at::Tensor x = input;
   if (options_.input_is_parallel()) {
     check_features(input, part, "RowParallelLinear",
@@ -93,8 +124,16 @@ at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
     check_features(input, in_, "RowParallelLinear", "in_features");
     x = scatter_to_region(input, g);
   }
-  auto out = reduce_from_region(torch::nn::functional::linear(x, weight), g);
-  return bias.defined() ? out + bias : out;
+  const auto partial = torch::nn::functional::linear(x, weight);
+  if (!options_.sequence_parallel()) {
+    const auto out = reduce_from_region(partial, g);
+    return bias.defined() ? out + bias : out;
+  }
+  // This rank's sequence shard of the sum. The bias, whole on every rank,
+  // then meets only this shard's rows: its gradient is summed over the
+  // group (copy_to_region) to be the whole sequence's.
+  const auto out = reduce_scatter_to_sequence_region(partial, g, d);
+  return bias.defined() ? out + copy_to_region(bias, g) : out;
 }
 
 }  // namespace dtrain::tensor_parallel

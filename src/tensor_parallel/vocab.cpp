@@ -56,7 +56,13 @@ at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
   // get no gradient here.
   const auto local = at::where(mine, ids - first_, at::zeros_like(ids));
   auto rows = torch::embedding(weight, local) * mine.unsqueeze(-1).to(weight.scalar_type());
-  return reduce_from_region(rows, options_.group());
+  if (!options_.sequence_parallel()) return reduce_from_region(rows, options_.group());
+  // Sequence parallel: this rank's sequence shard of the summed lookups.
+  const int64_t d = options_.sequence_dim() < 0 ? options_.sequence_dim() + ids.dim()
+                                                : options_.sequence_dim();
+  DTRAIN_CHECK_ARG(d >= 0 && d < ids.dim(), "VocabParallelEmbedding: sequence_dim ",
+                   options_.sequence_dim(), " of ids of shape ", ids.sizes());
+  return reduce_scatter_to_sequence_region(rows, options_.group(), d);
 }
 
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits_shard, const at::Tensor& target,

@@ -13,6 +13,7 @@
 
 #include "dtrain/tensor_parallel.h"
 #include "harness/assertions.h"
+#include "harness/shards.h"
 #include "harness/thread_ranks.h"
 
 namespace dtrain {
@@ -20,25 +21,12 @@ namespace {
 
 namespace tp = tensor_parallel;
 using namespace std::chrono_literals;
+using testing::copy_of;
+using testing::expect_close;
 using testing::RankContext;
+using testing::shard;
 
 constexpr int kTpSteps = 5;
-
-torch::nn::Linear copy_of(const torch::nn::Linear& l) {
-  return std::dynamic_pointer_cast<torch::nn::LinearImpl>(l->clone());
-}
-
-void expect_close(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
-  ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  const double scale = std::max(want.abs().max().item<double>(), 1e-12);
-  EXPECT_LE((got - want).abs().max().item<double>() / scale, 1e-5) << what;
-}
-
-// Rows (dim 0) or columns (dim 1) [r n/t, (r+1) n/t) of `t`.
-at::Tensor shard(const at::Tensor& t, int64_t dim, int rank, int ranks) {
-  const int64_t part = t.size(dim) / ranks;
-  return t.narrow(dim, rank * part, part);
-}
 
 // up: Linear(8, 16), tanh, down: Linear(16, 8); Adam; the first step's
 // output and gradients, and the parameters after kTpSteps steps.

@@ -1,0 +1,178 @@
+// Sequence parallelism's region operations and the marking of parameters
+// that live on sequence shards (tensor_parallel.h), as autograd functions
+// over the group, along any dimension. The group travels through the
+// autograd context as its address, as in regions.cpp.
+
+#include <c10/util/intrusive_ptr.h>
+#include <torch/autograd.h>
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "common/enforce.h"
+#include "dtrain/tensor_parallel.h"
+#include "tensor_parallel/group.h"
+
+namespace dtrain::tensor_parallel {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+ProcessGroup& group_at(int64_t address) { return *reinterpret_cast<ProcessGroup*>(address); }
+
+int64_t sequence_dim(const at::Tensor& x, int64_t dim, const char* what) {
+  const int64_t d = dim < 0 ? dim + x.dim() : dim;
+  DTRAIN_CHECK_ARG(d >= 0 && d < x.dim(), "tensor_parallel: ", what, ": sequence dimension ", dim,
+                   " of a tensor of shape ", x.sizes());
+  return d;
+}
+
+// Every rank's `x` one after another along `dim`.
+at::Tensor sequence_gather(ProcessGroup& g, const at::Tensor& x, int64_t dim) {
+  const auto mine = x.movedim(dim, 0).contiguous();
+  auto sizes = mine.sizes().vec();
+  sizes[0] *= g.size();
+  auto out = at::empty(sizes, mine.options());
+  g.all_gather_into_tensor(out, mine)->wait();
+  return out.movedim(0, dim).contiguous();
+}
+
+// The sum over ranks of this rank's slice of `x` along `dim`.
+at::Tensor sequence_reduce_scatter(ProcessGroup& g, const at::Tensor& x, int64_t dim,
+                                   const char* what) {
+  const int64_t whole = x.size(dim);
+  DTRAIN_CHECK_ARG(whole % g.size() == 0, "tensor_parallel: ", what, ": the sequence (dimension ",
+                   dim, ", ", whole, ") does not split over the ", g.size(), " ranks of group '",
+                   g.name(), "'");
+  const auto all = x.movedim(dim, 0).contiguous();
+  auto sizes = all.sizes().vec();
+  sizes[0] /= g.size();
+  auto out = at::empty(sizes, all.options());
+  g.reduce_scatter_tensor(out, all)->wait();
+  return out.movedim(0, dim).contiguous();
+}
+
+at::Tensor sequence_slice(ProcessGroup& g, const at::Tensor& x, int64_t dim, const char* what) {
+  const int64_t whole = x.size(dim);
+  DTRAIN_CHECK_ARG(whole % g.size() == 0, "tensor_parallel: ", what, ": the sequence (dimension ",
+                   dim, ", ", whole, ") does not split over the ", g.size(), " ranks of group '",
+                   g.name(), "'");
+  const int64_t part = whole / g.size();
+  return x.narrow(dim, g.rank() * part, part).contiguous();
+}
+
+void save(AutogradContext* ctx, int64_t group, int64_t dim) {
+  ctx->saved_data["group"] = group;
+  ctx->saved_data["dim"] = dim;
+}
+ProcessGroup& saved_group(AutogradContext* ctx) { return group_at(ctx->saved_data["group"].toInt()); }
+int64_t saved_dim(AutogradContext* ctx) { return ctx->saved_data["dim"].toInt(); }
+
+struct ScatterToSequence : torch::autograd::Function<ScatterToSequence> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group, int64_t dim) {
+    save(ctx, group, dim);
+    return sequence_slice(group_at(group), x, dim, "scatter_to_sequence_region");
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    return {sequence_gather(saved_group(ctx), grads[0], saved_dim(ctx)), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct GatherFromSequence : torch::autograd::Function<GatherFromSequence> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group, int64_t dim) {
+    save(ctx, group, dim);
+    return sequence_gather(group_at(group), x, dim);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    return {sequence_reduce_scatter(saved_group(ctx), grads[0], saved_dim(ctx),
+                                    "gather_from_sequence_region's gradient"),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
+struct ReduceScatterToSequence : torch::autograd::Function<ReduceScatterToSequence> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group, int64_t dim) {
+    save(ctx, group, dim);
+    return sequence_reduce_scatter(group_at(group), x, dim, "reduce_scatter_to_sequence_region");
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    return {sequence_gather(saved_group(ctx), grads[0], saved_dim(ctx)), at::Tensor(), at::Tensor()};
+  }
+};
+
+// The parameters marked so far, and the group each was marked for.
+struct Marked {
+  c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> param;
+  const ProcessGroup* group;
+};
+std::mutex marked_mutex;
+std::vector<Marked> marked;
+
+// The group `param` was marked for, or null (forgetting parameters that
+// are gone); under marked_mutex.
+const ProcessGroup* marked_for(const at::Tensor& param) {
+  const ProcessGroup* found = nullptr;
+  for (auto it = marked.begin(); it != marked.end();) {
+    if (it->param.expired()) {
+      it = marked.erase(it);
+      continue;
+    }
+    if (it->param._unsafe_get_target() == param.unsafeGetTensorImpl()) found = it->group;
+    ++it;
+  }
+  return found;
+}
+
+}  // namespace
+
+at::Tensor scatter_to_sequence_region(const at::Tensor& x, const std::shared_ptr<ProcessGroup>& group,
+                                      int64_t dim) {
+  auto g = detail::group_or_default(group, "scatter_to_sequence_region");
+  return ScatterToSequence::apply(x, reinterpret_cast<int64_t>(g.get()),
+                                  sequence_dim(x, dim, "scatter_to_sequence_region"));
+}
+
+at::Tensor gather_from_sequence_region(const at::Tensor& x, const std::shared_ptr<ProcessGroup>& group,
+                                       int64_t dim) {
+  auto g = detail::group_or_default(group, "gather_from_sequence_region");
+  return GatherFromSequence::apply(x, reinterpret_cast<int64_t>(g.get()),
+                                   sequence_dim(x, dim, "gather_from_sequence_region"));
+}
+
+at::Tensor reduce_scatter_to_sequence_region(const at::Tensor& x,
+                                             const std::shared_ptr<ProcessGroup>& group,
+                                             int64_t dim) {
+  auto g = detail::group_or_default(group, "reduce_scatter_to_sequence_region");
+  return ReduceScatterToSequence::apply(x, reinterpret_cast<int64_t>(g.get()),
+                                        sequence_dim(x, dim, "reduce_scatter_to_sequence_region"));
+}
+
+int64_t mark_sequence_parallel(torch::nn::Module& module, const std::shared_ptr<ProcessGroup>& group) {
+  auto g = detail::group_or_default(group, "mark_sequence_parallel");
+  std::lock_guard<std::mutex> lock(marked_mutex);
+  std::vector<at::Tensor> fresh;
+  for (const auto& item : module.named_parameters()) {
+    const auto& p = item.value();
+    const ProcessGroup* before = marked_for(p);
+    DTRAIN_CHECK_ARG(before == nullptr || before == g.get(), "mark_sequence_parallel: parameter '",
+                     item.key(), "' is already marked for another group than '", g->name(), "'");
+    if (before == nullptr && p.requires_grad()) fresh.push_back(p);
+  }
+  // The hook holds the group: a marked module keeps its group alive.
+  for (auto& p : fresh) {
+    p.register_hook([g](const at::Tensor& grad) {
+      auto sum = grad.contiguous().clone();
+      g->all_reduce(sum)->wait();
+      return sum;
+    });
+    marked.push_back({c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
+                          p.getIntrusivePtr()),
+                      g.get()});
+  }
+  return static_cast<int64_t>(fresh.size());
+}
+
+}  // namespace dtrain::tensor_parallel

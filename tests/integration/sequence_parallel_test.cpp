@@ -1,0 +1,300 @@
+// Sequence parallelism against one process: a pre-norm MLP block (a
+// LayerNorm on sequence shards, a column and a row layer with
+// sequence_parallel, a residual) over 2 and 4 thread ranks gives each rank
+// its sequence shard of the block's output and of the input's gradient,
+// the whole gradients of the replicated norm and bias, the shards of the
+// split weights' gradients, and after 5 Adam steps the same parameters;
+// the region operations move exactly what they say; each block's
+// collectives are counted; what a user gets wrong is named.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dtrain/activation_checkpoint.h"
+#include "dtrain/distributed.h"
+#include "dtrain/store/prefix_store.h"
+#include "dtrain/tensor_parallel.h"
+#include "harness/assertions.h"
+#include "harness/shards.h"
+#include "harness/temp_dir.h"
+#include "harness/thread_ranks.h"
+
+namespace dtrain {
+namespace {
+
+namespace tp = tensor_parallel;
+using testing::copy_of;
+using testing::expect_close;
+using testing::RankContext;
+using testing::shard;
+
+constexpr int kSteps = 5;
+constexpr int64_t kSeq = 8, kBatch = 2, kHidden = 8, kInner = 16;
+
+torch::nn::LayerNorm copy_of_norm(const torch::nn::LayerNorm& n) {
+  return std::dynamic_pointer_cast<torch::nn::LayerNormImpl>(n->clone());
+}
+
+// x + down(gelu(up(norm(x)))): the one-process and the parallel block alike.
+template <typename Norm, typename Up, typename Down>
+at::Tensor run_block(Norm& norm, Up& up, Down& down, const at::Tensor& x) {
+  return x + down->forward(torch::gelu(up->forward(norm->forward(x))));
+}
+
+struct Model {
+  torch::nn::LayerNorm norm{nullptr};
+  torch::nn::Linear up{nullptr}, down{nullptr};
+};
+
+Model initial_model() {
+  torch::manual_seed(11);
+  Model m{torch::nn::LayerNorm(torch::nn::LayerNormOptions({kHidden})),
+          torch::nn::Linear(kHidden, kInner), torch::nn::Linear(kInner, kHidden)};
+  torch::NoGradGuard no_grad;
+  m.norm->weight.normal_(1.0, 0.3);  // not the identity: its gradient matters
+  m.norm->bias.normal_(0.0, 0.3);
+  return m;
+}
+
+// Each parameter's name, and the dimension its tensor-parallel form splits
+// (-1: whole on every rank).
+const std::vector<std::pair<std::string, int64_t>> kParams = {
+    {"norm.weight", -1}, {"norm.bias", -1}, {"up.weight", 0},
+    {"up.bias", 0},      {"down.weight", 1}, {"down.bias", -1}};
+
+std::map<std::string, at::Tensor> params_of(torch::nn::Module& norm, torch::nn::Module& up,
+                                            torch::nn::Module& down) {
+  std::map<std::string, at::Tensor> all;
+  for (auto& [prefix, m] : {std::pair<std::string, torch::nn::Module*>{"norm.", &norm},
+                            {"up.", &up}, {"down.", &down}})
+    for (const auto& item : m->named_parameters()) all[prefix + item.key()] = item.value();
+  return all;
+}
+
+std::vector<at::Tensor> values(const std::map<std::string, at::Tensor>& m) {
+  std::vector<at::Tensor> v;
+  for (const auto& item : m) v.push_back(item.second);
+  return v;
+}
+
+struct Reference {
+  at::Tensor output, input_grad;
+  std::map<std::string, at::Tensor> grads, after;
+};
+
+Reference one_process(const Model& m0, const std::vector<at::Tensor>& xs,
+                      const std::vector<at::Tensor>& ys) {
+  auto norm = copy_of_norm(m0.norm);
+  auto up = copy_of(m0.up), down = copy_of(m0.down);
+  const auto params = params_of(*norm, *up, *down);
+  torch::optim::Adam adam(values(params), torch::optim::AdamOptions(1e-2));
+  Reference ref;
+  for (int step = 0; step < kSteps; ++step) {
+    adam.zero_grad();
+    auto x = xs[step].clone().requires_grad_(true);
+    auto out = run_block(norm, up, down, x);
+    torch::mse_loss(out, ys[step]).backward();
+    if (step == 0) {
+      ref.output = out.detach().clone();
+      ref.input_grad = x.grad().clone();
+      for (const auto& [name, p] : params) ref.grads[name] = p.grad().clone();
+    }
+    adam.step();
+  }
+  for (const auto& [name, p] : params) ref.after[name] = p.detach().clone();
+  return ref;
+}
+
+// `dim` is the sequence: inputs are [batch, seq, hidden] (dim 1) or
+// [seq, batch, hidden] (dim 0).
+void expect_block_equals_one_process(int ranks, int64_t dim) {
+  SCOPED_TRACE("ranks " + std::to_string(ranks) + ", sequence_dim " + std::to_string(dim));
+  const auto m0 = initial_model();
+  std::vector<at::Tensor> xs, ys;
+  const std::vector<int64_t> sizes =
+      dim == 1 ? std::vector<int64_t>{kBatch, kSeq, kHidden} : std::vector<int64_t>{kSeq, kBatch, kHidden};
+  for (int step = 0; step < kSteps; ++step) {
+    xs.push_back(torch::randn(sizes));
+    ys.push_back(torch::randn(sizes));
+  }
+  const auto want = one_process(m0, xs, ys);
+  testing::expect_no_errors(testing::run_rank_contexts(ranks, [&](RankContext& ctx) {
+    const int r = ctx.rank;
+    const auto options =
+        tp::ParallelLinearOptions().group(ctx.group).sequence_parallel(true).sequence_dim(dim);
+    auto norm = copy_of_norm(m0.norm);
+    EXPECT_EQ(tp::mark_sequence_parallel(*norm, ctx.group), 2);
+    EXPECT_EQ(tp::mark_sequence_parallel(*norm, ctx.group), 0);  // once is enough
+    tp::ColumnParallelLinear up(m0.up, options);
+    tp::RowParallelLinear down(m0.down, options);
+    const auto params = params_of(*norm, *up, *down);
+    torch::optim::Adam adam(values(params), torch::optim::AdamOptions(1e-2));
+    for (int step = 0; step < kSteps; ++step) {
+      adam.zero_grad();
+      auto x = shard(xs[step], dim, r, ranks).clone().requires_grad_(true);
+      auto out = run_block(norm, up, down, x);
+      // This shard's part of the whole sequence's mean squared error.
+      ((out - shard(ys[step], dim, r, ranks)).pow(2).sum() / xs[step].numel()).backward();
+      if (step == 0) {
+        expect_close(out, shard(want.output, dim, r, ranks), "the block's output");
+        expect_close(x.grad(), shard(want.input_grad, dim, r, ranks), "the input's gradient");
+        for (const auto& [name, split] : kParams) {
+          const auto& whole = want.grads.at(name);
+          expect_close(params.at(name).grad(), split < 0 ? whole : shard(whole, split, r, ranks),
+                       name + "'s gradient");
+        }
+      }
+      adam.step();
+    }
+    for (const auto& [name, split] : kParams) {
+      const auto& whole = want.after.at(name);
+      expect_close(params.at(name), split < 0 ? whole : shard(whole, split, r, ranks),
+                   name + " after 5 Adam steps");
+    }
+  }));
+}
+
+TEST(SequenceParallel, ANormAndMlpBlockEqualsOneProcessAt2And4RanksAlongEitherDimension) {
+  expect_block_equals_one_process(2, 1);
+  expect_block_equals_one_process(4, 1);
+  expect_block_equals_one_process(2, 0);
+}
+
+// Exact values: rank r holds r + 1 everywhere; the gradients are ones.
+TEST(SequenceParallel, TheRegionsMoveTheSequenceAndTheirGradientsAsDocumented) {
+  testing::expect_no_errors(testing::run_rank_contexts(2, [&](RankContext& ctx) {
+    const auto& g = ctx.group;
+    const double mine = ctx.rank + 1;
+    // gather: [1, 2, 3] here, [1, 2, 3] from each rank along dim 1.
+    auto part = torch::full({1, 3, 2}, mine).requires_grad_(true);
+    auto whole = tp::gather_from_sequence_region(part, g, 1);
+    EXPECT_TRUE(at::equal(whole, torch::cat({torch::full({1, 3, 2}, 1.0), torch::full({1, 3, 2}, 2.0)}, 1)));
+    whole.sum().backward();
+    EXPECT_TRUE(at::equal(part.grad(), torch::full({1, 3, 2}, 2.0)));  // reduce-scattered: 1 + 1
+    // reduce_scatter: the sum over ranks of this rank's half of the sequence.
+    auto full = torch::full({1, 4, 2}, mine).requires_grad_(true);
+    auto summed = tp::reduce_scatter_to_sequence_region(full, g, 1);
+    EXPECT_TRUE(at::equal(summed, torch::full({1, 2, 2}, 3.0)));
+    (summed * mine).sum().backward();  // each rank's gradient is its rank + 1
+    EXPECT_TRUE(at::equal(full.grad(), torch::cat({torch::full({1, 2, 2}, 1.0), torch::full({1, 2, 2}, 2.0)}, 1)));
+    // scatter: this rank's rows of dim 0; the gradient gathers back.
+    auto seq = torch::arange(8, torch::kDouble).reshape({4, 2}).requires_grad_(true);
+    auto slice = tp::scatter_to_sequence_region(seq, g, 0);
+    EXPECT_TRUE(at::equal(slice, seq.detach().narrow(0, 2 * ctx.rank, 2)));
+    (slice * mine).sum().backward();
+    EXPECT_TRUE(at::equal(seq.grad(), torch::cat({torch::full({2, 2}, 1.0, torch::kDouble),
+                                                  torch::full({2, 2}, 2.0, torch::kDouble)})));
+  }));
+}
+
+// The embedding under sequence parallelism: this rank's sequence shard of
+// the whole Embedding's output, and its rows of the table's gradient.
+TEST(SequenceParallel, VocabParallelEmbeddingGivesThisRanksSequenceShard) {
+  torch::manual_seed(6);
+  torch::nn::Embedding full(12, 5);
+  const auto ids = torch::randint(0, 12, {3, 8}, torch::kLong);  // [batch, seq]
+  auto whole = std::dynamic_pointer_cast<torch::nn::EmbeddingImpl>(full->clone());
+  const auto want = whole->forward(ids);
+  want.pow(2).sum().backward();
+  testing::expect_no_errors(testing::run_rank_contexts(4, [&](RankContext& ctx) {
+    tp::VocabParallelEmbedding embedding(
+        full, tp::ParallelLinearOptions().group(ctx.group).sequence_parallel(true));
+    auto out = embedding(ids);
+    expect_close(out, shard(want, 1, ctx.rank, 4), "its output");
+    out.pow(2).sum().backward();
+    expect_close(embedding->weight.grad(), shard(whole->weight.grad(), 0, ctx.rank, 4),
+                 "its rows of the table's gradient");
+  }));
+}
+
+size_t count(const std::string& text, const std::string& part) {
+  size_t n = 0;
+  for (auto at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
+// One forward and backward of the block at 2 ranks, and the collectives
+// the flight recorder saw, summed over both ranks' groups.
+std::map<std::string, size_t> block_collectives(bool sequence_parallel, bool checkpoint) {
+  const auto m0 = initial_model();
+  const auto x0 = torch::randn({kBatch, kSeq, kHidden});
+  testing::TempDir dir;
+  std::string path;
+  testing::expect_no_errors(testing::run_rank_contexts(2, [&](RankContext& ctx) {
+    const auto options =
+        tp::ParallelLinearOptions().group(ctx.group).sequence_parallel(sequence_parallel);
+    auto norm = copy_of_norm(m0.norm);
+    if (sequence_parallel) tp::mark_sequence_parallel(*norm, ctx.group);
+    tp::ColumnParallelLinear up(m0.up, options);
+    tp::RowParallelLinear down(m0.down, options);
+    auto x = (sequence_parallel ? shard(x0, 1, ctx.rank, 2) : x0).clone().requires_grad_(true);
+    auto block = [&](at::Tensor h) { return run_block(norm, up, down, h); };
+    auto out = checkpoint ? activation_checkpoint(block, x) : block(x);
+    out.sum().backward();
+    ctx.group->barrier()->wait();
+    if (ctx.rank == 0) path = dump_flight_recorder(dir.path());
+    ctx.group->barrier()->wait();
+  }));
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::map<std::string, size_t> ops;
+  for (const char* op : {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor"})
+    ops[op] = count(text.str(), std::string("\"op\": \"") + op + "\"");
+  return ops;
+}
+
+// Per rank and block: without sequence parallelism one all_reduce forward
+// (the row layer's sum) and one backward (the column layer's input
+// gradient); with it, an all-gather and a reduce-scatter each way instead,
+// and the replicated gradients summed (the norm's weight and bias, the row
+// layer's bias); activation checkpointing adds the forward's again.
+TEST(SequenceParallel, EachBlocksCollectivesAreCounted) {
+  using Ops = std::map<std::string, size_t>;
+  const auto twice = [](size_t ar, size_t ag, size_t rs) {
+    return Ops{{"all_reduce", 2 * ar}, {"all_gather_into_tensor", 2 * ag}, {"reduce_scatter_tensor", 2 * rs}};
+  };
+  EXPECT_EQ(block_collectives(false, false), twice(2, 0, 0));
+  EXPECT_EQ(block_collectives(true, false), twice(3, 2, 2));
+  EXPECT_EQ(block_collectives(false, true), twice(3, 0, 0));
+  EXPECT_EQ(block_collectives(true, true), twice(3, 3, 3));
+}
+
+TEST(SequenceParallel, OptionsThatCannotHoldAndSequencesThatDoNotSplitAreNamed) {
+  testing::expect_no_errors(testing::run_rank_contexts(4, [&](RankContext& ctx) {
+    const auto sp = tp::ParallelLinearOptions().group(ctx.group).sequence_parallel(true);
+    EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] {
+                tp::ColumnParallelLinear(8, 16, tp::ParallelLinearOptions(sp).gather_output(true));
+              }),
+              "ColumnParallelLinear: gather_output with sequence_parallel (the output is this "
+              "rank's features of the whole sequence; gather it yourself if needed)");
+    EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] {
+                tp::RowParallelLinear(16, 8, tp::ParallelLinearOptions(sp).input_is_parallel(false));
+              }),
+              "RowParallelLinear: sequence_parallel needs input_is_parallel (its input is this "
+              "rank's features of the whole sequence)");
+    tp::RowParallelLinear row(16, 8, sp);
+    EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] { row(torch::zeros({2, 6, 4})); }),
+              "RowParallelLinear: the sequence (dimension 1, 6) does not split over the 4 ranks of "
+              "group 'default'");
+    EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] { row(torch::zeros({6, 4})); }),
+              "RowParallelLinear: sequence_dim 1 of an input of shape [6, 4] (the last dimension "
+              "is the features)");
+    auto norm = torch::nn::LayerNorm(torch::nn::LayerNormOptions({4}));
+    tp::mark_sequence_parallel(*norm, ctx.group);
+    auto other = create_process_group("tcp", std::make_shared<PrefixStore>("tp2", ctx.store),
+                                      ctx.rank, 4, GroupOptions().name("tp2"));
+    EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] { tp::mark_sequence_parallel(*norm, other); }),
+              "mark_sequence_parallel: parameter 'weight' is already marked for another group "
+              "than 'tp2'");
+  }));
+}
+
+}  // namespace
+}  // namespace dtrain
