@@ -16,7 +16,6 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/activation_checkpoint.h"
 #include "dtrain/distributed.h"
 #include "dtrain/store/prefix_store.h"
 #include "dtrain/tensor_parallel.h"
@@ -24,12 +23,12 @@
 #include "harness/shards.h"
 #include "harness/temp_dir.h"
 #include "harness/thread_ranks.h"
+#include "harness/tp_block.h"
 
 namespace dtrain {
 namespace {
 
 namespace tp = tensor_parallel;
-using testing::copy_of;
 using testing::expect_close;
 using testing::RankContext;
 using testing::shard;
@@ -37,85 +36,11 @@ using testing::shard;
 constexpr int kSteps = 5;
 constexpr int64_t kSeq = 8, kBatch = 2, kHidden = 8, kInner = 16;
 
-torch::nn::LayerNorm copy_of_norm(const torch::nn::LayerNorm& n) {
-  return std::dynamic_pointer_cast<torch::nn::LayerNormImpl>(n->clone());
-}
-
-// x + down(gelu(up(norm(x)))): the one-process and the parallel block alike.
-template <typename Norm, typename Up, typename Down>
-at::Tensor run_block(Norm& norm, Up& up, Down& down, const at::Tensor& x) {
-  return x + down->forward(torch::gelu(up->forward(norm->forward(x))));
-}
-
-struct Model {
-  torch::nn::LayerNorm norm{nullptr};
-  torch::nn::Linear up{nullptr}, down{nullptr};
-};
-
-Model initial_model() {
-  torch::manual_seed(11);
-  Model m{torch::nn::LayerNorm(torch::nn::LayerNormOptions({kHidden})),
-          torch::nn::Linear(kHidden, kInner), torch::nn::Linear(kInner, kHidden)};
-  torch::NoGradGuard no_grad;
-  m.norm->weight.normal_(1.0, 0.3);  // not the identity: its gradient matters
-  m.norm->bias.normal_(0.0, 0.3);
-  return m;
-}
-
-// Each parameter's name, and the dimension its tensor-parallel form splits
-// (-1: whole on every rank).
-const std::vector<std::pair<std::string, int64_t>> kParams = {
-    {"norm.weight", -1}, {"norm.bias", -1}, {"up.weight", 0},
-    {"up.bias", 0},      {"down.weight", 1}, {"down.bias", -1}};
-
-std::map<std::string, at::Tensor> params_of(torch::nn::Module& norm, torch::nn::Module& up,
-                                            torch::nn::Module& down) {
-  std::map<std::string, at::Tensor> all;
-  for (auto& [prefix, m] : {std::pair<std::string, torch::nn::Module*>{"norm.", &norm},
-                            {"up.", &up}, {"down.", &down}})
-    for (const auto& item : m->named_parameters()) all[prefix + item.key()] = item.value();
-  return all;
-}
-
-std::vector<at::Tensor> values(const std::map<std::string, at::Tensor>& m) {
-  std::vector<at::Tensor> v;
-  for (const auto& item : m) v.push_back(item.second);
-  return v;
-}
-
-struct Reference {
-  at::Tensor output, input_grad;
-  std::map<std::string, at::Tensor> grads, after;
-};
-
-Reference one_process(const Model& m0, const std::vector<at::Tensor>& xs,
-                      const std::vector<at::Tensor>& ys) {
-  auto norm = copy_of_norm(m0.norm);
-  auto up = copy_of(m0.up), down = copy_of(m0.down);
-  const auto params = params_of(*norm, *up, *down);
-  torch::optim::Adam adam(values(params), torch::optim::AdamOptions(1e-2));
-  Reference ref;
-  for (int step = 0; step < kSteps; ++step) {
-    adam.zero_grad();
-    auto x = xs[step].clone().requires_grad_(true);
-    auto out = run_block(norm, up, down, x);
-    torch::mse_loss(out, ys[step]).backward();
-    if (step == 0) {
-      ref.output = out.detach().clone();
-      ref.input_grad = x.grad().clone();
-      for (const auto& [name, p] : params) ref.grads[name] = p.grad().clone();
-    }
-    adam.step();
-  }
-  for (const auto& [name, p] : params) ref.after[name] = p.detach().clone();
-  return ref;
-}
-
 // `dim` is the sequence: inputs are [batch, seq, hidden] (dim 1) or
 // [seq, batch, hidden] (dim 0).
 void expect_block_equals_one_process(int ranks, int64_t dim) {
   SCOPED_TRACE("ranks " + std::to_string(ranks) + ", sequence_dim " + std::to_string(dim));
-  const auto m0 = initial_model();
+  const auto init = testing::initial_block(kHidden, kInner);
   std::vector<at::Tensor> xs, ys;
   const std::vector<int64_t> sizes =
       dim == 1 ? std::vector<int64_t>{kBatch, kSeq, kHidden} : std::vector<int64_t>{kSeq, kBatch, kHidden};
@@ -123,40 +48,30 @@ void expect_block_equals_one_process(int ranks, int64_t dim) {
     xs.push_back(torch::randn(sizes));
     ys.push_back(torch::randn(sizes));
   }
-  const auto want = one_process(m0, xs, ys);
+  const auto want = testing::one_process(init, xs, ys, testing::kAdam);
   testing::expect_no_errors(testing::run_rank_contexts(ranks, [&](RankContext& ctx) {
     const int r = ctx.rank;
-    const auto options =
-        tp::ParallelLinearOptions().group(ctx.group).sequence_parallel(true).sequence_dim(dim);
-    auto norm = copy_of_norm(m0.norm);
-    EXPECT_EQ(tp::mark_sequence_parallel(*norm, ctx.group), 2);
-    EXPECT_EQ(tp::mark_sequence_parallel(*norm, ctx.group), 0);  // once is enough
-    tp::ColumnParallelLinear up(m0.up, options);
-    tp::RowParallelLinear down(m0.down, options);
-    const auto params = params_of(*norm, *up, *down);
-    torch::optim::Adam adam(values(params), torch::optim::AdamOptions(1e-2));
+    testing::TpBlock block(init, tp::ParallelLinearOptions().group(ctx.group).sequence_parallel(true).sequence_dim(dim));
+    EXPECT_EQ(tp::mark_sequence_parallel(*block->norm, ctx.group), 0);  // marked once, by the block
+    auto adam = testing::kAdam(block->parameters());
     for (int step = 0; step < kSteps; ++step) {
-      adam.zero_grad();
+      adam->zero_grad();
       auto x = shard(xs[step], dim, r, ranks).clone().requires_grad_(true);
-      auto out = run_block(norm, up, down, x);
+      auto out = block(x);
       // This shard's part of the whole sequence's mean squared error.
       ((out - shard(ys[step], dim, r, ranks)).pow(2).sum() / xs[step].numel()).backward();
       if (step == 0) {
         expect_close(out, shard(want.output, dim, r, ranks), "the block's output");
         expect_close(x.grad(), shard(want.input_grad, dim, r, ranks), "the input's gradient");
-        for (const auto& [name, split] : kParams) {
-          const auto& whole = want.grads.at(name);
-          expect_close(params.at(name).grad(), split < 0 ? whole : shard(whole, split, r, ranks),
-                       name + "'s gradient");
-        }
+        for (const auto& item : block->named_parameters())
+          expect_close(item.value().grad(), testing::block_shard(want.grads, item.key(), r, ranks),
+                       item.key() + "'s gradient");
       }
-      adam.step();
+      adam->step();
     }
-    for (const auto& [name, split] : kParams) {
-      const auto& whole = want.after.at(name);
-      expect_close(params.at(name), split < 0 ? whole : shard(whole, split, r, ranks),
-                   name + " after 5 Adam steps");
-    }
+    for (const auto& item : block->named_parameters())
+      expect_close(item.value(), testing::block_shard(want.after, item.key(), r, ranks),
+                   item.key() + " after 5 Adam steps");
   }));
 }
 
@@ -222,21 +137,16 @@ size_t count(const std::string& text, const std::string& part) {
 // One forward and backward of the block at 2 ranks, and the collectives
 // the flight recorder saw, summed over both ranks' groups.
 std::map<std::string, size_t> block_collectives(bool sequence_parallel, bool checkpoint) {
-  const auto m0 = initial_model();
+  const auto init = testing::initial_block(kHidden, kInner);
   const auto x0 = torch::randn({kBatch, kSeq, kHidden});
   testing::TempDir dir;
   std::string path;
   testing::expect_no_errors(testing::run_rank_contexts(2, [&](RankContext& ctx) {
-    const auto options =
-        tp::ParallelLinearOptions().group(ctx.group).sequence_parallel(sequence_parallel);
-    auto norm = copy_of_norm(m0.norm);
-    if (sequence_parallel) tp::mark_sequence_parallel(*norm, ctx.group);
-    tp::ColumnParallelLinear up(m0.up, options);
-    tp::RowParallelLinear down(m0.down, options);
+    testing::TpBlock block(
+        init, tp::ParallelLinearOptions().group(ctx.group).sequence_parallel(sequence_parallel),
+        checkpoint);
     auto x = (sequence_parallel ? shard(x0, 1, ctx.rank, 2) : x0).clone().requires_grad_(true);
-    auto block = [&](at::Tensor h) { return run_block(norm, up, down, h); };
-    auto out = checkpoint ? activation_checkpoint(block, x) : block(x);
-    out.sum().backward();
+    block(x).sum().backward();
     ctx.group->barrier()->wait();
     if (ctx.rank == 0) path = dump_flight_recorder(dir.path());
     ctx.group->barrier()->wait();
