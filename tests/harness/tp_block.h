@@ -25,8 +25,8 @@ struct BlockInit {
   torch::nn::Linear up{nullptr}, down{nullptr};
 };
 
-inline BlockInit initial_block(int64_t hidden, int64_t inner) {
-  torch::manual_seed(11);
+inline BlockInit initial_block(int64_t hidden, int64_t inner, uint64_t seed = 11) {
+  torch::manual_seed(seed);
   BlockInit b{torch::nn::LayerNorm(torch::nn::LayerNormOptions({hidden})),
               torch::nn::Linear(hidden, inner), torch::nn::Linear(inner, hidden)};
   torch::NoGradGuard no_grad;

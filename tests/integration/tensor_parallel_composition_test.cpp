@@ -1,6 +1,7 @@
-// Tensor parallelism composed with data parallelism on a DeviceMesh,
-// against one process on the whole batch: TP 2 x FSDP 2 and TP 2 x DDP 2
-// on 4 thread ranks, and HSDP (2 replicas x 2 shards) x TP 2 on 8, with
+// Tensor parallelism composed with data parallelism and pipelines on a
+// DeviceMesh, against one process on the whole batch: TP 2 x FSDP 2 and
+// TP 2 x DDP 2 on 4 thread ranks, HSDP (2 replicas x 2 shards) x TP 2 and
+// PP 2 x DP 2 x TP 2 (a block per stage) on 8, with
 // sequence parallelism and activation checkpointing on and off. Each rank
 // feeds its data-parallel share of the batch (and with sequence
 // parallelism its share of the sequence); after 5 Adam steps every rank
@@ -19,6 +20,7 @@
 #include "dtrain/ddp.h"
 #include "dtrain/device_mesh.h"
 #include "dtrain/fsdp.h"
+#include "dtrain/pipelining.h"
 #include "dtrain/tensor_parallel.h"
 #include "harness/assertions.h"
 #include "harness/shards.h"
@@ -28,6 +30,7 @@
 namespace dtrain {
 namespace {
 
+namespace pp = pipelining;
 namespace tp = tensor_parallel;
 using testing::expect_close;
 using testing::RankContext;
@@ -135,6 +138,82 @@ TEST(TensorParallelComposition, TpTimesDdpEqualsOneProcess) {
 
 TEST(TensorParallelComposition, HsdpTimesTpEqualsOneProcessOnEightRanks) {
   for (bool adam : {true, false}) expect_layout_equals_one_process({Wrap::kHsdp, true, false, adam});
+}
+
+// PP 2 x DP 2 x TP 2: stage s holds block s, wrapped in FSDP or DDP over
+// the data-parallel group, its layers over the TP group; 1F1B over 4
+// microbatches. Against the two blocks one after the other in one process.
+void expect_pipeline_of_tp_blocks_equals_one_process(bool fsdp, bool sequence_parallel, bool adam) {
+  SCOPED_TRACE(std::string(fsdp ? "FSDP" : "DDP") + " stages" + (sequence_parallel ? ", SP" : "") +
+               (adam ? ", Adam" : ", SGD"));
+  constexpr int kDp = 2, kMicrobatches = 4;
+  const std::vector<testing::BlockInit> inits = {testing::initial_block(kHidden, kInner, 11),
+                                                 testing::initial_block(kHidden, kInner, 12)};
+  std::vector<at::Tensor> xs, ys;
+  for (int step = 0; step < kSteps; ++step) {
+    xs.push_back(torch::randn({kDp * kMicrobatches, kSeq, kHidden}));
+    ys.push_back(torch::randn({kDp * kMicrobatches, kSeq, kHidden}));
+  }
+  const auto& make = adam ? testing::kAdam : testing::kSgdMomentum;
+  torch::nn::Sequential whole{testing::PlainBlock(inits[0]), testing::PlainBlock(inits[1])};
+  auto reference = make(whole->parameters());
+  for (int step = 0; step < kSteps; ++step) {
+    reference->zero_grad();
+    torch::mse_loss(whole->forward(xs[step]), ys[step]).backward();
+    reference->step();
+  }
+  // One microbatch's mean squared error; with SP, this rank's part of it.
+  const pp::LossFn loss = [sequence_parallel](const at::Tensor& out, const at::Tensor& target) {
+    return (out - target).pow(2).sum() / (out.numel() * (sequence_parallel ? kTp : 1));
+  };
+  testing::expect_no_errors(testing::run_rank_contexts(8, [&](RankContext& ctx) {
+    const DeviceMesh mesh({2, kDp, kTp}, {"pp", "dp", "tp"}, testing::thread_mesh(ctx));
+    const int s = mesh.get_local_rank("pp"), d = mesh.get_local_rank("dp"), t = mesh.get_local_rank("tp");
+    auto options = tp::ParallelLinearOptions().group(mesh.get_group("tp")).sequence_parallel(sequence_parallel);
+    testing::TpBlock block(inits[s], options);
+    const auto on_pp = pp::PipelineStageOptions().group(mesh.get_group("pp"));
+    std::shared_ptr<FullyShardedDataParallel<testing::TpBlockImpl>> sharded;
+    std::shared_ptr<DistributedDataParallel<testing::TpBlockImpl>> replicated;
+    std::unique_ptr<pp::PipelineStage> stage;
+    if (fsdp) {
+      sharded = std::make_shared<FullyShardedDataParallel<testing::TpBlockImpl>>(
+          block.ptr(), FSDPOptions().process_group(mesh.get_group("dp")));
+      stage = std::make_unique<pp::PipelineStage>(sharded, s, 2, on_pp);
+    } else {
+      replicated = std::make_shared<DistributedDataParallel<testing::TpBlockImpl>>(
+          block.ptr(), DDPOptions().process_group(mesh.get_group("dp")));
+      stage = std::make_unique<pp::PipelineStage>(replicated, s, 2, on_pp);
+    }
+    pp::Schedule1F1B schedule(*stage, kMicrobatches, loss);
+    auto optimizer = make(fsdp ? sharded->parameters() : replicated->parameters());
+    auto mine = [&](const at::Tensor& whole_batch) {
+      auto rows = whole_batch.chunk(kDp)[d];
+      return sequence_parallel ? shard(rows, 1, t, kTp).contiguous() : rows;
+    };
+    for (int step = 0; step < kSteps; ++step) {
+      optimizer->zero_grad();
+      if (s == 0) schedule.step(mine(xs[step]));
+      else schedule.step(mine(ys[step]), nullptr);
+      optimizer->step();
+    }
+    std::map<std::string, at::Tensor> after;
+    if (fsdp) after = sharded->full_state_dict();
+    else
+      for (const auto& item : block->named_parameters()) after[item.key()] = item.value();
+    std::map<std::string, at::Tensor> want;
+    for (const auto& item : whole->children()[s]->named_parameters()) want[item.key()] = item.value();
+    ASSERT_EQ(after.size(), testing::block_params().size());
+    for (const auto& [name, value] : after)
+      expect_close(value, testing::block_shard(want, name, t, kTp),
+                   "stage " + std::to_string(s) + "'s " + name + " after 5 steps");
+  }));
+}
+
+TEST(TensorParallelComposition, PipelineTimesDpTimesTpEqualsOneProcessOnEightRanks) {
+  for (bool adam : {true, false}) {
+    expect_pipeline_of_tp_blocks_equals_one_process(/*fsdp=*/true, /*sequence_parallel=*/true, adam);
+    expect_pipeline_of_tp_blocks_equals_one_process(/*fsdp=*/false, /*sequence_parallel=*/false, adam);
+  }
 }
 
 }  // namespace
