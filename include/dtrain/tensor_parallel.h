@@ -44,6 +44,7 @@
 #include <memory>
 
 #include "dtrain/arg.h"
+#include "dtrain/parameter_placement.h"
 #include "dtrain/process_group.h"
 
 namespace dtrain::tensor_parallel {
@@ -113,7 +114,7 @@ at::Tensor reduce_scatter_to_sequence_region(const at::Tensor& x,
 int64_t mark_sequence_parallel(torch::nn::Module& module,
                                const std::shared_ptr<ProcessGroup>& group = nullptr);
 
-class ColumnParallelLinearImpl : public torch::nn::Module {
+class ColumnParallelLinearImpl : public torch::nn::Module, public ShardedParameters {
  public:
   ColumnParallelLinearImpl(int64_t in_features, int64_t out_features,
                            const ParallelLinearOptions& options = ParallelLinearOptions());
@@ -123,6 +124,8 @@ class ColumnParallelLinearImpl : public torch::nn::Module {
                            const ParallelLinearOptions& options = ParallelLinearOptions());
 
   at::Tensor forward(const at::Tensor& input);
+  // weight (and bias): rows [r out/t, (r+1) out/t) of the whole layer's.
+  std::vector<ParameterPlacement> parameter_placements() const override;
 
   const ParallelLinearOptions& options() const { return options_; }
   int64_t in_features() const { return in_; }
@@ -138,7 +141,7 @@ class ColumnParallelLinearImpl : public torch::nn::Module {
 };
 TORCH_MODULE(ColumnParallelLinear);
 
-class RowParallelLinearImpl : public torch::nn::Module {
+class RowParallelLinearImpl : public torch::nn::Module, public ShardedParameters {
  public:
   RowParallelLinearImpl(int64_t in_features, int64_t out_features,
                         const ParallelLinearOptions& options = ParallelLinearOptions());
@@ -146,6 +149,9 @@ class RowParallelLinearImpl : public torch::nn::Module {
                         const ParallelLinearOptions& options = ParallelLinearOptions());
 
   at::Tensor forward(const at::Tensor& input);
+  // weight: columns [r in/t, (r+1) in/t) of the whole layer's (the bias is
+  // whole).
+  std::vector<ParameterPlacement> parameter_placements() const override;
 
   const ParallelLinearOptions& options() const { return options_; }
   int64_t in_features() const { return in_; }  // the whole layer's
@@ -165,7 +171,7 @@ TORCH_MODULE(RowParallelLinear);
 // [r n/t, (r+1) n/t) of the [num_embeddings, embedding_dim] weight, looks up
 // the ids in its range (zeros for the others), and the ranks' lookups are
 // summed (one all_reduce forward). Its output is whole on every rank.
-class VocabParallelEmbeddingImpl : public torch::nn::Module {
+class VocabParallelEmbeddingImpl : public torch::nn::Module, public ShardedParameters {
  public:
   VocabParallelEmbeddingImpl(int64_t num_embeddings, int64_t embedding_dim,
                              const ParallelLinearOptions& options = ParallelLinearOptions());
@@ -174,6 +180,8 @@ class VocabParallelEmbeddingImpl : public torch::nn::Module {
                              const ParallelLinearOptions& options = ParallelLinearOptions());
 
   at::Tensor forward(const at::Tensor& ids);
+  // weight: rows [first_id(), first_id() + num_embeddings / t).
+  std::vector<ParameterPlacement> parameter_placements() const override;
 
   int64_t num_embeddings() const { return num_; }  // the whole vocabulary
   int64_t first_id() const { return first_; }      // of this rank's rows

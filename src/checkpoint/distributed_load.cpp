@@ -7,6 +7,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include <map>
+#include <string>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -30,32 +31,38 @@ namespace {
 // dimension: the same calls).
 class Coverage {
  public:
-  explicit Coverage(int64_t numel) : written_(at::zeros({numel}, at::kBool)) {}
+  explicit Coverage(at::IntArrayRef sizes) : written_(at::zeros(sizes, at::kBool)) {}
 
   bool complete() const { return count_ == written_.numel(); }
+  int64_t missing() const { return written_.numel() - count_; }
+  // The flags, to narrow() as the staged tensor is for add().
+  const at::Tensor& flags() const { return written_; }
 
-  // Writes `piece` into `into`, the part of the staged tensor that starts
-  // at element `first`. Where an earlier piece wrote already, the two must
-  // agree: returns the first element where they differ (nothing is
-  // written then), else -1.
-  int64_t add(at::Tensor into, const at::Tensor& piece, int64_t first) {
-    at::Tensor seen = written_.narrow(0, first, into.numel());
+  // Writes `piece` into `into`, a part of the staged tensor whose flags
+  // are `seen` (the same narrow() of flags()). Where an earlier piece wrote
+  // already, the two must agree: returns the coordinates in `into` of the
+  // first element where they differ (nothing is written then), else an
+  // empty vector.
+  std::vector<int64_t> add(at::Tensor into, const at::Tensor& piece, at::Tensor seen) {
     const int64_t before = seen.sum().item<int64_t>();
     if (before > 0) {
       at::Tensor same = into.eq(piece);
       if (into.is_floating_point() || into.is_complex())
         same = same.logical_or(into.isnan().logical_and(piece.isnan()));  // NaN agrees with NaN
       const at::Tensor differ = seen.logical_and(same.logical_not()).nonzero();
-      if (differ.numel() > 0) return first + differ[0][0].item<int64_t>();
+      if (differ.numel() > 0) {
+        const at::Tensor first = differ[0].contiguous();
+        return std::vector<int64_t>(first.data_ptr<int64_t>(), first.data_ptr<int64_t>() + first.numel());
+      }
     }
     into.copy_(piece);
     seen.fill_(true);
     count_ += into.numel() - before;
-    return -1;
+    return {};
   }
 
-  // The first run of elements no piece wrote, as [lo, hi); lo == hi when
-  // every element was written.
+  // Of a 1-D coverage: the first run of elements no piece wrote, as
+  // [lo, hi); lo == hi when every element was written.
   std::pair<int64_t, int64_t> first_gap() const {
     if (complete()) return {0, 0};
     const at::Tensor missing = written_.logical_not().nonzero().view({-1});
@@ -68,6 +75,14 @@ class Coverage {
   at::Tensor written_;
   int64_t count_ = 0;
 };
+
+// "[a:b, c:d]" of a box.
+std::string box_text(const std::vector<int64_t>& offsets, at::IntArrayRef sizes) {
+  std::string out;
+  for (size_t d = 0; d < offsets.size(); ++d)
+    out += (d ? ", " : "") + std::to_string(offsets[d]) + ":" + std::to_string(offsets[d] + sizes[d]);
+  return "[" + out + "]";
+}
 
 struct Saved {
   std::string dir, what, token;
@@ -125,9 +140,13 @@ struct Saved {
     const int64_t numel = files::parse_count(what + ": the size of '" + name + "'", it->second);
     DTRAIN_CHECK_ARG(numel == out.numel, what, ": sharded '", name, "' has ", numel,
                      " elements in the checkpoint but ", out.numel, " here");
+    DTRAIN_CHECK_ARG(!meta.count("shape/" + name), what, ": sharded '", name, "' was saved as boxes of a "
+                     "whole of shape ", files::shape_text(files::parse_counts(what + ": the shape of '" + name + "'",
+                                                                             meta.at("shape/" + name))),
+                     ", and is asked for here as a flat range");
     const int64_t lo = out.offset, hi = out.offset + out.local.numel();
     at::Tensor staged = at::empty({hi - lo}, out.local.options().device(at::kCPU));
-    Coverage coverage(hi - lo);
+    Coverage coverage(std::vector<int64_t>{hi - lo});
     for (int r = 0; r < world && !coverage.complete(); ++r) {
       const auto& file = reader(r);
       auto off = file.metadata().find("offset/" + name);
@@ -140,16 +159,82 @@ struct Saved {
       if (a >= b) continue;
       const at::Tensor piece = file.read("s/" + name);
       check_dtype(name, piece, out.local);
-      const int64_t clash = coverage.add(staged.narrow(0, a - lo, b - a), piece.narrow(0, a - start, b - a),
-                                         a - lo);
-      DTRAIN_CHECK_ARG(clash < 0, what, ": rank ", r, "'s piece of '", name,
+      const auto clash = coverage.add(staged.narrow(0, a - lo, b - a), piece.narrow(0, a - start, b - a),
+                                      coverage.flags().narrow(0, a - lo, b - a));
+      DTRAIN_CHECK_ARG(clash.empty(), what, ": rank ", r, "'s piece of '", name,
                        "' overlaps another piece with different values (first at element ",
-                       lo + clash, "); the checkpoint's files were changed or mixed up");
+                       clash.empty() ? 0 : a + clash[0], "); the checkpoint's files were changed or mixed up");
     }
     const auto [gap_lo, gap_hi] = coverage.first_gap();
     DTRAIN_CHECK_ARG(gap_lo == gap_hi, what, ": the saved pieces of '", name, "' do not cover elements [",
                      lo + gap_lo, ", ", lo + gap_hi, ")");
     return staged;
+  }
+
+  // The box [offsets, offsets + sizes) of a sharded entry saved as boxes
+  // of a whole of `shape`, assembled from the saved boxes that overlap it,
+  // each element from exactly one value (as read_sharded).
+  at::Tensor read_box(const std::string& name, const std::vector<int64_t>& shape,
+                      const std::vector<int64_t>& offsets, at::IntArrayRef sizes, const at::Tensor& like) {
+    auto it = meta.find("shape/" + name);
+    DTRAIN_CHECK_ARG(it != meta.end(), what, ": sharded '", name, "' was saved as flat ranges, and is "
+                     "asked for here as a box of a whole of shape ", files::shape_text(shape));
+    const auto saved_shape = files::parse_counts(what + ": the shape of '" + name + "'", it->second);
+    DTRAIN_CHECK_ARG(saved_shape == shape, what, ": '", name, "' has shape ", files::shape_text(saved_shape),
+                     " in the checkpoint but ", files::shape_text(shape), " here");
+    at::Tensor staged = at::empty(sizes, like.options().device(at::kCPU));
+    Coverage coverage(sizes);
+    for (int r = 0; r < world && !coverage.complete(); ++r) {
+      const auto& file = reader(r);
+      auto at_box = file.metadata().find("box/" + name);
+      if (at_box == file.metadata().end()) continue;
+      const auto from = files::parse_counts(what + ": the box of '" + name + "'", at_box->second);
+      const auto piece_sizes = file.shape("s/" + name);
+      bool inside = from.size() == shape.size() && piece_sizes.size() == shape.size();
+      for (size_t d = 0; inside && d < shape.size(); ++d) inside = from[d] + piece_sizes[d] <= shape[d];
+      DTRAIN_CHECK_ARG(inside, what, ": rank ", r, "'s piece of '", name, "' lies outside its whole of shape ",
+                       files::shape_text(shape));
+      at::Tensor into = staged, seen = coverage.flags(), piece;
+      std::vector<int64_t> lo(shape.size());
+      bool overlaps = true;
+      for (size_t d = 0; overlaps && d < shape.size(); ++d) {
+        lo[d] = std::max(offsets[d], from[d]);
+        const int64_t hi = std::min(offsets[d] + sizes[d], from[d] + piece_sizes[d]);
+        overlaps = lo[d] < hi;
+        into = into.narrow(d, lo[d] - offsets[d], std::max<int64_t>(hi - lo[d], 0));
+        seen = seen.narrow(d, lo[d] - offsets[d], std::max<int64_t>(hi - lo[d], 0));
+      }
+      if (!overlaps) continue;
+      piece = file.read("s/" + name);
+      check_dtype(name, piece, like);
+      for (size_t d = 0; d < shape.size(); ++d) piece = piece.narrow(d, lo[d] - from[d], into.size(d));
+      auto clash = coverage.add(into, piece, seen);
+      for (size_t d = 0; d < clash.size(); ++d) clash[d] += lo[d];
+      DTRAIN_CHECK_ARG(clash.empty(), what, ": rank ", r, "'s piece of '", name,
+                       "' overlaps another piece with different values (first at ", files::shape_text(clash),
+                       "); the checkpoint's files were changed or mixed up");
+    }
+    DTRAIN_CHECK_ARG(coverage.complete(), what, ": the saved pieces of '", name, "' do not cover ",
+                     coverage.missing(), " elements of ", box_text(offsets, sizes));
+    return staged;
+  }
+
+  // A whole `like` from an entry saved replicated, or as pieces.
+  at::Tensor read_whole(const std::string& name, const at::Tensor& like) {
+    if (meta.count("replicated/" + name) || !meta.count("sharded/" + name)) return read_replicated(name, like);
+    if (meta.count("shape/" + name))
+      return read_box(name, like.sizes().vec(), std::vector<int64_t>(like.dim(), 0), like.sizes(), like);
+    const ShardedTensor flat{like.reshape({-1}), 0, like.numel()};
+    return read_sharded(name, flat).view(like.sizes());
+  }
+
+  // This rank's piece: flat, or a box of an entry saved as boxes or whole.
+  at::Tensor read_piece(const std::string& name, const ShardedTensor& out) {
+    if (!out.is_box()) return read_sharded(name, out);
+    if (meta.count("sharded/" + name)) return read_box(name, out.shape, out.offsets, out.local.sizes(), out.local);
+    at::Tensor whole = read_replicated(name, at::empty(out.shape, out.local.options().device(at::kCPU)));
+    for (size_t d = 0; d < out.shape.size(); ++d) whole = whole.narrow(d, out.offsets[d], out.local.size(d));
+    return whole.contiguous();
   }
 
   void check_dtype(const std::string& name, const at::Tensor& saved, const at::Tensor& like) const {
@@ -165,8 +250,11 @@ void load(const std::string& dir, DistributedState& state) {
   Saved saved(dir);
   // Everything is read and checked before any tensor of `state` changes.
   std::vector<std::pair<at::Tensor, at::Tensor>> fills;  // {destination, saved}
-  for (auto& [name, t] : state.replicated) fills.emplace_back(t, saved.read_replicated(name, t));
-  for (auto& [name, s] : state.sharded) fills.emplace_back(s.local.view({-1}), saved.read_sharded(name, s));
+  for (auto& [name, t] : state.replicated) fills.emplace_back(t, saved.read_whole(name, t));
+  for (auto& [name, s] : state.sharded) {
+    auto from = saved.read_piece(name, s);
+    fills.emplace_back(s.local.view({-1}), from.reshape({-1}));
+  }
   {
     at::NoGradGuard no_grad;
     for (auto& [to, from] : fills) to.detach().copy_(from);

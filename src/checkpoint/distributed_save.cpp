@@ -96,6 +96,11 @@ void save(const std::string& dir, const DistributedState& state, SaveOptions opt
     if (plan.replicated_owner.at(name) == rank) mine.tensors["r/" + name] = t;
   for (const auto& [name, s] : state.sharded) {
     if (!plan.my_pieces.count(name)) continue;
+    if (s.is_box()) {  // kept in its shape: the file gives the box's sizes
+      mine.tensors["s/" + name] = s.local;
+      mine.metadata["box/" + name] = files::join_counts(s.offsets);
+      continue;
+    }
     mine.tensors["s/" + name] = s.local.reshape({-1});
     mine.metadata["offset/" + name] = std::to_string(s.offset);
   }
@@ -111,6 +116,7 @@ void save(const std::string& dir, const DistributedState& state, SaveOptions opt
     meta.metadata["world_size"] = std::to_string(world);
     for (const auto& [name, r] : plan.replicated_owner) meta.metadata["replicated/" + name] = std::to_string(r);
     for (const auto& [name, n] : plan.sharded_numel) meta.metadata["sharded/" + name] = std::to_string(n);
+    for (const auto& [name, shape] : plan.sharded_shape) meta.metadata["shape/" + name] = files::join_counts(shape);
     for (const auto& [key, value] : state.metadata) meta.metadata["u/" + key] = value;
     save_tensor_file(paths::join(dir, kMetadataFile), meta);
     remove_stale(dir, token);

@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <istream>
 #include <sstream>
 #include <vector>
 
@@ -21,14 +22,16 @@ struct Entry {
   int rank = 0;
   int64_t numel = 0, offset = 0, length = 0, bytes = 0;
   std::string dtype;
+  std::vector<int64_t> shape, offsets, sizes;  // a box's (shape empty: a flat range)
 };
 
 struct Described {
   std::map<std::string, std::vector<Entry>> replicated, sharded;
 };
 
-// One line per entry, the name last: "r numel bytes dtype name" or
-// "s numel offset length bytes dtype name"; or, for a name that cannot be
+// One line per entry, the name last: "r numel bytes dtype name",
+// "s numel offset length bytes dtype name" or, for a box of n dimensions,
+// "b numel n shape... offsets... sizes... bytes dtype name"; or, for a name that cannot be
 // saved, "!" and the error, so that every rank throws it (not only this
 // one, leaving the others in the all-gather).
 std::string describe(const DistributedState& state) {
@@ -40,11 +43,20 @@ std::string describe(const DistributedState& state) {
   }
   for (const auto& [name, s] : state.sharded) {
     if (bad(name)) return "!an entry's name is empty or holds a line break: '" + name + "'";
-    out << "s " << s.numel << ' ' << s.offset << ' ' << s.local.numel() << ' ' << s.local.nbytes()
-        << ' ' << s.local.scalar_type() << ' ' << name << '\n';
+    if (s.is_box()) {
+      out << "b " << s.numel << ' ' << s.shape.size();
+      for (auto* v : {&s.shape, &s.offsets})
+        for (int64_t x : *v) out << ' ' << x;
+      for (int64_t x : s.local.sizes()) out << ' ' << x;
+    } else {
+      out << "s " << s.numel << ' ' << s.offset << ' ' << s.local.numel();
+    }
+    out << ' ' << s.local.nbytes() << ' ' << s.local.scalar_type() << ' ' << name << '\n';
   }
   return out.str();
 }
+
+void read_box(std::istream& in, Entry& e);
 
 Described parse(const std::vector<std::string>& texts) {
   Described all;
@@ -60,11 +72,12 @@ Described parse(const std::vector<std::string>& texts) {
       e.rank = rank;
       in >> kind >> e.numel;
       if (kind == 's') in >> e.offset >> e.length;
+      if (kind == 'b') read_box(in, e);
       in >> e.bytes >> e.dtype;
       in.get();
       std::string name;
       std::getline(in, name);
-      DTRAIN_CHECK_ARG(!in.fail() && (kind == 'r' || kind == 's') && !name.empty() && e.numel >= 0 &&
+      DTRAIN_CHECK_ARG(!in.fail() && (kind == 'r' || kind == 's' || kind == 'b') && !name.empty() && e.numel >= 0 &&
                            e.offset >= 0 && e.length >= 0,
                        "checkpoint::save: rank ", rank, " described an entry as '", line,
                        "', which is not an entry");
@@ -74,7 +87,33 @@ Described parse(const std::vector<std::string>& texts) {
   return all;
 }
 
+// A box's dimensions (at most 64), whole shape, offsets and sizes; its
+// length is its element count.
+void read_box(std::istream& in, Entry& e) {
+  size_t n = 0;
+  in >> n;
+  if (!in || n == 0 || n > 64) {
+    in.setstate(std::ios::failbit);
+    return;
+  }
+  for (auto* v : {&e.shape, &e.offsets, &e.sizes}) {
+    v->resize(n);
+    for (auto& x : *v) in >> x;
+  }
+  e.length = 1;
+  for (size_t d = 0; d < n; ++d) {
+    if (e.offsets[d] < 0 || e.sizes[d] < 0 || e.offsets[d] + e.sizes[d] > e.shape[d]) in.setstate(std::ios::failbit);
+    e.length *= e.sizes[d];
+  }
+}
+
 std::string where(const Entry& e) {
+  if (!e.shape.empty()) {
+    std::string box;
+    for (size_t d = 0; d < e.shape.size(); ++d)
+      box += (d ? ", " : "") + std::to_string(e.offsets[d]) + ":" + std::to_string(e.offsets[d] + e.sizes[d]);
+    return "[" + box + "] on rank " + std::to_string(e.rank);
+  }
   return "[" + std::to_string(e.offset) + ", " + std::to_string(e.offset + e.length) + ") on rank " +
          std::to_string(e.rank);
 }
@@ -106,6 +145,39 @@ std::vector<std::vector<Entry>> distinct_pieces(const std::string& name, std::ve
   return pieces;
 }
 
+bool boxes_overlap(const Entry& a, const Entry& b) {
+  for (size_t d = 0; d < a.shape.size(); ++d)
+    if (std::max(a.offsets[d], b.offsets[d]) >= std::min(a.offsets[d] + a.sizes[d], b.offsets[d] + b.sizes[d]))
+      return false;
+  return true;
+}
+
+// A box entry's distinct pieces, each with the ranks holding it: the same
+// box, or disjoint ones whose elements add up to the whole.
+std::vector<std::vector<Entry>> distinct_boxes(const std::string& name, std::vector<Entry> held) {
+  std::sort(held.begin(), held.end(), [](const Entry& a, const Entry& b) {
+    return std::tie(a.offsets, a.sizes, a.rank) < std::tie(b.offsets, b.sizes, b.rank);
+  });
+  std::vector<std::vector<Entry>> pieces;
+  int64_t covered = 0;
+  for (const auto& e : held) {
+    if (e.length == 0) continue;
+    if (!pieces.empty() && pieces.back()[0].offsets == e.offsets && pieces.back()[0].sizes == e.sizes) {
+      pieces.back().push_back(e);
+      continue;
+    }
+    for (const auto& other : pieces)
+      DTRAIN_CHECK_ARG(!boxes_overlap(other[0], e), "checkpoint::save: the pieces of sharded '", name,
+                       "' overlap: ", where(other[0]), " and ", where(e),
+                       "; ranks must hold the same piece or disjoint ones");
+    pieces.push_back({e});
+    covered += e.length;
+  }
+  DTRAIN_CHECK_ARG(covered == held.front().numel, "checkpoint::save: the ranks hold ", covered, " of the ",
+                   held.front().numel, " elements of sharded '", name, "'");
+  return pieces;
+}
+
 // Every holder of an entry agrees on its size (and, replicated, its dtype).
 void check_agree(const std::string& kind, const std::string& name, const std::vector<Entry>& held) {
   for (const auto& e : held) {
@@ -114,6 +186,10 @@ void check_agree(const std::string& kind, const std::string& name, const std::ve
                      " '", name, "' is ", first.numel, " elements of ", first.dtype, " on rank ",
                      first.rank, " but ", e.numel, " of ", e.dtype,
                      " on rank ", e.rank, "; the ranks describe different states");
+    DTRAIN_CHECK_ARG(e.shape == first.shape, "checkpoint::save: sharded '", name, "' is ",
+                     first.shape.empty() ? "a flat range" : "a box", " on rank ", first.rank, " but ",
+                     e.shape.empty() ? "a flat range" : "a box", " on rank ", e.rank,
+                     " (or boxes of different wholes); the ranks describe different states");
   }
 }
 
@@ -140,7 +216,9 @@ SavePlan plan_save(const std::shared_ptr<ProcessGroup>& group, const Distributed
   for (const auto& [name, held] : all.sharded) {
     check_agree("sharded", name, held);
     plan.sharded_numel[name] = held.front().numel;
-    for (const auto& piece : distinct_pieces(name, held))
+    if (!held.front().shape.empty()) plan.sharded_shape[name] = held.front().shape;
+    const auto pieces = held.front().shape.empty() ? distinct_pieces(name, held) : distinct_boxes(name, held);
+    for (const auto& piece : pieces)
       if (least_loaded(piece) == group->rank()) plan.my_pieces.insert(name);
   }
   return plan;

@@ -9,6 +9,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "dtrain/checkpoint/distributed.h"
 #include "dtrain/process_group.h"
@@ -18,13 +19,15 @@ namespace dtrain::checkpoint::files {
 struct SavePlan {
   std::map<std::string, int> replicated_owner;   // each replicated entry's writer
   std::map<std::string, int64_t> sharded_numel;  // each sharded entry's size
+  std::map<std::string, std::vector<int64_t>> sharded_shape;  // a box entry's whole shape
   std::set<std::string> my_pieces;               // the sharded entries whose piece this rank writes
 };
 
 // Collective over `group`. Throws InvalidArgument, the same on every rank,
 // when the ranks disagree on an entry (its size or dtype, or whether it is
-// replicated), when pieces of a sharded entry overlap without being the
-// same piece, or when no rank holds some of its elements.
+// replicated, flat or a box, its whole shape), when pieces of a sharded
+// entry overlap without being the same piece, or when no rank holds some of
+// its elements.
 SavePlan plan_save(const std::shared_ptr<ProcessGroup>& group, const DistributedState& state);
 
 }  // namespace dtrain::checkpoint::files

@@ -106,6 +106,18 @@ void RowParallelLinearImpl::take_shard(const torch::nn::Linear& full) {
     options_.bias(false);
 }
 
+std::vector<ParameterPlacement> ColumnParallelLinearImpl::parameter_placements() const {
+  const int64_t part = weight.size(0), first = options_.group()->rank() * part;
+  std::vector<ParameterPlacement> placed{{"weight", {out_, in_}, {first, 0}}};
+  if (bias.defined()) placed.push_back({"bias", {out_}, {first}});
+  return placed;
+}
+
+std::vector<ParameterPlacement> RowParallelLinearImpl::parameter_placements() const {
+  const int64_t part = weight.size(1);
+  return {{"weight", {out_, in_}, {0, options_.group()->rank() * part}}};
+}
+
 at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
   const auto& g = options_.group();
   const int64_t part = in_ / g->size();

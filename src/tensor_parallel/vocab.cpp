@@ -65,6 +65,10 @@ at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
   return reduce_scatter_to_sequence_region(rows, options_.group(), d);
 }
 
+std::vector<ParameterPlacement> VocabParallelEmbeddingImpl::parameter_placements() const {
+  return {{"weight", {num_, weight.size(1)}, {first_, 0}}};
+}
+
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits_shard, const at::Tensor& target,
                                         const std::shared_ptr<ProcessGroup>& group) {
   const char* what = "vocab_parallel_cross_entropy";

@@ -41,14 +41,31 @@ class ZeroRedundancyOptimizer;
 namespace dtrain::checkpoint {
 
 // A rank's piece of a tensor of `numel` elements that all ranks together
-// hold: `local` (1-D, contiguous) is elements [offset, offset + local.numel())
-// of the whole, flattened. The pieces of different ranks are either the
-// same piece (HSDP's replicas: saved once) or disjoint (FSDP's, ZeRO's);
-// the whole's shape is not recorded.
+// hold, in one of two forms:
+// - a flat range (`shape` empty): `local` (1-D, contiguous) is elements
+//   [offset, offset + local.numel()) of the whole, flattened; the whole's
+//   shape is not recorded (FSDP's and ZeRO's flat shards);
+// - a box (`shape` set, `numel` its product, `offset` unused): `local`
+//   (contiguous, shape.size() dimensions) is [offsets[d], offsets[d] +
+//   local.size(d)) in each dimension d of a whole of `shape` (tensor
+//   parallelism's shards: ShardedTensor::box).
+// The pieces of different ranks are either the same piece (replicas:
+// saved once) or disjoint. A box entry loads as boxes of any other split,
+// and as a replicated tensor of its whole shape; a replicated entry loads
+// as boxes too.
 struct ShardedTensor {
   at::Tensor local;
   int64_t offset = 0;
   int64_t numel = 0;
+  std::vector<int64_t> shape = {};
+  std::vector<int64_t> offsets = {};
+
+  static ShardedTensor box(at::Tensor local, std::vector<int64_t> shape, std::vector<int64_t> offsets) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return ShardedTensor{std::move(local), 0, n, std::move(shape), std::move(offsets)};
+  }
+  bool is_box() const { return !shape.empty(); }
 };
 
 struct DistributedState {
@@ -105,10 +122,14 @@ CheckpointInfo inspect(const std::string& dir);
 
 // The module's parameters and buffers ("<prefix>param/<name>",
 // "<prefix>buffer/<name>"), replicated: a DDP replica or a single process.
+// Parameters of modules that hold parts of whole tensors (ShardedParameters:
+// the tensor-parallel layers) are boxes of the whole instead, so that the
+// checkpoint loads at another tensor-parallel size or in one process.
 void add_module(DistributedState& state, torch::nn::Module& module, const std::string& prefix = "");
 // The optimizer's state for `module`'s parameters, replicated
-// ("<prefix>optim/<name>/<field>"). Adam, AdamW and SGD; state not created
-// yet is created as the optimizer's first step would (zeros, step 0).
+// ("<prefix>optim/<name>/<field>"), or boxes where the parameter is one.
+// Adam, AdamW and SGD; state not created yet is created as the optimizer's
+// first step would (zeros, step 0).
 void add_optimizer(DistributedState& state, torch::optim::Optimizer& optimizer,
                    torch::nn::Module& module, const std::string& prefix = "");
 // ZeroRedundancyOptimizer's sharded state ("<prefix>zero/<i>/<field>" for
@@ -120,7 +141,9 @@ void add_zero(DistributedState& state, ZeroRedundancyOptimizer& optimizer,
 
 // FSDP's shards ("<prefix>fsdp/<unit>/param", "<unit>" being "root" for
 // the root unit), the optimizer's state of them ("<prefix>fsdp/<unit>/<field>")
-// and the module's buffers, replicated.
+// and the module's buffers, replicated. Not for a module that holds
+// tensor-parallel layers (InvalidArgument): its flat units differ from one
+// TP rank to the next.
 void add_fsdp_shards(DistributedState& state, const std::vector<FSDPShard>& shards,
                      torch::optim::Optimizer& optimizer, torch::nn::Module& module,
                      const std::string& prefix);
