@@ -30,6 +30,10 @@
 //   dtrain-bench pipeline [--ranks 2] [--microbatches 8] [--batch 512] ...
 //       The pipeline schedules' bubble beside its theory, and 1F1B's peak
 //       memory against GPipe's; see pipeline.cpp.
+//   dtrain-bench tp       [--width 512] [--blocks 8] [--seq 2048] [--runs 3] [--run memory,ac]
+//       Tensor parallelism's per-rank parameter + gradient + Adam bytes at
+//       TP 2 and 4 against one process, and activation checkpointing's
+//       activation peak and step time against none; tensor_parallel.cpp.
 //   dtrain-bench memory   [--worlds 2,4] [--layers 6] [--width 4096] [--batch 8] [--steps 3]
 //       Per-rank memory and speed of DDP, ZeroRedundancyOptimizer and FSDP
 //       training a wide MLP with Adam; see memory.cpp.
@@ -367,6 +371,7 @@ int main(int argc, char** argv) {
       return composed_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2 && is_pipeline_mode(argv[2]))
       return pipeline_rank_main(argv[2], parse(argc, argv, 3));
+    if (cmd == "rank" && argc > 2 && is_tp_mode(argv[2])) return tp_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2 && is_cuda_mode(argv[2])) return cuda_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2) return rank_main(argv[2], parse(argc, argv, 3));
     // collectives runs in every rank of a job: its rank 0 prints this.
@@ -374,6 +379,7 @@ int main(int argc, char** argv) {
     if (cmd == "memory") return bench_memory(parse(argc, argv, 2));
     if (cmd == "cuda") return bench_cuda(parse(argc, argv, 2));
     if (cmd == "pipeline") return bench_pipeline(parse(argc, argv, 2));
+    if (cmd == "tp") return bench_tp(parse(argc, argv, 2));
     if (cmd == "composed") return bench_composed(parse(argc, argv, 2));
     if (cmd == "ddp") return bench_ddp(parse(argc, argv, 2));
     if (cmd == "overlap") return bench_overlap(parse(argc, argv, 2));

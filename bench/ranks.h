@@ -61,4 +61,9 @@ bool is_pipeline_mode(const std::string& mode);
 int pipeline_rank_main(const std::string& mode, const Args& a);
 int bench_pipeline(const Args& a);
 
+// dtrain-bench tp (tensor_parallel.cpp).
+bool is_tp_mode(const std::string& mode);
+int tp_rank_main(const std::string& mode, const Args& a);
+int bench_tp(const Args& a);
+
 }  // namespace dtrain::bench

@@ -31,17 +31,22 @@
 //
 // Every rank of the group runs the same forwards and backwards (the region
 // operations are collectives). The group must outlive the backward passes
-// through a module. See docs/tensor-parallel.md (what is not here yet: the
-// plan form; activation checkpointing is in activation_checkpoint.h).
+// through a module. The plan form, parallelize_module, rebuilds a
+// Sequential. See docs/tensor-parallel.md (activation checkpointing is in
+// activation_checkpoint.h).
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
+#include <variant>
 
 #include "dtrain/arg.h"
 #include "dtrain/parameter_placement.h"
@@ -204,5 +209,43 @@ TORCH_MODULE(VocabParallelEmbedding);
 // gradient reaches each rank's logits as that slice of the whole softmax's.
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits_shard, const at::Tensor& target,
                                         const std::shared_ptr<ProcessGroup>& group = nullptr);
+
+// ---- the plan form (PyTorch's parallelize_module) ---------------------------
+
+// A torch::nn::Linear becomes a ColumnParallelLinear; a torch::nn::Embedding
+// a VocabParallelEmbedding is RowwiseParallel's (as PyTorch's).
+struct ColwiseParallel {
+  DTRAIN_ARG(bool, gather_output) = false;
+  DTRAIN_ARG(bool, sequence_parallel) = false;
+  DTRAIN_ARG(int64_t, sequence_dim) = 1;
+};
+// A torch::nn::Linear becomes a RowParallelLinear; a torch::nn::Embedding a
+// VocabParallelEmbedding.
+struct RowwiseParallel {
+  DTRAIN_ARG(bool, input_is_parallel) = true;
+  DTRAIN_ARG(bool, sequence_parallel) = false;
+  DTRAIN_ARG(int64_t, sequence_dim) = 1;
+};
+// Any module that runs on sequence shards (a norm): its parameters are
+// marked (mark_sequence_parallel); the module itself stays.
+struct SequenceParallel {};
+using ParallelStyle = std::variant<ColwiseParallel, RowwiseParallel, SequenceParallel>;
+// By child name ("2": a Sequential's third child, unless named otherwise).
+using ParallelizePlan = std::map<std::string, ParallelStyle>;
+
+// A Sequential like `module`, whose children that `plan` names are
+// replaced by their tensor-parallel forms over `group`, built from them
+// (this rank's shard copied in), and whose other children are `module`'s
+// own (shared). Names stay, so state dicts and checkpoints of the result
+// and of `module` name the same tensors. libtorch has no forward hooks, a
+// module's members cannot be swapped from outside, and a Sequential cannot
+// hold a Sequential, so the plan form rebuilds one Sequential's own
+// children: for a model of your own, build its layers as
+// ColumnParallelLinear and the rest directly. A plan entry that names no
+// child, or a style that a child's type does not take, is an
+// InvalidArgument.
+torch::nn::Sequential parallelize_module(const torch::nn::Sequential& module,
+                                         const std::shared_ptr<ProcessGroup>& group,
+                                         const ParallelizePlan& plan);
 
 }  // namespace dtrain::tensor_parallel

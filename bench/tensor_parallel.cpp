@@ -1,0 +1,173 @@
+// dtrain-bench tp: what tensor parallelism saves per rank, and what
+// activation checkpointing saves and costs, each beside its baseline run
+// in the same invocation.
+//
+//   memory  per-rank bytes kept between steps (parameters, gradients and
+//           Adam's two moments) of --blocks pre-norm MLP blocks
+//           (LayerNorm(w), ColumnParallelLinear(w, 4w), GELU,
+//           RowParallelLinear(4w, w)) at TP 2 and 4 (ranks are processes),
+//           as a ratio to the same blocks unsharded in one process.
+//   ac      one process, one intra-op thread: the blocks at --seq tokens
+//           (--batch sequences) with and without activation checkpointing
+//           around each block; activation peak (peak RSS in a step minus
+//           the RSS before it) and median step time over --steps, in
+//           --runs alternating processes of each, as AC's ratio to no AC.
+//
+//   dtrain-bench tp [--width 512] [--blocks 8] [--seq 2048] [--batch 1]
+//                   [--steps 4] [--runs 3] [--run memory,ac]
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "dtrain/dtrain.h"
+#include "ranks.h"
+
+namespace dtrain::bench {
+namespace {
+
+namespace tp = tensor_parallel;
+
+struct BlockImpl : torch::nn::Module {
+  BlockImpl(int64_t width, const std::shared_ptr<ProcessGroup>& group)
+      : norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})))) {
+    if (group) {
+      const auto options = tp::ParallelLinearOptions().group(group);
+      col = register_module("up", tp::ColumnParallelLinear(width, 4 * width, options));
+      row = register_module("down", tp::RowParallelLinear(4 * width, width, options));
+    } else {
+      up = register_module("up", torch::nn::Linear(width, 4 * width));
+      down = register_module("down", torch::nn::Linear(4 * width, width));
+    }
+  }
+  at::Tensor forward(at::Tensor x) {
+    auto h = norm(x);
+    h = col ? col(h) : up(h);
+    h = torch::gelu(h);
+    return x + (row ? row(h) : down(h));
+  }
+  torch::nn::LayerNorm norm;
+  torch::nn::Linear up{nullptr}, down{nullptr};
+  tp::ColumnParallelLinear col{nullptr};
+  tp::RowParallelLinear row{nullptr};
+};
+TORCH_MODULE(Block);
+
+std::vector<Block> make_blocks(const Args& a, const std::shared_ptr<ProcessGroup>& group) {
+  std::vector<Block> blocks;
+  for (int i = 0; i < a.num("blocks", 8); ++i) blocks.emplace_back(a.num("width", 512), group);
+  return blocks;
+}
+
+std::vector<at::Tensor> parameters_of(const std::vector<Block>& blocks) {
+  std::vector<at::Tensor> all;
+  for (const auto& b : blocks)
+    for (const auto& p : b->parameters()) all.push_back(p);
+  return all;
+}
+
+// tp-memory: one Adam step, then the bytes of the parameters, their
+// gradients and Adam's state on this rank (world 1: unsharded).
+int memory_rank(const Args& a) {
+  init_process_group(InitOptions().backend("tcp"));
+  auto group = get_world_size() > 1 ? default_group() : nullptr;
+  auto blocks = make_blocks(a, group);
+  const auto params = parameters_of(blocks);
+  torch::optim::Adam adam(params, torch::optim::AdamOptions(1e-3));
+  auto x = torch::randn({1, 8, a.num("width", 512)});
+  for (auto& b : blocks) x = b->forward(x);
+  x.pow(2).mean().backward();
+  adam.step();
+  int64_t bytes = 0;
+  for (const auto& p : params) bytes += 2 * p.nbytes();  // the parameter and its gradient
+  for (const auto& item : adam.state()) {
+    auto& s = static_cast<torch::optim::AdamParamState&>(*item.second);
+    bytes += s.exp_avg().nbytes() + s.exp_avg_sq().nbytes();
+  }
+  std::printf("result bytes=%lld\n", static_cast<long long>(bytes));
+  destroy_process_group();
+  return 0;
+}
+
+// tp-ac: --steps steps of the blocks, each block a checkpointed segment
+// with --checkpoint 1; prints the activation peak and the median step.
+int ac_rank(const Args& a) {
+  torch::set_num_threads(1);
+  const bool checkpoint = a.num("checkpoint", 0) == 1;
+  auto blocks = make_blocks(a, nullptr);
+  torch::optim::Adam adam(parameters_of(blocks), torch::optim::AdamOptions(1e-3));
+  const auto x = torch::randn({a.num("batch", 1), a.num("seq", 2048), a.num("width", 512)});
+  auto step = [&] {
+    adam.zero_grad();
+    at::Tensor h = x;
+    for (auto& b : blocks)
+      h = checkpoint ? activation_checkpoint([b](at::Tensor in) mutable { return b->forward(in); }, h)
+                     : b->forward(h);
+    h.pow(2).mean().backward();
+    adam.step();
+  };
+  step();  // Adam's state and the gradients exist from here on
+  { std::ofstream("/proc/self/clear_refs") << "5"; }  // VmHWM := VmRSS
+  const int64_t resting = vm_status_bytes("VmRSS:");
+  std::vector<double> ms;
+  for (int i = 0; i < a.num("steps", 4); ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::printf("result activations=%lld step_ms=%.2f\n",
+              static_cast<long long>(vm_status_bytes("VmHWM:") - resting), median(ms));
+  return 0;
+}
+
+void report_memory(const Args& a) {
+  const double whole = field(run_ranks(1, "tp-memory", a), "bytes");
+  std::printf("memory: %d blocks of width %d, parameters + gradients + Adam per rank, against one "
+              "process unsharded (%.1f MiB)\n", a.num("blocks", 8), a.num("width", 512), whole / (1 << 20));
+  for (int t : {2, 4}) {
+    const double mine = field(run_ranks(t, "tp-memory", a), "bytes");
+    std::printf("  TP %d: %8.1f MiB per rank, %.3fx\n", t, mine / (1 << 20), mine / whole);
+  }
+}
+
+void report_ac(const Args& a) {
+  std::vector<double> act[2], ms[2];
+  for (int run = 0; run < a.num("runs", 3); ++run)
+    for (int c : {0, 1}) {  // alternating, so that drift hits both
+      Args args = a;
+      args.flags["checkpoint"] = std::to_string(c);
+      const auto out = run_ranks(1, "tp-ac", args, nullptr, "MALLOC_MMAP_THRESHOLD_=65536");
+      act[c].push_back(field(out, "activations"));
+      ms[c].push_back(field(out, "step_ms"));
+    }
+  std::printf("activation checkpointing: %d blocks of width %d, %d x %d tokens, one thread, medians of %d "
+              "runs\n", a.num("blocks", 8), a.num("width", 512), a.num("batch", 1), a.num("seq", 2048),
+              a.num("runs", 3));
+  std::printf("  %-8s %14s %10s\n", "", "activations", "step");
+  for (int c : {0, 1})
+    std::printf("  %-8s %10.1f MiB %8.1f ms\n", c ? "AC" : "no AC", median(act[c]) / (1 << 20), median(ms[c]));
+  std::printf("  AC / no AC: activations %.3fx, step time %.3fx\n", median(act[1]) / median(act[0]),
+              median(ms[1]) / median(ms[0]));
+}
+
+}  // namespace
+
+bool is_tp_mode(const std::string& mode) { return mode == "tp-memory" || mode == "tp-ac"; }
+
+int tp_rank_main(const std::string& mode, const Args& a) {
+  return mode == "tp-memory" ? memory_rank(a) : ac_rank(a);
+}
+
+int bench_tp(const Args& a) {
+  std::printf("%s\n", build_line().c_str());
+  const std::string run = a.get("run", "memory,ac");
+  if (run.find("memory") != std::string::npos) report_memory(a);
+  if (run.find("ac") != std::string::npos) report_ac(a);
+  return 0;
+}
+
+}  // namespace dtrain::bench
