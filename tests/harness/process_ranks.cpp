@@ -27,6 +27,11 @@ std::string RankProcess::output() const {
   return ss.str();
 }
 
+std::string describe(const RankProcess& p) {
+  return "exit " + std::to_string(p.exit_code) + " signal " + std::to_string(p.signal) +
+         "\n--- output ---\n" + p.output();
+}
+
 int free_port() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};

@@ -24,6 +24,9 @@ struct RankProcess {
   std::string output() const;
 };
 
+// "exit N signal S" and the process's output, for a failing assertion.
+std::string describe(const RankProcess& p);
+
 // A port that was free a moment ago on 127.0.0.1.
 int free_port();
 

@@ -20,11 +20,6 @@ using namespace std::chrono_literals;
 
 const std::string kWorker = DTRAIN_TEST_WORKER;
 
-std::string describe(const RankProcess& p) {
-  return "exit " + std::to_string(p.exit_code) + " signal " + std::to_string(p.signal) +
-         "\n--- output ---\n" + p.output();
-}
-
 // Starts 4 ranks of `argv` on host ids a (ranks 0, 1) and b (ranks 2, 3).
 void spawn_on_two_host_ids(ProcessRanks& procs, const std::vector<std::string>& argv,
                            std::map<std::string, std::string> extra = {}) {

@@ -18,11 +18,6 @@ using Clock = std::chrono::steady_clock;
 
 const std::string kWorker = DTRAIN_TEST_WORKER;
 
-std::string describe(const RankProcess& p) {
-  return "exit " + std::to_string(p.exit_code) + " signal " + std::to_string(p.signal) +
-         "\n--- output ---\n" + p.output();
-}
-
 void spawn_ranks(ProcessRanks& procs, int world, const std::string& mode,
                  const std::string& backend, const std::string& timeout_s) {
   const int port = free_port();

@@ -24,11 +24,6 @@ using Clock = std::chrono::steady_clock;
 
 const std::string kWorker = DTRAIN_TEST_WORKER;
 
-std::string describe(const RankProcess& p) {
-  return "exit " + std::to_string(p.exit_code) + " signal " + std::to_string(p.signal) +
-         "\n--- output ---\n" + p.output();
-}
-
 
 // Runs `world` collectives ranks with per-rank environments and extra args.
 void expect_collectives_pass(int world, const std::function<std::map<std::string, std::string>(int)>& env,
