@@ -3,8 +3,9 @@
 // length, the metadata file, then rank 0's data file (both sealed: their
 // checksums made right, see sealed_tensor_file.h). The data file is named
 // after the token the metadata names when that is a valid one. The state
-// asks for a replicated float [2, 3] "param/w" and a sharded 10-element
-// "s"; a refused checkpoint is an InvalidArgument naming the problem, a
+// asks for a replicated float [2, 3] "param/w", a sharded 10-element "s"
+// (a flat range) and rows [2, 4) of a float [4, 3] "b" (a box); a refused
+// checkpoint is an InvalidArgument naming the problem, a
 // crash or a sanitizer report is a bug. Seeds: fuzz/make_seeds.py.
 
 #include <torch/torch.h>
@@ -24,6 +25,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   dtrain::checkpoint::DistributedState state;
   state.replicated["param/w"] = torch::zeros({2, 3});
   state.sharded["s"] = dtrain::checkpoint::ShardedTensor{torch::zeros({10}), 0, 10};
+  state.sharded["b"] = dtrain::checkpoint::ShardedTensor::box(torch::zeros({2, 3}), {4, 3}, {2, 0});
   try {
     dtrain::checkpoint::load(dir, state);
   } catch (const dtrain::InvalidArgument&) {

@@ -216,21 +216,27 @@ write_corpus("error_file", {
 
 # distributed_checkpoint_fuzz: a 4-byte length, metadata.dtt, then rank 0's
 # data file, as dtrain::checkpoint::save writes them for a replicated
-# float [2, 3] "param/w" and a sharded 10-element "s".
-def distributed_checkpoint(pieces):
+# float [2, 3] "param/w", a sharded 10-element "s" (flat pieces: offset,
+# length) and a float [4, 3] "b" saved as boxes (row offset, rows).
+def distributed_checkpoint(pieces, boxes=((0, 4),)):
     token = "0123456789abcdef"
     meta = [("format", "dtrain distributed checkpoint 1"), ("replicated/param/w", "0"),
-            ("sharded/s", "10"), ("token", token), ("u/epoch", "3"), ("world_size", "1")]
+            ("shape/b", "4,3"), ("sharded/b", "12"), ("sharded/s", "10"), ("token", token),
+            ("u/epoch", "3"), ("world_size", "1")]
     m = tensor_file(meta, [])
     tensors = [("r/param/w", 1, [2, 3], struct.pack("<6f", *range(6)))]
     file_meta = []
+    for row, rows in boxes:
+        file_meta.append(("box/b", f"{row},0"))
+        tensors.append(("s/b", 1, [rows, 3], struct.pack(f"<{3 * rows}f", *range(3 * rows))))
     for offset, n in pieces:
         file_meta.append(("offset/s", str(offset)))
         tensors.append(("s/s", 1, [n], struct.pack(f"<{n}f", *[0.5] * n)))
-    return struct.pack("<I", len(m)) + m + tensor_file(file_meta, tensors)
+    return struct.pack("<I", len(m)) + m + tensor_file(sorted(file_meta), sorted(tensors))
 
 
 write_corpus("distributed_checkpoint", {
     "whole": distributed_checkpoint([(0, 10)]),
     "short_piece": distributed_checkpoint([(4, 6)]),
+    "short_box": distributed_checkpoint([(0, 10)], boxes=((1, 2),)),
 })
