@@ -75,7 +75,7 @@ void expect_plan_equals_one_process(const torch::nn::Sequential& model, const tp
       opt->step();
     }
     for (const auto& item : parallel->named_parameters()) {
-      const auto& want = whole->named_parameters()[item.key()];
+      const at::Tensor want = whole->named_parameters()[item.key()];  // a copy: the dict is a temporary
       const int64_t dim = split(item.key());
       expect_close(item.value(), dim < 0 ? want : shard(want, dim, r, kRanks), item.key() + " after 5 steps");
     }
