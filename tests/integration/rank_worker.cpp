@@ -449,30 +449,6 @@ const char* type_name(const dtrain::Error& e) {
   return "Error";
 }
 
-int loop(const std::string& backend) {
-  dtrain::init_process_group(dtrain::InitOptions().backend(backend));
-  std::cout << "rank " << dtrain::get_rank() << " ready" << std::endl;
-  auto t = at::ones({4096});
-  for (long step = 0;; ++step) {
-    dtrain::all_reduce(t);
-    if (step % 200 == 0) std::cout << "rank " << dtrain::get_rank() << " steps " << step << std::endl;
-  }
-}
-
-int p2p_loop(const std::string& backend) {
-  dtrain::init_process_group(dtrain::InitOptions().backend(backend));
-  const int rank = dtrain::get_rank(), world = dtrain::get_world_size();
-  std::cout << "rank " << rank << " ready" << std::endl;
-  auto out = at::full({4096}, float(rank)), in = at::zeros({4096});
-  auto& g = *dtrain::default_group();
-  for (long step = 0;; ++step) {
-    auto r = g.recv(in, (rank + world - 1) % world);
-    g.send(out, (rank + 1) % world)->wait();
-    r->wait();
-    if (step % 200 == 0) std::cout << "rank " << rank << " steps " << step << std::endl;
-  }
-}
-
 int ddp_training() {
   dtrain::init_process_group();
   const int rank = dtrain::get_rank();

@@ -42,5 +42,8 @@ int syncbn_equivalence(const std::string& backend, torch::Device device);
 // Peers that leave (peer_leaves: every rank but 0 destroys its group; rank 0
 // then idles 1 s and prints "rank 0 cpu_ms N") or die while rank 0 waits
 // (recv_from_last: rank 0 receives from the last rank, which never sends).
+// loop: all_reduce forever; p2p_loop: send/recv around a ring forever.
+int loop(const std::string& backend);
+int p2p_loop(const std::string& backend);
 int peer_leaves(const std::string& backend);
 int recv_from_last(const std::string& backend);

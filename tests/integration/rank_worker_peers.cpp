@@ -1,5 +1,6 @@
-// rank_worker's modes about peers that leave or die while a rank waits
-// (rank_worker.cpp lists every mode).
+// rank_worker's modes about peers that fail, leave or die while a rank
+// waits: the loops that peer-failure tests kill or stop a rank of, and the
+// idle modes (rank_worker.cpp lists every mode).
 
 #include <ATen/ATen.h>
 
@@ -21,6 +22,30 @@ long process_cpu_ms() {
 }
 
 }  // namespace
+
+int loop(const std::string& backend) {
+  dtrain::init_process_group(dtrain::InitOptions().backend(backend));
+  std::cout << "rank " << dtrain::get_rank() << " ready" << std::endl;
+  auto t = at::ones({4096});
+  for (long step = 0;; ++step) {
+    dtrain::all_reduce(t);
+    if (step % 200 == 0) std::cout << "rank " << dtrain::get_rank() << " steps " << step << std::endl;
+  }
+}
+
+int p2p_loop(const std::string& backend) {
+  dtrain::init_process_group(dtrain::InitOptions().backend(backend));
+  const int rank = dtrain::get_rank(), world = dtrain::get_world_size();
+  std::cout << "rank " << rank << " ready" << std::endl;
+  auto out = at::full({4096}, float(rank)), in = at::zeros({4096});
+  auto& g = *dtrain::default_group();
+  for (long step = 0;; ++step) {
+    auto r = g.recv(in, (rank + world - 1) % world);
+    g.send(out, (rank + 1) % world)->wait();
+    r->wait();
+    if (step % 200 == 0) std::cout << "rank " << rank << " steps " << step << std::endl;
+  }
+}
 
 int peer_leaves(const std::string& backend) {
   dtrain::init_process_group(dtrain::InitOptions().backend(backend));
