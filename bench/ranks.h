@@ -64,6 +64,7 @@ int bench_pipeline(const Args& a);
 // dtrain-bench tp (tensor_parallel.cpp).
 bool is_tp_mode(const std::string& mode);
 int tp_rank_main(const std::string& mode, const Args& a);
+int tp_reference_rank_main(const Args& a);  // tensor_parallel_ref.cpp
 int bench_tp(const Args& a);
 
 }  // namespace dtrain::bench

@@ -14,8 +14,9 @@
 //   };
 //
 // The gradients are those of the segment run plainly. The random number
-// generators (the CPU's, and the input's CUDA device's) are put back to
-// their state at the forward for the recomputation, so that dropout draws
+// generators (the CPU's, the input's CUDA device's, and the tensor-parallel
+// streams of tensor_parallel_rng.h) are put back to their state at the
+// forward for the recomputation, so that dropout draws
 // the same mask twice; preserve_rng_state(false) skips that, as PyTorch's
 // option does.
 //

@@ -24,5 +24,6 @@
 #include "dtrain/store/store.h"
 #include "dtrain/store/tcp_store.h"
 #include "dtrain/tensor_parallel.h"
+#include "dtrain/tensor_parallel_rng.h"
 #include "dtrain/timeline.h"
 #include "dtrain/work.h"

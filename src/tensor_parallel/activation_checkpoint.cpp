@@ -15,6 +15,7 @@
 
 #include "common/end_of_backward.h"
 #include "common/enforce.h"
+#include "tensor_parallel/rng_streams.h"
 
 namespace dtrain {
 namespace {
@@ -31,6 +32,7 @@ struct Segment : torch::CustomClassHolder {
   at::Tensor cpu_rng;
   std::optional<at::Device> device;
   at::Tensor device_rng;
+  tensor_parallel::detail::RngStreams tp_rng;  // tensor_parallel_rng.h's streams
 };
 
 at::Tensor rng_state(at::Generator generator) {
@@ -54,6 +56,8 @@ class RngAsAtForward {
     if (!s.preserve_rng) return;
     cpu_now_ = rng_state(cpu_generator());
     set_rng_state(cpu_generator(), s.cpu_rng);
+    tp_now_ = tensor_parallel::detail::rng_streams();
+    tensor_parallel::detail::set_rng_streams(s.tp_rng);
     if (s.device) {
       device_now_ = rng_state(at::globalContext().defaultGenerator(*s.device));
       set_rng_state(at::globalContext().defaultGenerator(*s.device), s.device_rng);
@@ -62,6 +66,7 @@ class RngAsAtForward {
   ~RngAsAtForward() {
     if (!segment_.preserve_rng) return;
     set_rng_state(cpu_generator(), cpu_now_);
+    tensor_parallel::detail::set_rng_streams(tp_now_);
     if (segment_.device)
       set_rng_state(at::globalContext().defaultGenerator(*segment_.device), device_now_);
   }
@@ -71,6 +76,7 @@ class RngAsAtForward {
  private:
   const Segment& segment_;
   at::Tensor cpu_now_, device_now_;
+  tensor_parallel::detail::RngStreams tp_now_;
 };
 
 Segment& segment_of(AutogradContext* ctx) {
@@ -94,6 +100,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     ctx->saved_data["segment"] = c10::IValue::make_capsule(segment);
     if (segment->preserve_rng) {
       segment->cpu_rng = rng_state(cpu_generator());
+      segment->tp_rng = tensor_parallel::detail::rng_streams();
       if (input.is_cuda()) {
         segment->device = input.device();
         segment->device_rng = rng_state(at::globalContext().defaultGenerator(input.device()));

@@ -1,0 +1,129 @@
+#pragma once
+
+// A small Llama-style decoder (RMSNorm, rotary position embeddings, causal
+// multi-head attention, a SwiGLU feed-forward) written with dtrain's
+// tensor-parallel modules, so that one definition runs in one process, at
+// any tensor-parallel size, with or without sequence parallelism and
+// activation checkpointing, and cut into pipeline stages.
+//
+// Parameters are named as torchtitan's Llama names them
+// (tok_embeddings.weight, layers.3.attention.wq.weight,
+// layers.3.feed_forward.w2.weight, norm.weight, output.weight), by the
+// global layer index whatever stage holds the layer, so checkpoints and
+// the comparison with PyTorch (bench/scripts/tp_vs_pytorch.py) line up.
+
+#include <dtrain/dtrain.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <memory>
+#include <string>
+
+namespace llama {
+
+struct Config {
+  int64_t vocab = 256;  // byte-level tokens
+  int64_t dim = 128;
+  int64_t layers = 4;
+  int64_t heads = 8;
+  int64_t hidden = 352;  // the SwiGLU's inner width
+  int64_t seq = 128;     // the longest sequence (rotary tables)
+  double norm_eps = 1e-5;
+  double rope_theta = 10000;
+  double dropout = 0;  // on attention probabilities and on each residual branch
+};
+
+// How this rank's part of the model is split.
+struct Layout {
+  std::shared_ptr<dtrain::ProcessGroup> tp;  // the tensor-parallel group (may have one rank)
+  bool sequence_parallel = false;           // between the tensor-parallel layers (Megatron's SP)
+  bool checkpoint = false;                  // each layer an activation-checkpointed segment
+};
+
+// The whole parameters' initial values, by name, for layers
+// [first_layer, last_layer) and the embedding and head when asked: each
+// layer's from a generator seeded by `seed` and its index, so a stage
+// draws the values the whole model would, whatever the layout.
+using Values = std::map<std::string, at::Tensor>;
+Values initial_values(const Config& c, uint64_t seed, int64_t first_layer, int64_t last_layer,
+                      bool embedding, bool head);
+
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(const at::Tensor& weight, double eps);
+  at::Tensor forward(const at::Tensor& x);
+  at::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RMSNorm);
+
+class AttentionImpl : public torch::nn::Module {
+ public:
+  AttentionImpl(const Config& c, const Layout& l, const Values& v, const std::string& prefix);
+  // x: [batch, sequence (this rank's shard under SP), dim]
+  at::Tensor forward(const at::Tensor& x);
+
+ private:
+  Config c_;
+  int64_t local_heads_;
+  dtrain::tensor_parallel::ColumnParallelLinear wq_{nullptr}, wk_{nullptr}, wv_{nullptr};
+  dtrain::tensor_parallel::RowParallelLinear wo_{nullptr};
+  at::Tensor cos_, sin_;  // [seq, head_dim / 2]
+};
+TORCH_MODULE(Attention);
+
+class FeedForwardImpl : public torch::nn::Module {
+ public:
+  FeedForwardImpl(const Config& c, const Layout& l, const Values& v, const std::string& prefix);
+  at::Tensor forward(const at::Tensor& x);
+
+ private:
+  dtrain::tensor_parallel::ColumnParallelLinear w1_{nullptr}, w3_{nullptr};
+  dtrain::tensor_parallel::RowParallelLinear w2_{nullptr};
+};
+TORCH_MODULE(FeedForward);
+
+class BlockImpl : public torch::nn::Module {
+ public:
+  BlockImpl(const Config& c, const Layout& l, const Values& v, int64_t index);
+  at::Tensor forward(const at::Tensor& x);
+
+ private:
+  at::Tensor residual_dropout(const at::Tensor& x);
+  Config c_;
+  Layout l_;
+  RMSNorm attention_norm_{nullptr}, ffn_norm_{nullptr};
+  Attention attention_{nullptr};
+  FeedForward feed_forward_{nullptr};
+};
+TORCH_MODULE(Block);
+
+// Layers [first_layer, last_layer), with the token embedding in front when
+// `embedding` and the final norm and output projection behind when `head`:
+// the whole model, or one pipeline stage of it. Its input is token ids
+// [batch, sequence] when it embeds, else activations [batch, sequence
+// (this rank's shard under SP), dim]; its output activations, or with the
+// head this rank's vocabulary shard of the logits [batch, sequence,
+// vocab / tp] (loss: dtrain::tensor_parallel::vocab_parallel_cross_entropy).
+class StageImpl : public torch::nn::Module {
+ public:
+  StageImpl(const Config& c, const Layout& l, const Values& initial, int64_t first_layer,
+            int64_t last_layer, bool embedding, bool head);
+  at::Tensor forward(at::Tensor x);
+
+ private:
+  Layout l_;
+  dtrain::tensor_parallel::VocabParallelEmbedding tok_embeddings_{nullptr};
+  std::vector<Block> layers_;
+  RMSNorm norm_{nullptr};
+  dtrain::tensor_parallel::ColumnParallelLinear output_{nullptr};
+};
+TORCH_MODULE(Stage);
+
+// The mean cross-entropy of a head's logits shard against targets [batch, sequence].
+at::Tensor loss(const at::Tensor& logits_shard, const at::Tensor& targets,
+                const std::shared_ptr<dtrain::ProcessGroup>& tp);
+
+}  // namespace llama
