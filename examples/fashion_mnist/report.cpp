@@ -23,8 +23,10 @@ std::string duration(double seconds) {
 
 }  // namespace
 
-Progress::Progress(bool live, int64_t epochs, int64_t steps_per_epoch, int64_t samples_per_step)
-    : live_(live), epochs_(epochs), steps_(steps_per_epoch), samples_per_step_(samples_per_step) {}
+Progress::Progress(bool live, int64_t epochs, int64_t steps_per_epoch, int64_t samples_per_step,
+                   std::string unit)
+    : live_(live), epochs_(epochs), steps_(steps_per_epoch), samples_per_step_(samples_per_step),
+      unit_(std::move(unit)) {}
 
 void Progress::start_epoch(int64_t epoch, int64_t first_step) {
   epoch_ = epoch;
@@ -45,11 +47,11 @@ void Progress::update(int64_t step, double loss) {
     const int width = 30, filled = static_cast<int>(width * step / std::max<int64_t>(steps_, 1));
     std::string bar(filled, '#');
     bar += std::string(width - filled, '.');
-    std::snprintf(line, sizeof(line), "epoch %lld/%lld [%s] %3d%% step %lld/%lld loss %.4f %6.0f samples/s ETA %s",
+    std::snprintf(line, sizeof(line), "epoch %lld/%lld [%s] %3d%% step %lld/%lld loss %.4f %6.0f %s/s ETA %s",
                   static_cast<long long>(epoch_ + 1), static_cast<long long>(epochs_), bar.c_str(),
                   static_cast<int>(100 * step / std::max<int64_t>(steps_, 1)),
                   static_cast<long long>(step), static_cast<long long>(steps_), loss, rate,
-                  duration(eta).c_str());
+                  unit_.c_str(), duration(eta).c_str());
     std::cout << "\r" << line << "\033[K" << std::flush;
     return;
   }
@@ -57,10 +59,10 @@ void Progress::update(int64_t step, double loss) {
   const int64_t tenth = std::max<int64_t>(steps_ / 10, 1);
   if (step / tenth == last_logged_ && step != steps_) return;
   last_logged_ = step / tenth;
-  std::snprintf(line, sizeof(line), "epoch %lld/%lld step %lld/%lld loss %.4f %.0f samples/s ETA %s",
+  std::snprintf(line, sizeof(line), "epoch %lld/%lld step %lld/%lld loss %.4f %.0f %s/s ETA %s",
                 static_cast<long long>(epoch_ + 1), static_cast<long long>(epochs_),
                 static_cast<long long>(step), static_cast<long long>(steps_), loss, rate,
-                duration(eta).c_str());
+                unit_.c_str(), duration(eta).c_str());
   std::cout << line << std::endl;
 }
 
@@ -78,12 +80,9 @@ void Metrics::add(const EpochMetrics& m) {
       << ", \"seconds\": " << m.seconds << "}\n";
 }
 
-namespace {
-
-// Runs gnuplot on `script` in directory `dir`, without a shell, its output
-// and errors going to gnuplot.log there. The script names only files in that
-// directory: no character of --out-dir reaches a shell or gnuplot's command
-// line (which expands `backquotes` even inside strings). True on success.
+// The script names only files in `dir`: no character of --out-dir reaches
+// a shell or gnuplot's command line (which expands `backquotes` even inside
+// strings).
 bool run_gnuplot(const std::string& script, const std::string& dir) {
   int pipe_fds[2];
   if (pipe2(pipe_fds, O_CLOEXEC) != 0) return false;
@@ -122,8 +121,6 @@ bool run_gnuplot(const std::string& script, const std::string& dir) {
   }
   return written && WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
-
-}  // namespace
 
 std::string Metrics::plot() const {
   if (rows_.empty()) return "";

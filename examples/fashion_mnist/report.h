@@ -10,7 +10,9 @@
 
 class Progress {
  public:
-  Progress(bool live, int64_t epochs, int64_t steps_per_epoch, int64_t samples_per_step);
+  // `unit`: what samples_per_step counts ("samples/s" in the line).
+  Progress(bool live, int64_t epochs, int64_t steps_per_epoch, int64_t samples_per_step,
+           std::string unit = "samples");
   void start_epoch(int64_t epoch, int64_t first_step);
   void update(int64_t step, double loss);  // step: batches done in this epoch
   void finish_epoch();
@@ -19,6 +21,7 @@ class Progress {
   using Clock = std::chrono::steady_clock;
   bool live_;
   int64_t epochs_, steps_, samples_per_step_;
+  std::string unit_;
   int64_t epoch_ = 0, first_step_ = 0, last_logged_ = -1;
   Clock::time_point start_, last_draw_;
 };
@@ -27,6 +30,10 @@ struct EpochMetrics {
   int64_t epoch;
   double train_loss, test_accuracy, samples_per_s, seconds;
 };
+
+// Runs gnuplot on `script` in directory `dir`, without a shell (output and
+// errors to dir/gnuplot.log). True on success.
+bool run_gnuplot(const std::string& script, const std::string& dir);
 
 class Metrics {
  public:

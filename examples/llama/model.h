@@ -27,7 +27,7 @@ struct Config {
   int64_t layers = 4;
   int64_t heads = 8;
   int64_t hidden = 352;  // the SwiGLU's inner width
-  int64_t seq = 128;     // the longest sequence (rotary tables)
+  int64_t seq = 64;      // the longest sequence (rotary tables)
   double norm_eps = 1e-5;
   double rope_theta = 10000;
   double dropout = 0;  // on attention probabilities and on each residual branch

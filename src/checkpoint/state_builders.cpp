@@ -41,6 +41,8 @@ Placements placements_in(torch::nn::Module& module) {
       const auto* p = params.find(placement.name);
       DTRAIN_CHECK_ARG(p, "checkpoint: module '", item.key(), "' places a parameter '", placement.name,
                        "' that it does not have");
+      // A group of one rank: the "shard" is the whole tensor, as replicated.
+      if (p->sizes().vec() == placement.shape) continue;
       found.of[p->unsafeGetTensorImpl()] = placement;
       if (found.first.empty())
         found.first = (item.key().empty() ? "" : item.key() + ".") + placement.name;

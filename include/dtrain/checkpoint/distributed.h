@@ -142,8 +142,8 @@ void add_zero(DistributedState& state, ZeroRedundancyOptimizer& optimizer,
 // FSDP's shards ("<prefix>fsdp/<unit>/param", "<unit>" being "root" for
 // the root unit), the optimizer's state of them ("<prefix>fsdp/<unit>/<field>")
 // and the module's buffers, replicated. Not for a module that holds
-// tensor-parallel layers (InvalidArgument): its flat units differ from one
-// TP rank to the next.
+// tensor-parallel layers split over more than one rank (InvalidArgument):
+// its flat units differ from one TP rank to the next.
 void add_fsdp_shards(DistributedState& state, const std::vector<FSDPShard>& shards,
                      torch::optim::Optimizer& optimizer, torch::nn::Module& module,
                      const std::string& prefix);

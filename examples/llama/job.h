@@ -1,0 +1,86 @@
+#pragma once
+
+// dtrain-llama's job: the flags, and this rank's place in the layout
+// (pipeline stage x data-parallel replica x tensor-parallel rank) with its
+// part of the model, its optimizer and its checkpoint (train.cpp,
+// layout.cpp, checkpoint.cpp).
+
+#include <dtrain/dtrain.h>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "model.h"
+
+namespace llama {
+
+struct Flags {
+  int tp = 1, pp = 1, dp = 0;  // dp 0: what the world size leaves
+  std::string data_parallel = "ddp";
+  bool sequence_parallel = false, checkpoint_activations = false;
+  int64_t steps = 200, batch = 16, microbatches = 4;  // batch: sequences per step, all ranks together
+  Config model;
+  double lr = 2e-3;
+  uint64_t seed = 0;
+  int threads = 1;
+  std::string corpus = "/usr/share/games/fortunes";
+  std::string checkpoint_dir = "checkpoints/llama", out_dir;
+  int64_t checkpoint_every = 100, log_every = 10, sample_bytes = 300;
+  bool resume = false, print_losses = false;
+  std::string backend = "auto";
+  int64_t crash_at_step = -1;  // test hook: the last rank SIGKILLs itself there (first attempt)
+};
+
+// This rank's part of the layout, built over the default group.
+struct Placement {
+  int pp_rank = 0, dp_rank = 0, tp_rank = 0;
+  std::shared_ptr<dtrain::ProcessGroup> pp, dp, tp;
+  int64_t first_layer = 0, last_layer = 0;
+  bool first_stage() const { return pp_rank == 0; }
+  bool last_stage(const Flags& f) const { return pp_rank == f.pp - 1; }
+};
+
+// This rank's stage of the model, wrapped for the data-parallel axis, and
+// what runs it: one step's forward and backward of this rank's rows.
+class Trainer {
+ public:
+  Trainer(const Flags& f, const Placement& at);
+  ~Trainer();
+  // Rows [input | target] of this replica ([rows, seq + 1]); returns the
+  // mean loss of those rows on the last stage (undefined elsewhere).
+  at::Tensor step(const at::Tensor& rows);
+  Stage& stage() { return stage_; }
+  torch::optim::AdamW& optimizer() { return *optimizer_; }
+  // Its share of a checkpoint: each parameter and its AdamW state
+  // ("model/param/<name>", boxes of TP shards) with DDP, which resumes in
+  // any layout and gives the sample text; FSDP's flat units
+  // ("fsdp/[stage<s>/]...") without TP, which resume with the same --pp.
+  // False for FSDP over tensor-parallel layers (not checkpointed yet).
+  bool add_to(dtrain::checkpoint::DistributedState& state);
+
+ private:
+  const Flags& f_;
+  const Placement& at_;
+  Stage stage_{nullptr};
+  std::shared_ptr<dtrain::DistributedDataParallel<StageImpl>> ddp_;
+  std::shared_ptr<dtrain::FullyShardedDataParallel<StageImpl>> fsdp_;
+  std::unique_ptr<dtrain::pipelining::PipelineStage> pipeline_;
+  std::unique_ptr<dtrain::pipelining::PipelineSchedule> schedule_;
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+};
+
+// The mesh (pp, dp, tp) over the default group; checks the sizes.
+Placement place(Flags& f);
+
+// A line describing the model, kept in checkpoints to refuse another one.
+std::string describe(const Config& c);
+
+// Rank 0 only (after the final checkpoint): the whole model loaded from
+// `dir` in this process, continuing `prompt` by `bytes` sampled bytes.
+// `solo` is a group of rank 0 alone.
+std::string sample(const Flags& f, const std::shared_ptr<dtrain::ProcessGroup>& solo,
+                   const std::string& prompt);
+
+}  // namespace llama

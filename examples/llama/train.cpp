@@ -1,0 +1,242 @@
+// dtrain-llama: a small Llama-style decoder trained on the fortunes Debian
+// ships, byte by byte, in any 3-D layout of the ranks dtrain-run starts:
+//
+//   dtrain-run --standalone --nproc-per-node 8 dtrain-llama --tp 2 --pp 2 --dp 2
+//
+// --tp splits each layer's matrices (and the vocabulary) over tensor-parallel
+// ranks (with --sequence-parallel, the activations between them too), --pp
+// cuts the layers into pipeline stages (1F1B over --microbatches), --dp
+// replicates that over data-parallel ranks with DDP or FSDP
+// (--data-parallel). Every layout of the same --batch trains on the same
+// sequences from the same initial values, so its losses are the same up to
+// rounding. Rank 0 shows progress and writes metrics.jsonl and loss.png;
+// every rank writes its share of a distributed checkpoint, so a killed run
+// resumes exactly (--resume, or by itself after a dtrain-run restart), in
+// any layout; at the end rank 0 loads the checkpoint whole and writes a
+// sample of text. examples/llama/README section: README.md.
+
+#include <CLI/CLI.hpp>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+
+#include "../fashion_mnist/report.h"
+#include "corpus.h"
+#include "job.h"
+
+namespace {
+
+using llama::Flags;
+
+Flags parse(int argc, char** argv) {
+  CLI::App app{"A Llama-style decoder trained on Debian's fortunes in 3-D parallelism (run it under dtrain-run)"};
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // the last one given wins
+  Flags f;
+  auto positive = CLI::PositiveNumber;
+  app.add_option("--tp", f.tp, "Tensor-parallel ranks per layer")->capture_default_str()->check(positive);
+  app.add_option("--pp", f.pp, "Pipeline stages")->capture_default_str()->check(positive);
+  app.add_option("--dp", f.dp, "Data-parallel replicas (0: the ranks / (tp x pp))")->capture_default_str();
+  app.add_option("--data-parallel", f.data_parallel, "How replicas share gradients: ddp, or fsdp (sharded)")
+      ->capture_default_str()->check(CLI::IsMember({"ddp", "fsdp"}));
+  app.add_flag("--sequence-parallel", f.sequence_parallel, "Split the activations between TP layers along the sequence");
+  app.add_flag("--checkpoint-activations", f.checkpoint_activations, "Recompute each layer's activations in the backward");
+  app.add_option("--steps", f.steps, "Optimizer steps")->capture_default_str()->check(positive);
+  app.add_option("--batch", f.batch, "Sequences per step, all ranks together")->capture_default_str()->check(positive);
+  app.add_option("--microbatches", f.microbatches, "Microbatches per step with --pp > 1")->capture_default_str()->check(positive);
+  app.add_option("--seq", f.model.seq, "Tokens (bytes) per sequence")->capture_default_str()->check(positive);
+  app.add_option("--dim", f.model.dim, "Model width")->capture_default_str()->check(positive);
+  app.add_option("--layers", f.model.layers, "Decoder layers")->capture_default_str()->check(positive);
+  app.add_option("--heads", f.model.heads, "Attention heads")->capture_default_str()->check(positive);
+  app.add_option("--hidden", f.model.hidden, "The feed-forward's inner width")->capture_default_str()->check(positive);
+  app.add_option("--dropout", f.model.dropout, "Dropout on attention and residual branches")->capture_default_str()
+      ->check(CLI::Range(0.0, 0.9));
+  app.add_option("--lr", f.lr, "AdamW's learning rate")->capture_default_str()->check(positive);
+  app.add_option("--seed", f.seed, "Seed of the initial values, the batches and dropout")->capture_default_str();
+  app.add_option("--threads", f.threads, "Intra-op threads per rank")->capture_default_str()->check(positive);
+  app.add_option("--corpus", f.corpus, "A directory of text files")->capture_default_str();
+  app.add_option("--checkpoint-dir", f.checkpoint_dir, "The distributed checkpoint (every rank must see it)")->capture_default_str();
+  app.add_option("--checkpoint-every", f.checkpoint_every, "Checkpoint every N steps (0: at the end only)")->capture_default_str();
+  app.add_option("--out-dir", f.out_dir, "Where metrics.jsonl and loss.png go (default: runs/llama-<date-time>)");
+  app.add_option("--log-every", f.log_every, "Steps per metrics line")->capture_default_str()->check(positive);
+  app.add_option("--sample-bytes", f.sample_bytes, "Bytes of sample text at the end (0: none)")->capture_default_str();
+  app.add_flag("--resume", f.resume, "Resume from --checkpoint-dir (automatic after a dtrain-run restart)");
+  app.add_flag("--print-losses", f.print_losses, "Print every step's loss (rank 0)");
+  app.add_option("--backend", f.backend, "Process-group backend")->capture_default_str();
+  app.add_option("--crash-at-step", f.crash_at_step, "Test hook: the last rank SIGKILLs itself at this step (first attempt only)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e));
+  }
+  return f;
+}
+
+std::string out_dir_of(const Flags& f) {
+  if (!f.out_dir.empty()) return f.out_dir;
+  char stamp[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", std::localtime(&now));
+  return std::string("runs/llama-") + stamp;
+}
+
+// The loss of the whole step: the last stage's replicas' mean, on every rank.
+double global_loss(const at::Tensor& mine, const llama::Placement& at, const Flags& f) {
+  auto t = torch::zeros({1}, torch::kDouble);
+  if (mine.defined() && at.tp_rank == 0) t[0] = mine.item<double>() / f.dp;
+  dtrain::all_reduce(t);
+  return t.item<double>();
+}
+
+// mkdir -p of every directory above `path`'s last component.
+void make_parents(const std::string& path) {
+  for (size_t slash = path.find('/', 1); slash != std::string::npos; slash = path.find('/', slash + 1))
+    mkdir(path.substr(0, slash).c_str(), 0755);
+}
+
+bool has_checkpoint(const std::string& dir) {
+  struct stat st {};
+  return stat(dir.c_str(), &st) == 0 && [&] {
+    try {
+      dtrain::checkpoint::inspect(dir);
+      return true;
+    } catch (const std::exception&) {
+      return false;
+    }
+  }();
+}
+
+// Saves this layout's checkpoint of `step` (collective).
+void save(llama::Trainer& trainer, const Flags& f, int64_t step) {
+  dtrain::checkpoint::DistributedState state;
+  trainer.add_to(state);
+  state.metadata["llama.model"] = llama::describe(f.model);
+  state.metadata["llama.step"] = std::to_string(step);
+  state.metadata["llama.seed"] = std::to_string(f.seed);
+  dtrain::checkpoint::save(f.checkpoint_dir, state);
+}
+
+// The step to start from: 0, or the checkpoint's (its model checked).
+int64_t resume(llama::Trainer& trainer, const Flags& f, bool leader) {
+  if (!f.resume && !(dtrain::restart_count() > 0 && has_checkpoint(f.checkpoint_dir))) return 0;
+  const auto info = dtrain::checkpoint::inspect(f.checkpoint_dir);
+  const auto get = [&](const std::string& key) {
+    const auto found = info.metadata.find(key);
+    return found == info.metadata.end() ? std::string("(none)") : found->second;
+  };
+  if (get("llama.model") != llama::describe(f.model) || get("llama.seed") != std::to_string(f.seed))
+    throw dtrain::InvalidArgument("dtrain-llama: " + f.checkpoint_dir + " holds " + get("llama.model") +
+                                  ", seed " + get("llama.seed") + "; this run is " +
+                                  llama::describe(f.model) + ", seed " + std::to_string(f.seed));
+  dtrain::checkpoint::DistributedState state;
+  trainer.add_to(state);
+  dtrain::checkpoint::load(f.checkpoint_dir, state);
+  const int64_t step = std::stoll(get("llama.step"));
+  if (leader)
+    std::cout << "resumed from " << f.checkpoint_dir << " at step " << step << " (written by "
+              << info.world_size << " ranks; restart " << dtrain::restart_count() << ")" << std::endl;
+  return step;
+}
+
+void plot(const std::string& dir) {
+  const std::string script =
+      "set terminal pngcairo size 800,450\nset output 'loss.png'\nset title 'dtrain-llama'\n"
+      "set xlabel 'step'\nset ylabel 'loss (nats per byte)'\nset grid\n"
+      "plot 'loss.dat' using 1:2 with lines title 'training loss'\n";
+  if (!run_gnuplot(script, dir))
+    std::cerr << "gnuplot failed (is Debian's gnuplot-nox installed?); no plot; see " << dir << "/gnuplot.log\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f = parse(argc, argv);
+  try {
+    dtrain::init_process_group(dtrain::InitOptions().backend(f.backend));
+    torch::set_num_threads(f.threads);
+    const int rank = dtrain::get_rank(), world = dtrain::get_world_size();
+    const bool leader = rank == 0;
+    const llama::Corpus corpus(f.corpus);
+    const llama::Placement at = llama::place(f);
+    llama::Trainer trainer(f, at);
+    const bool checkpoints = [&] {
+      dtrain::checkpoint::DistributedState probe;
+      return trainer.add_to(probe);
+    }();
+    const bool samples = checkpoints && f.data_parallel == "ddp" && f.sample_bytes > 0;
+    if (leader && !checkpoints)
+      std::cout << "note: FSDP over tensor-parallel layers cannot be checkpointed yet: no checkpoint, "
+                   "no resume and no sample text in this layout (docs/tensor-parallel.md)" << std::endl;
+    else if (leader && f.data_parallel == "fsdp")
+      std::cout << "note: FSDP's checkpoints resume under FSDP with the same --pp (any --dp); the sample "
+                   "text needs --data-parallel ddp (docs/tensor-parallel.md)" << std::endl;
+    const int64_t first = checkpoints ? resume(trainer, f, leader) : 0;
+    const std::string out = out_dir_of(f);
+    if (leader) {
+      make_parents(out + "/");
+      make_parents(f.checkpoint_dir);  // save() makes the directory itself
+      std::cout << "dtrain-llama: " << llama::describe(f.model) << "; " << corpus.size() << " bytes of text from "
+                << corpus.files() << " files; " << world << " ranks: tp " << f.tp << " x pp " << f.pp << " x dp "
+                << f.dp << " (" << f.data_parallel << ")" << (f.sequence_parallel ? ", sequence parallel" : "")
+                << (f.checkpoint_activations ? ", activation checkpointing" : "") << "; batch " << f.batch
+                << " x " << f.model.seq << " tokens" << std::endl;
+    }
+    const bool first_attempt = !f.resume && dtrain::restart_count() == 0;
+    const int64_t tokens_per_step = f.batch * f.model.seq;
+    Progress progress(leader && dtrain::console_is_terminal(), 1, f.steps, tokens_per_step, "tokens");
+    progress.start_epoch(0, first);
+    std::ofstream metrics, curve;
+    if (leader) {
+      metrics.open(out + "/metrics.jsonl", std::ios::app);
+      curve.open(out + "/loss.dat", std::ios::app);
+    }
+    auto window_start = std::chrono::steady_clock::now();
+    double window_loss = 0;
+    for (int64_t step = first; step < f.steps; ++step) {
+      // Dropout: every step's masks from (seed, step, stage), so resuming needs no generator state.
+      dtrain::tensor_parallel::manual_seed(f.seed * 1000003 + 101 * static_cast<uint64_t>(step + 1) +
+                                               static_cast<uint64_t>(at.pp_rank), at.tp);
+      const auto rows = corpus.batch(f.seed, step, f.batch, f.model.seq).chunk(f.dp)[at.dp_rank];
+      const double loss = global_loss(trainer.step(rows), at, f);
+      if (first_attempt && step + 1 == f.crash_at_step && rank == world - 1) raise(SIGKILL);
+      window_loss += loss;
+      if (leader) {
+        if (f.print_losses) std::printf("step %lld loss %.9g\n", static_cast<long long>(step + 1), loss);
+        progress.update(step + 1, loss);
+        curve << step + 1 << " " << loss << "\n";
+      }
+      if ((step + 1) % f.log_every == 0 || step + 1 == f.steps) {
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count();
+        const int64_t steps = (step + 1 - first) % f.log_every == 0 ? f.log_every : (step + 1 - first) % f.log_every;
+        if (leader)
+          metrics << "{\"step\": " << step + 1 << ", \"loss\": " << window_loss / steps
+                  << ", \"tokens_per_s\": " << steps * tokens_per_step / s << "}" << std::endl;
+        window_loss = 0;
+        window_start = std::chrono::steady_clock::now();
+      }
+      if (checkpoints && f.checkpoint_every > 0 && (step + 1) % f.checkpoint_every == 0 && step + 1 < f.steps)
+        save(trainer, f, step + 1);
+    }
+    progress.finish_epoch();
+    if (checkpoints) save(trainer, f, f.steps);
+    const auto solo = dtrain::new_group({0});
+    if (leader) {
+      curve.close();
+      plot(out);
+      std::cout << "done: " << f.steps << " steps; metrics " << out << "/metrics.jsonl, plot " << out << "/loss.png"
+                << std::endl;
+      if (samples)
+        std::cout << "sample:\n" << llama::printable(llama::sample(f, solo, "The ")) << std::endl;
+    }
+    dtrain::destroy_process_group();
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "dtrain-llama: " << e.what() << std::endl;
+    dtrain::record_error(e);
+    return 1;
+  }
+}

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# dtrain-llama end to end under dtrain-run, on a tiny model (2 layers, width
+# 32, 16-byte sequences, batch 8, 20 steps):
+# - every layout of the same batch has one process's per-step losses within
+#   1e-4 relative: TP 2, TP 2 with SP and activation checkpointing, PP 2,
+#   DP 2 under FSDP, TP 2 x DP 2 under FSDP with SP, PP 2 x DP 2 x TP 2;
+# - a run killed at step 12 and restarted by dtrain-run resumes from its
+#   step-10 checkpoint with the uninterrupted run's losses, bit for bit, with
+#   dropout on; the same checkpoint resumes in one process as well; so does
+#   FSDP 2 x PP 2 from its own (same --pp);
+# - metrics, plot and sample text are written; bad layouts are named.
+set -euo pipefail
+run=$1 llama=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+fail() { echo "FAIL: $*"; for f in "$work"/*.log; do echo "--- $f"; tail -15 "$f"; done; exit 1; }
+tiny=(--dim 32 --layers 2 --heads 4 --hidden 64 --seq 16 --batch 8 --microbatches 2 --steps 20
+      --log-every 5 --sample-bytes 40 --print-losses)
+
+job() {  # job NAME NPROC [dtrain-run flags] -- [program flags]
+  local name=$1 n=$2; shift 2
+  local launcher=()
+  while [ "$1" != "--" ]; do launcher+=("$1"); shift; done; shift
+  "$run" --standalone --nproc-per-node "$n" "${launcher[@]}" "$llama" "${tiny[@]}" --out-dir "runs/$name" \
+    --checkpoint-dir "ck/$name" "$@" >"$name.log" 2>&1
+}
+losses() { grep -o '^\[0\]:step [0-9]* loss [-0-9.e+]*' "$1.log" | awk '{print $2, $4}'; }
+# The largest relative difference between two runs' losses at the steps both have.
+worst() {
+  join <(losses "$1" | sort -k1,1) <(losses "$2" | sort -k1,1) | awk '{d = $2 - $3; d = d < 0 ? -d : d; r = d / ($3 < 0 ? -$3 : $3);
+    if (r > w) w = r; n++} END {if (n == 0) print "none"; else printf "%.3g %d\n", w, n}'
+}
+expect_close() {  # expect_close NAME REFERENCE BOUND
+  local got; got=$(worst "$1" "$2")
+  [ "$got" != none ] || fail "$1: no losses in common with $2"
+  awk -v w="${got% *}" -v b="$3" 'BEGIN {exit !(w <= b)}' || fail "$1: losses differ from $2 by $got (> $3)"
+  echo "$1: ${got#* } step losses within ${got% *} of $2"
+}
+
+job one 1 -- || fail "one process"
+[ "$(losses one | wc -l)" = 20 ] || fail "one process: not 20 losses"
+test -s runs/one/metrics.jsonl || fail "no metrics.jsonl"
+test -s runs/one/loss.png || fail "no loss.png"
+grep -q '^\[0\]:sample:' one.log || fail "no sample text"
+first=$(losses one | head -1 | awk '{print $2}') last=$(losses one | tail -1 | awk '{print $2}')
+awk -v a="$first" -v b="$last" 'BEGIN {exit !(b < a - 0.5)}' || fail "the loss did not fall ($first -> $last)"
+
+job tp2 2 -- --tp 2 || fail "TP 2"
+expect_close tp2 one 1e-4
+job tp2-sp-ac 2 -- --tp 2 --sequence-parallel --checkpoint-activations || fail "TP 2, SP, AC"
+expect_close tp2-sp-ac one 1e-4
+job pp2 2 -- --pp 2 || fail "PP 2"
+expect_close pp2 one 1e-4
+job fsdp2 2 -- --dp 2 --data-parallel fsdp || fail "FSDP 2"
+expect_close fsdp2 one 1e-4
+job fsdp-pp 4 -- --dp 2 --pp 2 --data-parallel fsdp --checkpoint-every 5 || fail "FSDP 2 x PP 2"
+expect_close fsdp-pp one 1e-4
+job fsdp-pp-crash 4 --max-restarts 1 -- --dp 2 --pp 2 --data-parallel fsdp --checkpoint-every 5 \
+  --crash-at-step 7 || fail "FSDP 2 x PP 2 killed at step 7 did not finish after its restart"
+grep -q "resumed from ck/fsdp-pp-crash at step 5" fsdp-pp-crash.log || fail "FSDP: no resume at step 5"
+[ "$(losses fsdp-pp-crash | awk '$1 > 5' | sort -n | uniq)" = "$(losses fsdp-pp | awk '$1 > 5')" ] \
+  || fail "FSDP: the resumed run's losses are not the uninterrupted run's"
+echo "FSDP x PP killed at step 7, resumed from step 5: steps 6-20 bitwise the uninterrupted run's"
+job tp2-fsdp2 4 -- --tp 2 --dp 2 --data-parallel fsdp --sequence-parallel || fail "TP 2 x FSDP 2"
+expect_close tp2-fsdp2 one 1e-4
+grep -q "FSDP over tensor-parallel layers cannot be checkpointed yet" tp2-fsdp2.log \
+  || fail "TP x FSDP: no note that it does not checkpoint"
+job 3d 8 -- --tp 2 --pp 2 --dp 2 || fail "PP 2 x DP 2 x TP 2"
+expect_close 3d one 1e-4
+
+# Exact resume with dropout: killed after step 12, restarted from step 10.
+job drop 8 -- --tp 2 --pp 2 --dp 2 --dropout 0.1 --checkpoint-every 5 || fail "dropout run"
+job drop-crash 8 --max-restarts 1 -- --tp 2 --pp 2 --dp 2 --dropout 0.1 --checkpoint-every 5 \
+  --crash-at-step 12 || fail "the run killed at step 12 did not finish after its restart"
+grep -q "resumed from ck/drop-crash at step 10" drop-crash.log || fail "no resume at step 10"
+[ "$(losses drop-crash | awk '$1 > 10' | sort -n | uniq)" = "$(losses drop | awk '$1 > 10')" ] \
+  || fail "the resumed run's losses are not the uninterrupted run's"
+echo "killed at step 12, resumed from step 10: steps 11-20 bitwise the uninterrupted run's"
+if [ "$(losses drop)" = "$(losses 3d)" ]; then fail "dropout changed nothing"; fi
+
+# The 8-rank checkpoint of step 20, resumed in one process for 5 more steps.
+cp -r ck/3d ck/more
+job more 1 -- --resume --steps 25 || fail "resume of the 8-rank checkpoint in one process"
+grep -q "resumed from ck/more at step 20 (written by 8 ranks" more.log || fail "no resume line"
+job one-25 1 -- --steps 25 || fail "one process, 25 steps"
+expect_close more one-25 1e-4
+
+# Bad layouts.
+job bad-tp 2 -- --tp 3 && fail "--tp 3 on 2 ranks ran"
+grep -q "dtrain-llama: --tp 3 x --pp 1 does not divide the 2 ranks" bad-tp.log || fail "--tp 3: no error"
+job bad-heads 2 -- --tp 2 --heads 3 --dim 30 && fail "3 heads over TP 2 ran"
+grep -q "llama Attention: 3 heads do not split over a tensor-parallel group of 2 ranks" bad-heads.log \
+  || fail "3 heads: no error"
+echo "bad layouts named"
