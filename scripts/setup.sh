@@ -33,6 +33,7 @@ test=(
   iproute2          # network namespaces for the multi-host tests
   procps            # pgrep and sysctl: the Slurm and three-host tests
   slurm-wlm munge   # a real two-node Slurm for the srun tests
+  fortunes          # dtrain-llama's corpus (examples/llama; scripts/llama.sh installs it alone)
 )
 
 packages=()
