@@ -30,10 +30,11 @@
 //   dtrain-bench pipeline [--ranks 2] [--microbatches 8] [--batch 512] ...
 //       The pipeline schedules' bubble beside its theory, and 1F1B's peak
 //       memory against GPipe's; see pipeline.cpp.
-//   dtrain-bench tp       [--width 512] [--blocks 8] [--seq 2048] [--runs 3] [--run memory,ac]
+//   dtrain-bench tp       [--width 512] [--blocks 8] [--seq 2048] [--runs 3] [--run memory,ac,speed]
 //       Tensor parallelism's per-rank parameter + gradient + Adam bytes at
 //       TP 2 and 4 against one process, and activation checkpointing's
-//       activation peak and step time against none; tensor_parallel.cpp.
+//       activation peak and step time against none; the Llama model's tokens/s at
+//       TP 2 against one process on 2 threads; tensor_parallel.cpp.
 //   dtrain-bench memory   [--worlds 2,4] [--layers 6] [--width 4096] [--batch 8] [--steps 3]
 //       Per-rank memory and speed of DDP, ZeroRedundancyOptimizer and FSDP
 //       training a wide MLP with Adam; see memory.cpp.

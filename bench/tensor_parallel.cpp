@@ -14,8 +14,14 @@
 //           when freed) and median step time over --steps (without), in
 //           --runs alternating processes of each, as AC's ratio to no AC.
 //
+//   speed   the Llama example's model (examples/llama, its default size)
+//           at TP 2 over auto (a process per rank, one thread each)
+//           against one process with 2 intra-op threads: tokens/s of
+//           training steps at --batch 16 x --seq 64 (pass them with
+//           --run speed; memory and ac take their own).
+//
 //   dtrain-bench tp [--width 512] [--blocks 8] [--seq 2048] [--batch 1]
-//                   [--steps 4] [--runs 3] [--run memory,ac]
+//                   [--steps 4] [--runs 3] [--run memory,ac,speed]
 
 #include <torch/torch.h>
 
@@ -26,6 +32,7 @@
 #include <vector>
 
 #include "dtrain/dtrain.h"
+#include "model.h"
 #include "ranks.h"
 
 namespace dtrain::bench {
@@ -125,6 +132,53 @@ int ac_rank(const Args& a) {
   return 0;
 }
 
+// tp-speed: the Llama example's model (its default size) at --batch x
+// --seq tokens, tensor-parallel over the world (world 1: whole, on
+// --threads intra-op threads): median tokens/s of --steps training steps
+// (AdamW) after one.
+int speed_rank(const Args& a) {
+  init_process_group(InitOptions().backend("auto"));
+  torch::set_num_threads(a.num("threads", 1));
+  llama::Config c;
+  c.seq = a.num("seq", 64);
+  const auto g = default_group();
+  llama::Stage model(c, llama::Layout{g, false, false}, llama::initial_values(c, 0, 0, c.layers, true, true),
+                     0, c.layers, true, true);
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  auto gen = at::detail::createCPUGenerator(5);
+  const auto rows = at::randint(c.vocab, {a.num("batch", 16), c.seq + 1}, gen, torch::kLong);
+  auto step = [&] {
+    opt.zero_grad();
+    llama::loss(model(rows.narrow(1, 0, c.seq)), rows.narrow(1, 1, c.seq), g).backward();
+    opt.step();
+  };
+  step();
+  std::vector<double> seconds;
+  for (int i = 0; i < a.num("steps", 4); ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::printf("result tokens_per_s=%.1f\n", static_cast<double>(rows.size(0) * c.seq) / median(seconds));
+  destroy_process_group();
+  return 0;
+}
+
+void report_speed(const Args& a) {
+  std::vector<double> one, two;
+  for (int run = 0; run < a.num("runs", 3); ++run) {  // alternating, so that drift hits both
+    Args args = a;
+    args.flags["threads"] = "2";
+    one.push_back(field(run_ranks(1, "tp-speed", args), "tokens_per_s"));
+    args.flags["threads"] = "1";
+    two.push_back(field(run_ranks(2, "tp-speed", args), "tokens_per_s"));
+  }
+  std::printf("speed: the Llama example's model (0.9 M parameters), %d x %d tokens a step, AdamW, medians "
+              "of %d runs\n", a.num("batch", 16), a.num("seq", 64), a.num("runs", 3));
+  std::printf("  one process, 2 intra-op threads: %8.0f tokens/s\n", median(one));
+  std::printf("  TP 2 (auto), 1 thread per rank:  %8.0f tokens/s, %.3fx\n", median(two), median(two) / median(one));
+}
+
 void report_memory(const Args& a) {
   const double whole = field(run_ranks(1, "tp-memory", a), "bytes");
   std::printf("memory: %d blocks of width %d, parameters + gradients + Adam per rank, against one "
@@ -161,20 +215,22 @@ void report_ac(const Args& a) {
 }  // namespace
 
 bool is_tp_mode(const std::string& mode) {
-  return mode == "tp-memory" || mode == "tp-ac" || mode == "tp-ref";
+  return mode == "tp-memory" || mode == "tp-ac" || mode == "tp-ref" || mode == "tp-speed";
 }
 
 // tp-ref: against PyTorch (tensor_parallel_ref.cpp, bench/scripts/tp_vs_pytorch.sh).
 int tp_rank_main(const std::string& mode, const Args& a) {
   if (mode == "tp-ref") return tp_reference_rank_main(a);
+  if (mode == "tp-speed") return speed_rank(a);
   return mode == "tp-memory" ? memory_rank(a) : ac_rank(a);
 }
 
 int bench_tp(const Args& a) {
   std::printf("%s\n", build_line().c_str());
-  const std::string run = a.get("run", "memory,ac");
+  const std::string run = a.get("run", "memory,ac,speed");
   if (run.find("memory") != std::string::npos) report_memory(a);
   if (run.find("ac") != std::string::npos) report_ac(a);
+  if (run.find("speed") != std::string::npos) report_speed(a);
   return 0;
 }
 
