@@ -142,6 +142,17 @@ int64_t resume(llama::Trainer& trainer, const Flags& f, bool leader) {
   return step;
 }
 
+// The largest peak resident set (VmHWM) of any rank, in MiB (collective).
+double largest_peak_rss_mib() {
+  std::ifstream status("/proc/self/status");
+  double kib = 0;
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmHWM:", 0) == 0) kib = std::stod(line.substr(6));
+  auto t = torch::tensor({kib / 1024}, torch::kDouble);
+  dtrain::all_reduce(t, dtrain::AllReduceOptions().op(dtrain::ReduceOp::MAX));
+  return t.item<double>();
+}
+
 void plot(const std::string& dir) {
   const std::string script =
       "set terminal pngcairo size 800,450\nset output 'loss.png'\nset title 'dtrain-llama'\n"
@@ -194,7 +205,8 @@ int main(int argc, char** argv) {
       metrics.open(out + "/metrics.jsonl", std::ios::app);
       curve.open(out + "/loss.dat", std::ios::app);
     }
-    auto window_start = std::chrono::steady_clock::now();
+    const auto run_start = std::chrono::steady_clock::now();
+    auto window_start = run_start;
     double window_loss = 0;
     for (int64_t step = first; step < f.steps; ++step) {
       // Dropout: every step's masks from (seed, step, stage), so resuming needs no generator state.
@@ -223,12 +235,16 @@ int main(int argc, char** argv) {
     }
     progress.finish_epoch();
     if (checkpoints) save(trainer, f, f.steps);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
+    const double peak_mib = largest_peak_rss_mib();
     const auto solo = dtrain::new_group({0});
     if (leader) {
       curve.close();
       plot(out);
-      std::cout << "done: " << f.steps << " steps; metrics " << out << "/metrics.jsonl, plot " << out << "/loss.png"
-                << std::endl;
+      std::printf("done: %lld steps, %.0f tokens/s, peak RSS %.0f MiB on the largest rank; metrics %s/metrics.jsonl, "
+                  "plot %s/loss.png\n", static_cast<long long>(f.steps),
+                  static_cast<double>((f.steps - first) * tokens_per_step) / seconds, peak_mib, out.c_str(), out.c_str());
+      std::fflush(stdout);
       if (samples)
         std::cout << "sample:\n" << llama::printable(llama::sample(f, solo, "The ")) << std::endl;
     }
