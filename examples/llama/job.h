@@ -54,11 +54,9 @@ class Trainer {
   Stage& stage() { return stage_; }
   torch::optim::AdamW& optimizer() { return *optimizer_; }
   // Its share of a checkpoint: each parameter and its AdamW state
-  // ("model/param/<name>", boxes of TP shards) with DDP, which resumes in
-  // any layout and gives the sample text; FSDP's flat units
-  // ("fsdp/[stage<s>/]...") without TP, which resume with the same --pp.
-  // False for FSDP over tensor-parallel layers (not checkpointed yet).
-  bool add_to(dtrain::checkpoint::DistributedState& state);
+  // ("model/param/<name>", "model/optim/<name>/<field>"), as boxes of the
+  // whole layers, under DDP or FSDP alike, so it resumes in any layout.
+  void add_to(dtrain::checkpoint::DistributedState& state);
 
  private:
   const Flags& f_;

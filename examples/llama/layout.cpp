@@ -105,17 +105,13 @@ at::Tensor Trainer::step(const at::Tensor& rows) {
   return mean.defined() ? mean.detach() : mean;
 }
 
-bool Trainer::add_to(dtrain::checkpoint::DistributedState& state) {
+void Trainer::add_to(dtrain::checkpoint::DistributedState& state) {
   if (fsdp_) {
-    if (f_.tp > 1) return false;
-    // Flat units, one root per stage: they resume at the same --pp, any --dp.
-    dtrain::checkpoint::add_fsdp(state, *fsdp_, *optimizer_,
-                                 f_.pp == 1 ? "fsdp/" : "fsdp/stage" + std::to_string(at_.pp_rank) + "/");
-    return true;
+    dtrain::checkpoint::add_fsdp(state, *fsdp_, *optimizer_, "model/");  // TP layers: per parameter
+    return;
   }
   dtrain::checkpoint::add_module(state, *stage_, "model/");
   dtrain::checkpoint::add_optimizer(state, *optimizer_, *stage_, "model/");
-  return true;
 }
 
 }  // namespace llama

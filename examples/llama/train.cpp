@@ -174,18 +174,7 @@ int main(int argc, char** argv) {
     const llama::Corpus corpus(f.corpus);
     const llama::Placement at = llama::place(f);
     llama::Trainer trainer(f, at);
-    const bool checkpoints = [&] {
-      dtrain::checkpoint::DistributedState probe;
-      return trainer.add_to(probe);
-    }();
-    const bool samples = checkpoints && f.data_parallel == "ddp" && f.sample_bytes > 0;
-    if (leader && !checkpoints)
-      std::cout << "note: FSDP over tensor-parallel layers cannot be checkpointed yet: no checkpoint, "
-                   "no resume and no sample text in this layout (docs/tensor-parallel.md)" << std::endl;
-    else if (leader && f.data_parallel == "fsdp")
-      std::cout << "note: FSDP's checkpoints resume under FSDP with the same --pp (any --dp); the sample "
-                   "text needs --data-parallel ddp (docs/tensor-parallel.md)" << std::endl;
-    const int64_t first = checkpoints ? resume(trainer, f, leader) : 0;
+    const int64_t first = resume(trainer, f, leader);
     const std::string out = out_dir_of(f);
     if (leader) {
       make_parents(out + "/");
@@ -230,11 +219,11 @@ int main(int argc, char** argv) {
         window_loss = 0;
         window_start = std::chrono::steady_clock::now();
       }
-      if (checkpoints && f.checkpoint_every > 0 && (step + 1) % f.checkpoint_every == 0 && step + 1 < f.steps)
+      if (f.checkpoint_every > 0 && (step + 1) % f.checkpoint_every == 0 && step + 1 < f.steps)
         save(trainer, f, step + 1);
     }
     progress.finish_epoch();
-    if (checkpoints) save(trainer, f, f.steps);
+    save(trainer, f, f.steps);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
     const double peak_mib = largest_peak_rss_mib();
     const auto solo = dtrain::new_group({0});
@@ -245,7 +234,7 @@ int main(int argc, char** argv) {
                   "plot %s/loss.png\n", static_cast<long long>(f.steps),
                   static_cast<double>((f.steps - first) * tokens_per_step) / seconds, peak_mib, out.c_str(), out.c_str());
       std::fflush(stdout);
-      if (samples)
+      if (f.sample_bytes > 0)
         std::cout << "sample:\n" << llama::printable(llama::sample(f, solo, "The ")) << std::endl;
     }
     dtrain::destroy_process_group();

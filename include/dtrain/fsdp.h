@@ -120,6 +120,14 @@ struct FSDPShard {
   std::string unit;  // its module path; "" is the root unit
   at::Tensor shard;
   int64_t offset = 0, numel = 0;
+  // The unit's parameters: their names in the whole model, their shapes,
+  // and where each begins in the unit's flat parameters; and the group the
+  // unit is sharded over (checkpoint::add_fsdp of tensor-parallel layers
+  // gathers the whole of each parameter over it).
+  std::vector<std::string> param_names;
+  std::vector<std::vector<int64_t>> param_shapes;
+  std::vector<int64_t> param_offsets;
+  ProcessGroup* group = nullptr;
 };
 
 class FSDPModule;

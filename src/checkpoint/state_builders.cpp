@@ -28,6 +28,7 @@ void add_buffers(DistributedState& state, torch::nn::Module& module, const std::
 // modules, by parameter (and the qualified name of the first such one).
 struct Placements {
   std::map<const c10::TensorImpl*, ParameterPlacement> of;
+  std::map<std::string, ParameterPlacement> named;  // by qualified name
   std::string first;
 };
 
@@ -41,11 +42,10 @@ Placements placements_in(torch::nn::Module& module) {
       const auto* p = params.find(placement.name);
       DTRAIN_CHECK_ARG(p, "checkpoint: module '", item.key(), "' places a parameter '", placement.name,
                        "' that it does not have");
-      // A group of one rank: the "shard" is the whole tensor, as replicated.
-      if (p->sizes().vec() == placement.shape) continue;
       found.of[p->unsafeGetTensorImpl()] = placement;
-      if (found.first.empty())
-        found.first = (item.key().empty() ? "" : item.key() + ".") + placement.name;
+      const std::string qualified = (item.key().empty() ? "" : item.key() + ".") + placement.name;
+      found.named[qualified] = placement;
+      if (found.first.empty()) found.first = qualified;
     }
   }
   return found;
@@ -88,14 +88,63 @@ void add_optimizer(DistributedState& state, torch::optim::Optimizer& optimizer,
   }
 }
 
+namespace {
+
+// All of a unit's flat `slice`s over its group: [slice numel x group size].
+at::Tensor gathered(const at::Tensor& slice, ProcessGroup& group) {
+  at::NoGradGuard no_grad;
+  auto flat = at::empty({slice.numel() * group.size()}, slice.options().requires_grad(false));
+  group.all_gather_into_tensor(flat, slice.detach().reshape({-1}))->wait();
+  return flat;
+}
+
+// The unit's parameters (or one field of their optimizer state) from its
+// gathered flat tensor, each under base + name + suffix, placed as the TP
+// layer says; after the load, this rank's slice goes back into `slice`.
+void add_unit_tensors(DistributedState& state, const FSDPShard& s, const Placements& placed,
+                      const at::Tensor& slice, const std::string& base, const std::string& suffix) {
+  const at::Tensor flat = gathered(slice, *s.group);
+  for (size_t i = 0; i < s.param_names.size(); ++i) {
+    int64_t n = 1;
+    for (int64_t d : s.param_shapes[i]) n *= d;
+    const auto found = placed.named.find(s.param_names[i]);
+    add_placed(state, base + s.param_names[i] + suffix, flat.narrow(0, s.param_offsets[i], n).view(s.param_shapes[i]),
+               found == placed.named.end() ? nullptr : &found->second);
+  }
+  state.after_load.push_back([flat, slice, offset = s.offset] {
+    at::NoGradGuard no_grad;
+    slice.detach().view({-1}).copy_(flat.narrow(0, offset, slice.numel()));
+  });
+}
+
+// FSDP over tensor-parallel layers: the entries add_module and
+// add_optimizer would write, each parameter gathered whole over the FSDP
+// group (its TP box of the whole), so the checkpoint loads at any TP and
+// DP size, under FSDP or not.
+void add_fsdp_gathered(DistributedState& state, const std::vector<FSDPShard>& shards,
+                       torch::optim::Optimizer& optimizer, const Placements& placed,
+                       const std::string& prefix) {
+  for (const auto& s : shards) {
+    DTRAIN_ENFORCE(s.group != nullptr);
+    add_unit_tensors(state, s, placed, s.shard, prefix + "param/", "");
+    auto view = optim::detail::param_state(optimizer, s.shard);
+    for (const auto& [field, t] : view.tensors)
+      add_unit_tensors(state, s, placed, t, prefix + "optim/", "/" + field);
+    for (const auto& name : s.param_names) add_step(state, prefix + "optim/" + name + "/step", view);
+  }
+}
+
+}  // namespace
+
 void add_fsdp_shards(DistributedState& state, const std::vector<FSDPShard>& shards,
                      torch::optim::Optimizer& optimizer, torch::nn::Module& module,
                      const std::string& prefix) {
   const auto placed = placements_in(module);
-  DTRAIN_CHECK_ARG(placed.of.empty(), "checkpoint::add_fsdp: the module holds tensor-parallel shards ('",
-                   placed.first, "'); FSDP's flat units differ from one TP rank to the next, and "
-                   "checkpoints of FSDP x TP are not built yet (add_module on a TP model without "
-                   "FSDP, or on one that holds full_state_dict()'s tensors, is)");
+  if (!placed.of.empty()) {
+    add_fsdp_gathered(state, shards, optimizer, placed, prefix);
+    add_buffers(state, module, prefix);
+    return;
+  }
   for (const auto& s : shards) {
     const std::string base = prefix + "fsdp/" + (s.unit.empty() ? "root" : s.unit) + "/";
     add_sharded(state, base + "param", piece_of(s.shard, s.offset, s.numel));

@@ -45,6 +45,7 @@ class FlatUnit {
   const std::string& name() const { return name_; }
   const std::vector<at::Tensor>& params() const { return params_; }
   const std::vector<std::string>& param_names() const { return names_; }
+  const std::vector<int64_t>& param_offsets() const { return offsets_; }  // in the flat parameters
   const at::Tensor& shard() const { return shard_; }
   bool trainable() const { return trainable_; }
   int64_t numel() const { return numel_; }

@@ -6,8 +6,8 @@
 #   DP 2 under FSDP, TP 2 x DP 2 under FSDP with SP, PP 2 x DP 2 x TP 2;
 # - a run killed at step 12 and restarted by dtrain-run resumes from its
 #   step-10 checkpoint with the uninterrupted run's losses, bit for bit, with
-#   dropout on; the same checkpoint resumes in one process as well; so does
-#   FSDP 2 x PP 2 from its own (same --pp);
+#   dropout on; so does FSDP 2 x PP 2; checkpoints resume in other layouts
+#   (8 ranks' in one process, TP 2 x FSDP 2's at PP 2 x DDP 2);
 # - metrics, plot and sample text are written; bad layouts are named.
 set -euo pipefail
 run=$1 llama=$2
@@ -64,8 +64,7 @@ grep -q "resumed from ck/fsdp-pp-crash at step 5" fsdp-pp-crash.log || fail "FSD
 echo "FSDP x PP killed at step 7, resumed from step 5: steps 6-20 bitwise the uninterrupted run's"
 job tp2-fsdp2 4 -- --tp 2 --dp 2 --data-parallel fsdp --sequence-parallel || fail "TP 2 x FSDP 2"
 expect_close tp2-fsdp2 one 1e-4
-grep -q "FSDP over tensor-parallel layers cannot be checkpointed yet" tp2-fsdp2.log \
-  || fail "TP x FSDP: no note that it does not checkpoint"
+grep -q '^\[0\]:sample:' tp2-fsdp2.log || fail "TP x FSDP: no sample text (from its checkpoint)"
 job 3d 8 -- --tp 2 --pp 2 --dp 2 || fail "PP 2 x DP 2 x TP 2"
 expect_close 3d one 1e-4
 
@@ -79,12 +78,17 @@ grep -q "resumed from ck/drop-crash at step 10" drop-crash.log || fail "no resum
 echo "killed at step 12, resumed from step 10: steps 11-20 bitwise the uninterrupted run's"
 if [ "$(losses drop)" = "$(losses 3d)" ]; then fail "dropout changed nothing"; fi
 
-# The 8-rank checkpoint of step 20, resumed in one process for 5 more steps.
+# Checkpoints of step 20 resumed in other layouts for 5 more steps: the
+# 8-rank DDP one in one process, TP 2 x FSDP 2's at PP 2 x DDP 2.
+job one-25 1 -- --steps 25 || fail "one process, 25 steps"
 cp -r ck/3d ck/more
 job more 1 -- --resume --steps 25 || fail "resume of the 8-rank checkpoint in one process"
 grep -q "resumed from ck/more at step 20 (written by 8 ranks" more.log || fail "no resume line"
-job one-25 1 -- --steps 25 || fail "one process, 25 steps"
 expect_close more one-25 1e-4
+cp -r ck/tp2-fsdp2 ck/more-pp
+job more-pp 4 -- --resume --steps 25 --pp 2 --dp 2 || fail "resume of TP x FSDP's checkpoint at PP 2 x DDP 2"
+grep -q "resumed from ck/more-pp at step 20 (written by 4 ranks" more-pp.log || fail "no resume line (PP 2 x DDP 2)"
+expect_close more-pp one-25 1e-4
 
 # Bad layouts.
 job bad-tp 2 -- --tp 3 && fail "--tp 3 on 2 ranks ran"

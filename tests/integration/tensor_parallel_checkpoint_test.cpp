@@ -1,13 +1,16 @@
 // Checkpoints of tensor-parallel layouts: the TP layers' parameters and
 // Adam's state go in as boxes of the whole tensors, so a checkpoint saved
 // at TP 4 loads bitwise into one process and into TP 2 x DDP 2, and both
-// then train on alike; boxes that overlap, do not cover their whole or lie
-// outside it, a whole of another shape, and FSDP over TP layers are named.
+// then train on alike; FSDP over TP layers saves the whole layers too and
+// loads them back; boxes that overlap, do not cover their whole or lie
+// outside it, and a whole of another shape are named.
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <functional>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -120,7 +123,7 @@ TEST(TensorParallelCheckpoint, SavedAtTp4ItLoadsBitwiseIntoOneProcessAndTp2Times
   }));
 }
 
-TEST(TensorParallelCheckpoint, BadBoxesAndFsdpOverTpLayersAreNamed) {
+TEST(TensorParallelCheckpoint, BadBoxesAreNamed) {
   testing::TempDir dir;
   auto save_boxes = [&](std::vector<int64_t> rows_from) {
     std::string error;
@@ -157,20 +160,78 @@ TEST(TensorParallelCheckpoint, BadBoxesAndFsdpOverTpLayersAreNamed) {
   replicated.replicated["w"] = whole;
   ckpt::load(dir.path(), replicated);
   EXPECT_TRUE(at::equal(whole, at::ones({4, 3})));
+}
 
-  const auto init = testing::initial_block(kHidden, kInner);
-  testing::expect_no_errors(testing::run_rank_contexts(2, [&](RankContext& ctx) {
-    testing::TpBlock block(init, tp::ParallelLinearOptions().group(ctx.group));
-    FullyShardedDataParallel<testing::TpBlockImpl> fsdp(block.ptr(), FSDPOptions().process_group(ctx.group));
+// Rank ctx.rank of a {dp 2, tp 2} mesh: FSDP over dp of a TP block over
+// tp, with Adam; body(the ranks' group, tp rank, fsdp, adam, step(i) on
+// xs[i] and ys[i]).
+using FsdpTpBody = std::function<void(const std::shared_ptr<ProcessGroup>&, int,
+                                      FullyShardedDataParallel<testing::TpBlockImpl>&,
+                                      torch::optim::Optimizer&, const std::function<void(int)>&)>;
+void run_fsdp_over_tp(const testing::BlockInit& values, const std::vector<at::Tensor>& xs,
+                      const std::vector<at::Tensor>& ys, const FsdpTpBody& body) {
+  testing::expect_no_errors(testing::run_rank_contexts(4, [&](RankContext& ctx) {
+    DeviceMesh mesh({2, 2}, {"dp", "tp"}, testing::thread_mesh(ctx));
+    const int d = mesh.get_local_rank("dp");
+    testing::TpBlock block(values, tp::ParallelLinearOptions().group(mesh.get_group("tp")));
+    FullyShardedDataParallel<testing::TpBlockImpl> fsdp(block.ptr(), FSDPOptions().process_group(mesh.get_group("dp")));
     auto adam = testing::kAdam(fsdp.parameters());
-    ckpt::DistributedState state;
-    EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] { ckpt::add_fsdp(state, fsdp, *adam); }),
-              "checkpoint::add_fsdp: the module holds tensor-parallel shards ('up.weight'); FSDP's flat "
-              "units differ from one TP rank to the next, and checkpoints of FSDP x TP are not built "
-              "yet (add_module on a TP model without FSDP, or on one that holds full_state_dict()'s "
-              "tensors, is)");
+    auto step = [&](int i) {
+      adam->zero_grad();
+      torch::mse_loss(fsdp.forward(xs[i].chunk(2)[d]), ys[i].chunk(2)[d]).backward();
+      adam->step();
+    };
+    body(ctx.group, mesh.get_local_rank("tp"), fsdp, *adam, step);
   }));
+}
+
+// TP 2 x FSDP 2: two Adam steps, saved. Each parameter and moment goes in
+// whole (gathered over the FSDP group) as its TP box, so one process loads
+// the whole layers bitwise; and a fresh TP 2 x FSDP 2 loads them back into
+// its flat shards and then takes the step the one process takes.
+TEST(TensorParallelCheckpoint, FsdpOverTpLayersSavesTheWholeLayersAndLoadsThemBack) {
+  testing::TempDir dir;
+  std::vector<at::Tensor> xs, ys;
+  for (int step = 0; step < 3; ++step) {
+    xs.push_back(torch::randn({4, kSeq, kHidden}));
+    ys.push_back(torch::randn({4, kSeq, kHidden}));
+  }
+  std::mutex mu;
+  std::vector<std::pair<int, Params>> saved;  // (TP rank, TP-local whole parameters) per rank
+  run_fsdp_over_tp(testing::initial_block(kHidden, kInner), xs, ys, [&](auto& world, int t, auto& fsdp, auto& adam, auto& step) {
+    step(0);
+    step(1);
+    ckpt::DistributedState state;
+    ckpt::add_fsdp(state, fsdp, adam);
+    EXPECT_EQ(state.sharded.size(), 9u) << "up's weight and bias and down's weight, and Adam's two moments of each";
+    ckpt::save(dir.path(), state, ckpt::SaveOptions().process_group(world));
+    auto mine = fsdp.full_state_dict();
+    std::lock_guard<std::mutex> lock(mu);
+    saved.emplace_back(t, std::move(mine));
+  });
+  testing::PlainBlock whole(testing::initial_block(kHidden, kInner, 99));
+  auto whole_adam = testing::kAdam(whole->parameters());
+  auto whole_state = block_state(*whole, *whole_adam);
+  ckpt::load(dir.path(), whole_state);
+  const Params loaded = params_of(*whole);
+  ASSERT_EQ(saved.size(), 4u);
+  for (const auto& [t, mine] : saved) expect_shards_of(loaded, mine, t, 2, "TP rank " + std::to_string(t));
+  whole_adam->zero_grad();
+  torch::mse_loss(whole(xs[2]), ys[2]).backward();
+  whole_adam->step();
+  const Params after = params_of(*whole);
+  run_fsdp_over_tp(testing::initial_block(kHidden, kInner, 99), xs, ys, [&](auto& world, int t, auto& fsdp, auto& adam, auto& step) {
+    ckpt::DistributedState state;
+    ckpt::add_fsdp(state, fsdp, adam);
+    (void)world;
+    ckpt::load(dir.path(), state);
+    expect_shards_of(loaded, fsdp.full_state_dict(), t, 2, "TP 2 x FSDP 2 after loading");
+    step(2);
+    for (const auto& [name, value] : fsdp.full_state_dict())
+      testing::expect_close(value, testing::block_shard(after, name, t, 2), name + " one step after loading");
+  });
 }
 
 }  // namespace
 }  // namespace dtrain
+

@@ -141,9 +141,15 @@ void add_zero(DistributedState& state, ZeroRedundancyOptimizer& optimizer,
 
 // FSDP's shards ("<prefix>fsdp/<unit>/param", "<unit>" being "root" for
 // the root unit), the optimizer's state of them ("<prefix>fsdp/<unit>/<field>")
-// and the module's buffers, replicated. Not for a module that holds
-// tensor-parallel layers split over more than one rank (InvalidArgument):
-// its flat units differ from one TP rank to the next.
+// and the module's buffers, replicated. For a module that holds
+// tensor-parallel layers (ShardedParameters), whose flat units differ from
+// one TP rank to the next, instead the entries add_module and
+// add_optimizer write ("<prefix>param/<name>", "<prefix>optim/<name>/<field>"):
+// each parameter and its state gathered whole over the FSDP group (a
+// collective; memory for one whole copy of them while the state lives),
+// its TP box of the whole layer; load() puts this rank's slice back into
+// the flat shards. Such a checkpoint loads at any TP and DP size, under
+// FSDP, DDP or in one process.
 void add_fsdp_shards(DistributedState& state, const std::vector<FSDPShard>& shards,
                      torch::optim::Optimizer& optimizer, torch::nn::Module& module,
                      const std::string& prefix);
