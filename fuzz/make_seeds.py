@@ -4,6 +4,7 @@ in dtrain's dialect and in PyTorch's c10d v1 and v2 (docs/design/store-protocol.
 Run from the repository root: python3 fuzz/make_seeds.py"""
 import gzip
 import os
+import json
 import struct
 import zlib
 
@@ -152,6 +153,32 @@ write_corpus("tensor_file", {
                                 ("n", 5, [3], struct.pack("<3q", 1, -2, 3))]),
     "scalar_and_empty": tensor_file([("k", b"\0\1")], [("s", 2, [], struct.pack("<d", 2.5)),
                                                        ("e", 10, [0, 4], b"")]),
+})
+
+
+# safetensors_fuzz: whole safetensors files (Hugging Face's format).
+def safetensors_file(tensors, metadata=None, pad=True):
+    """tensors: (name, dtype, shape, raw bytes) in data order."""
+    header, offset = {}, 0
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(raw)]}
+        offset += len(raw)
+    text = json.dumps(header).encode()
+    if pad:
+        text += b" " * (-(8 + len(text)) % 8)
+    return struct.pack("<Q", len(text)) + text + b"".join(t[3] for t in tensors)
+
+
+write_corpus("safetensors", {
+    "empty": safetensors_file([]),
+    "two_tensors": safetensors_file([("w", "F32", [2, 3], struct.pack("<6f", *range(6))),
+                                     ("n", "I64", [3], struct.pack("<3q", 1, -2, 3))],
+                                    {"format": "pt"}),
+    "scalar_empty_bf16": safetensors_file([("s", "F64", [], struct.pack("<d", 2.5)), ("e", "BOOL", [0, 4], b""),
+                                           ("h", "BF16", [2], b"\x80\x3f\x00\x40")], pad=False),
+    "escapes": safetensors_file([("model.layers.0.\u00e9\"q\\", "U8", [2], b"ab")]),
 })
 
 

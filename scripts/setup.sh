@@ -35,11 +35,20 @@ test=(
   slurm-wlm munge   # a real two-node Slurm for the srun tests
   fortunes          # dtrain-llama's corpus (examples/llama; scripts/llama.sh installs it alone)
 )
+# Installed where the release has them (Debian unstable), skipped elsewhere.
+optional=(
+  python3-safetensors  # Hugging Face's reader and writer, against dtrain's (safetensors_vs_python.sh)
+)
 
 packages=()
 case "$purpose" in
   main) packages=("${main[@]}") ;;
-  test) packages=("${main[@]}" "${test[@]}") ;;
+  test)
+    packages=("${main[@]}" "${test[@]}")
+    for p in "${optional[@]}"; do
+      if apt-cache show "$p" >/dev/null 2>&1; then packages+=("$p"); fi
+    done
+    ;;
 esac
 packages+=("$@")
 missing=()

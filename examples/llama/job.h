@@ -27,6 +27,7 @@ struct Flags {
   int threads = 1;
   std::string corpus = "/usr/share/games/fortunes";
   std::string checkpoint_dir = "checkpoints/llama", out_dir;
+  std::string import_safetensors, export_safetensors;  // Hugging Face files in (initial weights) and out
   int64_t checkpoint_every = 100, log_every = 10, sample_bytes = 300;
   bool resume = false, print_losses = false;
   std::string backend = "auto";
@@ -57,6 +58,8 @@ class Trainer {
   // ("model/param/<name>", "model/optim/<name>/<field>"), as boxes of the
   // whole layers, under DDP or FSDP alike, so it resumes in any layout.
   void add_to(dtrain::checkpoint::DistributedState& state);
+  // The parameters alone, by their names (safetensors in and out).
+  void add_weights_to(dtrain::checkpoint::DistributedState& state);
 
  private:
   const Flags& f_;

@@ -105,6 +105,11 @@ at::Tensor Trainer::step(const at::Tensor& rows) {
   return mean.defined() ? mean.detach() : mean;
 }
 
+void Trainer::add_weights_to(dtrain::checkpoint::DistributedState& state) {
+  if (fsdp_) dtrain::checkpoint::add_fsdp_parameters(state, *fsdp_);
+  else dtrain::checkpoint::add_module(state, *stage_);
+}
+
 void Trainer::add_to(dtrain::checkpoint::DistributedState& state) {
   if (fsdp_) {
     dtrain::checkpoint::add_fsdp(state, *fsdp_, *optimizer_, "model/");  // TP layers: per parameter

@@ -45,7 +45,7 @@ Flags parse(int argc, char** argv) {
       ->capture_default_str()->check(CLI::IsMember({"ddp", "fsdp"}));
   app.add_flag("--sequence-parallel", f.sequence_parallel, "Split the activations between TP layers along the sequence");
   app.add_flag("--checkpoint-activations", f.checkpoint_activations, "Recompute each layer's activations in the backward");
-  app.add_option("--steps", f.steps, "Optimizer steps")->capture_default_str()->check(positive);
+  app.add_option("--steps", f.steps, "Optimizer steps")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--batch", f.batch, "Sequences per step, all ranks together")->capture_default_str()->check(positive);
   app.add_option("--microbatches", f.microbatches, "Microbatches per step with --pp > 1")->capture_default_str()->check(positive);
   app.add_option("--seq", f.model.seq, "Tokens (bytes) per sequence")->capture_default_str()->check(positive);
@@ -65,6 +65,10 @@ Flags parse(int argc, char** argv) {
   app.add_option("--log-every", f.log_every, "Steps per metrics line")->capture_default_str()->check(positive);
   app.add_option("--sample-bytes", f.sample_bytes, "Bytes of sample text at the end (0: none)")->capture_default_str();
   app.add_flag("--resume", f.resume, "Resume from --checkpoint-dir (automatic after a dtrain-run restart)");
+  app.add_option("--import-safetensors", f.import_safetensors,
+                 "Start from the weights in this directory's Hugging Face .safetensors files");
+  app.add_option("--export-safetensors", f.export_safetensors,
+                 "At the end, write the weights here as Hugging Face safetensors (model.safetensors)");
   app.add_flag("--print-losses", f.print_losses, "Print every step's loss (rank 0)");
   app.add_option("--backend", f.backend, "Process-group backend")->capture_default_str();
   app.add_option("--crash-at-step", f.crash_at_step, "Test hook: the last rank SIGKILLs itself at this step (first attempt only)");
@@ -174,6 +178,12 @@ int main(int argc, char** argv) {
     const llama::Corpus corpus(f.corpus);
     const llama::Placement at = llama::place(f);
     llama::Trainer trainer(f, at);
+    if (!f.import_safetensors.empty()) {
+      dtrain::checkpoint::DistributedState weights;
+      trainer.add_weights_to(weights);
+      dtrain::checkpoint::import_safetensors(f.import_safetensors, weights);
+      if (leader) std::cout << "weights from " << f.import_safetensors << std::endl;
+    }
     const int64_t first = resume(trainer, f, leader);
     const std::string out = out_dir_of(f);
     if (leader) {
@@ -224,12 +234,18 @@ int main(int argc, char** argv) {
     }
     progress.finish_epoch();
     save(trainer, f, f.steps);
+    if (!f.export_safetensors.empty()) {
+      dtrain::checkpoint::DistributedState weights;
+      trainer.add_weights_to(weights);
+      dtrain::checkpoint::export_safetensors(f.export_safetensors, weights);
+      if (leader) std::cout << "weights written to " << f.export_safetensors << "/ as safetensors" << std::endl;
+    }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
     const double peak_mib = largest_peak_rss_mib();
     const auto solo = dtrain::new_group({0});
     if (leader) {
       curve.close();
-      plot(out);
+      if (f.steps > first) plot(out);
       std::printf("done: %lld steps, %.0f tokens/s, peak RSS %.0f MiB on the largest rank; metrics %s/metrics.jsonl, "
                   "plot %s/loss.png\n", static_cast<long long>(f.steps),
                   static_cast<double>((f.steps - first) * tokens_per_step) / seconds, peak_mib, out.c_str(), out.c_str());

@@ -4,6 +4,7 @@
 
 #include "dtrain/activation_checkpoint.h"
 #include "dtrain/checkpoint/distributed.h"
+#include "dtrain/checkpoint/safetensors.h"
 #include "dtrain/checkpoint/tensor_file.h"
 #include "dtrain/data/distributed_sampler.h"
 #include "dtrain/data_parallel.h"

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "checkpoint/distributed_files.h"
+#include "checkpoint/whole_entries.h"
 #include "common/enforce.h"
 #include "dtrain/checkpoint/distributed.h"
 
@@ -83,6 +84,12 @@ std::string box_text(const std::vector<int64_t>& offsets, at::IntArrayRef sizes)
     out += (d ? ", " : "") + std::to_string(offsets[d]) + ":" + std::to_string(offsets[d] + sizes[d]);
   return "[" + out + "]";
 }
+
+}  // namespace
+
+// Not in the anonymous namespace: detail::WholeEntries holds one (gcc warns
+// of a field of internal linkage once this file is part of a unity batch).
+namespace load_files {
 
 struct Saved {
   std::string dir, what, token;
@@ -237,13 +244,44 @@ struct Saved {
     return whole.contiguous();
   }
 
+  // An entry's whole shape and dtype, without reading its values; flat
+  // ranges (FSDP's and ZeRO's shards) have no shape and are refused.
+  detail::EntryInfo info_of(const std::string& name) {
+    detail::EntryInfo e{name, at::kFloat, {}};
+    if (auto it = meta.find("replicated/" + name); it != meta.end()) {
+      const int64_t r = files::parse_count(what + ": the rank of '" + name + "'", it->second);
+      DTRAIN_CHECK_ARG(r < world, what, ": '", name, "' is in rank ", r, "'s file, beyond world size ", world);
+      e.shape = reader(static_cast<int>(r)).shape("r/" + name);
+      e.dtype = reader(static_cast<int>(r)).dtype("r/" + name);
+      return e;
+    }
+    DTRAIN_CHECK_ARG(meta.count("sharded/" + name), what, ": has no entry '", name, "'");
+    DTRAIN_CHECK_ARG(meta.count("shape/" + name), what, ": '", name, "' was saved as flat ranges (FSDP's or "
+                     "ZeRO's shards), which are no tensor of a shape; save parameters by name "
+                     "(add_module, add_fsdp_parameters)");
+    e.shape = files::parse_counts(what + ": the shape of '" + name + "'", meta.at("shape/" + name));
+    for (int r = 0; r < world; ++r)
+      if (reader(r).metadata().count("box/" + name)) {
+        e.dtype = reader(r).dtype("s/" + name);
+        return e;
+      }
+    throw InvalidArgument(what + ": no rank's file holds a piece of '" + name + "'");
+  }
+
+  at::Tensor whole_of(const detail::EntryInfo& e) {
+    const at::Tensor like = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
+    return read_whole(e.name, like);
+  }
+
   void check_dtype(const std::string& name, const at::Tensor& saved, const at::Tensor& like) const {
     DTRAIN_CHECK_ARG(saved.scalar_type() == like.scalar_type(), what, ": '", name, "' is ",
                      saved.scalar_type(), " in the checkpoint but ", like.scalar_type(), " here");
   }
 };
 
-}  // namespace
+}  // namespace load_files
+
+using load_files::Saved;
 
 void load(const std::string& dir, DistributedState& state) {
   check_local(state);
@@ -264,6 +302,33 @@ void load(const std::string& dir, DistributedState& state) {
     if (key.rfind("u/", 0) == 0) state.metadata[key.substr(2)] = value;
   for (const auto& hook : state.after_load) hook();
 }
+
+namespace detail {
+
+struct WholeEntries::Impl {
+  Saved saved;
+  explicit Impl(const std::string& dir) : saved(dir) {}
+};
+
+WholeEntries::WholeEntries(const std::string& dir) : impl_(std::make_unique<Impl>(dir)) {}
+WholeEntries::~WholeEntries() = default;
+
+std::vector<EntryInfo> WholeEntries::entries() {
+  std::vector<EntryInfo> out;
+  for (const auto& [key, value] : impl_->saved.meta) {
+    if (key.rfind("replicated/", 0) == 0) out.push_back(impl_->saved.info_of(key.substr(11)));
+    if (key.rfind("sharded/", 0) == 0) out.push_back(impl_->saved.info_of(key.substr(8)));
+  }
+  return out;
+}
+
+at::Tensor WholeEntries::read(const EntryInfo& entry) { return impl_->saved.whole_of(entry); }
+
+const std::map<std::string, std::string>& WholeEntries::user_metadata() const {
+  return impl_->saved.meta;
+}
+
+}  // namespace detail
 
 CheckpointInfo inspect(const std::string& dir) {
   Saved saved(dir);

@@ -136,6 +136,16 @@ void add_fsdp_gathered(DistributedState& state, const std::vector<FSDPShard>& sh
 
 }  // namespace
 
+void add_fsdp_parameter_shards(DistributedState& state, const std::vector<FSDPShard>& shards,
+                               torch::nn::Module& module, const std::string& prefix) {
+  const auto placed = placements_in(module);
+  for (const auto& s : shards) {
+    DTRAIN_ENFORCE(s.group != nullptr);
+    add_unit_tensors(state, s, placed, s.shard, prefix + "param/", "");
+  }
+  add_buffers(state, module, prefix);
+}
+
 void add_fsdp_shards(DistributedState& state, const std::vector<FSDPShard>& shards,
                      torch::optim::Optimizer& optimizer, torch::nn::Module& module,
                      const std::string& prefix) {

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "checkpoint/file_reader.h"
 #include "checkpoint/tensor_file_format.h"
 #include "common/durable_file.h"
 #include "common/enforce.h"
@@ -49,49 +50,6 @@ at::Tensor host_bytes(const std::string& name, const at::Tensor& t) {
 
 }  // namespace
 
-// A member of TensorFileReader::Impl, so not in the anonymous namespace
-// (gcc warns of a class with a member of internal linkage once this file
-// is part of a unity batch).
-namespace tensor_file_io {
-
-class File {
- public:
-  explicit File(const std::string& what, const std::string& path) : what_(what) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    DTRAIN_CHECK_ARG(fd_ >= 0, what_, ": cannot open: ", std::strerror(errno));
-    struct stat st {};
-    if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd_);
-      throw InvalidArgument(what_ + ": not a regular file");
-    }
-    size_ = static_cast<uint64_t>(st.st_size);
-  }
-  ~File() { ::close(fd_); }
-  File(const File&) = delete;
-  File& operator=(const File&) = delete;
-
-  uint64_t size() const { return size_; }
-
-  void read(uint64_t offset, size_t n, void* out) const {
-    auto* p = static_cast<char*>(out);
-    while (n > 0) {
-      const ssize_t got = ::pread(fd_, p, std::min<size_t>(n, 1u << 30), static_cast<off_t>(offset));
-      if (got < 0 && errno == EINTR) continue;
-      DTRAIN_CHECK_ARG(got >= 0, what_, ": cannot read: ", std::strerror(errno));
-      DTRAIN_CHECK_ARG(got > 0, what_, ": truncated while being read");
-      p += got;
-      n -= static_cast<size_t>(got);
-      offset += static_cast<uint64_t>(got);
-    }
-  }
-
- private:
-  std::string what_;
-  int fd_ = -1;
-  uint64_t size_ = 0;
-};
-
-}  // namespace tensor_file_io
 
 void save_tensor_file(const std::string& path, const TensorFile& file, const WriteFaults& faults) {
   tf::Header header;
@@ -159,6 +117,10 @@ std::vector<std::string> TensorFileReader::names() const {
 
 std::vector<int64_t> TensorFileReader::shape(const std::string& name) const {
   return impl_->entry(name).shape;
+}
+
+at::ScalarType TensorFileReader::dtype(const std::string& name) const {
+  return to_torch(impl_->entry(name).dtype);
 }
 
 at::Tensor TensorFileReader::read(const std::string& name) const {

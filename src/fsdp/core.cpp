@@ -222,7 +222,11 @@ std::vector<at::Tensor> FSDPCore::shards() const {
 std::vector<FSDPShard> FSDPCore::shard_layout() const {
   std::vector<FSDPShard> out;
   for (const auto& unit : impl_->units) {
-    FSDPShard s{unit->name(), unit->shard(), unit->shard_offset(), unit->numel()};
+    FSDPShard s;
+    s.unit = unit->name();
+    s.shard = unit->shard();
+    s.offset = unit->shard_offset();
+    s.numel = unit->numel();
     s.param_names = unit->param_names();
     for (const auto& p : unit->params()) s.param_shapes.push_back(p.sizes().vec());
     s.param_offsets = unit->param_offsets();

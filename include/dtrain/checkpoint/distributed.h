@@ -159,4 +159,18 @@ void add_fsdp(DistributedState& state, FullyShardedDataParallel<ModuleType>& fsd
   add_fsdp_shards(state, fsdp.shard_layout(), optimizer, *fsdp.module(), prefix);
 }
 
+// FSDP's parameters by name, as add_module writes them ("<prefix>param/<name>",
+// replicated, or a TP layer's box) and its buffers: each parameter gathered
+// whole over the FSDP group (a collective; one whole copy in memory while
+// the state lives); load() and import_safetensors put this rank's slice back
+// into the flat shards. For weights that leave the job (export_safetensors)
+// or come in without optimizer state.
+void add_fsdp_parameter_shards(DistributedState& state, const std::vector<FSDPShard>& shards,
+                               torch::nn::Module& module, const std::string& prefix);
+template <typename ModuleType>
+void add_fsdp_parameters(DistributedState& state, FullyShardedDataParallel<ModuleType>& fsdp,
+                         const std::string& prefix = "") {
+  add_fsdp_parameter_shards(state, fsdp.shard_layout(), *fsdp.module(), prefix);
+}
+
 }  // namespace dtrain::checkpoint

@@ -64,6 +64,7 @@ class TensorFileReader {
   std::vector<std::string> names() const;  // in file order
   // The tensor's shape without reading it.
   std::vector<int64_t> shape(const std::string& name) const;
+  at::ScalarType dtype(const std::string& name) const;
   at::Tensor read(const std::string& name) const;
 
  private:

@@ -1,0 +1,289 @@
+// export_safetensors and import_safetensors (dtrain/checkpoint/safetensors.h):
+// Hugging Face's files written from a distributed checkpoint read whole,
+// and read into any layout's pieces.
+
+#include "dtrain/checkpoint/safetensors.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "checkpoint/file_reader.h"
+#include "checkpoint/safetensors_format.h"
+#include "checkpoint/whole_entries.h"
+#include "common/durable_file.h"
+#include "common/enforce.h"
+#include "common/paths.h"
+#include "dtrain/distributed.h"
+#include "dtrain/objects.h"
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is little-endian, as this host");
+
+namespace dtrain::checkpoint {
+namespace {
+
+namespace st = safetensors;
+using Rename = std::function<std::string(const std::string&)>;
+
+constexpr std::pair<at::ScalarType, st::DType> kTypes[] = {
+    {at::kBool, st::DType::Bool},       {at::kByte, st::DType::UInt8},     {at::kChar, st::DType::Int8},
+    {at::kShort, st::DType::Int16},     {at::kInt, st::DType::Int32},      {at::kLong, st::DType::Int64},
+    {at::kHalf, st::DType::Float16},    {at::kBFloat16, st::DType::BFloat16},
+    {at::kFloat, st::DType::Float32},   {at::kDouble, st::DType::Float64},
+};
+
+st::DType to_file(const std::string& name, at::ScalarType type) {
+  for (const auto& [torch_type, file_type] : kTypes)
+    if (torch_type == type) return file_type;
+  throw InvalidArgument(::dtrain::detail::cat("export_safetensors: '", name, "' is ", type,
+                                    ", which safetensors files do not hold here"));
+}
+
+at::ScalarType to_torch(st::DType type) {
+  for (const auto& [torch_type, file_type] : kTypes)
+    if (file_type == type) return torch_type;
+  DTRAIN_ENFORCE(false);
+  return at::kFloat;
+}
+
+// add_module's parameters and buffers under their module names; nothing else.
+std::string default_rename(const std::string& entry) {
+  size_t start = 0;
+  while (start < entry.size()) {
+    const size_t slash = entry.find('/', start);
+    if (slash == std::string::npos) return "";
+    const std::string part = entry.substr(start, slash - start);
+    if (part == "param" || part == "buffer") return entry.substr(slash + 1);
+    if (part == "optim" || part == "fsdp" || part == "zero") return "";
+    start = slash + 1;
+  }
+  return "";
+}
+
+template <typename Step>
+std::string error_of(Step&& step) {
+  try {
+    step();
+    return "";
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+void make_dirs(const std::string& dir) {
+  for (size_t slash = dir.find('/', 1);; slash = dir.find('/', slash + 1)) {
+    const std::string prefix = dir.substr(0, slash);
+    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST)
+      throw Error("cannot create directory " + prefix + ": " + std::strerror(errno));
+    if (slash == std::string::npos) break;
+  }
+  DTRAIN_CHECK_ARG(paths::is_directory(dir), dir, " is not a directory");
+}
+
+bool is_output(const std::string& file) {
+  auto ends = [&](const std::string& end) {
+    return file.size() >= end.size() && file.compare(file.size() - end.size(), end.size(), end) == 0;
+  };
+  return file.rfind("model", 0) == 0 && (ends(".safetensors") || file == "model.safetensors.index.json");
+}
+
+struct Planned {
+  detail::EntryInfo info;
+  std::string name;  // in the file
+  uint64_t bytes = 0;
+};
+
+// Rank 0: the staged checkpoint's entries, whole, into files of at most
+// `max_bytes` of tensors each, the index beside them when there are
+// several; then the earlier export's other files and the staging removed.
+void write_files(const std::string& dir, const std::string& staging, const Rename& rename, int64_t max_bytes) {
+  detail::WholeEntries saved(staging);
+  std::vector<std::vector<Planned>> files(1);
+  std::set<std::string> names;
+  uint64_t in_file = 0, total = 0;
+  for (auto& info : saved.entries()) {
+    Planned p{info, rename(info.name), 0};
+    DTRAIN_CHECK_ARG(names.insert(p.name).second, "export_safetensors: two entries are named '", p.name,
+                     "' in the files (the last one is '", info.name, "')");
+    st::Entry probe{p.name, to_file(info.name, info.dtype), info.shape, 0, 0};
+    std::vector<st::Entry> one{probe};
+    st::encode_prefix(one, {});  // checks the name and shape; sets the size
+    p.bytes = one[0].end;
+    if (!files.back().empty() && in_file + p.bytes > static_cast<uint64_t>(max_bytes)) {
+      files.emplace_back();
+      in_file = 0;
+    }
+    in_file += p.bytes;
+    total += p.bytes;
+    files.back().push_back(std::move(p));
+  }
+  std::vector<std::pair<std::string, std::string>> metadata{{"format", "pt"}};
+  for (const auto& [key, value] : saved.user_metadata())
+    if (key.rfind("u/", 0) == 0 && key != "u/format") metadata.emplace_back(key.substr(2), value);
+  std::set<std::string> written;
+  std::string weight_map;
+  for (size_t k = 0; k < files.size(); ++k) {
+    char name[64];
+    std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", k + 1, files.size());
+    const std::string file = files.size() == 1 ? "model.safetensors" : name;
+    std::vector<st::Entry> entries;
+    std::vector<at::Tensor> values;
+    for (const auto& p : files[k]) {
+      entries.push_back({p.name, to_file(p.info.name, p.info.dtype), p.info.shape, 0, 0});
+      values.push_back(saved.read(p.info).contiguous());
+      weight_map += (weight_map.empty() ? "" : ",") + st::json_string(p.name) + ":" + st::json_string(file);
+    }
+    const std::string prefix = st::encode_prefix(entries, metadata);
+    const uint64_t data = entries.empty() ? 0 : entries.back().end;
+    dtrain::files::replace_durably(paths::join(dir, file), prefix.size() + data, [&](dtrain::files::Sink& out) {
+      out.write(prefix.data(), prefix.size());
+      for (const auto& v : values) out.write(v.data_ptr(), v.nbytes());
+    });
+    written.insert(file);
+  }
+  if (files.size() > 1) {
+    const std::string index = "{\"metadata\":{\"total_size\":" + std::to_string(total) + "},\"weight_map\":{" +
+                              weight_map + "}}\n";
+    dtrain::files::replace_durably(paths::join(dir, "model.safetensors.index.json"), index.size(),
+                           [&](dtrain::files::Sink& out) { out.write(index.data(), index.size()); });
+    written.insert("model.safetensors.index.json");
+  }
+  for (const auto& file : paths::list(dir))
+    if (is_output(file) && !written.count(file)) ::unlink(paths::join(dir, file).c_str());
+  paths::remove_all(staging);
+}
+
+// The .safetensors files of a directory, their headers read and checked,
+// and which holds each tensor.
+class Files {
+ public:
+  explicit Files(const std::string& dir) : dir_(dir) {
+    std::vector<std::string> names = paths::list(dir);
+    std::sort(names.begin(), names.end());
+    for (const auto& name : names) {
+      if (name.size() < 12 || name.compare(name.size() - 12, 12, ".safetensors") != 0) continue;
+      auto f = std::make_unique<Opened>(paths::join(dir, name));
+      for (size_t i = 0; i < f->layout.tensors.size(); ++i) {
+        const auto& t = f->layout.tensors[i];
+        const auto [at, fresh] = where_.emplace(t.name, std::make_pair(opened_.size(), i));
+        DTRAIN_CHECK_ARG(fresh, "import_safetensors ", dir, ": tensor '", t.name, "' is in both ",
+                         opened_[at->second.first]->path, " and ", f->path);
+      }
+      opened_.push_back(std::move(f));
+    }
+    DTRAIN_CHECK_ARG(!opened_.empty(), "import_safetensors: no .safetensors file in ", dir);
+  }
+
+  // The shape tensor `name` has in its file.
+  const std::vector<int64_t>& shape(const std::string& name, const std::string& entry) {
+    return find(name, entry).second.shape;
+  }
+
+  // Tensor `name` whole, checked against the entry's dtype and whole shape.
+  at::Tensor read(const std::string& name, const std::string& entry, at::ScalarType dtype,
+                  const std::vector<int64_t>& shape) {
+    auto [file, e] = find(name, entry);
+    auto& f = file;
+    DTRAIN_CHECK_ARG(to_torch(e.dtype) == dtype, "import_safetensors ", f.path, ": tensor '", name, "' is ",
+                     st::dtype_name(e.dtype), " in the file but ", dtype, " here");
+    DTRAIN_CHECK_ARG(e.shape == shape, "import_safetensors ", f.path, ": tensor '", name, "' has shape ",
+                     at::IntArrayRef(e.shape), " in the file but ", at::IntArrayRef(shape), " here");
+    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype));
+    DTRAIN_ENFORCE_EQ(t.nbytes(), e.end - e.begin);
+    if (t.nbytes() > 0) f.in.read(f.layout.data_start + e.begin, t.nbytes(), t.data_ptr());
+    return t;
+  }
+
+ private:
+  struct Opened;
+  std::pair<Opened&, const st::Entry&> find(const std::string& name, const std::string& entry) {
+    const auto it = where_.find(name);
+    DTRAIN_CHECK_ARG(it != where_.end(), "import_safetensors ", dir_, ": no file has tensor '", name,
+                     "' (for entry '", entry, "')");
+    Opened& f = *opened_[it->second.first];
+    return {f, f.layout.tensors[it->second.second]};
+  }
+  struct Opened {
+    std::string path;
+    tensor_file_io::File in;
+    st::Layout layout;
+    explicit Opened(const std::string& p) : path(p), in("safetensors " + p, p) {
+      layout = st::read_layout(p, in.size(), [&](uint64_t offset, size_t n, void* out) { in.read(offset, n, out); });
+    }
+  };
+  std::string dir_;
+  std::vector<std::unique_ptr<Opened>> opened_;
+  std::map<std::string, std::pair<size_t, size_t>> where_;
+};
+
+}  // namespace
+
+void export_safetensors(const std::string& dir, const DistributedState& state, const SafetensorsOptions& options) {
+  auto group = options.process_group() ? options.process_group() : default_group();
+  DTRAIN_CHECK_ARG(group && group->rank() >= 0, "export_safetensors: this rank is not in the group");
+  DTRAIN_CHECK_ARG(options.max_shard_bytes() > 0, "export_safetensors: max_shard_bytes must be positive, got ",
+                   options.max_shard_bytes());
+  const Rename rename = options.rename() ? options.rename() : Rename(default_rename);
+  DistributedState chosen;
+  for (const auto& [name, t] : state.replicated)
+    if (!rename(name).empty()) chosen.replicated[name] = t;
+  for (const auto& [name, s] : state.sharded)
+    if (!rename(name).empty()) chosen.sharded[name] = s;
+  chosen.metadata = state.metadata;
+  const std::string context = "export_safetensors " + dir;
+  auto together = [&](const std::string& error) {
+    try {
+      fail_together(*group, error);
+    } catch (const Error& e) {
+      throw Error(context + ": " + e.what());
+    }
+  };
+  together(group->rank() == 0 ? error_of([&] { make_dirs(dir); }) : "");
+  const std::string staging = paths::join(dir, ".dtrain-export");
+  save(staging, chosen, SaveOptions().process_group(group));
+  together(group->rank() == 0 ? error_of([&] { write_files(dir, staging, rename, options.max_shard_bytes()); })
+                              : "");
+}
+
+void import_safetensors(const std::string& dir, DistributedState& state, const SafetensorsOptions& options) {
+  const Rename rename = options.rename() ? options.rename() : Rename(default_rename);
+  Files files(dir);
+  // Everything is read and checked before any entry changes.
+  std::vector<std::pair<at::Tensor, at::Tensor>> fills;  // {destination, values}
+  for (auto& [name, t] : state.replicated) {
+    const std::string in_file = rename(name);
+    if (!in_file.empty()) fills.emplace_back(t, files.read(in_file, name, t.scalar_type(), t.sizes().vec()));
+  }
+  for (auto& [name, s] : state.sharded) {
+    const std::string in_file = rename(name);
+    if (in_file.empty()) continue;
+    if (s.is_box()) {
+      at::Tensor whole = files.read(in_file, name, s.local.scalar_type(), s.shape);
+      for (size_t d = 0; d < s.shape.size(); ++d) whole = whole.narrow(static_cast<int64_t>(d), s.offsets[d], s.local.size(d));
+      fills.emplace_back(s.local, whole);
+    } else {
+      // A flat range of a tensor of unknown shape: the file's says.
+      const auto shape = files.shape(in_file, name);
+      at::Tensor whole = files.read(in_file, name, s.local.scalar_type(), shape).reshape({-1});
+      DTRAIN_CHECK_ARG(whole.numel() == s.numel, "import_safetensors ", dir, ": tensor '", in_file, "' has ",
+                       whole.numel(), " elements in the file but ", s.numel, " here");
+      fills.emplace_back(s.local, whole.narrow(0, s.offset, s.local.numel()));
+    }
+  }
+  {
+    at::NoGradGuard no_grad;
+    for (auto& [to, from] : fills) to.detach().view({-1}).copy_(from.reshape({-1}));
+  }
+  for (const auto& hook : state.after_load) hook();
+}
+
+}  // namespace dtrain::checkpoint

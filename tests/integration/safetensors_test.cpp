@@ -1,0 +1,247 @@
+// export_safetensors and import_safetensors: a model's state_dict written
+// whole and read back by a reader written here from the published format
+// (nlohmann's JSON; no code shared with the writer); files split by
+// max_shard_bytes with Hugging Face's names and index; the Llama example's
+// model exported from PP 2 x FSDP 2 equal to one process's parameters and
+// imported into one process, FSDP and DDP layouts bitwise; a damaged file,
+// a dtype or shape that differs and a missing tensor named.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "common/paths.h"
+#include "dtrain/checkpoint/safetensors.h"
+#include "dtrain/ddp.h"
+#include "dtrain/device_mesh.h"
+#include "dtrain/fsdp.h"
+#include "harness/assertions.h"
+#include "harness/temp_dir.h"
+#include "harness/thread_ranks.h"
+#include "model.h"
+
+namespace dtrain {
+namespace {
+
+namespace ckpt = checkpoint;
+using Tensors = std::map<std::string, at::Tensor>;
+using testing::RankContext;
+
+std::string bytes_of(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The published format, read here independently of dtrain's reader.
+Tensors read_by_the_spec(const std::string& path, std::map<std::string, std::string>* metadata = nullptr) {
+  const std::string file = bytes_of(path);
+  uint64_t n = 0;
+  for (int k = 7; k >= 0; --k) n = (n << 8) | static_cast<unsigned char>(file[static_cast<size_t>(k)]);
+  const auto header = nlohmann::json::parse(file.substr(8, n));
+  const std::map<std::string, at::ScalarType> types = {
+      {"F32", at::kFloat}, {"F64", at::kDouble}, {"F16", at::kHalf}, {"BF16", at::kBFloat16},
+      {"I64", at::kLong},  {"I32", at::kInt},    {"I16", at::kShort}, {"I8", at::kChar},
+      {"U8", at::kByte},   {"BOOL", at::kBool}};
+  Tensors out;
+  for (const auto& [name, info] : header.items()) {
+    if (name == "__metadata__") {
+      if (metadata)
+        for (const auto& [k, v] : info.items()) (*metadata)[k] = v.get<std::string>();
+      continue;
+    }
+    const auto shape = info.at("shape").get<std::vector<int64_t>>();
+    const auto offsets = info.at("data_offsets").get<std::vector<uint64_t>>();
+    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(types.at(info.at("dtype").get<std::string>())));
+    EXPECT_EQ(offsets[1] - offsets[0], t.nbytes()) << name;
+    std::memcpy(t.data_ptr(), file.data() + 8 + n + offsets[0], t.nbytes());
+    out[name] = t;
+  }
+  return out;
+}
+
+struct NetImpl : torch::nn::Module {
+  NetImpl() {
+    register_module("embed", torch::nn::Embedding(10, 4));
+    register_module("fc", torch::nn::Linear(4, 3));
+    register_module("bn", torch::nn::BatchNorm1d(3));
+    register_buffer("table", at::arange(6, at::kLong).reshape({2, 3}));
+    register_parameter("half", at::randn({5}).to(at::kBFloat16));
+  }
+};
+TORCH_MODULE(Net);
+
+Tensors state_dict_of(torch::nn::Module& m) {
+  Tensors out;
+  for (const auto& item : m.named_parameters()) out[item.key()] = item.value().detach().clone();
+  for (const auto& item : m.named_buffers()) out[item.key()] = item.value().detach().clone();
+  return out;
+}
+
+void expect_equal(const Tensors& got, const Tensors& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (const auto& [name, value] : want) {
+    ASSERT_TRUE(got.count(name)) << what << ": no " << name;
+    EXPECT_TRUE(at::equal(got.at(name), value)) << what << ": " << name;
+  }
+}
+
+// `body` on one thread rank (a group of one).
+void one_rank(const std::function<void(const std::shared_ptr<ProcessGroup>&)>& body) {
+  testing::expect_no_errors(testing::run_rank_contexts(1, [&](RankContext& ctx) { body(ctx.group); }));
+}
+
+TEST(Safetensors, AStateDictGoesOutWholeAndComesBackBitwise) {
+  testing::TempDir dir;
+  torch::manual_seed(1);
+  Net net;
+  net->named_buffers()["bn.running_mean"].copy_(at::randn({3}));
+  one_rank([&](const auto& group) {
+    ckpt::DistributedState state;
+    ckpt::add_module(state, *net);
+    state.metadata["step"] = "7";
+    ckpt::export_safetensors(dir.path() + "/hf", state, ckpt::SafetensorsOptions().process_group(group));
+  });
+  EXPECT_FALSE(paths::exists(dir.path() + "/hf/.dtrain-export")) << "the staging checkpoint is removed";
+  std::map<std::string, std::string> metadata;
+  expect_equal(read_by_the_spec(dir.path() + "/hf/model.safetensors", &metadata), state_dict_of(*net),
+               "read by the spec");
+  EXPECT_EQ(metadata, (std::map<std::string, std::string>{{"format", "pt"}, {"step", "7"}}));
+  torch::manual_seed(2);
+  Net other;
+  ckpt::DistributedState into;
+  ckpt::add_module(into, *other);
+  ckpt::import_safetensors(dir.path() + "/hf", into);
+  expect_equal(state_dict_of(*other), state_dict_of(*net), "imported");
+}
+
+TEST(Safetensors, FilesSplitAtMaxShardBytesWithTheIndexAndALaterExportReplacesThem) {
+  testing::TempDir dir;
+  Net net;
+  const std::string out = dir.path() + "/hf";
+  auto export_with = [&](int64_t max_bytes) {
+    one_rank([&](const auto& group) {
+      ckpt::DistributedState state;
+      ckpt::add_module(state, *net);
+      ckpt::export_safetensors(out, state, ckpt::SafetensorsOptions().process_group(group).max_shard_bytes(max_bytes));
+    });
+  };
+  export_with(64);  // embed.weight alone is 160 bytes: a file of its own
+  std::vector<std::string> files;
+  for (const auto& f : paths::list(out)) files.push_back(f);
+  std::sort(files.begin(), files.end());
+  ASSERT_GE(files.size(), 4u);
+  EXPECT_EQ(files.front(), "model-00001-of-0000" + std::to_string(files.size() - 1) + ".safetensors");
+  EXPECT_EQ(files.back(), "model.safetensors.index.json");
+  const auto index = nlohmann::json::parse(bytes_of(out + "/model.safetensors.index.json"));
+  Tensors all;
+  for (const auto& [name, file] : index.at("weight_map").items()) {
+    const auto in_file = read_by_the_spec(out + "/" + file.get<std::string>());
+    ASSERT_TRUE(in_file.count(name)) << name << " in " << file;
+    all[name] = in_file.at(name);
+  }
+  expect_equal(all, state_dict_of(*net), "through the index");
+  export_with(int64_t{1} << 30);
+  EXPECT_EQ(paths::list(out), std::vector<std::string>{"model.safetensors"}) << "the earlier shards are removed";
+}
+
+// The Llama example's model: PP 2 x FSDP 2 (4 thread ranks, TP groups of
+// one) exports its parameters; they equal one process's, and import into
+// one process, into the FSDP layout and into DDP stages bitwise.
+TEST(Safetensors, TheLlamaModelFromPipelineTimesFsdpEqualsOneProcessAndImportsIntoEveryLayout) {
+  testing::TempDir dir;
+  const std::string out = dir.path() + "/hf";
+  llama::Config c;
+  c.vocab = 32, c.dim = 16, c.layers = 2, c.heads = 2, c.hidden = 24, c.seq = 8;
+  auto stage_of = [&](const std::shared_ptr<ProcessGroup>& tp, int s, uint64_t seed) {
+    return llama::Stage(c, llama::Layout{tp, false, false}, llama::initial_values(c, seed, s, s + 1, s == 0, s == 1),
+                        s, s + 1, s == 0, s == 1);
+  };
+  auto on_mesh = [&](const std::function<void(RankContext&, DeviceMesh&, int)>& body) {
+    testing::expect_no_errors(testing::run_rank_contexts(4, [&](RankContext& ctx) {
+      DeviceMesh mesh({2, 2, 1}, {"pp", "dp", "tp"}, testing::thread_mesh(ctx));
+      body(ctx, mesh, mesh.get_local_rank("pp"));
+    }));
+  };
+  on_mesh([&](RankContext& ctx, DeviceMesh& mesh, int s) {
+    auto stage = stage_of(mesh.get_group("tp"), s, 3);
+    FullyShardedDataParallel<llama::StageImpl> fsdp(stage.ptr(), FSDPOptions().process_group(mesh.get_group("dp")));
+    ckpt::DistributedState state;
+    ckpt::add_fsdp_parameters(state, fsdp);
+    ckpt::export_safetensors(out, state, ckpt::SafetensorsOptions().process_group(ctx.group));
+  });
+  Tensors whole;
+  one_rank([&](const auto& group) {
+    llama::Stage one(c, llama::Layout{group, false, false}, llama::initial_values(c, 3, 0, 2, true, true), 0, 2,
+                     true, true);
+    whole = state_dict_of(*one);
+    expect_equal(read_by_the_spec(out + "/model.safetensors"), whole, "PP 2 x FSDP 2's export");
+    llama::Stage fresh(c, llama::Layout{group, false, false}, llama::initial_values(c, 9, 0, 2, true, true), 0, 2,
+                       true, true);
+    ckpt::DistributedState into;
+    ckpt::add_module(into, *fresh);
+    ckpt::import_safetensors(out, into);
+    expect_equal(state_dict_of(*fresh), whole, "imported into one process");
+  });
+  std::mutex mu;
+  on_mesh([&](RankContext&, DeviceMesh& mesh, int s) {
+    auto sharded = stage_of(mesh.get_group("tp"), s, 9);
+    FullyShardedDataParallel<llama::StageImpl> fsdp(sharded.ptr(), FSDPOptions().process_group(mesh.get_group("dp")));
+    ckpt::DistributedState state;
+    ckpt::add_fsdp_parameters(state, fsdp);
+    ckpt::import_safetensors(out, state);
+    auto replicated = stage_of(mesh.get_group("tp"), s, 9);
+    DistributedDataParallel<llama::StageImpl> ddp(replicated.ptr(), DDPOptions().process_group(mesh.get_group("dp")));
+    ckpt::DistributedState plain;
+    ckpt::add_module(plain, *replicated);
+    ckpt::import_safetensors(out, plain);
+    const auto fsdp_values = fsdp.full_state_dict(), ddp_values = state_dict_of(*replicated);
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& [name, value] : fsdp_values)
+      EXPECT_TRUE(at::equal(value, whole.at(name))) << "FSDP stage " << s << ": " << name;
+    for (const auto& [name, value] : ddp_values)
+      EXPECT_TRUE(at::equal(value, whole.at(name))) << "DDP stage " << s << ": " << name;
+  });
+}
+
+TEST(Safetensors, DamagedFilesAndMismatchesAreNamed) {
+  testing::TempDir dir;
+  const std::string out = dir.path() + "/hf";
+  Net net;
+  one_rank([&](const auto& group) {
+    ckpt::DistributedState state;
+    ckpt::add_module(state, *net);
+    ckpt::export_safetensors(out, state, ckpt::SafetensorsOptions().process_group(group));
+  });
+  Net other;
+  auto import_into = [&](const ckpt::SafetensorsOptions& options = {}) {
+    ckpt::DistributedState into;
+    ckpt::add_module(into, *other);
+    return testing::what_thrown<InvalidArgument>([&] { ckpt::import_safetensors(out, into, options); });
+  };
+  EXPECT_EQ(import_into(ckpt::SafetensorsOptions().rename([](const std::string& e) {
+              return e == "param/fc.weight" ? std::string("fc.bias") : e.substr(e.find('/') + 1);
+            })),
+            "import_safetensors " + out + "/model.safetensors: tensor 'fc.bias' has shape [3] in the file but [3, 4] here");
+  EXPECT_EQ(import_into(ckpt::SafetensorsOptions().rename([](const std::string& e) {
+              return e == "param/half" ? std::string("table") : e.substr(e.find('/') + 1);
+            })),
+            "import_safetensors " + out + "/model.safetensors: tensor 'table' is I64 in the file but BFloat16 here");
+  EXPECT_EQ(import_into(ckpt::SafetensorsOptions().rename([](const std::string& e) { return "x." + e; })),
+            "import_safetensors " + out + ": no file has tensor 'x.buffer/bn.num_batches_tracked' (for entry "
+            "'buffer/bn.num_batches_tracked')");
+  const std::string file = bytes_of(out + "/model.safetensors");
+  std::ofstream(out + "/model.safetensors", std::ios::binary | std::ios::trunc) << file.substr(0, 100);
+  EXPECT_TRUE(testing::Contains(import_into(), "safetensors " + out + "/model.safetensors: header length "));
+  EXPECT_TRUE(testing::Contains(import_into(), "runs past the end of the file (100 bytes)"));
+}
+
+}  // namespace
+}  // namespace dtrain
