@@ -10,7 +10,7 @@
 # CI runs it in its Debian unstable leg.
 # Usage: safetensors_vs_python.sh DTRAIN_RUN DTRAIN_LLAMA
 set -euo pipefail
-run=$1 llama=$2
+run=$(realpath "$1") llama=$(realpath "$2")
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
