@@ -12,6 +12,7 @@
 //                                   replicated entry is, each sharded
 //                                   entry's size, the user's metadata ("u/")
 
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,18 @@ inline int64_t parse_count(const std::string& what, const std::string& text) {
                        text.find_first_not_of("0123456789") == std::string::npos,
                    what, " is not a count: '", text, "'");
   return std::stoll(text);
+}
+
+// Runs `step`, turning what it throws into this rank's error text ("" when
+// it succeeds), for dtrain::fail_together.
+template <typename Step>
+std::string error_of(Step&& step) {
+  try {
+    step();
+    return "";
+  } catch (const std::exception& e) {
+    return e.what();
+  }
 }
 
 // "a,b,c" of a list of counts.

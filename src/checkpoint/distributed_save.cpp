@@ -25,6 +25,7 @@ namespace dtrain::checkpoint {
 namespace {
 
 using files::data_file;
+using files::error_of;
 using files::kFormat;
 using files::check_local;
 using files::kMetadataFile;
@@ -66,17 +67,6 @@ void agree(ProcessGroup& group, const std::string& error, const std::string& con
     fail_together(group, error);
   } catch (const Error& e) {
     throw Error(context + ": " + e.what());
-  }
-}
-
-// Runs `step`, turning what it throws into this rank's error text.
-template <typename Step>
-std::string error_of(Step&& step) {
-  try {
-    step();
-    return "";
-  } catch (const std::exception& e) {
-    return e.what();
   }
 }
 

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint/distributed_files.h"
 #include "checkpoint/file_reader.h"
 #include "checkpoint/safetensors_format.h"
 #include "checkpoint/whole_entries.h"
@@ -33,6 +34,7 @@ namespace {
 
 namespace st = safetensors;
 using Rename = std::function<std::string(const std::string&)>;
+using files::error_of;
 
 constexpr std::pair<at::ScalarType, st::DType> kTypes[] = {
     {at::kBool, st::DType::Bool},       {at::kByte, st::DType::UInt8},     {at::kChar, st::DType::Int8},
@@ -67,16 +69,6 @@ std::string default_rename(const std::string& entry) {
     start = slash + 1;
   }
   return "";
-}
-
-template <typename Step>
-std::string error_of(Step&& step) {
-  try {
-    step();
-    return "";
-  } catch (const std::exception& e) {
-    return e.what();
-  }
 }
 
 void make_dirs(const std::string& dir) {
