@@ -6,7 +6,8 @@
 // feeds its data-parallel share of the batch (and with sequence
 // parallelism its share of the sequence); after 5 Adam steps every rank
 // holds its tensor-parallel shard of the one-process parameters (Adam,
-// and SGD with momentum).
+// and SGD with momentum), and the FSDP and HSDP layouts' checkpoints
+// (add_fsdp of TP layers) load into one process as those parameters.
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/checkpoint/distributed.h"
 #include "dtrain/ddp.h"
 #include "dtrain/device_mesh.h"
 #include "dtrain/fsdp.h"
@@ -24,6 +26,7 @@
 #include "dtrain/tensor_parallel.h"
 #include "harness/assertions.h"
 #include "harness/shards.h"
+#include "harness/temp_dir.h"
 #include "harness/thread_ranks.h"
 #include "harness/tp_block.h"
 
@@ -74,6 +77,7 @@ void expect_layout_equals_one_process(const Layout& layout) {
   }
   const auto& make = layout.adam ? testing::kAdam : testing::kSgdMomentum;
   const auto want = testing::one_process(init, xs, ys, make);
+  testing::TempDir dir;
   testing::expect_no_errors(testing::run_rank_contexts(world, [&](RankContext& ctx) {
     const auto mesh = hsdp ? DeviceMesh({2, 2, kTp}, {"replicate", "shard", "tp"}, testing::thread_mesh(ctx))
                            : DeviceMesh({2, kTp}, {"dp", "tp"}, testing::thread_mesh(ctx));
@@ -118,7 +122,22 @@ void expect_layout_equals_one_process(const Layout& layout) {
     ASSERT_EQ(after.size(), testing::block_params().size());
     for (const auto& [name, value] : after)
       expect_close(value, testing::block_shard(want.after, name, t, kTp), name + " after 5 steps");
+    if (fsdp) {  // its checkpoint: the whole layers (add_fsdp gathers over FSDP's group)
+      checkpoint::DistributedState state;
+      checkpoint::add_fsdp(state, *fsdp, *optimizer);
+      checkpoint::save(dir.path(), state, checkpoint::SaveOptions().process_group(ctx.group));
+    }
   }));
+  if (layout.wrap == Wrap::kDdp) return;
+  // FSDP's and HSDP's checkpoint of TP layers, loaded into one process.
+  testing::PlainBlock whole(testing::initial_block(kHidden, kInner, 99));
+  auto optimizer = make(whole->parameters());
+  checkpoint::DistributedState state;
+  checkpoint::add_module(state, *whole);
+  checkpoint::add_optimizer(state, *optimizer, *whole);
+  checkpoint::load(dir.path(), state);
+  for (const auto& item : whole->named_parameters())
+    expect_close(item.value(), want.after.at(item.key()), item.key() + " loaded into one process");
 }
 
 TEST(TensorParallelComposition, TpTimesFsdpEqualsOneProcess) {
