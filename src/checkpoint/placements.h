@@ -18,11 +18,10 @@ namespace dtrain::checkpoint::detail {
 void add_buffers(DistributedState& state, torch::nn::Module& module, const std::string& prefix);
 
 // The placements of the parameters of `module`'s ShardedParameters
-// modules, by parameter and by qualified name (and the first such name).
+// modules, by parameter and by qualified name.
 struct Placements {
   std::map<const c10::TensorImpl*, ParameterPlacement> of;
   std::map<std::string, ParameterPlacement> named;
-  std::string first;
 };
 Placements placements_in(torch::nn::Module& module);
 

@@ -33,7 +33,6 @@ Placements placements_in(torch::nn::Module& module) {
       found.of[p->unsafeGetTensorImpl()] = placement;
       const std::string qualified = (item.key().empty() ? "" : item.key() + ".") + placement.name;
       found.named[qualified] = placement;
-      if (found.first.empty()) found.first = qualified;
     }
   }
   return found;
