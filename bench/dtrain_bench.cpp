@@ -35,6 +35,10 @@
 //       TP 2 and 4 against one process, and activation checkpointing's
 //       activation peak and step time against none; the Llama model's tokens/s at
 //       TP 2 against one process on 2 threads; tensor_parallel.cpp.
+//   dtrain-bench checkpoint [--world 4] [--layers 6] [--width 4096] [--saves 3] [--dir D]
+//       save() against async_save() on DDP and FSDP with Adam: the training
+//       stall of each, and a step's time while the background writer runs;
+//       see checkpoint.cpp.
 //   dtrain-bench memory   [--worlds 2,4] [--layers 6] [--width 4096] [--batch 8] [--steps 3]
 //       Per-rank memory and speed of DDP, ZeroRedundancyOptimizer and FSDP
 //       training a wide MLP with Adam; see memory.cpp.
@@ -374,6 +378,8 @@ int main(int argc, char** argv) {
       return pipeline_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2 && is_tp_mode(argv[2])) return tp_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2 && is_cuda_mode(argv[2])) return cuda_rank_main(argv[2], parse(argc, argv, 3));
+    if (cmd == "rank" && argc > 2 && is_checkpoint_mode(argv[2]))
+      return checkpoint_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2) return rank_main(argv[2], parse(argc, argv, 3));
     // collectives runs in every rank of a job: its rank 0 prints this.
     if (cmd != "rank" && cmd != "collectives") std::printf("%s\n", build_line().c_str());
@@ -381,6 +387,7 @@ int main(int argc, char** argv) {
     if (cmd == "cuda") return bench_cuda(parse(argc, argv, 2));
     if (cmd == "pipeline") return bench_pipeline(parse(argc, argv, 2));
     if (cmd == "tp") return bench_tp(parse(argc, argv, 2));
+    if (cmd == "checkpoint") return bench_checkpoint(parse(argc, argv, 2));
     if (cmd == "composed") return bench_composed(parse(argc, argv, 2));
     if (cmd == "ddp") return bench_ddp(parse(argc, argv, 2));
     if (cmd == "overlap") return bench_overlap(parse(argc, argv, 2));
@@ -391,6 +398,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dtrain-bench: %s\n", e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: dtrain-bench ddp|overlap|dp|syncbn|memory|pipeline|composed|cuda|collectives [--flag value ...] (see the source header)\n");
+  std::fprintf(stderr, "usage: dtrain-bench ddp|overlap|dp|syncbn|memory|pipeline|tp|checkpoint|composed|cuda|collectives [--flag value ...] (see the source header)\n");
   return 2;
 }

@@ -67,4 +67,9 @@ int tp_rank_main(const std::string& mode, const Args& a);
 int tp_reference_rank_main(const Args& a);  // tensor_parallel_ref.cpp
 int bench_tp(const Args& a);
 
+// dtrain-bench checkpoint (checkpoint.cpp).
+bool is_checkpoint_mode(const std::string& mode);
+int checkpoint_rank_main(const std::string& mode, const Args& a);
+int bench_checkpoint(const Args& a);
+
 }  // namespace dtrain::bench

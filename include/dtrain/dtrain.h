@@ -3,6 +3,7 @@
 // Umbrella header: everything a training program needs.
 
 #include "dtrain/activation_checkpoint.h"
+#include "dtrain/checkpoint/async_save.h"
 #include "dtrain/checkpoint/distributed.h"
 #include "dtrain/checkpoint/safetensors.h"
 #include "dtrain/checkpoint/tensor_file.h"

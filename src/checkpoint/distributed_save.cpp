@@ -16,6 +16,7 @@
 
 #include "common/enforce.h"
 #include "checkpoint/distributed_files.h"
+#include "checkpoint/save_job.h"
 #include "checkpoint/save_plan.h"
 #include "common/paths.h"
 #include "dtrain/distributed.h"
@@ -23,6 +24,8 @@
 
 namespace dtrain::checkpoint {
 namespace {
+
+using files::join_counts;
 
 using files::data_file;
 using files::error_of;
@@ -72,46 +75,74 @@ void agree(ProcessGroup& group, const std::string& error, const std::string& con
 
 }  // namespace
 
-void save(const std::string& dir, const DistributedState& state, SaveOptions options) {
-  auto group = options.process_group() ? options.process_group() : default_group();
-  DTRAIN_CHECK_ARG(group && group->rank() >= 0, "checkpoint::save: this rank is not in the group");
+namespace files {
+
+SaveJob prepare_save(const std::string& dir, const DistributedState& state,
+                     const std::shared_ptr<ProcessGroup>& group, const std::string& what,
+                     const WriteFaults& faults, bool die_before_commit) {
+  const std::string context = what + " " + dir;
+  DTRAIN_CHECK_ARG(group && group->rank() >= 0, context, ": this rank is not in the group");
+  wait_for_async_save(group, context);
   check_local(state);
-  const auto plan = files::plan_save(group, state);
-  const int rank = group->rank(), world = group->size();
-  const std::string token = new_token(*group);
-  const std::string context = "checkpoint::save " + dir;
-  agree(*group, error_of([&] { make_dir(dir); }), context);
-  TensorFile mine;
+  SaveJob job;
+  job.dir = dir;
+  job.context = context;
+  job.faults = faults;
+  job.die_before_commit = die_before_commit;
+  job.plan = plan_save(group, state);
+  job.rank = group->rank();
+  job.world = group->size();
+  job.token = new_token(*group);
+  job.metadata = state.metadata;
   for (const auto& [name, t] : state.replicated)
-    if (plan.replicated_owner.at(name) == rank) mine.tensors["r/" + name] = t;
+    if (job.plan.replicated_owner.at(name) == job.rank) job.mine.tensors["r/" + name] = t;
   for (const auto& [name, s] : state.sharded) {
-    if (!plan.my_pieces.count(name)) continue;
+    if (!job.plan.my_pieces.count(name)) continue;
     if (s.is_box()) {  // kept in its shape: the file gives the box's sizes
-      mine.tensors["s/" + name] = s.local;
-      mine.metadata["box/" + name] = files::join_counts(s.offsets);
+      job.mine.tensors["s/" + name] = s.local;
+      job.mine.metadata["box/" + name] = join_counts(s.offsets);
       continue;
     }
-    mine.tensors["s/" + name] = s.local.reshape({-1});
-    mine.metadata["offset/" + name] = std::to_string(s.offset);
+    job.mine.tensors["s/" + name] = s.local.reshape({-1});
+    job.mine.metadata["offset/" + name] = std::to_string(s.offset);
   }
+  return job;
+}
+
+void write_and_commit(const SaveJob& job, ProcessGroup& group, const std::string& prior_error) {
+  const std::string& dir = job.dir;
+  std::string error = prior_error;
+  if (error.empty()) error = error_of([&] { make_dir(dir); });
+  agree(group, error, job.context);
   // Every data file durable, or every rank throws the first failure.
-  agree(*group, error_of([&] { save_tensor_file(data_file(dir, token, rank), mine, options.faults()); }),
-        context);
+  agree(group, error_of([&] { save_tensor_file(data_file(dir, job.token, job.rank), job.mine, job.faults); }),
+        job.context);
   std::string committed;
-  if (rank == 0) committed = error_of([&] {
-    if (options.die_before_commit()) ::raise(SIGKILL);
+  if (job.rank == 0) committed = error_of([&] {
+    if (job.die_before_commit) ::raise(SIGKILL);
     TensorFile meta;
     meta.metadata["format"] = kFormat;
-    meta.metadata["token"] = token;
-    meta.metadata["world_size"] = std::to_string(world);
-    for (const auto& [name, r] : plan.replicated_owner) meta.metadata["replicated/" + name] = std::to_string(r);
+    meta.metadata["token"] = job.token;
+    meta.metadata["world_size"] = std::to_string(job.world);
+    const auto& plan = job.plan;
+    for (const auto& [name, r] : plan.replicated_owner)
+      meta.metadata["replicated/" + name] = std::to_string(r);
     for (const auto& [name, n] : plan.sharded_numel) meta.metadata["sharded/" + name] = std::to_string(n);
-    for (const auto& [name, shape] : plan.sharded_shape) meta.metadata["shape/" + name] = files::join_counts(shape);
-    for (const auto& [key, value] : state.metadata) meta.metadata["u/" + key] = value;
+    for (const auto& [name, shape] : plan.sharded_shape) meta.metadata["shape/" + name] = join_counts(shape);
+    for (const auto& [key, value] : job.metadata) meta.metadata["u/" + key] = value;
     save_tensor_file(paths::join(dir, kMetadataFile), meta);
-    remove_stale(dir, token);
+    remove_stale(dir, job.token);
   });
-  agree(*group, committed, context);  // committed, or every rank says why not
+  agree(group, committed, job.context);  // committed, or every rank says why not
+}
+
+}  // namespace files
+
+void save(const std::string& dir, const DistributedState& state, SaveOptions options) {
+  auto group = options.process_group() ? options.process_group() : default_group();
+  const auto job =
+      files::prepare_save(dir, state, group, "checkpoint::save", options.faults(), options.die_before_commit());
+  files::write_and_commit(job, *group);
 }
 
 }  // namespace dtrain::checkpoint

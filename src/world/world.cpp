@@ -3,6 +3,7 @@
 // tests can run many groups side by side in one process.
 
 #include <algorithm>
+#include <map>
 #include <mutex>
 #include <set>
 #include <tuple>
@@ -11,6 +12,7 @@
 #include "common/enforce.h"
 #include "core/backend_registry.h"
 #include "diagnostics/error_file.h"
+#include "world/companion_group.h"
 #include "world/rendezvous.h"
 #include "dtrain/distributed.h"
 #include "dtrain/store/hash_store.h"
@@ -41,6 +43,7 @@ struct World {
   std::string local_address;
   int device_id = -1;
   int next_group_id = 1;
+  std::map<std::string, int> companions;  // made so far, by "<group>/<purpose>"
   bool initializing = false;  // an init_process_group is under way
 };
 
@@ -113,6 +116,7 @@ void init_process_group(const InitOptions& options) {
   w.local_address = r.local_address;
   w.device_id = options.device_id();
   w.next_group_id = 1;
+  w.companions.clear();
 }
 
 bool is_initialized() {
@@ -187,6 +191,27 @@ std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks,
   return create_process_group(backend, std::move(store),
                               static_cast<int>(it - sorted.begin()),
                               static_cast<int>(sorted.size()), opts);
+}
+
+std::shared_ptr<ProcessGroup> detail::new_companion_group(const ProcessGroup& group,
+                                                          const std::string& purpose,
+                                                          const std::string& caller) {
+  auto& w = world();
+  std::unique_lock<std::mutex> lock(w.mutex);
+  DTRAIN_CHECK_ARG(w.group, caller, " needs a process group of its own beside '", group.name(),
+                   "', made over the default group's store: call dtrain::init_process_group first, "
+                   "or give it one");
+  DTRAIN_CHECK_ARG(group.rank() >= 0, caller, ": this rank is not in group '", group.name(), "'");
+  const auto base = group.name() + "/" + purpose;
+  const auto name = base + "/" + std::to_string(++w.companions[base]);
+  auto opts = GroupOptions()
+                  .name(name)
+                  .timeout(group.timeout())
+                  .local_address(w.local_address)
+                  .global_ranks(group.global_ranks());
+  auto store = std::make_shared<PrefixStore>(name, w.store);
+  lock.unlock();
+  return create_process_group("tcp", std::move(store), group.rank(), group.size(), opts);
 }
 
 std::pair<std::shared_ptr<ProcessGroup>, std::vector<std::shared_ptr<ProcessGroup>>> new_subgroups(

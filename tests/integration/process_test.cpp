@@ -4,6 +4,8 @@
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -610,8 +612,9 @@ TEST_P(MpiBackend, Zero1AndZero2MatchSingleProcessTraining) {
 INSTANTIATE_TEST_SUITE_P(World, MpiBackend, ::testing::Values(2, 3, 4));
 
 // A rank killed while saving a distributed checkpoint (in its data file,
-// or after every data file but before the commit) leaves the previous
-// checkpoint loadable, values and metadata.
+// or after every data file but before the commit), or at any point of an
+// asynchronous save (staging, the background writer's file, its commit),
+// leaves the previous checkpoint loadable, values and metadata.
 class CheckpointCrash : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CheckpointCrash, ThePreviousCheckpointStaysLoadable) {
@@ -627,7 +630,13 @@ TEST_P(CheckpointCrash, ThePreviousCheckpointStaysLoadable) {
   EXPECT_EQ(check.exit_code, 0) << describe(check);
   EXPECT_NE(check.output().find("checkpoint 1 intact"), std::string::npos) << describe(check);
 }
-INSTANTIATE_TEST_SUITE_P(Phases, CheckpointCrash, ::testing::Values("writing", "commit"));
+INSTANTIATE_TEST_SUITE_P(Phases, CheckpointCrash,
+                         ::testing::Values("writing", "commit", "async-staging", "async-writing", "async-commit"),
+                         [](const auto& info) {
+                           auto name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 // FSDP through the launcher on the network, shared-memory and automatic
 // backends: every rank equals one process on the whole batch.

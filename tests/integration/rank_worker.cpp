@@ -334,46 +334,6 @@ int ddp_equivalence(const std::string& backend, int hidden, torch::Device device
   return 0;
 }
 
-// Distributed checkpoints under a crash: `checkpoint-crash DIR writing|commit`
-// saves checkpoint 1 (the initial values) and dies (SIGKILL) while saving
-// checkpoint 2, in its data file or just before the commit;
-// `checkpoint-check DIR` loads DIR into other values and checks that it
-// holds checkpoint 1.
-int checkpoint_crash(const std::string& dir, const std::string& phase, bool check) {
-  dtrain::init_process_group(dtrain::InitOptions().backend("tcp"));
-  torch::manual_seed(check ? 5 : 0);
-  dtrain::FullyShardedDataParallel fsdp(std::make_shared<dtrain::testing::ShardedMLPImpl>());
-  torch::optim::Adam opt(fsdp.parameters(), torch::optim::AdamOptions(1e-2));
-  dtrain::checkpoint::DistributedState state;
-  dtrain::checkpoint::add_fsdp(state, fsdp, opt);
-  if (check) {
-    dtrain::checkpoint::load(dir, state);
-    torch::manual_seed(0);
-    auto initial = std::make_shared<dtrain::testing::ShardedMLPImpl>();
-    const auto loaded = fsdp.full_state_dict();
-    for (const auto& item : initial->named_parameters())
-      if (!torch::equal(loaded.at(item.key()), item.value()))
-        return fail("parameter " + item.key() + " is not checkpoint 1's");
-    if (state.metadata.at("n") != "1") return fail("metadata n is " + state.metadata.at("n"));
-    std::cout << "checkpoint 1 intact" << std::endl;
-    return 0;
-  }
-  state.metadata["n"] = "1";
-  dtrain::checkpoint::save(dir, state);
-  opt.zero_grad();
-  fsdp.forward(torch::randn({4, 10})).sum().backward();
-  opt.step();
-  state.metadata["n"] = "2";
-  auto options = dtrain::checkpoint::SaveOptions();
-  if (phase == "writing")
-    options.faults(dtrain::checkpoint::WriteFaults{/*die_while_writing=*/true, 0});
-  else
-    options.die_before_commit(true);
-  std::cout << "saving checkpoint 2" << std::endl;
-  dtrain::checkpoint::save(dir, state, options);
-  return fail("survived the fault");
-}
-
 // The store a user would build by hand: rank 0 serves on MASTER_ADDR:MASTER_PORT.
 std::shared_ptr<dtrain::Store> user_store() {
   const char* addr = std::getenv("MASTER_ADDR");

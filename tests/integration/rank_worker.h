@@ -47,3 +47,5 @@ int loop(const std::string& backend);
 int p2p_loop(const std::string& backend);
 int peer_leaves(const std::string& backend);
 int recv_from_last(const std::string& backend);
+// checkpoint-crash DIR PHASE and checkpoint-check DIR (rank_worker_checkpoint.cpp).
+int checkpoint_crash(const std::string& dir, const std::string& phase, bool check);

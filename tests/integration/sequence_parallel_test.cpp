@@ -33,18 +33,18 @@ using testing::expect_close;
 using testing::RankContext;
 using testing::shard;
 
-constexpr int kSteps = 5;
-constexpr int64_t kSeq = 8, kBatch = 2, kHidden = 8, kInner = 16;
+constexpr int kSpSteps = 5;
+constexpr int64_t kSpSeq = 8, kSpBatch = 2, kSpHidden = 8, kSpInner = 16;
 
 // `dim` is the sequence: inputs are [batch, seq, hidden] (dim 1) or
 // [seq, batch, hidden] (dim 0).
 void expect_block_equals_one_process(int ranks, int64_t dim) {
   SCOPED_TRACE("ranks " + std::to_string(ranks) + ", sequence_dim " + std::to_string(dim));
-  const auto init = testing::initial_block(kHidden, kInner);
+  const auto init = testing::initial_block(kSpHidden, kSpInner);
   std::vector<at::Tensor> xs, ys;
   const std::vector<int64_t> sizes =
-      dim == 1 ? std::vector<int64_t>{kBatch, kSeq, kHidden} : std::vector<int64_t>{kSeq, kBatch, kHidden};
-  for (int step = 0; step < kSteps; ++step) {
+      dim == 1 ? std::vector<int64_t>{kSpBatch, kSpSeq, kSpHidden} : std::vector<int64_t>{kSpSeq, kSpBatch, kSpHidden};
+  for (int step = 0; step < kSpSteps; ++step) {
     xs.push_back(torch::randn(sizes));
     ys.push_back(torch::randn(sizes));
   }
@@ -54,7 +54,7 @@ void expect_block_equals_one_process(int ranks, int64_t dim) {
     testing::TpBlock block(init, tp::ParallelLinearOptions().group(ctx.group).sequence_parallel(true).sequence_dim(dim));
     EXPECT_EQ(tp::mark_sequence_parallel(*block->norm, ctx.group), 0);  // marked once, by the block
     auto adam = testing::kAdam(block->parameters());
-    for (int step = 0; step < kSteps; ++step) {
+    for (int step = 0; step < kSpSteps; ++step) {
       adam->zero_grad();
       auto x = shard(xs[step], dim, r, ranks).clone().requires_grad_(true);
       auto out = block(x);
@@ -137,8 +137,8 @@ size_t count(const std::string& text, const std::string& part) {
 // One forward and backward of the block at 2 ranks, and the collectives
 // the flight recorder saw, summed over both ranks' groups.
 std::map<std::string, size_t> block_collectives(bool sequence_parallel, bool checkpoint) {
-  const auto init = testing::initial_block(kHidden, kInner);
-  const auto x0 = torch::randn({kBatch, kSeq, kHidden});
+  const auto init = testing::initial_block(kSpHidden, kSpInner);
+  const auto x0 = torch::randn({kSpBatch, kSpSeq, kSpHidden});
   testing::TempDir dir;
   std::string path;
   testing::expect_no_errors(testing::run_rank_contexts(2, [&](RankContext& ctx) {

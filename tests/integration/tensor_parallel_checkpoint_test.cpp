@@ -34,7 +34,7 @@ namespace tp = tensor_parallel;
 using testing::RankContext;
 using Params = std::map<std::string, at::Tensor>;
 
-constexpr int64_t kSeq = 4, kHidden = 8, kInner = 16;
+constexpr int64_t kCkptSeq = 4, kCkptHidden = 8, kCkptInner = 16;
 
 Params params_of(torch::nn::Module& m) {
   Params out;
@@ -66,11 +66,11 @@ void expect_shards_of(const Params& whole, const Params& mine, int t, int ranks,
 
 TEST(TensorParallelCheckpoint, SavedAtTp4ItLoadsBitwiseIntoOneProcessAndTp2TimesDdp2) {
   testing::TempDir dir;
-  const auto init = testing::initial_block(kHidden, kInner);
+  const auto init = testing::initial_block(kCkptHidden, kCkptInner);
   std::vector<at::Tensor> xs, ys;
   for (int step = 0; step < 3; ++step) {
-    xs.push_back(torch::randn({4, kSeq, kHidden}));
-    ys.push_back(torch::randn({4, kSeq, kHidden}));
+    xs.push_back(torch::randn({4, kCkptSeq, kCkptHidden}));
+    ys.push_back(torch::randn({4, kCkptSeq, kCkptHidden}));
   }
   // TP 4: two Adam steps, then save; every rank's parameters and exp_avg.
   std::vector<Params> saved_params(4), saved_moments(4);
@@ -89,7 +89,7 @@ TEST(TensorParallelCheckpoint, SavedAtTp4ItLoadsBitwiseIntoOneProcessAndTp2Times
     saved_moments[ctx.rank] = exp_avg_of(*adam, *block);
   }));
   // One process, from other initial values: loads the whole tensors.
-  testing::PlainBlock whole(testing::initial_block(kHidden, kInner, 99));
+  testing::PlainBlock whole(testing::initial_block(kCkptHidden, kCkptInner, 99));
   auto whole_adam = testing::kAdam(whole->parameters());
   auto whole_state = block_state(*whole, *whole_adam);
   ckpt::load(dir.path(), whole_state);
@@ -107,7 +107,7 @@ TEST(TensorParallelCheckpoint, SavedAtTp4ItLoadsBitwiseIntoOneProcessAndTp2Times
   testing::expect_no_errors(testing::run_rank_contexts(4, [&](RankContext& ctx) {
     DeviceMesh mesh({2, 2}, {"dp", "tp"}, testing::thread_mesh(ctx));
     const int t = mesh.get_local_rank("tp"), d = mesh.get_local_rank("dp");
-    testing::TpBlock block(testing::initial_block(kHidden, kInner, 99),
+    testing::TpBlock block(testing::initial_block(kCkptHidden, kCkptInner, 99),
                            tp::ParallelLinearOptions().group(mesh.get_group("tp")));
     DistributedDataParallel<testing::TpBlockImpl> ddp(block.ptr(), DDPOptions().process_group(mesh.get_group("dp")));
     auto adam = testing::kAdam(block->parameters());
@@ -193,12 +193,12 @@ TEST(TensorParallelCheckpoint, FsdpOverTpLayersSavesTheWholeLayersAndLoadsThemBa
   testing::TempDir dir;
   std::vector<at::Tensor> xs, ys;
   for (int step = 0; step < 3; ++step) {
-    xs.push_back(torch::randn({4, kSeq, kHidden}));
-    ys.push_back(torch::randn({4, kSeq, kHidden}));
+    xs.push_back(torch::randn({4, kCkptSeq, kCkptHidden}));
+    ys.push_back(torch::randn({4, kCkptSeq, kCkptHidden}));
   }
   std::mutex mu;
   std::vector<std::pair<int, Params>> saved;  // (TP rank, TP-local whole parameters) per rank
-  run_fsdp_over_tp(testing::initial_block(kHidden, kInner), xs, ys, [&](auto& world, int t, auto& fsdp, auto& adam, auto& step) {
+  run_fsdp_over_tp(testing::initial_block(kCkptHidden, kCkptInner), xs, ys, [&](auto& world, int t, auto& fsdp, auto& adam, auto& step) {
     step(0);
     step(1);
     ckpt::DistributedState state;
@@ -209,7 +209,7 @@ TEST(TensorParallelCheckpoint, FsdpOverTpLayersSavesTheWholeLayersAndLoadsThemBa
     std::lock_guard<std::mutex> lock(mu);
     saved.emplace_back(t, std::move(mine));
   });
-  testing::PlainBlock whole(testing::initial_block(kHidden, kInner, 99));
+  testing::PlainBlock whole(testing::initial_block(kCkptHidden, kCkptInner, 99));
   auto whole_adam = testing::kAdam(whole->parameters());
   auto whole_state = block_state(*whole, *whole_adam);
   ckpt::load(dir.path(), whole_state);
@@ -220,7 +220,7 @@ TEST(TensorParallelCheckpoint, FsdpOverTpLayersSavesTheWholeLayersAndLoadsThemBa
   torch::mse_loss(whole(xs[2]), ys[2]).backward();
   whole_adam->step();
   const Params after = params_of(*whole);
-  run_fsdp_over_tp(testing::initial_block(kHidden, kInner, 99), xs, ys, [&](auto& world, int t, auto& fsdp, auto& adam, auto& step) {
+  run_fsdp_over_tp(testing::initial_block(kCkptHidden, kCkptInner, 99), xs, ys, [&](auto& world, int t, auto& fsdp, auto& adam, auto& step) {
     ckpt::DistributedState state;
     ckpt::add_fsdp(state, fsdp, adam);
     (void)world;

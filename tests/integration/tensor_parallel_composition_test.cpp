@@ -39,8 +39,8 @@ using testing::expect_close;
 using testing::RankContext;
 using testing::shard;
 
-constexpr int kSteps = 5, kTp = 2;
-constexpr int64_t kPerReplica = 2, kSeq = 8, kHidden = 8, kInner = 16;
+constexpr int kCompSteps = 5, kCompTp = 2;
+constexpr int64_t kCompPerReplica = 2, kCompSeq = 8, kCompHidden = 8, kCompInner = 16;
 
 enum class Wrap { kDdp, kFsdp, kHsdp };
 
@@ -68,27 +68,27 @@ int data_rank(const DeviceMesh& mesh, Wrap wrap) {
 void expect_layout_equals_one_process(const Layout& layout) {
   SCOPED_TRACE(describe(layout));
   const bool hsdp = layout.wrap == Wrap::kHsdp;
-  const int dp = hsdp ? 4 : 2, world = dp * kTp;
-  const auto init = testing::initial_block(kHidden, kInner);
+  const int dp = hsdp ? 4 : 2, world = dp * kCompTp;
+  const auto init = testing::initial_block(kCompHidden, kCompInner);
   std::vector<at::Tensor> xs, ys;
-  for (int step = 0; step < kSteps; ++step) {
-    xs.push_back(torch::randn({dp * kPerReplica, kSeq, kHidden}));
-    ys.push_back(torch::randn({dp * kPerReplica, kSeq, kHidden}));
+  for (int step = 0; step < kCompSteps; ++step) {
+    xs.push_back(torch::randn({dp * kCompPerReplica, kCompSeq, kCompHidden}));
+    ys.push_back(torch::randn({dp * kCompPerReplica, kCompSeq, kCompHidden}));
   }
   const auto& make = layout.adam ? testing::kAdam : testing::kSgdMomentum;
   const auto want = testing::one_process(init, xs, ys, make);
   testing::TempDir dir;
   testing::expect_no_errors(testing::run_rank_contexts(world, [&](RankContext& ctx) {
-    const auto mesh = hsdp ? DeviceMesh({2, 2, kTp}, {"replicate", "shard", "tp"}, testing::thread_mesh(ctx))
-                           : DeviceMesh({2, kTp}, {"dp", "tp"}, testing::thread_mesh(ctx));
+    const auto mesh = hsdp ? DeviceMesh({2, 2, kCompTp}, {"replicate", "shard", "tp"}, testing::thread_mesh(ctx))
+                           : DeviceMesh({2, kCompTp}, {"dp", "tp"}, testing::thread_mesh(ctx));
     const int t = mesh.get_local_rank("tp"), d = data_rank(mesh, layout.wrap);
     auto options = tp::ParallelLinearOptions().group(mesh.get_group("tp")).sequence_parallel(
         layout.sequence_parallel);
     testing::TpBlock block(init, options, layout.checkpoint);
     // This rank's rows of the batch, and with SP its part of the sequence.
     auto mine = [&](const at::Tensor& whole) {
-      auto rows = whole.narrow(0, d * kPerReplica, kPerReplica);
-      return layout.sequence_parallel ? shard(rows, 1, t, kTp) : rows;
+      auto rows = whole.narrow(0, d * kCompPerReplica, kCompPerReplica);
+      return layout.sequence_parallel ? shard(rows, 1, t, kCompTp) : rows;
     };
     std::function<at::Tensor(const at::Tensor&)> forward;
     std::unique_ptr<DistributedDataParallel<testing::TpBlockImpl>> ddp;
@@ -105,7 +105,7 @@ void expect_layout_equals_one_process(const Layout& layout) {
     }
     auto params = ddp ? ddp->parameters() : fsdp->parameters();
     auto optimizer = make(params);
-    for (int step = 0; step < kSteps; ++step) {
+    for (int step = 0; step < kCompSteps; ++step) {
       optimizer->zero_grad();
       auto x = mine(xs[step]);
       auto out = forward(x);
@@ -121,7 +121,7 @@ void expect_layout_equals_one_process(const Layout& layout) {
       for (const auto& item : block->named_parameters()) after[item.key()] = item.value();
     ASSERT_EQ(after.size(), testing::block_params().size());
     for (const auto& [name, value] : after)
-      expect_close(value, testing::block_shard(want.after, name, t, kTp), name + " after 5 steps");
+      expect_close(value, testing::block_shard(want.after, name, t, kCompTp), name + " after 5 steps");
     if (fsdp) {  // its checkpoint: the whole layers (add_fsdp gathers over FSDP's group)
       checkpoint::DistributedState state;
       checkpoint::add_fsdp(state, *fsdp, *optimizer);
@@ -130,7 +130,7 @@ void expect_layout_equals_one_process(const Layout& layout) {
   }));
   if (layout.wrap == Wrap::kDdp) return;
   // FSDP's and HSDP's checkpoint of TP layers, loaded into one process.
-  testing::PlainBlock whole(testing::initial_block(kHidden, kInner, 99));
+  testing::PlainBlock whole(testing::initial_block(kCompHidden, kCompInner, 99));
   auto optimizer = make(whole->parameters());
   checkpoint::DistributedState state;
   checkpoint::add_module(state, *whole);
@@ -166,27 +166,27 @@ void expect_pipeline_of_tp_blocks_equals_one_process(bool fsdp, bool sequence_pa
   SCOPED_TRACE(std::string(fsdp ? "FSDP" : "DDP") + " stages" + (sequence_parallel ? ", SP" : "") +
                (adam ? ", Adam" : ", SGD"));
   constexpr int kDp = 2, kMicrobatches = 4;
-  const std::vector<testing::BlockInit> inits = {testing::initial_block(kHidden, kInner, 11),
-                                                 testing::initial_block(kHidden, kInner, 12)};
+  const std::vector<testing::BlockInit> inits = {testing::initial_block(kCompHidden, kCompInner, 11),
+                                                 testing::initial_block(kCompHidden, kCompInner, 12)};
   std::vector<at::Tensor> xs, ys;
-  for (int step = 0; step < kSteps; ++step) {
-    xs.push_back(torch::randn({kDp * kMicrobatches, kSeq, kHidden}));
-    ys.push_back(torch::randn({kDp * kMicrobatches, kSeq, kHidden}));
+  for (int step = 0; step < kCompSteps; ++step) {
+    xs.push_back(torch::randn({kDp * kMicrobatches, kCompSeq, kCompHidden}));
+    ys.push_back(torch::randn({kDp * kMicrobatches, kCompSeq, kCompHidden}));
   }
   const auto& make = adam ? testing::kAdam : testing::kSgdMomentum;
   torch::nn::Sequential whole{testing::PlainBlock(inits[0]), testing::PlainBlock(inits[1])};
   auto reference = make(whole->parameters());
-  for (int step = 0; step < kSteps; ++step) {
+  for (int step = 0; step < kCompSteps; ++step) {
     reference->zero_grad();
     torch::mse_loss(whole->forward(xs[step]), ys[step]).backward();
     reference->step();
   }
   // One microbatch's mean squared error; with SP, this rank's part of it.
   const pp::LossFn loss = [sequence_parallel](const at::Tensor& out, const at::Tensor& target) {
-    return (out - target).pow(2).sum() / (out.numel() * (sequence_parallel ? kTp : 1));
+    return (out - target).pow(2).sum() / (out.numel() * (sequence_parallel ? kCompTp : 1));
   };
   testing::expect_no_errors(testing::run_rank_contexts(8, [&](RankContext& ctx) {
-    const DeviceMesh mesh({2, kDp, kTp}, {"pp", "dp", "tp"}, testing::thread_mesh(ctx));
+    const DeviceMesh mesh({2, kDp, kCompTp}, {"pp", "dp", "tp"}, testing::thread_mesh(ctx));
     const int s = mesh.get_local_rank("pp"), d = mesh.get_local_rank("dp"), t = mesh.get_local_rank("tp");
     auto options = tp::ParallelLinearOptions().group(mesh.get_group("tp")).sequence_parallel(sequence_parallel);
     testing::TpBlock block(inits[s], options);
@@ -207,9 +207,9 @@ void expect_pipeline_of_tp_blocks_equals_one_process(bool fsdp, bool sequence_pa
     auto optimizer = make(fsdp ? sharded->parameters() : replicated->parameters());
     auto mine = [&](const at::Tensor& whole_batch) {
       auto rows = whole_batch.chunk(kDp)[d];
-      return sequence_parallel ? shard(rows, 1, t, kTp).contiguous() : rows;
+      return sequence_parallel ? shard(rows, 1, t, kCompTp).contiguous() : rows;
     };
-    for (int step = 0; step < kSteps; ++step) {
+    for (int step = 0; step < kCompSteps; ++step) {
       optimizer->zero_grad();
       if (s == 0) schedule.step(mine(xs[step]));
       else schedule.step(mine(ys[step]), nullptr);
@@ -223,7 +223,7 @@ void expect_pipeline_of_tp_blocks_equals_one_process(bool fsdp, bool sequence_pa
     for (const auto& item : whole->children()[s]->named_parameters()) want[item.key()] = item.value();
     ASSERT_EQ(after.size(), testing::block_params().size());
     for (const auto& [name, value] : after)
-      expect_close(value, testing::block_shard(want, name, t, kTp),
+      expect_close(value, testing::block_shard(want, name, t, kCompTp),
                    "stage " + std::to_string(s) + "'s " + name + " after 5 steps");
   }));
 }

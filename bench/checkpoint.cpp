@@ -1,0 +1,189 @@
+// dtrain-bench checkpoint: what a checkpoint costs training, synchronous
+// save() beside async_save(), in the same ranks on the same state: a wide
+// MLP (--layers square layers of --width, FSDP units) trained with Adam
+// under DDP and under FSDP, --world ranks (4).
+//
+//   step          a training step without any save (median)
+//   save          save(): training stops for all of it (median of --saves)
+//   stall         async_save() until it returns: the copy of the rank's part
+//                 into the staging buffers (median of --saves after the
+//                 first; the first, which allocates them, apart)
+//   write         async_save() to its commit, training going on
+//   step_during   a training step while the background writer runs (median)
+//
+// Every figure is the slowest rank's. The ratios: stall / save (<= 0.15 is
+// the goal), step_during / step (<= 1.1). bench/scripts/checkpoint_vs_pytorch.sh
+// runs torch.distributed.checkpoint's save and async_save on the same
+// model beside it.
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtrain/dtrain.h"
+#include "models.h"
+#include "ranks.h"
+
+namespace dtrain::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+struct Figures {
+  std::vector<double> step, save, stall, write, step_during;
+  double first_stall = 0;
+  int64_t state_bytes = 0;
+};
+
+int64_t bytes_of(const checkpoint::DistributedState& state) {
+  int64_t n = 0;
+  for (const auto& [name, t] : state.replicated) n += static_cast<int64_t>(t.nbytes());
+  for (const auto& [name, s] : state.sharded) n += static_cast<int64_t>(s.local.nbytes());
+  return n;
+}
+
+// Steps, then --saves synchronous saves, then --saves + 1 asynchronous ones
+// with training going on while each is written.
+template <typename Step>
+Figures measure_saves(const Args& a, const checkpoint::DistributedState& state, Step&& step) {
+  const std::string dir = a.get("dir", "/tmp/dtrain-bench-checkpoint");
+  const int saves = a.num("saves", 3);
+  Figures f;
+  f.state_bytes = bytes_of(state);
+  step();  // warm-up
+  for (int i = 0; i < a.num("steps", 5); ++i) {
+    barrier();
+    const auto t0 = Clock::now();
+    step();
+    f.step.push_back(since(t0));
+  }
+  for (int i = 0; i < saves; ++i) {
+    barrier();
+    const auto t0 = Clock::now();
+    checkpoint::save(dir + "/sync", state);
+    f.save.push_back(since(t0));
+    step();
+  }
+  for (int i = 0; i <= saves; ++i) {
+    barrier();
+    const auto t0 = Clock::now();
+    auto pending = checkpoint::async_save(dir + "/async", state);
+    const double stall = since(t0);
+    if (i == 0)
+      f.first_stall = stall;
+    else
+      f.stall.push_back(stall);
+    // Steps until every rank's writer is done: the ranks agree after each
+    // (their collectives must stay in step).
+    auto writing = at::ones({1}, at::kInt);
+    for (;;) {
+      all_reduce(writing, AllReduceOptions().op(ReduceOp::MAX));
+      if (writing.item<int>() == 0) break;
+      const auto s0 = Clock::now();
+      step();
+      f.step_during.push_back(since(s0));
+      writing.fill_(pending.done() ? 0 : 1);
+    }
+    f.write.push_back(since(t0));
+    pending.wait();
+  }
+  return f;
+}
+
+// The slowest rank's median of each figure.
+void report_figures(const Figures& f) {
+  auto all = at::tensor({median(f.step), median(f.save), f.first_stall, median(f.stall), median(f.write),
+                         median(f.step_during), static_cast<double>(f.step_during.size()),
+                         static_cast<double>(f.state_bytes)},
+                        at::kDouble);
+  all_reduce(all, AllReduceOptions().op(ReduceOp::MAX));
+  auto v = [&](int i) { return all[i].item<double>(); };
+  if (get_rank() == 0)
+    std::printf("result step=%.4f save=%.4f first_stall=%.4f stall=%.4f write=%.4f step_during=%.4f "
+                "steps_during=%.0f state_bytes=%.0f\n",
+                v(0), v(1), v(2), v(3), v(4), v(5), v(6), v(7));
+}
+
+}  // namespace
+
+bool is_checkpoint_mode(const std::string& mode) { return mode.rfind("ckpt-", 0) == 0; }
+
+int checkpoint_rank_main(const std::string& mode, const Args& a) {
+  torch::set_num_threads(1);
+  init_process_group(InitOptions().backend(a.get("backend", "auto")));
+  const int width = a.num("width", 4096), batch = a.num("batch", 8);
+  torch::manual_seed(0);
+  std::shared_ptr<WideMlpImpl> net;
+  {
+    std::optional<ShardedConstruction> sharded;
+    if (mode == "ckpt-fsdp") sharded.emplace();
+    net = std::make_shared<WideMlpImpl>(a.num("layers", 6), width);
+  }
+  const auto x = torch::randn({batch, width});
+  const auto y = torch::randint(0, 10, {batch});
+  checkpoint::DistributedState state;
+  Figures f;
+  if (mode == "ckpt-ddp") {
+    DistributedDataParallel ddp(net);
+    torch::optim::Adam opt(ddp.parameters(), torch::optim::AdamOptions(1e-4));
+    checkpoint::add_module(state, *net);
+    checkpoint::add_optimizer(state, opt, *net);
+    f = measure_saves(a, state, [&] {
+      opt.zero_grad();
+      torch::nll_loss(ddp.forward(x), y).backward();
+      opt.step();
+    });
+  } else {
+    FullyShardedDataParallel fsdp(net);
+    torch::optim::Adam opt(fsdp.parameters(), torch::optim::AdamOptions(1e-4));
+    checkpoint::add_fsdp(state, fsdp, opt);
+    f = measure_saves(a, state, [&] {
+      opt.zero_grad();
+      torch::nll_loss(fsdp.forward(x), y).backward();
+      opt.step();
+    });
+  }
+  report_figures(f);
+  destroy_process_group();
+  return 0;
+}
+
+int bench_checkpoint(const Args& a) {
+  Args rank_args;
+  const int layers = a.num("layers", 6), width = a.num("width", 4096), world = a.num("world", 4);
+  const std::string dir = a.get("dir", "/tmp/dtrain-bench-checkpoint");
+  rank_args.flags = {{"layers", std::to_string(layers)}, {"width", std::to_string(width)},
+                     {"batch", a.get("batch", "8")},     {"steps", a.get("steps", "5")},
+                     {"saves", a.get("saves", "3")},     {"dir", dir},
+                     {"backend", a.get("backend", "auto")}};
+  const double params = static_cast<double>(layers) * (width * width + width) + width * 10 + 10;
+  std::printf("model: %d x Linear(%d, %d) + head, %.1f M parameters, Adam: %.2f GiB of parameters and "
+              "moments; %d ranks, checkpoints in %s, medians of %s saves\n",
+              layers, width, width, params / 1e6, 12 * params / (1 << 30), world, dir.c_str(),
+              rank_args.get("saves", "").c_str());
+  std::printf("%-5s %10s %9s %9s %11s %9s %9s %12s %9s %7s %12s\n", "mode", "state_MiB", "step_s", "save_s",
+              "1st_stall_s", "stall_s", "write_s", "step_during", "xsave", "xstep", "steps_during");
+  for (const std::string mode : {"ddp", "fsdp"}) {
+    capture("rm -rf '" + dir + "' && mkdir -p '" + dir + "'");
+    const auto out = run_ranks(world, "ckpt-" + mode, rank_args);
+    const double step = field(out, "step"), save = field(out, "save"), stall = field(out, "stall");
+    const double during = field(out, "step_during");
+    std::printf("%-5s %10.1f %9.3f %9.3f %11.3f %9.3f %9.3f %12.3f %9.3f %7.3f %12.0f\n", mode.c_str(),
+                field(out, "state_bytes") / (1 << 20), step, save, field(out, "first_stall"), stall,
+                field(out, "write"), during, stall / save, during / step, field(out, "steps_during"));
+    std::fflush(stdout);
+  }
+  capture("rm -rf '" + dir + "'");
+  std::printf("xsave: the stall of async_save over save's time (goal <= 0.15); xstep: a step while the "
+              "writer runs over one without (goal <= 1.1)\n");
+  return 0;
+}
+
+}  // namespace dtrain::bench

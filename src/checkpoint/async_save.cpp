@@ -1,0 +1,268 @@
+// Asynchronous distributed checkpoints: plan and stage on the caller's
+// thread, write and commit on a background writer (save_job.h has the two
+// halves, which save() runs back to back).
+
+#include "dtrain/checkpoint/async_save.h"
+
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <ATen/core/grad_mode.h>
+
+#include "checkpoint/distributed_files.h"
+#include "checkpoint/save_job.h"
+#include "common/enforce.h"
+#include "dtrain/distributed.h"
+#include "world/companion_group.h"
+
+namespace dtrain::checkpoint {
+
+namespace detail {
+
+// One asynchronous save, shared by its handles and its group's slot.
+struct PendingSave {
+  std::string dir;
+  mutable std::mutex mutex;
+  std::condition_variable finished;
+  bool done = false;
+  bool seen = false;  // wait() threw its failure to somebody
+  std::exception_ptr error;
+
+  void finish(std::exception_ptr e) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      error = std::move(e);
+      done = true;
+    }
+    finished.notify_all();
+  }
+  bool outcome_ready() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return done;
+  }
+  // Blocks until done; its failure, marked as seen when `see`.
+  std::exception_ptr outcome(bool see) {
+    std::unique_lock<std::mutex> lock(mutex);
+    finished.wait(lock, [&] { return done; });
+    if (see) seen = true;
+    return error;
+  }
+};
+
+}  // namespace detail
+
+namespace {
+
+using detail::PendingSave;
+
+// What a saving group keeps between its asynchronous saves.
+struct Slot {
+  std::weak_ptr<ProcessGroup> owner;
+  std::shared_ptr<ProcessGroup> writers;
+  std::map<std::string, at::Tensor> staging;  // by tensor-file name
+  std::shared_ptr<PendingSave> pending;
+  std::thread writer;
+
+  void join() {
+    if (writer.joinable()) writer.join();
+  }
+};
+
+// The slots of every group this process saved asynchronously. A process
+// that ends waits for the saves in flight (static destruction joins them).
+struct Registry {
+  std::mutex mutex;
+  std::map<const ProcessGroup*, Slot> slots;
+
+  ~Registry() {
+    for (auto& [group, slot] : slots) slot.join();
+  }
+  // `group`'s slot; one left by a destroyed group at the same address is
+  // replaced (after its writer is done). Slots of destroyed groups whose
+  // writers are done go, with their writer groups and buffers.
+  Slot& slot_of(const std::shared_ptr<ProcessGroup>& group) {
+    for (auto it = slots.begin(); it != slots.end();) {
+      const bool idle = !it->second.pending || it->second.pending->outcome_ready();
+      if (it->first != group.get() && it->second.owner.expired() && idle) {
+        it->second.join();
+        it = slots.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    auto& slot = slots[group.get()];
+    if (slot.owner.lock() != group) {
+      slot.join();
+      slot = Slot();
+      slot.owner = group;
+    }
+    return slot;
+  }
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+// The background writer yields the CPU to training where cores are short:
+// its thread's nice value goes 10 up (Linux keeps one per thread).
+void lower_this_threads_priority() {
+  const auto tid = static_cast<id_t>(::syscall(SYS_gettid));
+  errno = 0;
+  const int nice = ::getpriority(PRIO_PROCESS, tid);
+  if (errno == 0) ::setpriority(PRIO_PROCESS, tid, std::min(nice + 10, 19));
+}
+
+std::string what_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+// The writer group: the user's (checked), the slot's, or a new one.
+std::shared_ptr<ProcessGroup> writers_for(Slot& slot, const std::shared_ptr<ProcessGroup>& group,
+                                          const AsyncSaveOptions& options, const std::string& context) {
+  if (auto w = options.writer_group()) {
+    DTRAIN_CHECK_ARG(w.get() != group.get(), context,
+                     ": writer_group must not be the saving group (the background writer's collectives "
+                     "would interleave with the ones on the caller's thread)");
+    DTRAIN_CHECK_ARG(w->rank() == group->rank() && w->size() == group->size(), context,
+                     ": writer_group has rank ", w->rank(), " of ", w->size(), ", the saving group '",
+                     group->name(), "' rank ", group->rank(), " of ", group->size(),
+                     ": it must hold the same ranks in the same order");
+    return w;
+  }
+  if (!slot.writers)
+    slot.writers = dtrain::detail::new_companion_group(*group, "async_save", "checkpoint::async_save");
+  return slot.writers;
+}
+
+// Copies `file`'s tensors into the slot's buffers (kept from the last save
+// where a tensor's size and dtype are the same), and points `file` at them.
+void stage(TensorFile& file, Slot& slot, bool reuse, bool die_half_way) {
+  at::AutoGradMode no_grad(false);
+  std::map<std::string, at::Tensor> staged;
+  size_t n = 0;
+  for (auto& [name, t] : file.tensors) {
+    if (die_half_way && ++n > file.tensors.size() / 2) ::raise(SIGKILL);
+    at::Tensor buffer;
+    auto kept = slot.staging.find(name);
+    if (kept != slot.staging.end() && kept->second.sizes() == t.sizes() &&
+        kept->second.scalar_type() == t.scalar_type())
+      buffer = kept->second;
+    else
+      buffer = at::empty(t.sizes(), at::TensorOptions().dtype(t.scalar_type()).pinned_memory(t.is_cuda()));
+    buffer.copy_(t);
+    t = buffer;
+    staged[name] = buffer;
+  }
+  if (die_half_way) ::raise(SIGKILL);  // no tensor to stage: dies all the same
+  slot.staging = reuse ? std::move(staged) : std::map<std::string, at::Tensor>();
+}
+
+}  // namespace
+
+namespace files {
+
+void wait_for_async_save(const std::shared_ptr<ProcessGroup>& group, const std::string& context) {
+  if (!group) return;
+  std::shared_ptr<PendingSave> pending;
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    auto it = r.slots.find(group.get());
+    if (it == r.slots.end() || it->second.owner.lock() != group) return;
+    pending = it->second.pending;
+  }
+  if (!pending) return;
+  bool seen_before;
+  {
+    std::lock_guard<std::mutex> lock(pending->mutex);
+    seen_before = pending->seen;
+  }
+  auto error = pending->outcome(true);
+  if (error && !seen_before)
+    throw Error(context + ": the asynchronous save to " + pending->dir +
+                " before it failed: " + what_of(error));
+}
+
+}  // namespace files
+
+AsyncSaveHandle::AsyncSaveHandle(std::shared_ptr<detail::PendingSave> pending)
+    : pending_(std::move(pending)) {}
+
+void AsyncSaveHandle::wait() const {
+  DTRAIN_CHECK_ARG(pending_, "AsyncSaveHandle::wait: an empty handle (not returned by async_save)");
+  if (auto error = pending_->outcome(true)) std::rethrow_exception(error);
+}
+
+bool AsyncSaveHandle::done() const {
+  if (!pending_) return false;
+  std::lock_guard<std::mutex> lock(pending_->mutex);
+  return pending_->done;
+}
+
+std::exception_ptr AsyncSaveHandle::error() const {
+  if (!pending_) return nullptr;
+  std::lock_guard<std::mutex> lock(pending_->mutex);
+  return pending_->done ? pending_->error : nullptr;
+}
+
+const std::string& AsyncSaveHandle::dir() const {
+  static const std::string none;
+  return pending_ ? pending_->dir : none;
+}
+
+AsyncSaveHandle async_save(const std::string& dir, const DistributedState& state, AsyncSaveOptions options) {
+  auto group = options.process_group() ? options.process_group() : default_group();
+  auto job = files::prepare_save(dir, state, group, "checkpoint::async_save", options.faults(),
+                                 options.die_before_commit());
+  const std::string context = job.context;
+  // The slot is this group's: only this thread (the group's caller) uses
+  // its buffers and writer group; the registry's lock guards the map and
+  // what wait_for_async_save reads.
+  auto& r = registry();
+  Slot* slot;
+  {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    slot = &r.slot_of(group);
+  }
+  slot->join();  // finished: wait_for_async_save saw it done
+  auto writers = writers_for(*slot, group, options, context);
+  // A rank that cannot stage still takes part in the writer's first
+  // agreement, so that every rank fails with its error.
+  const std::string staging_error =
+      files::error_of([&] { stage(job.mine, *slot, options.reuse_staging(), options.die_while_staging()); });
+  auto pending = std::make_shared<PendingSave>();
+  pending->dir = dir;
+  std::thread writer([job = std::move(job), writers, pending, staging_error] {
+    lower_this_threads_priority();
+    std::exception_ptr error;
+    try {
+      files::write_and_commit(job, *writers, staging_error);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    pending->finish(error);
+  });
+  std::lock_guard<std::mutex> lock(r.mutex);
+  slot->pending = pending;
+  slot->writer = std::move(writer);
+  return AsyncSaveHandle(pending);
+}
+
+}  // namespace dtrain::checkpoint
