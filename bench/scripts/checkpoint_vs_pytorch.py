@@ -5,11 +5,12 @@ rank of WORLD_SIZE on gloo; torch.distributed.checkpoint's save() beside its
 async_save() (a gloo group of its own for the background save, as
 torchtitan makes), and steps while the asynchronous one runs.
 
-  python3 checkpoint_vs_pytorch.py ddp|fsdp default|cached DIR LAYERS WIDTH SAVES STEPS
+  python3 checkpoint_vs_pytorch.py ddp|fsdp DIR LAYERS WIDTH SAVES STEPS
 
-default: async_save as it comes (it stages into fresh CPU memory each
-time); cached: with a BlockingAsyncStager that keeps its staging buffers
-between saves (cache_staged_state_dict), as dtrain's async_save does.
+async_save as it comes: it stages into fresh CPU memory each time. (Its
+BlockingAsyncStager with cache_staged_state_dict, which would keep the
+buffers as dtrain's async_save does, pins them, which needs an accelerator:
+on a CPU-only machine it fails with "Cannot access accelerator device".)
 
 Rank 0 prints the slowest rank's medians in dtrain-bench's result line.
 """
@@ -39,8 +40,8 @@ class WideMlp(torch.nn.Module):
 
 
 def main():
-    mode, variant, root = sys.argv[1], sys.argv[2], sys.argv[3]
-    layers, width, saves, steps = (int(v) for v in sys.argv[4:8])
+    mode, root = sys.argv[1], sys.argv[2]
+    layers, width, saves, steps = (int(v) for v in sys.argv[3:7])
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     writer_group = dist.new_group(backend="gloo")
@@ -79,15 +80,11 @@ def main():
         dist.barrier()
         save.append(timed(lambda: dcp.save(state, checkpoint_id=f"{root}/sync"))[0])
         step()
-    stager = None
-    if variant == "cached":
-        from torch.distributed.checkpoint.staging import BlockingAsyncStager
-        stager = BlockingAsyncStager(cache_staged_state_dict=True)
     for i in range(saves + 1):
         dist.barrier()
         t0 = time.perf_counter()
         s, future = timed(lambda: dcp.async_save(state, checkpoint_id=f"{root}/async",
-                                                 process_group=writer_group, async_stager=stager))
+                                                 process_group=writer_group))
         if i == 0:
             first_stall = s
         else:

@@ -83,6 +83,7 @@ SaveJob prepare_save(const std::string& dir, const DistributedState& state,
   const std::string context = what + " " + dir;
   DTRAIN_CHECK_ARG(group && group->rank() >= 0, context, ": this rank is not in the group");
   wait_for_async_save(group, context);
+  for (const auto& hook : state.before_save) hook();
   check_local(state);
   SaveJob job;
   job.dir = dir;

@@ -29,6 +29,7 @@ inline void add_step(DistributedState& state, const std::string& name, optim::de
   if (!view.step.defined()) return;
   add_replicated(state, name, view.step);
   state.after_load.push_back(view.store_step);
+  state.before_save.push_back(view.read_step);
 }
 
 // This rank's slice [offset, offset + slice) of a flat space of `numel`

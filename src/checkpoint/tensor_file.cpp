@@ -48,11 +48,9 @@ at::Tensor host_bytes(const std::string& name, const at::Tensor& t) {
   return t.detach().to(at::kCPU).contiguous();
 }
 
-}  // namespace
-
-
-void save_tensor_file(const std::string& path, const TensorFile& file, const WriteFaults& faults) {
-  tf::Header header;
+// The header of `file`'s tensors, their offsets assigned; returns the
+// data's size.
+uint64_t build_header(const TensorFile& file, tf::Header& header) {
   for (const auto& [key, value] : file.metadata) header.metadata.emplace_back(key, value);
   for (const auto& [name, tensor] : file.tensors) {
     const at::Tensor bytes = host_bytes(name, tensor);
@@ -64,7 +62,45 @@ void save_tensor_file(const std::string& path, const TensorFile& file, const Wri
     e.crc = tf::crc32(bytes.data_ptr(), bytes.nbytes());
     header.tensors.push_back(std::move(e));
   }
-  const uint64_t data_bytes = tf::assign_offsets(header);
+  return tf::assign_offsets(header);
+}
+
+}  // namespace
+
+std::string encode_tensor_file(const TensorFile& file) {
+  tf::Header header;
+  const uint64_t data_bytes = build_header(file, header);
+  std::string out = tf::encode_prefix(header, data_bytes);
+  out.reserve(out.size() + data_bytes);
+  for (const auto& [name, tensor] : file.tensors) {
+    const at::Tensor bytes = host_bytes(name, tensor);
+    out.append(static_cast<const char*>(bytes.data_ptr()), bytes.nbytes());
+  }
+  return out;
+}
+
+TensorFile decode_tensor_file(const std::string& bytes, const std::string& what) {
+  const tf::Layout layout = tf::read_layout(what, bytes.size(), [&](uint64_t offset, size_t n, void* out) {
+    DTRAIN_CHECK_ARG(offset <= bytes.size() && n <= bytes.size() - offset, what, ": ends at byte ",
+                     bytes.size(), ", before byte ", offset + n);
+    std::memcpy(out, bytes.data() + offset, n);
+  });
+  TensorFile result;
+  for (const auto& [key, value] : layout.header.metadata) result.metadata[key] = value;
+  for (const auto& e : layout.header.tensors) {
+    at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(to_torch(e.dtype)));
+    DTRAIN_ENFORCE_EQ(t.nbytes(), e.bytes);
+    const char* data = bytes.data() + layout.data_start + e.offset;  // within: read_layout checked
+    tf::verify(what, e, data);
+    std::memcpy(t.data_ptr(), data, e.bytes);
+    DTRAIN_CHECK_ARG(result.tensors.emplace(e.name, t).second, what, ": names tensor ", e.name, " twice");
+  }
+  return result;
+}
+
+void save_tensor_file(const std::string& path, const TensorFile& file, const WriteFaults& faults) {
+  tf::Header header;
+  const uint64_t data_bytes = build_header(file, header);
   const std::string prefix = tf::encode_prefix(header, data_bytes);
   files::WriteFaults hooks;
   hooks.die_while_writing = faults.die_while_writing;

@@ -38,6 +38,7 @@ void add_zero(DistributedState& state, ZeroRedundancyOptimizer& optimizer, const
   auto& first = views->front();
   if (!first.step.defined()) return;
   detail::add_replicated(state, prefix + "zero/step", first.step);
+  state.before_save.push_back(first.read_step);
   state.after_load.push_back([views] {
     for (auto& view : *views) {
       view.step.copy_(views->front().step);

@@ -119,13 +119,21 @@ const Var kTimeline{"DTRAIN_TIMELINE", nullptr,
                     "Path of a Chrome-trace timeline: each rank writes PATH.rank-R.json, "
                     "dtrain-run merges them into PATH."};
 
+const Var kSnapshotSocket{"DTRAIN_SNAPSHOT_SOCKET", nullptr,
+                          "Set by dtrain-run for its workers: the Unix socket of its snapshot "
+                          "keeper, which holds checkpoint::snapshot()'s parts outside the workers."};
+const Var kSnapshotMemory{"DTRAIN_SNAPSHOT_MEMORY", nullptr,
+                          "Bytes (K, M, G suffixes) dtrain-run's snapshot keeper holds at most; "
+                          "unset: half of the host's memory."};
+
 const std::vector<const Var*>& all() {
   static const std::vector<const Var*> vars{
       &kRank,      &kWorldSize, &kLocalRank,    &kMasterAddr,   &kMasterPort,
       &kUseAgentStore, &kRestartCount, &kOmpiRank, &kOmpiSize, &kSlurmProcId,
       &kSlurmNTasks, &kSlurmStepNodelist, &kSlurmJobNodelist, &kSlurmJobId, &kSlurmStepId, &kDebug,   &kSocketIfname, &kGlooSocketIfname, &kTimeout, &kTty,
       &kShmChunkBytes, &kShmDisable, &kHostId, &kAlgo, &kCpuMemory, &kTcpStreams, &kTcpUnexpectedBytes, &kStoreMaxBytes, &kStoreMaxKeys,
-      &kStoreToken, &kStoreTokenFile, &kLauncher, &kTraceDir, &kTraceBufferSize, &kTimeline, &kErrorFile};
+      &kStoreToken, &kStoreTokenFile, &kLauncher, &kTraceDir, &kTraceBufferSize, &kTimeline, &kErrorFile,
+      &kSnapshotSocket, &kSnapshotMemory};
   return vars;
 }
 

@@ -28,6 +28,8 @@ extern const Var kSlurmStepNodelist, kSlurmJobNodelist, kSlurmJobId, kSlurmStepI
 extern const Var kDebug, kSocketIfname, kGlooSocketIfname, kTimeout, kTty;
 extern const Var kShmChunkBytes, kShmDisable, kHostId, kAlgo, kCpuMemory, kTcpStreams, kTcpUnexpectedBytes, kStoreMaxBytes, kStoreMaxKeys,
     kStoreToken, kStoreTokenFile, kLauncher, kTraceDir, kTraceBufferSize, kTimeline;
+// Snapshots in memory (checkpoint/snapshot.h, dtrain-run's keeper).
+extern const Var kSnapshotSocket, kSnapshotMemory;
 
 const std::vector<const Var*>& all();
 

@@ -48,6 +48,7 @@ ParamStateView adam_like(torch::optim::Optimizer& optimizer, const at::Tensor& p
   if (s.max_exp_avg_sq().defined()) view.tensors.emplace_back("max_exp_avg_sq", s.max_exp_avg_sq());
   view.step = at::full({}, s.step(), at::kLong);
   view.store_step = [&s, step = view.step] { s.step(step.item<int64_t>()); };
+  view.read_step = [&s, step = view.step]() mutable { step.fill_(s.step()); };
   return view;
 }
 

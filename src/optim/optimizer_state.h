@@ -18,6 +18,9 @@ struct ParamStateView {
   at::Tensor step;  // an int64 scalar holding the step count; undefined: none
   // Writes `step`'s value back into the optimizer (after a load).
   std::function<void()> store_step;
+  // Reads the optimizer's step count into `step` (before a save: `step`
+  // is a copy, the count of when the view was made).
+  std::function<void()> read_step;
 };
 
 // Creates the state of `param` as the optimizer's first step would (zeros,

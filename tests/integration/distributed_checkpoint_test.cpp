@@ -166,6 +166,69 @@ TEST_F(DistributedCheckpoint, ResumeAtTheSameWorldSizeIsBitwiseUninterrupted) {
   testing::expect_no_errors(errors);
 }
 
+// A state built once, before training (as a loop that saves every N steps
+// builds it): each save records the optimizer's step counts of that save,
+// so the resume is bitwise. Before, the counts of when the state was built
+// (0) were saved, and Adam's bias correction restarted: FSDP's and ZeRO's.
+TEST_F(DistributedCheckpoint, AStateBuiltBeforeTrainingSavesTheStepCountsOfEachSave) {
+  testing::TempDir fsdp_dir, zero_dir;
+  auto straight = stacks(2, 0), first = stacks(2, 0), second = stacks(2, 9);
+  auto zero_straight = stacks(2, 0), zero_first = stacks(2, 0), zero_second = stacks(2, 9);
+  auto errors = run_rank_contexts(2, [&](RankContext& ctx) {
+    const int r = ctx.rank;
+    FullyShardedDataParallel a(straight[r], FSDPOptions().process_group(ctx.group));
+    auto opt_a = adam(a.parameters());
+    train_steps(a, *opt_a, r, 0, 6);
+    {
+      FullyShardedDataParallel b(first[r], FSDPOptions().process_group(ctx.group));
+      auto opt_b = adam(b.parameters());
+      ckpt::DistributedState state;
+      ckpt::add_fsdp(state, b, *opt_b);
+      train_steps(b, *opt_b, r, 0, 3);
+      ckpt::save(fsdp_dir.path(), state, ckpt::SaveOptions().process_group(ctx.group));
+    }
+    FullyShardedDataParallel c(second[r], FSDPOptions().process_group(ctx.group));
+    auto opt_c = adam(c.parameters());
+    ckpt::DistributedState state;
+    ckpt::add_fsdp(state, c, *opt_c);
+    ckpt::load(fsdp_dir.path(), state);
+    train_steps(c, *opt_c, r, 3, 6);
+    const auto want = a.full_state_dict(), got = c.full_state_dict();
+    for (const auto& [name, value] : want) EXPECT_TRUE(torch::equal(got.at(name), value)) << "fsdp " << name;
+
+    // ZeRO: its one step count.
+    auto zero_train = [&](testing::BlockStackImpl& m, ZeroRedundancyOptimizer& opt, int from, int to) {
+      for (int s = from; s < to; ++s) {
+        opt.zero_grad();
+        m.forward(batch(s, r)).pow(2).mean().backward();
+        for (auto& p : m.parameters()) all_reduce(p.grad(), AllReduceOptions().group(ctx.group));
+        opt.step();
+      }
+    };
+    auto make_opt = [](std::vector<torch::Tensor> shard) { return adam(shard); };
+    ZeroRedundancyOptions zo = ZeroRedundancyOptions().process_group(ctx.group);
+    ZeroRedundancyOptimizer za(zero_straight[r]->parameters(), make_opt, zo);
+    zero_train(*zero_straight[r], za, 0, 6);
+    {
+      ZeroRedundancyOptimizer zb(zero_first[r]->parameters(), make_opt, zo);
+      ckpt::DistributedState zstate;
+      ckpt::add_module(zstate, *zero_first[r]);
+      ckpt::add_zero(zstate, zb);
+      zero_train(*zero_first[r], zb, 0, 3);
+      ckpt::save(zero_dir.path(), zstate, ckpt::SaveOptions().process_group(ctx.group));
+    }
+    ZeroRedundancyOptimizer zc(zero_second[r]->parameters(), make_opt, zo);
+    ckpt::DistributedState zstate;
+    ckpt::add_module(zstate, *zero_second[r]);
+    ckpt::add_zero(zstate, zc);
+    ckpt::load(zero_dir.path(), zstate);
+    zero_train(*zero_second[r], zc, 3, 6);
+    auto pa = zero_straight[r]->named_parameters(), pc = zero_second[r]->named_parameters();
+    for (const auto& item : pa) EXPECT_TRUE(torch::equal(pc[item.key()], item.value())) << "zero " << item.key();
+  }, 60s);
+  testing::expect_no_errors(errors);
+}
+
 // ZeRO-1 with DDP: parameters replicated (spread over the files), Adam's
 // state sharded over the flat parameter space; 2 ranks to 3.
 TEST_F(DistributedCheckpoint, ZeroAndDdpStateReshardsFromTwoRanksToThree) {

@@ -15,6 +15,8 @@
 #include <iostream>
 #include <sstream>
 
+#include "checkpoint/snapshot_keeper.h"
+#include "common/env.h"
 #include "dtrain/errors.h"
 #include "error_file.h"
 #include "rendezvous.h"
@@ -34,7 +36,8 @@ std::string timestamp(std::chrono::system_clock::time_point t) {
   return buf;
 }
 
-std::vector<WorkerSpec> worker_specs(const Options& o, const Round& r, const ErrorFiles& errors) {
+std::vector<WorkerSpec> worker_specs(const Options& o, const Round& r, const ErrorFiles& errors,
+                                     const std::string& snapshot_socket) {
   // The launcher's environment, minus what we set, plus torchrun's contract.
   std::vector<std::string> base;
   bool user_omp = false;
@@ -65,6 +68,7 @@ std::vector<WorkerSpec> worker_specs(const Options& o, const Round& r, const Err
         {"DTRAIN_LAUNCHER", "dtrain-run"},  // ... which speaks dtrain's protocol too
     };
     if (!user_omp && o.nproc_per_node > 1) vars.push_back({"OMP_NUM_THREADS", "1"});
+    if (!snapshot_socket.empty()) vars.push_back({env::kSnapshotSocket.name, snapshot_socket});
     // The worker's stdout is our pipe; tell it when its lines reach a terminal.
     const bool shown = o.shown(lr) && !(static_cast<int>(o.redirect_of(lr)) & 1);
     vars.push_back({"DTRAIN_TTY", shown && isatty(STDOUT_FILENO) ? "1" : "0"});
@@ -221,13 +225,14 @@ int after_round(const Options& o, Rendezvous& rdzv, const Round& round, WorkerGr
 
 // Runs one round's workers until they succeed (0), the job must end
 // (its exit code), or the round ended and the nodes meet again (-1).
-int run_round(const Options& o, Rendezvous& rdzv, const Round& round, const ErrorFiles& errors) {
+int run_round(const Options& o, Rendezvous& rdzv, const Round& round, const ErrorFiles& errors,
+              const std::string& snapshot_socket) {
   WorkerGroup group(o, round.number);
   WorkerExit failure;
   RoundEnd end;
   bool local_failure = false;
   try {
-    group.start(worker_specs(o, round, errors));
+    group.start(worker_specs(o, round, errors, snapshot_socket));
     for (;;) {
       if (int sig = wait_signal(o.monitor_interval))
         return stop_for_signal(o, &round, &rdzv, &group, sig, "while the workers ran");
@@ -282,6 +287,18 @@ int run_agent(const Options& o) {
   prctl(PR_SET_CHILD_SUBREAPER, 1);
 
   const ErrorFiles errors(o);  // for the launcher's lifetime: removed after the summary
+  // checkpoint::snapshot()'s parts, held here so that a restart of the
+  // workers keeps them; gone when the launcher exits.
+  std::unique_ptr<snapshot::Keeper> keeper;
+  try {
+    const char* tmp = std::getenv("TMPDIR");
+    keeper = std::make_unique<snapshot::Keeper>(tmp && *tmp ? tmp : "/tmp", snapshot::default_memory_limit());
+  } catch (const InvalidArgument& e) {
+    std::cerr << "dtrain-run: " << e.what() << std::endl;
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "dtrain-run: no snapshots in memory for this job: " << e.what() << std::endl;
+  }
   std::unique_ptr<Rendezvous> rdzv;
   int attempt = 0;
   try {
@@ -317,7 +334,7 @@ int run_agent(const Options& o) {
       return 1;
     }
     attempt = round.number;  // a late node joins a later round than it asked for
-    const int rc = run_round(o, *rdzv, round, errors);
+    const int rc = run_round(o, *rdzv, round, errors, keeper ? keeper->socket_path() : std::string());
     if (rc >= 0) return rc;
     try {
       rdzv->advance(attempt);

@@ -78,6 +78,11 @@ struct DistributedState {
   // Run by load() once every tensor is filled (the add_* helpers use them
   // to put values that are not tensors, such as step counts, back).
   std::vector<std::function<void()>> after_load;
+  // Run first by save(), async_save() and snapshot(): the add_* helpers'
+  // read such values as they are at that moment, so a state built once
+  // saves the optimizer's step counts of each save, not of when it was
+  // built.
+  std::vector<std::function<void()>> before_save;
 };
 
 struct SaveOptions {

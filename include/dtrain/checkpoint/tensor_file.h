@@ -49,6 +49,12 @@ void save_tensor_file(const std::string& path, const TensorFile& file,
 // for a missing, truncated, damaged or hostile file.
 TensorFile load_tensor_file(const std::string& path);
 
+// The same format in memory: the bytes save_tensor_file would write, and
+// those bytes read back with every check load_tensor_file makes (errors
+// InvalidArgument "<what>: <problem>").
+std::string encode_tensor_file(const TensorFile& file);
+TensorFile decode_tensor_file(const std::string& bytes, const std::string& what);
+
 // Reads a tensor file piecewise: the header is read and checked when it is
 // opened, each tensor (and its checksum) only when asked for. Errors as
 // load_tensor_file's.

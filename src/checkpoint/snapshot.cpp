@@ -1,0 +1,249 @@
+// Snapshots in a peer's memory (snapshot.h): the collective halves. Each
+// rank talks to its own host's keeper (snapshot_keeper.h) over a Unix
+// socket; parts travel between hosts over the group.
+
+#include "dtrain/checkpoint/snapshot.h"
+
+#include <algorithm>
+#include <map>
+
+#include <ATen/core/grad_mode.h>
+
+#include "checkpoint/snapshot_part.h"
+#include "checkpoint/snapshot_wire.h"
+#include "common/enforce.h"
+#include "common/env.h"
+#include "dtrain/distributed.h"
+#include "dtrain/objects.h"
+
+namespace dtrain::checkpoint {
+namespace {
+
+namespace wire = snapshot_wire;
+
+// A request to this host's keeper: a few GiB over a Unix socket.
+constexpr auto kKeeperTimeout = std::chrono::minutes(5);
+constexpr uint64_t kListingBytes = 64 + 12ull * wire::kMaxWorld;
+
+struct Context {
+  std::shared_ptr<ProcessGroup> group;
+  std::string socket, what;
+  int rank = 0, world = 0;
+
+  int global(int group_rank) const {
+    const auto& g = group->global_ranks();
+    return g.empty() ? group_rank : g[group_rank];
+  }
+  std::string ask(wire::Op op, int64_t step, int part_rank, std::string payload = {}, uint64_t max_answer = 0) const {
+    wire::Request r{op, step, static_cast<uint32_t>(part_rank), static_cast<uint32_t>(world), std::move(payload)};
+    return wire::call(socket, r, max_answer, wire::Clock::now() + kKeeperTimeout, what);
+  }
+  wire::Listing listing() const {
+    return wire::decode_listing(ask(wire::Op::List, 0, 0, {}, kListingBytes), what + ": this host's keeper");
+  }
+};
+
+Context context_of(const SnapshotOptions& o, const std::string& what) {
+  Context c;
+  c.group = o.process_group() ? o.process_group() : default_group();
+  c.rank = c.group->rank();
+  c.world = c.group->size();
+  c.what = what;
+  c.socket = o.keeper_socket();
+  if (c.socket.empty()) c.socket = env::get(env::kSnapshotSocket).value_or("");
+  DTRAIN_CHECK_ARG(!c.socket.empty(), what, ": no snapshot keeper: run under dtrain-run, which sets ",
+                   env::kSnapshotSocket.name, " (or give SnapshotOptions::keeper_socket)");
+  return c;
+}
+
+// Where rank r's second copy goes: the rank of the same local index on the
+// next host (hosts told apart by their keepers, in order of first rank);
+// -1 when every rank shares one keeper.
+int replica_target(const std::vector<uint64_t>& keepers, int r) {
+  std::vector<uint64_t> hosts;
+  for (auto k : keepers)
+    if (std::find(hosts.begin(), hosts.end(), k) == hosts.end()) hosts.push_back(k);
+  if (hosts.size() < 2) return -1;
+  const size_t here = std::find(hosts.begin(), hosts.end(), keepers[r]) - hosts.begin();
+  int local = 0;
+  for (int q = 0; q < r; ++q) local += keepers[q] == keepers[r];
+  std::vector<int> next;
+  for (int q = 0; q < static_cast<int>(keepers.size()); ++q)
+    if (keepers[q] == hosts[(here + 1) % hosts.size()]) next.push_back(q);
+  return next[local % next.size()];
+}
+
+at::Tensor as_bytes(std::string& s) {
+  return at::from_blob(s.data(), {static_cast<int64_t>(s.size())}, at::TensorOptions().dtype(at::kByte));
+}
+
+// Every rank's failure text ("" for none): the same Error on every rank
+// when any is not empty.
+template <typename E>
+void agree(const Context& c, const std::string& mine) {
+  const auto all = all_gather_bytes(mine, CollectiveOptions().group(c.group));
+  for (size_t r = 0; r < all.size(); ++r)
+    if (!all[r].empty()) throw E(c.what + ": rank " + std::to_string(r) + ": " + all[r]);
+}
+
+// Sends this rank's part to `to` and receives the parts of `from`, all
+// posted at once; sizes first.
+std::vector<std::string> exchange(const Context& c, std::string& part, int to, const std::vector<int>& from) {
+  const P2POptions opts = P2POptions().group(c.group);
+  at::Tensor size_out = at::full({1}, static_cast<int64_t>(part.size()), at::kLong);
+  std::vector<at::Tensor> sizes_in;
+  std::vector<WorkPtr> works;
+  if (to >= 0) works.push_back(isend(size_out, c.global(to), opts));
+  for (int f : from) {
+    sizes_in.push_back(at::zeros({1}, at::kLong));
+    works.push_back(irecv(sizes_in.back(), c.global(f), opts));
+  }
+  for (auto& w : works) w->wait();
+  works.clear();
+  std::vector<std::string> parts(from.size());
+  if (to >= 0 && !part.empty()) works.push_back(isend(as_bytes(part), c.global(to), opts));
+  for (size_t i = 0; i < from.size(); ++i) {
+    const int64_t n = sizes_in[i].item<int64_t>();
+    DTRAIN_CHECK_ARG(n >= 0 && n <= (int64_t{1} << 46), c.what, ": rank ", from[i], " announced a part of ", n, " bytes");
+    parts[i].resize(static_cast<size_t>(n));
+    if (n > 0) works.push_back(irecv(as_bytes(parts[i]), c.global(from[i]), opts));
+  }
+  for (auto& w : works) w->wait();
+  return parts;
+}
+
+}  // namespace
+
+SnapshotInfo snapshot(int64_t step, const DistributedState& state, const SnapshotOptions& options) {
+  const Context c = context_of(options, "checkpoint::snapshot of step " + std::to_string(step));
+  DTRAIN_CHECK_ARG(step >= 0, c.what, ": the step must not be negative");
+  // A rank that fails goes on with the others to the agreement, which
+  // fails them all: nobody waits for it in a collective it left.
+  std::string failure, part;
+  uint64_t keeper = 0;
+  try {
+    keeper = c.listing().keeper;
+    for (const auto& hook : state.before_save) hook();
+    part = snapshot_part::encode(state, step, c.rank, c.world);
+  } catch (const Error& e) {
+    failure = e.what();
+  }
+  std::vector<uint64_t> keepers = all_gather_object<uint64_t>(keeper, CollectiveOptions().group(c.group));
+  const int to = replica_target(keepers, c.rank);
+  std::vector<int> from;
+  for (int q = 0; q < c.world; ++q)
+    if (replica_target(keepers, q) == c.rank) from.push_back(q);
+  SnapshotInfo info{step, part.size(), to >= 0 ? part.size() : 0};
+  auto keep = [&](int whose, std::string bytes) {
+    if (!failure.empty()) return;
+    try {
+      c.ask(wire::Op::Put, step, whose, std::move(bytes));
+    } catch (const Error& e) {
+      failure = e.what();
+    }
+  };
+  auto received = exchange(c, part, to, from);
+  keep(c.rank, std::move(part));
+  for (size_t i = 0; i < from.size(); ++i) keep(from[i], std::move(received[i]));
+  agree<Error>(c, failure);
+  c.ask(wire::Op::Commit, step, c.rank);
+  return info;
+}
+
+std::optional<int64_t> restore_snapshot(DistributedState& state, int64_t newer_than, const SnapshotOptions& options) {
+  const Context c = context_of(options, "checkpoint::restore_snapshot");
+  const auto listed = all_gather_bytes(wire::encode_listing(c.listing()), CollectiveOptions().group(c.group));
+  std::vector<wire::Listing> listings;
+  for (size_t q = 0; q < listed.size(); ++q)
+    listings.push_back(wire::decode_listing(listed[q], c.what + ": rank " + std::to_string(q) + "'s keeper"));
+  // The holder of each rank's part of `step`: the rank itself, else the
+  // first rank whose keeper holds it; none when some part is nowhere.
+  auto holders_of = [&](int64_t step) {
+    std::vector<int> holders(c.world, -1);
+    auto holds = [&](int q, int r) {
+      const auto& l = listings[q];
+      return l.step == step && l.world == static_cast<uint32_t>(c.world) &&
+             std::any_of(l.parts.begin(), l.parts.end(), [&](const auto& p) { return p.first == static_cast<uint32_t>(r); });
+    };
+    for (int r = 0; r < c.world; ++r) {
+      if (holds(r, r)) holders[r] = r;
+      for (int q = 0; q < c.world && holders[r] < 0; ++q)
+        if (holds(q, r)) holders[r] = q;
+      if (holders[r] < 0) return std::vector<int>();
+    }
+    return holders;
+  };
+  std::vector<int64_t> steps;
+  for (const auto& l : listings)
+    if (l.step > newer_than && l.world == static_cast<uint32_t>(c.world)) steps.push_back(l.step);
+  std::sort(steps.rbegin(), steps.rend());
+  int64_t step = -1;
+  std::vector<int> holders;
+  for (int64_t s : steps)
+    if (!(holders = holders_of(s)).empty()) {
+      step = s;
+      break;
+    }
+  if (step < 0) return std::nullopt;
+
+  // Fetch: each holder reads the parts it serves from its keeper.
+  const P2POptions opts = P2POptions().group(c.group);
+  auto part_size = [&](int q, int r) {
+    for (const auto& p : listings[q].parts)
+      if (p.first == static_cast<uint32_t>(r)) return p.second;
+    return uint64_t{0};
+  };
+  std::vector<std::string> served;
+  std::string mine;
+  std::vector<WorkPtr> works;
+  std::string failure;
+  served.reserve(c.world);  // as_bytes views them while they are sent
+  for (int r = 0; r < c.world; ++r) {
+    if (holders[r] != c.rank) continue;
+    const uint64_t size = part_size(c.rank, r);
+    std::string bytes;
+    try {
+      bytes = c.ask(wire::Op::Get, step, r, {}, size);
+      if (bytes.size() != size) throw Error("the keeper gave " + std::to_string(bytes.size()) + " bytes of rank " +
+                                            std::to_string(r) + "'s part, not the " + std::to_string(size) + " listed");
+    } catch (const Error& e) {
+      if (failure.empty()) failure = e.what();
+      bytes.assign(size, '\0');  // the receiver still gets its bytes, then the agreement fails
+    }
+    if (r == c.rank) {
+      mine = std::move(bytes);
+      continue;
+    }
+    served.push_back(std::move(bytes));
+    if (size > 0) works.push_back(isend(as_bytes(served.back()), c.global(r), opts));
+  }
+  if (holders[c.rank] != c.rank) {
+    mine.resize(part_size(holders[c.rank], c.rank));
+    if (!mine.empty()) works.push_back(irecv(as_bytes(mine), c.global(holders[c.rank]), opts));
+  }
+  for (auto& w : works) w->wait();
+  agree<Error>(c, failure);
+  // Checked everywhere before any rank's state changes.
+  snapshot_part::Fills fills;
+  std::map<std::string, std::string> metadata;
+  {
+    try {
+      fills = snapshot_part::check(mine, state, step, c.rank, c.world,
+                                   c.what + ": rank " + std::to_string(c.rank) + "'s part of the snapshot of step " +
+                                       std::to_string(step),
+                                   &metadata);
+    } catch (const InvalidArgument& e) {
+      failure = e.what();
+    }
+  }
+  agree<InvalidArgument>(c, failure);
+  {
+    at::NoGradGuard no_grad;
+    for (auto& [to, from] : fills) to.detach().copy_(from);
+  }
+  state.metadata = std::move(metadata);
+  for (const auto& hook : state.after_load) hook();
+  return step;
+}
+
+}  // namespace dtrain::checkpoint
