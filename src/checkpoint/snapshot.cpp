@@ -45,14 +45,14 @@ struct Context {
 
 Context context_of(const SnapshotOptions& o, const std::string& what) {
   Context c;
-  c.group = o.process_group() ? o.process_group() : default_group();
-  c.rank = c.group->rank();
-  c.world = c.group->size();
   c.what = what;
   c.socket = o.keeper_socket();
   if (c.socket.empty()) c.socket = env::get(env::kSnapshotSocket).value_or("");
   DTRAIN_CHECK_ARG(!c.socket.empty(), what, ": no snapshot keeper: run under dtrain-run, which sets ",
                    env::kSnapshotSocket.name, " (or give SnapshotOptions::keeper_socket)");
+  c.group = o.process_group() ? o.process_group() : default_group();
+  c.rank = c.group->rank();
+  c.world = c.group->size();
   return c;
 }
 

@@ -1,0 +1,175 @@
+// Snapshots in a peer's memory (checkpoint/snapshot.h), with thread ranks
+// and two keepers standing for two hosts' dtrain-run (ranks 0, 1 on host
+// A, ranks 2, 3 on host B). The launched form, hosts lost whole, is
+// tests/launcher/netns_snapshot_test.sh.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <optional>
+
+#include "checkpoint/snapshot_keeper.h"
+#include "dtrain/checkpoint/snapshot.h"
+#include "dtrain/dtrain.h"
+#include "harness/assertions.h"
+#include "harness/fsdp_models.h"
+#include "harness/thread_ranks.h"
+
+namespace dtrain {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::RankContext;
+using testing::run_rank_contexts;
+namespace ckpt = checkpoint;
+
+constexpr int kSnapWorld = 4;
+
+std::vector<std::shared_ptr<testing::BlockStackImpl>> snap_models(int seed) {
+  std::vector<std::shared_ptr<testing::BlockStackImpl>> out;
+  for (int r = 0; r < kSnapWorld; ++r) {
+    torch::manual_seed(seed);
+    out.push_back(std::make_shared<testing::BlockStackImpl>());
+  }
+  return out;
+}
+
+torch::Tensor snap_batch(int step, int rank) {
+  static const std::vector<torch::Tensor> inputs = [] {
+    torch::manual_seed(77);
+    std::vector<torch::Tensor> out;
+    for (int i = 0; i < 8 * kSnapWorld; ++i) out.push_back(torch::randn({4, 3, 10}));
+    return out;
+  }();
+  return inputs.at(step * kSnapWorld + rank);
+}
+
+struct Trainer {
+  Trainer(std::shared_ptr<testing::BlockStackImpl> model, RankContext& ctx)
+      : fsdp(std::move(model), FSDPOptions().process_group(ctx.group)),
+        adam(fsdp.parameters(), torch::optim::AdamOptions(1e-2)),
+        rank(ctx.rank) {
+    ckpt::add_fsdp(state, fsdp, adam);
+  }
+  void train(int from, int to) {
+    for (int s = from; s < to; ++s) {
+      adam.zero_grad();
+      fsdp.forward(snap_batch(s, rank)).pow(2).mean().backward();
+      adam.step();
+    }
+  }
+  FullyShardedDataParallel<testing::BlockStackImpl> fsdp;
+  torch::optim::Adam adam;
+  ckpt::DistributedState state;
+  int rank;
+};
+
+class Snapshot : public ::testing::Test {
+ protected:
+  std::unique_ptr<snapshot::Keeper> a = keeper(), b = keeper();
+  static std::unique_ptr<snapshot::Keeper> keeper(uint64_t limit = 1ull << 30) {
+    return std::make_unique<snapshot::Keeper>("/tmp", limit);
+  }
+  ckpt::SnapshotOptions on_host(RankContext& ctx) const {
+    return ckpt::SnapshotOptions().process_group(ctx.group).keeper_socket(
+        (ctx.rank < 2 ? a : b)->socket_path());
+  }
+};
+
+// Host B lost after the snapshot of step 3 (its keeper replaced by an
+// empty one): a fresh job restores step 3 (ranks 2 and 3 from host A's
+// keeper) and trains on bitwise as the uninterrupted run.
+TEST_F(Snapshot, ALostHostsRanksResumeFromTheOtherHostsKeeperBitwise) {
+  auto straight = snap_models(1), first = snap_models(1), second = snap_models(2);
+  std::vector<std::map<std::string, at::Tensor>> want(kSnapWorld);
+  auto errors = run_rank_contexts(kSnapWorld, [&](RankContext& ctx) {
+    Trainer t(straight[ctx.rank], ctx);
+    t.train(0, 6);
+    want[ctx.rank] = t.fsdp.full_state_dict();
+    Trainer f(first[ctx.rank], ctx);
+    f.train(0, 4);
+    const auto info = ckpt::snapshot(3, f.state, on_host(ctx));
+    EXPECT_GT(info.part_bytes, 0u);
+    EXPECT_EQ(info.sent_bytes, info.part_bytes);  // two hosts: a second copy on the other
+  }, 120s);
+  testing::expect_no_errors(errors);
+  // A part of a newer snapshot, never completed: never used.
+  a->handle({snapshot_wire::Op::Put, 5, 0, kSnapWorld, std::string(64, 'x')});
+  b = keeper();
+  errors = run_rank_contexts(kSnapWorld, [&](RankContext& ctx) {
+    Trainer t(second[ctx.rank], ctx);
+    const auto step = ckpt::restore_snapshot(t.state, -1, on_host(ctx));
+    ASSERT_TRUE(step.has_value());
+    EXPECT_EQ(*step, 3);
+    t.train(4, 6);
+    for (const auto& [name, value] : t.fsdp.full_state_dict())
+      EXPECT_TRUE(torch::equal(value, want[ctx.rank].at(name))) << "rank " << ctx.rank << " " << name;
+  }, 120s);
+  testing::expect_no_errors(errors);
+}
+
+// A snapshot no newer than the disk's, none at all, and one the state does
+// not fit: nullopt or InvalidArgument, the state untouched.
+TEST_F(Snapshot, OlderMissingOrMisfittingSnapshotsLeaveTheStateUntouched) {
+  auto models = snap_models(1), fresh = snap_models(2);
+  auto errors = run_rank_contexts(kSnapWorld, [&](RankContext& ctx) {
+    Trainer t(models[ctx.rank], ctx);
+    EXPECT_FALSE(ckpt::restore_snapshot(t.state, -1, on_host(ctx)).has_value());  // none yet
+    t.train(0, 1);
+    ckpt::snapshot(0, t.state, on_host(ctx));
+    Trainer u(fresh[ctx.rank], ctx);
+    const auto before = u.fsdp.full_state_dict();
+    EXPECT_FALSE(ckpt::restore_snapshot(u.state, 0, on_host(ctx)).has_value());  // not newer than 0
+    ckpt::DistributedState other = u.state;
+    other.replicated["extra"] = at::zeros({2});
+    try {
+      ckpt::restore_snapshot(other, -1, on_host(ctx));
+      ADD_FAILURE() << "a state with an entry the snapshot lacks was filled";
+    } catch (const InvalidArgument& e) {
+      EXPECT_TRUE(testing::Contains(e.what(), "checkpoint::restore_snapshot: rank 0: ")) << e.what();
+      EXPECT_TRUE(testing::Contains(e.what(), "has no extra, which the state holds")) << e.what();
+    }
+    for (const auto& [name, value] : u.fsdp.full_state_dict())
+      EXPECT_TRUE(torch::equal(value, before.at(name))) << name;
+  }, 120s);
+  testing::expect_no_errors(errors);
+}
+
+// A keeper over its memory limit fails the snapshot on every rank, naming
+// the variable; the previous snapshot stays the complete one.
+TEST_F(Snapshot, AKeeperOverItsLimitFailsTheSnapshotEverywhereAndKeepsThePrevious) {
+  auto models = snap_models(1);
+  auto errors = run_rank_contexts(kSnapWorld, [&](RankContext& ctx) {
+    Trainer t(models[ctx.rank], ctx);
+    const auto info = ckpt::snapshot(0, t.state, on_host(ctx));
+    ctx.group->barrier()->wait();
+    // Host B's keeper is replaced by one that can hold one part, not two
+    // (its own ranks' and the replicas of host A's): rank 2's is refused.
+    if (ctx.rank == 0) b = keeper(info.part_bytes * 3 / 2);
+    ctx.group->barrier()->wait();
+    t.train(0, 1);
+    try {
+      ckpt::snapshot(1, t.state, on_host(ctx));
+      ADD_FAILURE() << "a snapshot past the keeper's limit succeeded";
+    } catch (const Error& e) {
+      EXPECT_TRUE(testing::Contains(e.what(), "checkpoint::snapshot of step 1: rank 2: ")) << e.what();
+      EXPECT_TRUE(testing::Contains(e.what(), "DTRAIN_SNAPSHOT_MEMORY")) << e.what();
+    }
+    EXPECT_EQ(ckpt::restore_snapshot(t.state, -1, on_host(ctx)).value_or(-1), 0);
+  }, 120s);
+  testing::expect_no_errors(errors);
+}
+
+TEST(SnapshotWithoutLauncher, IsRefusedNamingTheVariable) {
+  ckpt::DistributedState state;
+  try {
+    ckpt::snapshot(0, state, ckpt::SnapshotOptions().keeper_socket(""));
+    ADD_FAILURE() << "no keeper, yet a snapshot";
+  } catch (const InvalidArgument& e) {
+    EXPECT_TRUE(testing::Contains(e.what(), "no snapshot keeper: run under dtrain-run, which sets DTRAIN_SNAPSHOT_SOCKET"))
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace dtrain
