@@ -10,6 +10,8 @@
 //                 first; the first, which allocates them, apart)
 //   write         async_save() to its commit, training going on
 //   step_during   a training step while the background writer runs (median)
+//   snapshot      snapshot() into two keepers standing for two hosts (this
+//                 process holds them): the whole of it stalls training
 //
 // Every figure is the slowest rank's. The ratios: stall / save (<= 0.15 is
 // the goal), step_during / step (<= 1.1). bench/scripts/checkpoint_vs_pytorch.sh
@@ -37,9 +39,9 @@ using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 struct Figures {
-  std::vector<double> step, save, stall, write, step_during;
+  std::vector<double> step, save, stall, write, step_during, snapshot;
   double first_stall = 0;
-  int64_t state_bytes = 0;
+  int64_t state_bytes = 0, snapshot_sent = 0;
 };
 
 int64_t bytes_of(const checkpoint::DistributedState& state) {
@@ -94,6 +96,19 @@ Figures measure_saves(const Args& a, const checkpoint::DistributedState& state, 
     f.write.push_back(since(t0));
     pending.wait();
   }
+  // Snapshots in a peer's memory: ranks of the first half on "host" A's
+  // keeper, the others on B's (the parent's two SnapshotKeepers).
+  const std::string keepers = a.get("keepers", "");
+  const int world = get_world_size();
+  const auto keeper = get_rank() < world / 2 ? keepers.substr(0, keepers.find(',')) : keepers.substr(keepers.find(',') + 1);
+  for (int i = 0; i <= saves && !keepers.empty(); ++i) {
+    barrier();
+    const auto t0 = Clock::now();
+    const auto info = checkpoint::snapshot(i, state, checkpoint::SnapshotOptions().keeper_socket(keeper));
+    if (i > 0) f.snapshot.push_back(since(t0));  // the first allocates the keepers' memory
+    f.snapshot_sent = static_cast<int64_t>(info.sent_bytes);
+    step();
+  }
   return f;
 }
 
@@ -101,14 +116,15 @@ Figures measure_saves(const Args& a, const checkpoint::DistributedState& state, 
 void report_figures(const Figures& f) {
   auto all = at::tensor({median(f.step), median(f.save), f.first_stall, median(f.stall), median(f.write),
                          median(f.step_during), static_cast<double>(f.step_during.size()),
-                         static_cast<double>(f.state_bytes)},
+                         static_cast<double>(f.state_bytes), f.snapshot.empty() ? 0.0 : median(f.snapshot),
+                         static_cast<double>(f.snapshot_sent)},
                         at::kDouble);
   all_reduce(all, AllReduceOptions().op(ReduceOp::MAX));
   auto v = [&](int i) { return all[i].item<double>(); };
   if (get_rank() == 0)
     std::printf("result step=%.4f save=%.4f first_stall=%.4f stall=%.4f write=%.4f step_during=%.4f "
-                "steps_during=%.0f state_bytes=%.0f\n",
-                v(0), v(1), v(2), v(3), v(4), v(5), v(6), v(7));
+                "steps_during=%.0f state_bytes=%.0f snapshot=%.4f snapshot_sent=%.0f\n",
+                v(0), v(1), v(2), v(3), v(4), v(5), v(6), v(7), v(8), v(9));
 }
 
 }  // namespace
@@ -163,26 +179,35 @@ int bench_checkpoint(const Args& a) {
                      {"batch", a.get("batch", "8")},     {"steps", a.get("steps", "5")},
                      {"saves", a.get("saves", "3")},     {"dir", dir},
                      {"backend", a.get("backend", "auto")}};
+  // Two keepers, as two hosts' dtrain-run would hold them.
+  checkpoint::SnapshotKeeper host_a, host_b;
+  rank_args.flags["keepers"] = host_a.socket_path() + "," + host_b.socket_path();
   const double params = static_cast<double>(layers) * (width * width + width) + width * 10 + 10;
   std::printf("model: %d x Linear(%d, %d) + head, %.1f M parameters, Adam: %.2f GiB of parameters and "
               "moments; %d ranks, checkpoints in %s, medians of %s saves\n",
               layers, width, width, params / 1e6, 12 * params / (1 << 30), world, dir.c_str(),
               rank_args.get("saves", "").c_str());
-  std::printf("%-5s %10s %9s %9s %11s %9s %9s %12s %9s %7s %12s\n", "mode", "state_MiB", "step_s", "save_s",
-              "1st_stall_s", "stall_s", "write_s", "step_during", "xsave", "xstep", "steps_during");
+  std::printf("%-5s %10s %9s %9s %11s %9s %9s %12s %9s %7s %12s %7s %7s %8s\n", "mode", "state_MiB", "step_s",
+              "save_s", "1st_stall_s", "stall_s", "write_s", "step_during", "xsave", "xstep", "steps_during",
+              "snap_s", "xsnap", "sent_MiB");
   for (const std::string mode : {"ddp", "fsdp"}) {
     capture("rm -rf '" + dir + "' && mkdir -p '" + dir + "'");
     const auto out = run_ranks(world, "ckpt-" + mode, rank_args);
     const double step = field(out, "step"), save = field(out, "save"), stall = field(out, "stall");
     const double during = field(out, "step_during");
-    std::printf("%-5s %10.1f %9.3f %9.3f %11.3f %9.3f %9.3f %12.3f %9.3f %7.3f %12.0f\n", mode.c_str(),
-                field(out, "state_bytes") / (1 << 20), step, save, field(out, "first_stall"), stall,
-                field(out, "write"), during, stall / save, during / step, field(out, "steps_during"));
+    const double snap = field(out, "snapshot");
+    std::printf("%-5s %10.1f %9.3f %9.3f %11.3f %9.3f %9.3f %12.3f %9.3f %7.3f %12.0f %7.3f %7.3f %8.1f\n",
+                mode.c_str(), field(out, "state_bytes") / (1 << 20), step, save, field(out, "first_stall"), stall,
+                field(out, "write"), during, stall / save, during / step, field(out, "steps_during"), snap,
+                snap / save, field(out, "snapshot_sent") / (1 << 20));
     std::fflush(stdout);
   }
   capture("rm -rf '" + dir + "'");
   std::printf("xsave: the stall of async_save over save's time (goal <= 0.15); xstep: a step while the "
-              "writer runs over one without (goal <= 1.1)\n");
+              "writer runs over one without (goal <= 1.1); snap_s: a snapshot() in a peer's memory (ranks "
+              "0..%d on one keeper, the rest on another, as two hosts), all of it a stall; xsnap: it over "
+              "save's time; sent_MiB: what each rank sends to the other host's keeper per snapshot\n",
+              world / 2 - 1);
   return 0;
 }
 

@@ -6,6 +6,7 @@
 #include "dtrain/checkpoint/async_save.h"
 #include "dtrain/checkpoint/distributed.h"
 #include "dtrain/checkpoint/safetensors.h"
+#include "dtrain/checkpoint/snapshot.h"
 #include "dtrain/checkpoint/tensor_file.h"
 #include "dtrain/data/distributed_sampler.h"
 #include "dtrain/data_parallel.h"

@@ -6,6 +6,9 @@
 
 #include <algorithm>
 #include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
 
 #include <ATen/core/grad_mode.h>
 
@@ -13,6 +16,8 @@
 #include "checkpoint/snapshot_wire.h"
 #include "common/enforce.h"
 #include "common/env.h"
+#include "checkpoint/save_plan.h"
+#include "world/companion_group.h"
 #include "dtrain/distributed.h"
 #include "dtrain/objects.h"
 
@@ -26,12 +31,13 @@ constexpr auto kKeeperTimeout = std::chrono::minutes(5);
 constexpr uint64_t kListingBytes = 64 + 12ull * wire::kMaxWorld;
 
 struct Context {
-  std::shared_ptr<ProcessGroup> group;
+  std::shared_ptr<ProcessGroup> group;  // the caller's; `bytes` carries the parts (CPU tensors)
+  std::shared_ptr<ProcessGroup> bytes;
   std::string socket, what;
   int rank = 0, world = 0;
 
   int global(int group_rank) const {
-    const auto& g = group->global_ranks();
+    const auto& g = bytes->global_ranks();
     return g.empty() ? group_rank : g[group_rank];
   }
   std::string ask(wire::Op op, int64_t step, int part_rank, std::string payload = {}, uint64_t max_answer = 0) const {
@@ -43,6 +49,19 @@ struct Context {
   }
 };
 
+// The parts are CPU bytes: a group that carries only device tensors (nccl)
+// gets a tcp companion of the same ranks, made once.
+std::shared_ptr<ProcessGroup> bytes_group(const std::shared_ptr<ProcessGroup>& group) {
+  if (group->backend_name() != "nccl") return group;
+  static std::mutex mutex;
+  static std::map<const ProcessGroup*, std::pair<std::weak_ptr<ProcessGroup>, std::shared_ptr<ProcessGroup>>> made;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& entry = made[group.get()];
+  if (entry.first.lock() != group || !entry.second)
+    entry = {group, dtrain::detail::new_companion_group(*group, "snapshot", "checkpoint::snapshot")};
+  return entry.second;
+}
+
 Context context_of(const SnapshotOptions& o, const std::string& what) {
   Context c;
   c.what = what;
@@ -51,6 +70,7 @@ Context context_of(const SnapshotOptions& o, const std::string& what) {
   DTRAIN_CHECK_ARG(!c.socket.empty(), what, ": no snapshot keeper: run under dtrain-run, which sets ",
                    env::kSnapshotSocket.name, " (or give SnapshotOptions::keeper_socket)");
   c.group = o.process_group() ? o.process_group() : default_group();
+  c.bytes = bytes_group(c.group);
   c.rank = c.group->rank();
   c.world = c.group->size();
   return c;
@@ -81,7 +101,7 @@ at::Tensor as_bytes(std::string& s) {
 // when any is not empty.
 template <typename E>
 void agree(const Context& c, const std::string& mine) {
-  const auto all = all_gather_bytes(mine, CollectiveOptions().group(c.group));
+  const auto all = all_gather_bytes(mine, CollectiveOptions().group(c.bytes));
   for (size_t r = 0; r < all.size(); ++r)
     if (!all[r].empty()) throw E(c.what + ": rank " + std::to_string(r) + ": " + all[r]);
 }
@@ -89,7 +109,7 @@ void agree(const Context& c, const std::string& mine) {
 // Sends this rank's part to `to` and receives the parts of `from`, all
 // posted at once; sizes first.
 std::vector<std::string> exchange(const Context& c, std::string& part, int to, const std::vector<int>& from) {
-  const P2POptions opts = P2POptions().group(c.group);
+  const P2POptions opts = P2POptions().group(c.bytes);
   at::Tensor size_out = at::full({1}, static_cast<int64_t>(part.size()), at::kLong);
   std::vector<at::Tensor> sizes_in;
   std::vector<WorkPtr> works;
@@ -112,6 +132,62 @@ std::vector<std::string> exchange(const Context& c, std::string& part, int to, c
   return parts;
 }
 
+// What a rank's part holds of the replicated entries, and what its state
+// needs from other parts: "<o|n> <numel> <dtype> <name>" lines.
+std::string describe(const snapshot_part::Decoded& d, const DistributedState& state) {
+  std::string out;
+  auto line = [&](char kind, const std::string& name, const at::Tensor& t) {
+    out += std::string(1, kind) + " " + std::to_string(t.numel()) + " " + std::to_string(static_cast<int>(t.scalar_type())) +
+           " " + name + "\n";
+  };
+  for (const auto& [name, t] : d.owned) line('o', name, t);
+  for (const auto& name : d.needs) line('n', name, state.replicated.at(name));
+  return out;
+}
+
+// Every rank's replicated entries from the one part that holds each: after
+// the agreement (which `failure`, this rank's problem so far, joins), each
+// holder sends them to the ranks whose states hold them too.
+void share_replicated(const Context& c, const DistributedState& state, snapshot_part::Decoded& d,
+                      std::string& failure) {
+  const auto all = all_gather_bytes(failure.empty() ? describe(d, state) : std::string(),
+                                    CollectiveOptions().group(c.bytes));
+  std::map<std::string, std::pair<int, std::string>> owner;  // name -> {rank, "numel dtype"}
+  std::vector<std::vector<std::string>> needs(c.world);
+  for (int q = 0; q < c.world; ++q) {
+    std::istringstream in(all[q]);
+    std::string kind, numel, dtype, name;
+    while (in >> kind >> numel >> dtype && std::getline(in, name)) {
+      name = name.substr(1);
+      if (kind == "o") owner.emplace(name, std::make_pair(q, numel + " " + dtype));
+      else needs[q].push_back(name);
+    }
+  }
+  for (const auto& name : d.needs) {
+    if (!failure.empty()) break;
+    const auto& t = state.replicated.at(name);
+    auto it = owner.find(name);
+    if (it == owner.end())
+      failure = "no rank's part of the snapshot holds " + name + ", which this rank's state holds";
+    else if (it->second.second != std::to_string(t.numel()) + " " + std::to_string(static_cast<int>(t.scalar_type())))
+      failure = name + " was another size or dtype when the snapshot was taken (rank " +
+                std::to_string(it->second.first) + "'s part): restore needs the snapshot's layout";
+  }
+  agree<InvalidArgument>(c, failure);
+  const P2POptions opts = P2POptions().group(c.bytes);
+  std::vector<WorkPtr> works;
+  for (int q = 0; q < c.world; ++q)
+    for (const auto& name : needs[q])
+      if (q != c.rank && owner.at(name).first == c.rank) works.push_back(isend(d.owned.at(name), c.global(q), opts));
+  for (const auto& name : d.needs) {
+    const auto& t = state.replicated.at(name);
+    at::Tensor into = at::empty(t.sizes(), at::TensorOptions().dtype(t.scalar_type()));
+    works.push_back(irecv(into, c.global(owner.at(name).first), opts));
+    d.fills.emplace_back(t, into);
+  }
+  for (auto& w : works) w->wait();
+}
+
 }  // namespace
 
 SnapshotInfo snapshot(int64_t step, const DistributedState& state, const SnapshotOptions& options) {
@@ -119,16 +195,21 @@ SnapshotInfo snapshot(int64_t step, const DistributedState& state, const Snapsho
   DTRAIN_CHECK_ARG(step >= 0, c.what, ": the step must not be negative");
   // A rank that fails goes on with the others to the agreement, which
   // fails them all: nobody waits for it in a collective it left.
+  for (const auto& hook : state.before_save) hook();
+  // Each replicated entry in one rank's part only: save()'s plan (collective;
+  // its InvalidArgument is the same on every rank).
+  std::set<std::string> owned;
+  for (const auto& [name, owner] : files::plan_save(c.group, state).replicated_owner)
+    if (owner == c.rank) owned.insert(name);
   std::string failure, part;
   uint64_t keeper = 0;
   try {
     keeper = c.listing().keeper;
-    for (const auto& hook : state.before_save) hook();
-    part = snapshot_part::encode(state, step, c.rank, c.world);
+    part = snapshot_part::encode(state, owned, step, c.rank, c.world);
   } catch (const Error& e) {
     failure = e.what();
   }
-  std::vector<uint64_t> keepers = all_gather_object<uint64_t>(keeper, CollectiveOptions().group(c.group));
+  std::vector<uint64_t> keepers = all_gather_object<uint64_t>(keeper, CollectiveOptions().group(c.bytes));
   const int to = replica_target(keepers, c.rank);
   std::vector<int> from;
   for (int q = 0; q < c.world; ++q)
@@ -152,7 +233,7 @@ SnapshotInfo snapshot(int64_t step, const DistributedState& state, const Snapsho
 
 std::optional<int64_t> restore_snapshot(DistributedState& state, int64_t newer_than, const SnapshotOptions& options) {
   const Context c = context_of(options, "checkpoint::restore_snapshot");
-  const auto listed = all_gather_bytes(wire::encode_listing(c.listing()), CollectiveOptions().group(c.group));
+  const auto listed = all_gather_bytes(wire::encode_listing(c.listing()), CollectiveOptions().group(c.bytes));
   std::vector<wire::Listing> listings;
   for (size_t q = 0; q < listed.size(); ++q)
     listings.push_back(wire::decode_listing(listed[q], c.what + ": rank " + std::to_string(q) + "'s keeper"));
@@ -187,7 +268,7 @@ std::optional<int64_t> restore_snapshot(DistributedState& state, int64_t newer_t
   if (step < 0) return std::nullopt;
 
   // Fetch: each holder reads the parts it serves from its keeper.
-  const P2POptions opts = P2POptions().group(c.group);
+  const P2POptions opts = P2POptions().group(c.bytes);
   auto part_size = [&](int q, int r) {
     for (const auto& p : listings[q].parts)
       if (p.first == static_cast<uint32_t>(r)) return p.second;
@@ -224,24 +305,20 @@ std::optional<int64_t> restore_snapshot(DistributedState& state, int64_t newer_t
   for (auto& w : works) w->wait();
   agree<Error>(c, failure);
   // Checked everywhere before any rank's state changes.
-  snapshot_part::Fills fills;
-  std::map<std::string, std::string> metadata;
-  {
-    try {
-      fills = snapshot_part::check(mine, state, step, c.rank, c.world,
-                                   c.what + ": rank " + std::to_string(c.rank) + "'s part of the snapshot of step " +
-                                       std::to_string(step),
-                                   &metadata);
-    } catch (const InvalidArgument& e) {
-      failure = e.what();
-    }
+  snapshot_part::Decoded d;
+  try {
+    d = snapshot_part::check(mine, state, step, c.rank, c.world,
+                             c.what + ": rank " + std::to_string(c.rank) + "'s part of the snapshot of step " +
+                                 std::to_string(step));
+  } catch (const InvalidArgument& e) {
+    failure = e.what();
   }
-  agree<InvalidArgument>(c, failure);
+  share_replicated(c, state, d, failure);
   {
     at::NoGradGuard no_grad;
-    for (auto& [to, from] : fills) to.detach().copy_(from);
+    for (auto& [to, from] : d.fills) to.detach().copy_(from);
   }
-  state.metadata = std::move(metadata);
+  state.metadata = std::move(d.metadata);
   for (const auto& hook : state.after_load) hook();
   return step;
 }

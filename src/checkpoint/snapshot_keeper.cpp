@@ -1,4 +1,5 @@
 #include "checkpoint/snapshot_keeper.h"
+#include "dtrain/checkpoint/snapshot_keeper.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -186,3 +187,19 @@ std::pair<bool, std::string> Keeper::handle(Request r) {
 }
 
 }  // namespace dtrain::snapshot
+
+namespace dtrain::checkpoint {
+
+struct SnapshotKeeper::Impl {
+  snapshot::Keeper keeper;
+  Impl(const std::string& dir, uint64_t limit) : keeper(dir, limit) {}
+};
+
+SnapshotKeeper::SnapshotKeeper(uint64_t memory_limit, const std::string& parent_dir)
+    : impl_(std::make_unique<Impl>(parent_dir.empty() ? "/tmp" : parent_dir, memory_limit)) {}
+SnapshotKeeper::~SnapshotKeeper() = default;
+const std::string& SnapshotKeeper::socket_path() const { return impl_->keeper.socket_path(); }
+uint64_t SnapshotKeeper::bytes_held() const { return impl_->keeper.bytes_held(); }
+uint64_t SnapshotKeeper::default_memory_limit() { return snapshot::default_memory_limit(); }
+
+}  // namespace dtrain::checkpoint

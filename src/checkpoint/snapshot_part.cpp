@@ -34,9 +34,11 @@ void expect_fits(const at::Tensor& saved, const at::Tensor& into, const std::str
 
 }  // namespace
 
-std::string encode(const DistributedState& state, int64_t step, int rank, int world) {
+std::string encode(const DistributedState& state, const std::set<std::string>& owned, int64_t step, int rank,
+                   int world) {
   TensorFile f;
-  for (const auto& [name, t] : state.replicated) f.tensors["r/" + name] = t;
+  for (const auto& [name, t] : state.replicated)
+    if (owned.count(name)) f.tensors["r/" + name] = t;
   for (const auto& [name, s] : state.sharded) {
     f.tensors["s/" + name] = s.local;
     f.metadata["g/" + name] = geometry(s);
@@ -48,23 +50,29 @@ std::string encode(const DistributedState& state, int64_t step, int rank, int wo
   return encode_tensor_file(f);
 }
 
-Fills check(const std::string& bytes, const DistributedState& state, int64_t step, int rank, int world,
-            const std::string& what, std::map<std::string, std::string>* metadata) {
+Decoded check(const std::string& bytes, const DistributedState& state, int64_t step, int rank, int world,
+              const std::string& what) {
   const TensorFile f = decode_tensor_file(bytes, what);
   DTRAIN_CHECK_ARG(field(f, kStep, what) == std::to_string(step) && field(f, kRank, what) == std::to_string(rank) &&
                        field(f, kWorld, what) == std::to_string(world),
                    what, ": holds rank ", field(f, kRank, what), " of ", field(f, kWorld, what), " at step ",
                    field(f, kStep, what), ", not rank ", rank, " of ", world, " at step ", step);
-  Fills fills;
+  Decoded out;
   size_t expected = 0;
   auto take = [&](const std::string& key, const at::Tensor& into, const std::string& name) {
     auto it = f.tensors.find(key);
     DTRAIN_CHECK_ARG(it != f.tensors.end(), what, ": has no ", name, ", which the state holds");
     expect_fits(it->second, into, name, what);
-    fills.emplace_back(into, it->second);
+    out.fills.emplace_back(into, it->second);
     ++expected;
+    return it->second;
   };
-  for (const auto& [name, t] : state.replicated) take("r/" + name, t, name);
+  for (const auto& [name, t] : state.replicated) {
+    if (f.tensors.count("r/" + name))
+      out.owned[name] = take("r/" + name, t, name);
+    else
+      out.needs.push_back(name);
+  }
   for (const auto& [name, s] : state.sharded) {
     take("s/" + name, s.local, name);
     auto g = f.metadata.find("g/" + name);
@@ -81,10 +89,9 @@ Fills check(const std::string& bytes, const DistributedState& state, int64_t ste
     DTRAIN_CHECK_ARG(held, what, ": holds ", key, ", which the state does not");
   }
   DTRAIN_ENFORCE_EQ(expected, f.tensors.size());
-  metadata->clear();
   for (const auto& [key, value] : f.metadata)
-    if (key.rfind("u/", 0) == 0) (*metadata)[key.substr(2)] = value;
-  return fills;
+    if (key.rfind("u/", 0) == 0) out.metadata[key.substr(2)] = value;
+  return out;
 }
 
 }  // namespace dtrain::checkpoint::snapshot_part

@@ -108,6 +108,46 @@ TEST_F(Snapshot, ALostHostsRanksResumeFromTheOtherHostsKeeperBitwise) {
   testing::expect_no_errors(errors);
 }
 
+// DDP: each replicated entry is in one rank's part only (save()'s plan),
+// so a rank's part is about 1/world of the state; restoring sends each
+// entry from its part to every rank, host B's parts again from A's keeper.
+TEST_F(Snapshot, ReplicatedEntriesAreKeptOnceAndReachEveryRank) {
+  auto models = snap_models(1), fresh = snap_models(2);
+  std::vector<std::map<std::string, at::Tensor>> want(kSnapWorld);
+  int64_t whole = 0;
+  auto errors = run_rank_contexts(kSnapWorld, [&](RankContext& ctx) {
+    DistributedDataParallel ddp(models[ctx.rank], DDPOptions().process_group(ctx.group));
+    torch::optim::Adam adam(ddp.parameters(), torch::optim::AdamOptions(1e-2));
+    for (int s = 0; s < 2; ++s) {
+      adam.zero_grad();
+      ddp.forward(snap_batch(s, ctx.rank)).pow(2).mean().backward();
+      adam.step();
+    }
+    ckpt::DistributedState state;
+    ckpt::add_module(state, *models[ctx.rank]);
+    ckpt::add_optimizer(state, adam, *models[ctx.rank]);
+    const auto info = ckpt::snapshot(1, state, on_host(ctx));
+    int64_t bytes = 0;
+    for (const auto& [name, t] : state.replicated) bytes += t.nbytes();
+    if (ctx.rank == 0) whole = bytes;
+    EXPECT_LT(info.part_bytes, static_cast<uint64_t>(bytes) / 2) << "rank " << ctx.rank;
+    for (const auto& [name, t] : state.replicated) want[ctx.rank][name] = t.clone();
+  }, 120s);
+  testing::expect_no_errors(errors);
+  b = keeper();
+  errors = run_rank_contexts(kSnapWorld, [&](RankContext& ctx) {
+    torch::optim::Adam adam(fresh[ctx.rank]->parameters(), torch::optim::AdamOptions(1e-2));
+    ckpt::DistributedState state;
+    ckpt::add_module(state, *fresh[ctx.rank]);
+    ckpt::add_optimizer(state, adam, *fresh[ctx.rank]);
+    EXPECT_EQ(ckpt::restore_snapshot(state, -1, on_host(ctx)).value_or(-1), 1);
+    for (const auto& [name, t] : state.replicated)
+      EXPECT_TRUE(torch::equal(t, want[ctx.rank].at(name))) << "rank " << ctx.rank << " " << name;
+  }, 120s);
+  testing::expect_no_errors(errors);
+  EXPECT_GT(whole, 0);
+}
+
 // A snapshot no newer than the disk's, none at all, and one the state does
 // not fit: nullopt or InvalidArgument, the state untouched.
 TEST_F(Snapshot, OlderMissingOrMisfittingSnapshotsLeaveTheStateUntouched) {
@@ -127,7 +167,7 @@ TEST_F(Snapshot, OlderMissingOrMisfittingSnapshotsLeaveTheStateUntouched) {
       ADD_FAILURE() << "a state with an entry the snapshot lacks was filled";
     } catch (const InvalidArgument& e) {
       EXPECT_TRUE(testing::Contains(e.what(), "checkpoint::restore_snapshot: rank 0: ")) << e.what();
-      EXPECT_TRUE(testing::Contains(e.what(), "has no extra, which the state holds")) << e.what();
+      EXPECT_TRUE(testing::Contains(e.what(), "no rank's part of the snapshot holds extra, which this rank's state holds")) << e.what();
     }
     for (const auto& [name, value] : u.fsdp.full_state_dict())
       EXPECT_TRUE(torch::equal(value, before.at(name))) << name;

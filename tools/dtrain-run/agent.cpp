@@ -15,8 +15,8 @@
 #include <iostream>
 #include <sstream>
 
-#include "checkpoint/snapshot_keeper.h"
 #include "common/env.h"
+#include "dtrain/checkpoint/snapshot_keeper.h"
 #include "dtrain/errors.h"
 #include "error_file.h"
 #include "rendezvous.h"
@@ -289,10 +289,11 @@ int run_agent(const Options& o) {
   const ErrorFiles errors(o);  // for the launcher's lifetime: removed after the summary
   // checkpoint::snapshot()'s parts, held here so that a restart of the
   // workers keeps them; gone when the launcher exits.
-  std::unique_ptr<snapshot::Keeper> keeper;
+  std::unique_ptr<checkpoint::SnapshotKeeper> keeper;
   try {
-    const char* tmp = std::getenv("TMPDIR");
-    keeper = std::make_unique<snapshot::Keeper>(tmp && *tmp ? tmp : "/tmp", snapshot::default_memory_limit());
+    const char* tmp = std::getenv("TMPDIR");  // dtrain-run's scratch space, as error_file.cpp's
+    keeper = std::make_unique<checkpoint::SnapshotKeeper>(checkpoint::SnapshotKeeper::default_memory_limit(),
+                                                          tmp ? tmp : "");
   } catch (const InvalidArgument& e) {
     std::cerr << "dtrain-run: " << e.what() << std::endl;
     return 1;

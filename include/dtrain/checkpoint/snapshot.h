@@ -38,6 +38,7 @@
 
 #include "dtrain/arg.h"
 #include "dtrain/checkpoint/distributed.h"
+#include "dtrain/checkpoint/snapshot_keeper.h"
 
 namespace dtrain::checkpoint {
 
