@@ -13,7 +13,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include "checkpoint/snapshot_part.h"
-#include "checkpoint/snapshot_wire.h"
+#include "checkpoint/snapshot_transfer.h"
 #include "common/enforce.h"
 #include "common/env.h"
 #include "checkpoint/save_plan.h"
@@ -22,32 +22,8 @@
 #include "dtrain/objects.h"
 
 namespace dtrain::checkpoint {
+namespace snapshot_detail {
 namespace {
-
-namespace wire = snapshot_wire;
-
-// A request to this host's keeper: a few GiB over a Unix socket.
-constexpr auto kKeeperTimeout = std::chrono::minutes(5);
-constexpr uint64_t kListingBytes = 64 + 12ull * wire::kMaxWorld;
-
-struct Context {
-  std::shared_ptr<ProcessGroup> group;  // the caller's; `bytes` carries the parts (CPU tensors)
-  std::shared_ptr<ProcessGroup> bytes;
-  std::string socket, what;
-  int rank = 0, world = 0;
-
-  int global(int group_rank) const {
-    const auto& g = bytes->global_ranks();
-    return g.empty() ? group_rank : g[group_rank];
-  }
-  std::string ask(wire::Op op, int64_t step, int part_rank, std::string payload = {}, uint64_t max_answer = 0) const {
-    wire::Request r{op, step, static_cast<uint32_t>(part_rank), static_cast<uint32_t>(world), std::move(payload)};
-    return wire::call(socket, r, max_answer, wire::Clock::now() + kKeeperTimeout, what);
-  }
-  wire::Listing listing() const {
-    return wire::decode_listing(ask(wire::Op::List, 0, 0, {}, kListingBytes), what + ": this host's keeper");
-  }
-};
 
 // The parts are CPU bytes: a group that carries only device tensors (nccl)
 // gets a tcp companion of the same ranks, made once.
@@ -62,6 +38,8 @@ std::shared_ptr<ProcessGroup> bytes_group(const std::shared_ptr<ProcessGroup>& g
   return entry.second;
 }
 
+}  // namespace
+
 Context context_of(const SnapshotOptions& o, const std::string& what) {
   Context c;
   c.what = what;
@@ -75,6 +53,8 @@ Context context_of(const SnapshotOptions& o, const std::string& what) {
   c.world = c.group->size();
   return c;
 }
+
+namespace {
 
 // Where rank r's second copy goes: the rank of the same local index on the
 // next host (hosts told apart by their keepers, in order of first rank);
@@ -130,6 +110,77 @@ std::vector<std::string> exchange(const Context& c, std::string& part, int to, c
   }
   for (auto& w : works) w->wait();
   return parts;
+}
+
+// The newest snapshot after `newer_than` whose every part some keeper
+// holds, and the holder of each part: the rank itself when its own keeper
+// has it, else the first rank whose keeper does. {-1, {}} when none.
+std::pair<int64_t, std::vector<int>> newest_complete(const std::vector<wire::Listing>& listings, int64_t newer_than,
+                                                     int world) {
+  auto holds = [&](int q, int64_t step, int r) {
+    const auto& l = listings[q];
+    return l.step == step && l.world == static_cast<uint32_t>(world) &&
+           std::any_of(l.parts.begin(), l.parts.end(), [&](const auto& p) { return p.first == static_cast<uint32_t>(r); });
+  };
+  std::vector<int64_t> steps;
+  for (const auto& l : listings)
+    if (l.step > newer_than && l.world == static_cast<uint32_t>(world)) steps.push_back(l.step);
+  std::sort(steps.rbegin(), steps.rend());
+  for (int64_t step : steps) {
+    std::vector<int> holders(world, -1);
+    bool complete = true;
+    for (int r = 0; r < world && complete; ++r) {
+      for (int q = r; q < world + r && holders[r] < 0; ++q)  // the rank itself first
+        if (holds(q % world, step, r)) holders[r] = q % world;
+      complete = holders[r] >= 0;
+    }
+    if (complete) return {step, holders};
+  }
+  return {-1, {}};
+}
+
+uint64_t part_size(const wire::Listing& l, int r) {
+  for (const auto& p : l.parts)
+    if (p.first == static_cast<uint32_t>(r)) return p.second;
+  return 0;
+}
+
+// This rank's part of `step`: each holder reads the parts it serves from
+// its keeper and sends those of other ranks. A keeper that fails sets
+// `failure`; the bytes are still sent (zeros), so that nobody waits.
+std::string fetch_part(const Context& c, const std::vector<wire::Listing>& listings, int64_t step,
+                       const std::vector<int>& holders, std::string& failure) {
+  const P2POptions opts = P2POptions().group(c.bytes);
+  std::vector<std::string> served;
+  served.reserve(c.world);  // as_bytes views them while they are sent
+  std::string mine;
+  std::vector<WorkPtr> works;
+  for (int r = 0; r < c.world; ++r) {
+    if (holders[r] != c.rank) continue;
+    const uint64_t size = part_size(listings[c.rank], r);
+    std::string bytes;
+    try {
+      bytes = c.ask(wire::Op::Get, step, r, {}, size);
+      if (bytes.size() != size)
+        throw Error("the keeper gave " + std::to_string(bytes.size()) + " bytes of rank " + std::to_string(r) +
+                    "'s part, not the " + std::to_string(size) + " listed");
+    } catch (const Error& e) {
+      if (failure.empty()) failure = e.what();
+      bytes.assign(size, '\0');
+    }
+    if (r == c.rank) {
+      mine = std::move(bytes);
+      continue;
+    }
+    served.push_back(std::move(bytes));
+    if (size > 0) works.push_back(isend(as_bytes(served.back()), c.global(r), opts));
+  }
+  if (holders[c.rank] != c.rank) {
+    mine.resize(part_size(listings[holders[c.rank]], c.rank));
+    if (!mine.empty()) works.push_back(irecv(as_bytes(mine), c.global(holders[c.rank]), opts));
+  }
+  for (auto& w : works) w->wait();
+  return mine;
 }
 
 // What a rank's part holds of the replicated entries, and what its state
@@ -190,24 +241,34 @@ void share_replicated(const Context& c, const DistributedState& state, snapshot_
 
 }  // namespace
 
-SnapshotInfo snapshot(int64_t step, const DistributedState& state, const SnapshotOptions& options) {
-  const Context c = context_of(options, "checkpoint::snapshot of step " + std::to_string(step));
+Staged stage(const Context& c, int64_t step, const DistributedState& state) {
   DTRAIN_CHECK_ARG(step >= 0, c.what, ": the step must not be negative");
-  // A rank that fails goes on with the others to the agreement, which
-  // fails them all: nobody waits for it in a collective it left.
   for (const auto& hook : state.before_save) hook();
   // Each replicated entry in one rank's part only: save()'s plan (collective;
   // its InvalidArgument is the same on every rank).
   std::set<std::string> owned;
   for (const auto& [name, owner] : files::plan_save(c.group, state).replicated_owner)
     if (owner == c.rank) owned.insert(name);
-  std::string failure, part;
+  // A rank that fails goes on with the others to the agreement, which
+  // fails them all: nobody waits for it in a collective it left.
+  Staged staged;
+  staged.step = step;
+  try {
+    staged.part = snapshot_part::encode(state, owned, step, c.rank, c.world);
+  } catch (const Error& e) {
+    staged.failure = e.what();
+  }
+  return staged;
+}
+
+SnapshotInfo transfer(const Context& c, Staged staged) {
+  const int64_t step = staged.step;
+  std::string failure = std::move(staged.failure), part = std::move(staged.part);
   uint64_t keeper = 0;
   try {
     keeper = c.listing().keeper;
-    part = snapshot_part::encode(state, owned, step, c.rank, c.world);
   } catch (const Error& e) {
-    failure = e.what();
+    if (failure.empty()) failure = e.what();
   }
   std::vector<uint64_t> keepers = all_gather_object<uint64_t>(keeper, CollectiveOptions().group(c.bytes));
   const int to = replica_target(keepers, c.rank);
@@ -231,78 +292,34 @@ SnapshotInfo snapshot(int64_t step, const DistributedState& state, const Snapsho
   return info;
 }
 
+}  // namespace snapshot_detail
+
+using namespace snapshot_detail;
+
+SnapshotInfo snapshot(int64_t step, const DistributedState& state, const SnapshotOptions& options) {
+  const Context c = context_of(options, "checkpoint::snapshot of step " + std::to_string(step));
+  wait_for_async_snapshot(c.group, c.what);
+  return transfer(c, stage(c, step, state));
+}
+
 std::optional<int64_t> restore_snapshot(DistributedState& state, int64_t newer_than, const SnapshotOptions& options) {
   const Context c = context_of(options, "checkpoint::restore_snapshot");
-  const auto listed = all_gather_bytes(wire::encode_listing(c.listing()), CollectiveOptions().group(c.bytes));
+  wait_for_async_snapshot(c.group, c.what);
+  std::string failure, listing;
+  try {
+    listing = wire::encode_listing(c.listing());
+  } catch (const Error& e) {
+    failure = e.what();
+    listing = wire::encode_listing({});
+  }
+  const auto listed = all_gather_bytes(listing, CollectiveOptions().group(c.bytes));
+  agree<Error>(c, failure);
   std::vector<wire::Listing> listings;
   for (size_t q = 0; q < listed.size(); ++q)
     listings.push_back(wire::decode_listing(listed[q], c.what + ": rank " + std::to_string(q) + "'s keeper"));
-  // The holder of each rank's part of `step`: the rank itself, else the
-  // first rank whose keeper holds it; none when some part is nowhere.
-  auto holders_of = [&](int64_t step) {
-    std::vector<int> holders(c.world, -1);
-    auto holds = [&](int q, int r) {
-      const auto& l = listings[q];
-      return l.step == step && l.world == static_cast<uint32_t>(c.world) &&
-             std::any_of(l.parts.begin(), l.parts.end(), [&](const auto& p) { return p.first == static_cast<uint32_t>(r); });
-    };
-    for (int r = 0; r < c.world; ++r) {
-      if (holds(r, r)) holders[r] = r;
-      for (int q = 0; q < c.world && holders[r] < 0; ++q)
-        if (holds(q, r)) holders[r] = q;
-      if (holders[r] < 0) return std::vector<int>();
-    }
-    return holders;
-  };
-  std::vector<int64_t> steps;
-  for (const auto& l : listings)
-    if (l.step > newer_than && l.world == static_cast<uint32_t>(c.world)) steps.push_back(l.step);
-  std::sort(steps.rbegin(), steps.rend());
-  int64_t step = -1;
-  std::vector<int> holders;
-  for (int64_t s : steps)
-    if (!(holders = holders_of(s)).empty()) {
-      step = s;
-      break;
-    }
+  const auto [step, holders] = newest_complete(listings, newer_than, c.world);
   if (step < 0) return std::nullopt;
-
-  // Fetch: each holder reads the parts it serves from its keeper.
-  const P2POptions opts = P2POptions().group(c.bytes);
-  auto part_size = [&](int q, int r) {
-    for (const auto& p : listings[q].parts)
-      if (p.first == static_cast<uint32_t>(r)) return p.second;
-    return uint64_t{0};
-  };
-  std::vector<std::string> served;
-  std::string mine;
-  std::vector<WorkPtr> works;
-  std::string failure;
-  served.reserve(c.world);  // as_bytes views them while they are sent
-  for (int r = 0; r < c.world; ++r) {
-    if (holders[r] != c.rank) continue;
-    const uint64_t size = part_size(c.rank, r);
-    std::string bytes;
-    try {
-      bytes = c.ask(wire::Op::Get, step, r, {}, size);
-      if (bytes.size() != size) throw Error("the keeper gave " + std::to_string(bytes.size()) + " bytes of rank " +
-                                            std::to_string(r) + "'s part, not the " + std::to_string(size) + " listed");
-    } catch (const Error& e) {
-      if (failure.empty()) failure = e.what();
-      bytes.assign(size, '\0');  // the receiver still gets its bytes, then the agreement fails
-    }
-    if (r == c.rank) {
-      mine = std::move(bytes);
-      continue;
-    }
-    served.push_back(std::move(bytes));
-    if (size > 0) works.push_back(isend(as_bytes(served.back()), c.global(r), opts));
-  }
-  if (holders[c.rank] != c.rank) {
-    mine.resize(part_size(holders[c.rank], c.rank));
-    if (!mine.empty()) works.push_back(irecv(as_bytes(mine), c.global(holders[c.rank]), opts));
-  }
-  for (auto& w : works) w->wait();
+  std::string mine = fetch_part(c, listings, step, holders, failure);
   agree<Error>(c, failure);
   // Checked everywhere before any rank's state changes.
   snapshot_part::Decoded d;

@@ -108,6 +108,44 @@ TEST_F(Snapshot, ALostHostsRanksResumeFromTheOtherHostsKeeperBitwise) {
   testing::expect_no_errors(errors);
 }
 
+// async_snapshot: training steps on the moment it returns; the snapshot
+// holds the state at the call. The next snapshot call waits for it.
+TEST_F(Snapshot, AnAsynchronousSnapshotHoldsTheStateAtTheCall) {
+  auto straight = snap_models(1), first = snap_models(1), second = snap_models(2);
+  std::vector<std::map<std::string, at::Tensor>> want(kSnapWorld);
+  auto errors = run_rank_contexts(kSnapWorld, [&](RankContext& ctx) {
+    auto transfers = create_process_group("tcp", std::make_shared<PrefixStore>("transfers", ctx.store), ctx.rank,
+                                          kSnapWorld, GroupOptions().name("transfers").timeout(60s));
+    Trainer t(straight[ctx.rank], ctx);
+    t.train(0, 6);
+    want[ctx.rank] = t.fsdp.full_state_dict();
+    Trainer f(first[ctx.rank], ctx);
+    f.train(0, 4);
+    auto pending = ckpt::async_snapshot(3, f.state, on_host(ctx).transfer_group(transfers));
+    f.train(4, 7);  // overwrites every tensor of the state while it is sent
+    const auto info = pending.wait();
+    EXPECT_TRUE(pending.done());
+    EXPECT_EQ(info.step, 3);
+    EXPECT_EQ(info.sent_bytes, info.part_bytes);
+    try {
+      ckpt::async_snapshot(4, f.state, on_host(ctx).transfer_group(ctx.group));
+      ADD_FAILURE() << "the snapshot's own group taken for its transfers";
+    } catch (const InvalidArgument& e) {
+      EXPECT_TRUE(testing::Contains(e.what(), "transfer_group must not be the snapshot's group")) << e.what();
+    }
+  }, 120s);
+  testing::expect_no_errors(errors);
+  b = keeper();
+  errors = run_rank_contexts(kSnapWorld, [&](RankContext& ctx) {
+    Trainer t(second[ctx.rank], ctx);
+    EXPECT_EQ(ckpt::restore_snapshot(t.state, -1, on_host(ctx)).value_or(-1), 3);
+    t.train(4, 6);
+    for (const auto& [name, value] : t.fsdp.full_state_dict())
+      EXPECT_TRUE(torch::equal(value, want[ctx.rank].at(name))) << "rank " << ctx.rank << " " << name;
+  }, 120s);
+  testing::expect_no_errors(errors);
+}
+
 // DDP: each replicated entry is in one rank's part only (save()'s plan),
 // so a rank's part is about 1/world of the state; restoring sends each
 // entry from its part to every rank, host B's parts again from A's keeper.

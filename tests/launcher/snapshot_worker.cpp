@@ -1,7 +1,7 @@
 // A training job for the snapshot test (netns_snapshot_test.sh), run by
 // dtrain-run: an MLP under FSDP with Adam on the tcp backend (whose sums
-// depend on the ranks' numbers only, not on which host holds them), a
-// snapshot in memory every EVERY steps and a checkpoint on disk every
+// depend on the ranks' numbers only, not on which host holds them), an
+// asynchronous snapshot in memory every EVERY steps and a checkpoint on disk every
 // DISK_EVERY steps. On start it resumes from the newer of the two.
 //   snapshot_worker STEPS EVERY DISK_EVERY DIR SLEEP_MS
 // Prints "resumed from snapshot S", "resumed from disk S" or "fresh start",
@@ -87,6 +87,7 @@ int main(int argc, char** argv) {
     std::printf(on_disk >= 0 ? "resumed from disk %lld\n" : "fresh start\n", static_cast<long long>(on_disk));
   }
   std::fflush(stdout);
+  dtrain::checkpoint::AsyncSnapshot pending;
   for (int64_t step = start; step < steps; ++step) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 * step + rank);
     auto x = at::randn({8, 16}, gen), y = at::randn({8, 4}, gen);
@@ -98,11 +99,12 @@ int main(int argc, char** argv) {
                 restarts ? restarts : "0", crc_of(state), loss.item<double>());
     std::fflush(stdout);
     state.metadata["step"] = std::to_string(step);
-    if (step % every == 0) dtrain::checkpoint::snapshot(step, state);
+    if (step % every == 0) pending = dtrain::checkpoint::async_snapshot(step, state);
     if (step % disk_every == 0) dtrain::checkpoint::save(dir, state);
     if (step == crash_at && first_attempt && rank == world - 1) std::_Exit(9);
     std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
   }
+  if (pending.valid()) pending.wait();
   dtrain::destroy_process_group();
   return 0;
 }

@@ -47,6 +47,10 @@ struct SnapshotOptions {
   DTRAIN_ARG(std::shared_ptr<ProcessGroup>, process_group) = nullptr;
   // The keeper's socket; empty: DTRAIN_SNAPSHOT_SOCKET, set by dtrain-run.
   DTRAIN_ARG(std::string, keeper_socket) = "";
+  // async_snapshot's background collectives: a group of the same ranks in
+  // the same order that training does not use. Null: a tcp group made over
+  // the default group's store at the group's first async_snapshot, kept.
+  DTRAIN_ARG(std::shared_ptr<ProcessGroup>, transfer_group) = nullptr;
 };
 
 struct SnapshotInfo {
@@ -65,6 +69,34 @@ struct SnapshotInfo {
 // Without dtrain-run (no DTRAIN_SNAPSHOT_SOCKET): InvalidArgument.
 SnapshotInfo snapshot(int64_t step, const DistributedState& state,
                       const SnapshotOptions& options = SnapshotOptions());
+
+namespace detail {
+struct PendingSnapshot;
+}
+
+// An asynchronous snapshot in flight.
+class AsyncSnapshot {
+ public:
+  AsyncSnapshot() = default;
+  explicit AsyncSnapshot(std::shared_ptr<detail::PendingSnapshot> pending) : pending_(std::move(pending)) {}
+  // Blocks until it is kept everywhere and complete; throws its Error (the
+  // same on every rank) when it failed.
+  SnapshotInfo wait();
+  bool done() const;  // never blocks
+  bool valid() const { return pending_ != nullptr; }
+
+ private:
+  std::shared_ptr<detail::PendingSnapshot> pending_;
+};
+
+// Collective. As snapshot(), but training stops only while this rank's
+// part is read and encoded (a copy of it); a background thread (nice 10
+// more than the process) sends and keeps the parts and completes the
+// snapshot over `transfer_group`. At most one snapshot of a group is in
+// flight: the next snapshot call (and restore_snapshot) waits for it, and
+// throws its failure when no wait() saw it.
+AsyncSnapshot async_snapshot(int64_t step, const DistributedState& state,
+                             const SnapshotOptions& options = SnapshotOptions());
 
 // Collective. When the keepers of this job's hosts together hold a complete
 // snapshot of a step after `newer_than` taken by as many ranks as the
