@@ -18,6 +18,7 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include "checkpoint/background.h"
 #include "checkpoint/distributed_files.h"
 #include "checkpoint/save_job.h"
 #include "common/enforce.h"
@@ -29,33 +30,8 @@ namespace dtrain::checkpoint {
 namespace detail {
 
 // One asynchronous save, shared by its handles and its group's slot.
-struct PendingSave {
+struct PendingSave : background::Outcome {
   std::string dir;
-  mutable std::mutex mutex;
-  std::condition_variable finished;
-  bool done = false;
-  bool seen = false;  // wait() threw its failure to somebody
-  std::exception_ptr error;
-
-  void finish(std::exception_ptr e) {
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      error = std::move(e);
-      done = true;
-    }
-    finished.notify_all();
-  }
-  bool outcome_ready() {
-    std::lock_guard<std::mutex> lock(mutex);
-    return done;
-  }
-  // Blocks until done; its failure, marked as seen when `see`.
-  std::exception_ptr outcome(bool see) {
-    std::unique_lock<std::mutex> lock(mutex);
-    finished.wait(lock, [&] { return done; });
-    if (see) seen = true;
-    return error;
-  }
 };
 
 }  // namespace detail
@@ -77,61 +53,15 @@ struct Slot {
   }
 };
 
-// The slots of every group this process saved asynchronously. A process
-// that ends waits for the saves in flight (static destruction joins them).
-struct Registry {
-  std::mutex mutex;
-  std::map<const ProcessGroup*, Slot> slots;
-
-  ~Registry() {
-    for (auto& [group, slot] : slots) slot.join();
-  }
-  // `group`'s slot; one left by a destroyed group at the same address is
-  // replaced (after its writer is done). Slots of destroyed groups whose
-  // writers are done go, with their writer groups and buffers.
-  Slot& slot_of(const std::shared_ptr<ProcessGroup>& group) {
-    for (auto it = slots.begin(); it != slots.end();) {
-      const bool idle = !it->second.pending || it->second.pending->outcome_ready();
-      if (it->first != group.get() && it->second.owner.expired() && idle) {
-        it->second.join();
-        it = slots.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    auto& slot = slots[group.get()];
-    if (slot.owner.lock() != group) {
-      slot.join();
-      slot = Slot();
-      slot.owner = group;
-    }
-    return slot;
-  }
-};
+using Registry = background::Registry<Slot>;
 
 Registry& registry() {
   static Registry r;
   return r;
 }
 
-// The background writer yields the CPU to training where cores are short:
-// its thread's nice value goes 10 up (Linux keeps one per thread).
-void lower_this_threads_priority() {
-  const auto tid = static_cast<id_t>(::syscall(SYS_gettid));
-  errno = 0;
-  const int nice = ::getpriority(PRIO_PROCESS, tid);
-  if (errno == 0) ::setpriority(PRIO_PROCESS, tid, std::min(nice + 10, 19));
-}
-
-std::string what_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  } catch (...) {
-    return "unknown error";
-  }
-}
+using background::lower_this_threads_priority;
+using background::what_of;
 
 // The writer group: the user's (checked), the slot's, or a new one.
 std::shared_ptr<ProcessGroup> writers_for(Slot& slot, const std::shared_ptr<ProcessGroup>& group,
@@ -180,24 +110,10 @@ namespace files {
 
 void wait_for_async_save(const std::shared_ptr<ProcessGroup>& group, const std::string& context) {
   if (!group) return;
-  std::shared_ptr<PendingSave> pending;
-  {
-    auto& r = registry();
-    std::lock_guard<std::mutex> lock(r.mutex);
-    auto it = r.slots.find(group.get());
-    if (it == r.slots.end() || it->second.owner.lock() != group) return;
-    pending = it->second.pending;
-  }
+  auto pending = registry().pending_of(group);
   if (!pending) return;
-  bool seen_before;
-  {
-    std::lock_guard<std::mutex> lock(pending->mutex);
-    seen_before = pending->seen;
-  }
-  auto error = pending->outcome(true);
-  if (error && !seen_before)
-    throw Error(context + ": the asynchronous save to " + pending->dir +
-                " before it failed: " + what_of(error));
+  if (auto error = pending->unseen_failure())
+    throw Error(context + ": the asynchronous save to " + pending->dir + " before it failed: " + what_of(error));
 }
 
 }  // namespace files

@@ -1,17 +1,10 @@
 // Asynchronous snapshots (snapshot.h): stage on the caller's thread, send,
 // keep and complete on a background thread over a group of their own.
 
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <cerrno>
-#include <condition_variable>
-#include <map>
 #include <mutex>
 #include <thread>
 
+#include "checkpoint/background.h"
 #include "checkpoint/snapshot_transfer.h"
 #include "common/enforce.h"
 #include "world/companion_group.h"
@@ -20,29 +13,9 @@ namespace dtrain::checkpoint {
 
 namespace detail {
 
-struct PendingSnapshot {
+struct PendingSnapshot : background::Outcome {
   int64_t step = 0;
-  mutable std::mutex mutex;
-  std::condition_variable finished;
-  bool done = false, seen = false;
-  SnapshotInfo info;
-  std::exception_ptr error;
-
-  void finish(SnapshotInfo i, std::exception_ptr e) {
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      info = i;
-      error = std::move(e);
-      done = true;
-    }
-    finished.notify_all();
-  }
-  std::exception_ptr outcome(bool see) {
-    std::unique_lock<std::mutex> lock(mutex);
-    finished.wait(lock, [&] { return done; });
-    if (see) seen = true;
-    return error;
-  }
+  SnapshotInfo info;  // written before finish()
 };
 
 }  // namespace detail
@@ -61,38 +34,11 @@ struct Slot {
   }
 };
 
-// Every group's slot; a process that leaves main with a snapshot in flight
-// waits for it.
-struct Registry {
-  std::mutex mutex;
-  std::map<const ProcessGroup*, Slot> slots;
-  ~Registry() {
-    for (auto& [group, slot] : slots) slot.join();
-  }
-  Slot& slot_of(const std::shared_ptr<ProcessGroup>& group) {
-    auto& slot = slots[group.get()];
-    if (slot.owner.lock() != group) {
-      slot.join();
-      slot = Slot();
-      slot.owner = group;
-    }
-    return slot;
-  }
-};
+using Registry = background::Registry<Slot>;
 
 Registry& registry() {
   static Registry r;
   return r;
-}
-
-std::string what_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  } catch (...) {
-    return "unknown error";
-  }
 }
 
 std::shared_ptr<ProcessGroup> transfers_for(Slot& slot, const snapshot_detail::Context& c,
@@ -116,24 +62,11 @@ std::shared_ptr<ProcessGroup> transfers_for(Slot& slot, const snapshot_detail::C
 namespace snapshot_detail {
 
 void wait_for_async_snapshot(const std::shared_ptr<ProcessGroup>& group, const std::string& context) {
-  std::shared_ptr<PendingSnapshot> pending;
-  {
-    auto& r = registry();
-    std::lock_guard<std::mutex> lock(r.mutex);
-    auto it = r.slots.find(group.get());
-    if (it == r.slots.end() || it->second.owner.lock() != group) return;
-    pending = it->second.pending;
-  }
+  auto pending = registry().pending_of(group);
   if (!pending) return;
-  bool seen_before;
-  {
-    std::lock_guard<std::mutex> lock(pending->mutex);
-    seen_before = pending->seen;
-  }
-  auto error = pending->outcome(true);
-  if (error && !seen_before)
-    throw Error(context + ": the snapshot of step " + std::to_string(pending->step) +
-                " before it failed: " + what_of(error));
+  if (auto error = pending->unseen_failure())
+    throw Error(context + ": the snapshot of step " + std::to_string(pending->step) + " before it failed: " +
+                background::what_of(error));
 }
 
 }  // namespace snapshot_detail
@@ -159,28 +92,23 @@ AsyncSnapshot async_snapshot(int64_t step, const DistributedState& state, const 
   std::unique_lock<std::mutex> lock(r.mutex);
   Slot& slot = r.slot_of(c.group);
   slot.join();
-  Context background = c;
-  background.bytes = transfers_for(slot, c, options);
+  Context transfers = c;
+  transfers.bytes = transfers_for(slot, c, options);
   lock.unlock();
   Staged staged = stage(c, step, state);  // the stall: the state read and encoded
   auto pending = std::make_shared<PendingSnapshot>();
   pending->step = step;
   lock.lock();
   slot.pending = pending;
-  slot.thread = std::thread([background, staged = std::move(staged), pending]() mutable {
-    // Training goes first where cores are short (Linux: a nice value per thread).
-    const auto tid = static_cast<id_t>(::syscall(SYS_gettid));
-    errno = 0;
-    const int nice = ::getpriority(PRIO_PROCESS, tid);
-    if (errno == 0) ::setpriority(PRIO_PROCESS, tid, std::min(nice + 10, 19));
-    SnapshotInfo info;
+  slot.thread = std::thread([transfers = std::move(transfers), staged = std::move(staged), pending]() mutable {
+    background::lower_this_threads_priority();
     std::exception_ptr error;
     try {
-      info = transfer(background, std::move(staged));
+      pending->info = transfer(transfers, std::move(staged));
     } catch (...) {
       error = std::current_exception();
     }
-    pending->finish(info, error);
+    pending->finish(error);
   });
   return AsyncSnapshot(pending);
 }
