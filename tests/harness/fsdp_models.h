@@ -112,4 +112,16 @@ struct BlockStackImpl : torch::nn::Module {
   std::vector<std::shared_ptr<FullyShard<BlockImpl>>> blocks;
 };
 
+// `count` BlockStacks, each built right after torch::manual_seed(seed): the
+// same values in each (on the main thread: rank threads share the
+// generator).
+inline std::vector<std::shared_ptr<BlockStackImpl>> seeded_stacks(int count, int seed) {
+  std::vector<std::shared_ptr<BlockStackImpl>> out;
+  for (int i = 0; i < count; ++i) {
+    torch::manual_seed(seed);
+    out.push_back(std::make_shared<BlockStackImpl>());
+  }
+  return out;
+}
+
 }  // namespace dtrain::testing

@@ -28,14 +28,8 @@ using testing::RankContext;
 using testing::run_rank_contexts;
 namespace ckpt = checkpoint;
 
-std::vector<std::shared_ptr<testing::BlockStackImpl>> stacks(int world, int seed) {
-  std::vector<std::shared_ptr<testing::BlockStackImpl>> out;
-  for (int r = 0; r < world; ++r) {
-    torch::manual_seed(seed);
-    out.push_back(std::make_shared<testing::BlockStackImpl>());
-  }
-  return out;
-}
+using testing::seeded_stacks;
+auto stacks(int world, int seed) { return seeded_stacks(world, seed); }
 
 // Inputs for steps 0..7 of ranks 0..3, drawn once on the main thread
 // (the generator is shared: rank threads seeding it would race).

@@ -25,14 +25,7 @@ namespace ckpt = checkpoint;
 
 constexpr int kSnapWorld = 4;
 
-std::vector<std::shared_ptr<testing::BlockStackImpl>> snap_models(int seed) {
-  std::vector<std::shared_ptr<testing::BlockStackImpl>> out;
-  for (int r = 0; r < kSnapWorld; ++r) {
-    torch::manual_seed(seed);
-    out.push_back(std::make_shared<testing::BlockStackImpl>());
-  }
-  return out;
-}
+auto snap_models(int seed) { return testing::seeded_stacks(kSnapWorld, seed); }
 
 torch::Tensor snap_batch(int step, int rank) {
   static const std::vector<torch::Tensor> inputs = [] {
