@@ -188,9 +188,14 @@ int bench_checkpoint(const Args& a) {
                      {"batch", a.get("batch", "8")},     {"steps", a.get("steps", "5")},
                      {"saves", a.get("saves", "3")},     {"dir", dir},
                      {"backend", a.get("backend", "auto")}};
-  // Two keepers, as two hosts' dtrain-run would hold them.
-  checkpoint::SnapshotKeeper host_a, host_b;
-  rank_args.flags["keepers"] = host_a.socket_path() + "," + host_b.socket_path();
+  // Two keepers, as two hosts' dtrain-run would hold them (--snapshots 0:
+  // none, for a state whose copies there would not fit in memory).
+  std::optional<checkpoint::SnapshotKeeper> host_a, host_b;
+  if (a.num("snapshots", 1) != 0) {
+    host_a.emplace();
+    host_b.emplace();
+    rank_args.flags["keepers"] = host_a->socket_path() + "," + host_b->socket_path();
+  }
   const double params = static_cast<double>(layers) * (width * width + width) + width * 10 + 10;
   std::printf("model: %d x Linear(%d, %d) + head, %.1f M parameters, Adam: %.2f GiB of parameters and "
               "moments; %d ranks, checkpoints in %s, medians of %s saves\n",
@@ -199,7 +204,9 @@ int bench_checkpoint(const Args& a) {
   std::printf("%-5s %10s %9s %9s %11s %9s %9s %12s %9s %7s %12s %7s %7s %7s %7s %8s\n", "mode", "state_MiB", "step_s",
               "save_s", "1st_stall_s", "stall_s", "write_s", "step_during", "xsave", "xstep", "steps_during",
               "snap_s", "xsnap", "asnap_s", "xasnap", "sent_MiB");
+  const std::string modes = a.get("modes", "ddp,fsdp");
   for (const std::string mode : {"ddp", "fsdp"}) {
+    if (("," + modes + ",").find("," + mode + ",") == std::string::npos) continue;
     capture("rm -rf '" + dir + "' && mkdir -p '" + dir + "'");
     const auto out = run_ranks(world, "ckpt-" + mode, rank_args);
     const double step = field(out, "step"), save = field(out, "save"), stall = field(out, "stall");
