@@ -7,7 +7,10 @@
 //   save          save(): training stops for all of it (median of --saves)
 //   stall         async_save() until it returns: the copy of the rank's part
 //                 into the staging buffers (median of --saves after the
-//                 first; the first, which allocates them, apart)
+//                 first; the first, which allocates them, apart). With
+//                 --background-staging 1 the copy overlaps the next step's
+//                 forward and backward; the stall is async_save's return
+//                 plus what that step's update still waits for the copy
 //   write         async_save() to its commit, training going on
 //   step_during   a training step while the background writer runs (median)
 //   snapshot      snapshot() into two keepers standing for two hosts (this
@@ -21,6 +24,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <functional>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -37,6 +41,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// A training step takes a hook run between its backward and its
+// optimizer step.
+using Hook = std::function<void()>;
+const Hook kNoHook = [] {};
 
 struct Figures {
   std::vector<double> step, save, stall, write, step_during, snapshot, async_snapshot;
@@ -59,11 +68,11 @@ Figures measure_saves(const Args& a, const checkpoint::DistributedState& state, 
   const int saves = a.num("saves", 3);
   Figures f;
   f.state_bytes = bytes_of(state);
-  step();  // warm-up
+  step(kNoHook);  // warm-up
   for (int i = 0; i < a.num("steps", 5); ++i) {
     barrier();
     const auto t0 = Clock::now();
-    step();
+    step(kNoHook);
     f.step.push_back(since(t0));
   }
   for (int i = 0; i < saves; ++i) {
@@ -71,13 +80,26 @@ Figures measure_saves(const Args& a, const checkpoint::DistributedState& state, 
     const auto t0 = Clock::now();
     checkpoint::save(dir + "/sync", state);
     f.save.push_back(since(t0));
-    step();
+    step(kNoHook);
   }
   for (int i = 0; i <= saves; ++i) {
     barrier();
     const auto t0 = Clock::now();
-    auto pending = checkpoint::async_save(dir + "/async", state);
-    const double stall = since(t0);
+    const bool background = a.num("background-staging", 0) != 0;
+    auto pending = checkpoint::async_save(dir + "/async", state,
+                                          checkpoint::AsyncSaveOptions().stage_in_background(background));
+    double stall = since(t0);
+    if (background) {  // the next step's forward and backward overlap the copy; its update waits for it
+      const auto s0 = Clock::now();
+      double waited = 0;
+      step([&] {
+        const auto w0 = Clock::now();
+        pending.wait_staged();
+        waited = since(w0);
+      });
+      stall += waited;
+      f.step_during.push_back(since(s0) - waited);
+    }
     if (i == 0)
       f.first_stall = stall;
     else
@@ -89,7 +111,7 @@ Figures measure_saves(const Args& a, const checkpoint::DistributedState& state, 
       all_reduce(writing, AllReduceOptions().op(ReduceOp::MAX));
       if (writing.item<int>() == 0) break;
       const auto s0 = Clock::now();
-      step();
+      step(kNoHook);
       f.step_during.push_back(since(s0));
       writing.fill_(pending.done() ? 0 : 1);
     }
@@ -107,14 +129,14 @@ Figures measure_saves(const Args& a, const checkpoint::DistributedState& state, 
     const auto info = checkpoint::snapshot(i, state, checkpoint::SnapshotOptions().keeper_socket(keeper));
     if (i > 0) f.snapshot.push_back(since(t0));  // the first allocates the keepers' memory
     f.snapshot_sent = static_cast<int64_t>(info.sent_bytes);
-    step();
+    step(kNoHook);
   }
   for (int i = 0; i <= saves && !keepers.empty(); ++i) {
     barrier();
     const auto t0 = Clock::now();
     auto pending = checkpoint::async_snapshot(saves + 1 + i, state, checkpoint::SnapshotOptions().keeper_socket(keeper));
     if (i > 0) f.async_snapshot.push_back(since(t0));  // the first makes its group
-    step();
+    step(kNoHook);
     pending.wait();
   }
   return f;
@@ -160,18 +182,20 @@ int checkpoint_rank_main(const std::string& mode, const Args& a) {
     torch::optim::Adam opt(ddp.parameters(), torch::optim::AdamOptions(1e-4));
     checkpoint::add_module(state, *net);
     checkpoint::add_optimizer(state, opt, *net);
-    f = measure_saves(a, state, [&] {
+    f = measure_saves(a, state, [&](const Hook& before_update) {
       opt.zero_grad();
       torch::nll_loss(ddp.forward(x), y).backward();
+      before_update();
       opt.step();
     });
   } else {
     FullyShardedDataParallel fsdp(net);
     torch::optim::Adam opt(fsdp.parameters(), torch::optim::AdamOptions(1e-4));
     checkpoint::add_fsdp(state, fsdp, opt);
-    f = measure_saves(a, state, [&] {
+    f = measure_saves(a, state, [&](const Hook& before_update) {
       opt.zero_grad();
       torch::nll_loss(fsdp.forward(x), y).backward();
+      before_update();
       opt.step();
     });
   }
@@ -187,7 +211,8 @@ int bench_checkpoint(const Args& a) {
   rank_args.flags = {{"layers", std::to_string(layers)}, {"width", std::to_string(width)},
                      {"batch", a.get("batch", "8")},     {"steps", a.get("steps", "5")},
                      {"saves", a.get("saves", "3")},     {"dir", dir},
-                     {"backend", a.get("backend", "auto")}};
+                     {"backend", a.get("backend", "auto")},
+                     {"background-staging", a.get("background-staging", "0")}};
   // Two keepers, as two hosts' dtrain-run would hold them (--snapshots 0:
   // none, for a state whose copies there would not fit in memory).
   std::optional<checkpoint::SnapshotKeeper> host_a, host_b;

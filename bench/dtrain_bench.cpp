@@ -36,7 +36,7 @@
 //       activation peak and step time against none; the Llama model's tokens/s at
 //       TP 2 against one process on 2 threads; tensor_parallel.cpp.
 //   dtrain-bench checkpoint [--world 4] [--layers 6] [--width 4096] [--saves 3] [--dir D]
-//                           [--modes ddp,fsdp] [--snapshots 1]
+//                           [--modes ddp,fsdp] [--snapshots 1] [--background-staging 0]
 //       save() against async_save() on DDP and FSDP with Adam: the training
 //       stall of each, and a step's time while the background writer runs;
 //       snapshot() and async_snapshot() into two keepers (--snapshots 0:

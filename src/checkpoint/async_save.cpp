@@ -126,6 +126,11 @@ void AsyncSaveHandle::wait() const {
   if (auto error = pending_->outcome(true)) std::rethrow_exception(error);
 }
 
+void AsyncSaveHandle::wait_staged() const {
+  DTRAIN_CHECK_ARG(pending_, "AsyncSaveHandle::wait_staged: an empty handle (not returned by async_save)");
+  pending_->wait_staged();
+}
+
 bool AsyncSaveHandle::done() const {
   if (!pending_) return false;
   std::lock_guard<std::mutex> lock(pending_->mutex);
@@ -160,12 +165,21 @@ AsyncSaveHandle async_save(const std::string& dir, const DistributedState& state
   slot->join();  // finished: wait_for_async_save saw it done
   auto writers = writers_for(*slot, group, options, context);
   // A rank that cannot stage still takes part in the writer's first
-  // agreement, so that every rank fails with its error.
-  const std::string staging_error =
-      files::error_of([&] { stage(job.mine, *slot, options.reuse_staging(), options.die_while_staging()); });
+  // agreement, so that every rank fails with its error. The slot's buffers
+  // are the writer's until it is joined (the group's next async_save).
+  auto stage_part = [slot, reuse = options.reuse_staging(), die = options.die_while_staging()](files::SaveJob& job) {
+    return files::error_of([&] { stage(job.mine, *slot, reuse, die); });
+  };
+  const bool in_background = options.stage_in_background();
+  std::string staging_error = in_background ? std::string() : stage_part(job);
   auto pending = std::make_shared<PendingSave>();
   pending->dir = dir;
-  std::thread writer([job = std::move(job), writers, pending, staging_error] {
+  if (!in_background) pending->mark_staged();
+  std::thread writer([job = std::move(job), writers, pending, staging_error, in_background, stage_part]() mutable {
+    if (in_background) {  // at training's priority: its next step waits for it
+      staging_error = stage_part(job);
+      pending->mark_staged();
+    }
     lower_this_threads_priority();
     std::exception_ptr error;
     try {

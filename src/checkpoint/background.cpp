@@ -18,6 +18,19 @@ void Outcome::finish(std::exception_ptr e) {
   finished.notify_all();
 }
 
+void Outcome::mark_staged() {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    staged = true;
+  }
+  finished.notify_all();
+}
+
+void Outcome::wait_staged() {
+  std::unique_lock<std::mutex> lock(mutex);
+  finished.wait(lock, [&] { return staged || done; });
+}
+
 bool Outcome::outcome_ready() const {
   std::lock_guard<std::mutex> lock(mutex);
   return done;

@@ -23,9 +23,12 @@ struct Outcome {
   std::condition_variable finished;
   bool done = false;
   bool seen = false;  // a wait() threw its failure to somebody
+  bool staged = false;  // the job's input copied (async_save's staging)
   std::exception_ptr error;
 
   void finish(std::exception_ptr e);
+  void mark_staged();
+  void wait_staged();  // until staged or done
   bool outcome_ready() const;
   // Blocks until done; its failure, marked as seen when `see`.
   std::exception_ptr outcome(bool see);

@@ -88,6 +88,44 @@ TEST(AsyncSave, WritesTheStateAtTheCallWhileTrainingChangesIt) {
   at_call.expect_equal(loaded);
 }
 
+// stage_in_background: async_save returns before the copy; the moment
+// wait_staged() returns every tensor of the state is overwritten and
+// training steps on. The checkpoint holds the values at the call, bitwise.
+TEST(AsyncSave, StagedInTheBackgroundTheStateMayChangeOnceStaged) {
+  testing::TempDir dir;
+  testing::AssembledState at_call, loaded;
+  std::vector<std::shared_ptr<testing::BlockStackImpl>> nets = testing::seeded_stacks(2, 0);
+  const auto input = torch::randn({4, 3, 10});
+  auto errors = run_rank_contexts(2, [&](RankContext& ctx) {
+    auto writers = writer_group(ctx);
+    FullyShardedDataParallel fsdp(nets[ctx.rank], FSDPOptions().process_group(ctx.group));
+    torch::optim::Adam opt(fsdp.parameters(), torch::optim::AdamOptions(1e-2));
+    for (int i = 0; i < 2; ++i) {
+      opt.zero_grad();
+      fsdp.forward(input + ctx.rank).pow(2).mean().backward();
+      opt.step();
+    }
+    ckpt::DistributedState state;
+    ckpt::add_fsdp(state, fsdp, opt);
+    at_call.add(state);
+    auto pending = ckpt::async_save(dir.path(), state, async_options(ctx, writers).stage_in_background(true));
+    pending.wait_staged();  // at once: the state changes the moment it returns
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& t : state_tensors(state)) t.fill_(-1.0);
+    }
+    opt.zero_grad();
+    fsdp.forward(input + ctx.rank).pow(2).mean().backward();
+    opt.step();
+    pending.wait();
+    ckpt::load(dir.path(), state);
+    loaded.add(state);
+  }, 60s);
+  testing::expect_no_errors(errors);
+  EXPECT_GT(at_call.size(), 20u);
+  at_call.expect_equal(loaded);
+}
+
 // The second async_save returns only once the first is done, a save after
 // them waits the same way, and all three checkpoints hold their values.
 TEST(AsyncSave, OneSaveOfAGroupIsInFlightAtATime) {

@@ -48,6 +48,14 @@ struct AsyncSaveOptions {
   // allocation, and no page faults, in the next stall; one copy of this
   // rank's part stays allocated between saves).
   DTRAIN_ARG(bool, reuse_staging) = true;
+  // Copy into the staging buffers on the writer's thread too
+  // (torch.distributed.checkpoint's asynchronous staging): async_save
+  // returns after the plan, and the copy runs while training computes its
+  // next forward and backward, which read the state but do not write it.
+  // The state must not change before the handle's wait_staged() returns:
+  // call it before the optimizer's next step (and before a forward that
+  // updates buffers in the state, as BatchNorm's running statistics).
+  DTRAIN_ARG(bool, stage_in_background) = false;
   // Test hooks: this rank dies (SIGKILL) half way through staging, or in
   // the background writer (SaveOptions' faults and die_before_commit).
   DTRAIN_ARG(bool, die_while_staging) = false;
@@ -65,6 +73,10 @@ class AsyncSaveHandle {
   // (throws save()'s Error, the same on every rank). Bounded by what bounds
   // save(): the writer group's timeout for a rank that stops answering.
   void wait() const;
+  // Blocks until this rank's part is in the staging buffers (at once
+  // unless stage_in_background): from then on the state may change. A
+  // failure to stage is wait()'s, not this one's.
+  void wait_staged() const;
   // Whether the background writer has finished, either way; never blocks.
   bool done() const;
   // Its failure once done (null while running, or when it committed).
