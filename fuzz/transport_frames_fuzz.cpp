@@ -22,7 +22,7 @@
 #include "dtrain/errors.h"
 #include "dtrain/store/hash_store.h"
 #include "transport/tcp/hello.h"
-#include "transport/tcp/transport.h"
+#include "transport/fabric.h"
 
 namespace {
 
@@ -59,7 +59,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.name = "fuzz";
   options.unexpected_bytes = 128 << 10;  // 64 KiB per connection
   std::unique_ptr<dtrain::transport::Transport> t;
-  std::thread real([&] { t = dtrain::transport::connect_tcp(store, 0, 2, options); });
+  std::thread real([&] {
+    namespace tr = dtrain::transport;
+    t = tr::connect(store, 0, tr::Topology::host_per_rank(2), tr::FabricOptions{options}).transport;
+  });
   auto fds = fake_rank1(store, options.streams);
   real.join();
 

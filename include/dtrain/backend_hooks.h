@@ -1,10 +1,11 @@
 #pragma once
 
-// The backend hooks of ProcessGroup (see process_group.h), declared once
+// The per-operation hooks of a backend (dtrain/backend.h), declared once
 // (installed: a backend of your own, registered with register_backend,
-// uses it too):
-// a backend class writes DTRAIN_PROCESS_GROUP_HOOKS in its protected section
-// and defines each do_* in its .cpp.
+// uses it too): a Backend writes DTRAIN_BACKEND_HOOKS in its protected
+// section and defines each do_* in its .cpp. DTRAIN_PROCESS_GROUP_HOOKS is
+// the same list, for backends written as ProcessGroup subclasses before
+// Backend existed.
 
 #define DTRAIN_PROCESS_GROUP_HOOKS                                                             \
   WorkPtr do_all_reduce(const Call& call, at::Tensor tensor, ReduceOp op) override;            \
@@ -24,3 +25,5 @@
   WorkPtr do_monitored_barrier(const Call& call, bool wait_all_ranks) override;                \
   WorkPtr do_send(const Call& call, at::Tensor tensor, int dst, int tag) override;             \
   WorkPtr do_recv(const Call& call, at::Tensor tensor, int src, int tag) override;
+
+#define DTRAIN_BACKEND_HOOKS DTRAIN_PROCESS_GROUP_HOOKS

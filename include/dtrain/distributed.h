@@ -86,7 +86,15 @@ std::pair<std::shared_ptr<ProcessGroup>, std::vector<std::shared_ptr<ProcessGrou
 new_subgroups_by_enumeration(const std::vector<std::vector<int>>& ranks_per_subgroup,
                              const NewGroupOptions& options = NewGroupOptions());
 
-// Backends are looked up by name; register your own before init.
+// Backends are looked up by name; register your own before init. A
+// Backend of your own (backend.h) with the device types whose tensors it
+// runs: create_process_group gives a group over it for each of them.
+using MakeBackend = std::function<BackendPtr(std::shared_ptr<Store> store, int rank, int size,
+                                             const GroupOptions& options)>;
+void register_backend(const std::string& name, std::vector<c10::DeviceType> devices,
+                      MakeBackend make);
+// The form before Backend existed, still supported: a factory of whole
+// groups (a ProcessGroup subclass that writes the hooks itself).
 using BackendFactory = std::function<std::shared_ptr<ProcessGroup>(
     std::shared_ptr<Store> store, int rank, int size, const GroupOptions& options)>;
 void register_backend(const std::string& name, BackendFactory factory);

@@ -1,12 +1,13 @@
 #pragma once
 
-// ProcessGroup: a set of ranks that run collectives together.
+// ProcessGroup: a set of ranks that run collectives together, and the
+// front door of its backends (backend.h): one per device type.
 //
 // The public methods below are the same for every backend. They check their
 // arguments before anything is sent (InvalidArgument naming what is wrong),
 // stage non-contiguous tensors through contiguous copies, fingerprint the
 // call across ranks when DTRAIN_DEBUG=DETAIL, number it, and hand it to the
-// backend. Every call returns a Work (see work.h); the operation runs in
+// backend of its tensors' device. Every call returns a Work (see work.h); the operation runs in
 // issue order on the group's own thread, under `timeout` (the group's default
 // when not given). Rank arguments here are ranks *within this group*.
 //
@@ -18,12 +19,15 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "dtrain/arg.h"
+#include "dtrain/backend.h"
+#include "dtrain/operation.h"
 #include "dtrain/store/store.h"
 #include "dtrain/work.h"
 
@@ -32,83 +36,16 @@ namespace detail {
 class FlightRecorder;
 }
 
-// torch.distributed.ReduceOp. BAND, BOR and BXOR (bitwise and, or, xor) are
-// for integer tensors only (InvalidArgument otherwise, before anything is
-// sent); nccl has no bitwise reductions and refuses them. PREMUL_SUM (the
-// sum of each rank's input times a factor, PyTorch's
-// _make_nccl_premul_sum) is for floating tensors, through the free
-// functions with ReduceOptions::premul_factor, on every backend; a
-// ProcessGroup method given it refuses it.
-enum class ReduceOp { SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR, PREMUL_SUM };
-// Whether `op` is one of the bitwise reductions.
-inline bool is_bitwise(ReduceOp op) {
-  return op == ReduceOp::BAND || op == ReduceOp::BOR || op == ReduceOp::BXOR;
-}
-const char* to_string(ReduceOp op);
+// Which backend runs the operations on tensors of each device type.
+using DeviceBackends = std::map<c10::DeviceType, BackendPtr>;
 
-// Everything a backend needs to build one group.
-struct GroupOptions {
-  DTRAIN_ARG(std::string, name) = "default";
-  // Default timeout of every operation of the group.
-  DTRAIN_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(30);
-  // Address that peers use to reach this rank's listening sockets; empty:
-  // derived from DTRAIN_SOCKET_IFNAME, else 127.0.0.1.
-  DTRAIN_ARG(std::string, local_address) = "";
-  // Global rank of each group rank; empty means the identity.
-  DTRAIN_ARG(std::vector<int>, global_ranks) = {};
-  // Fingerprint each collective across ranks before it runs; unset: on when
-  // DTRAIN_DEBUG=DETAIL.
-  DTRAIN_ARG(std::optional<bool>, check_collectives) = std::nullopt;
-  // CUDA device of a device backend (nccl); -1: see InitOptions::device_id.
-  DTRAIN_ARG(int, device_id) = -1;
-};
-
-using Timeout = std::optional<std::chrono::milliseconds>;
-
-// recv's `src` for a message from any rank (torch.distributed's src=None).
-inline constexpr int kAnySource = -1;
-
-// Every operation of a ProcessGroup, by torch.distributed's name.
-enum class OpType {
-  ALL_REDUCE,
-  BROADCAST,
-  REDUCE,
-  ALL_GATHER,
-  GATHER,
-  SCATTER,
-  REDUCE_SCATTER,
-  ALL_GATHER_INTO_TENSOR,
-  REDUCE_SCATTER_TENSOR,
-  ALL_TO_ALL,
-  BARRIER,
-  MONITORED_BARRIER,
-  SEND,
-  RECV,
-};
-const char* to_string(OpType type);  // "all_reduce", ...
-// Whether `type` is numbered among the group's collectives (all but SEND
-// and RECV).
-inline bool is_collective(OpType type) { return type != OpType::SEND && type != OpType::RECV; }
-
-// One operation as a descriptor: what each method of ProcessGroup below
-// builds and hands to ProcessGroup::issue, and what a backend (or a layer
-// that forwards operations, like auto's CUDA routing) receives. The
-// in-place operations (all_reduce, broadcast, reduce) and recv hold their
-// tensor in `outputs`, send in `inputs`; the others hold the arguments of
-// the method of the same name.
-struct Op {
-  OpType type = OpType::BARRIER;
-  std::vector<at::Tensor> inputs;   // read
-  std::vector<at::Tensor> outputs;  // written (and read, in place)
-  int root = -1;  // the root; for send and recv the peer (recv: or kAnySource)
-  ReduceOp reduce_op = ReduceOp::SUM;
-  int tag = 0;                  // send and recv
-  bool wait_all_ranks = false;  // monitored_barrier
-};
-
-class ProcessGroup {
+class ProcessGroup : public detail::OperationHooks {
  public:
-  virtual ~ProcessGroup() = default;
+  // A group over `backends` (at least one; they may share a backend). The
+  // default backend, which runs operations without tensors (barrier), is
+  // the CPU one where there is one, else the first.
+  ProcessGroup(int rank, int size, GroupOptions options, DeviceBackends backends);
+  ~ProcessGroup() override;
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
@@ -194,69 +131,29 @@ class ProcessGroup {
   const std::vector<int>& global_ranks() const { return global_ranks_; }
   // Group rank of a global rank, or -1 when it is not a member.
   int group_rank_of(int global_rank) const;
-  virtual std::string backend_name() const = 0;
-  // Device types the backend's collectives accept (kCPU for tcp).
-  virtual bool supports(c10::DeviceType type) const = 0;
+  // The backends' names: "tcp", "nccl", or "auto (...); CUDA tensors: nccl"
+  // where CPU and CUDA tensors go to different backends.
+  virtual std::string backend_name() const;
+  // Device types the group's collectives accept (kCPU for tcp).
+  virtual bool supports(c10::DeviceType type) const;
   // Where small control tensors go that DDP and the core exchange through
   // this group (fingerprints, used-parameter maps, bucket order, join
-  // votes): the CPU, or the group's CUDA device on nccl.
-  virtual c10::Device control_device() const { return c10::Device(c10::DeviceType::CPU); }
+  // votes): the default backend's (the CPU, or the group's CUDA device on
+  // nccl).
+  virtual c10::Device control_device() const;
+  // The backend of `type`'s tensors (c10d's _get_backend); null when none.
+  BackendPtr backend(c10::DeviceType type) const;
 
  protected:
+  // For a backend written before Backend existed (backend_hooks.h): a
+  // subclass that writes the hooks of OperationHooks (post(), or the do_*
+  // hooks), backend_name() and supports() itself; the group is then its
+  // own backend.
   ProcessGroup(int rank, int size, GroupOptions options);
 
-  // One validated call, as the backend receives it.
-  struct Call {
-    const char* op;           // "all_reduce", ...
-    uint64_t seq;             // per group, counts collectives (not p2p)
-    std::chrono::milliseconds timeout;
-    std::string description;  // "all_reduce #3 on group 'default' (rank 1/4)"
-    bool collective = true;   // false for send and recv (numbered apart)
-  };
-
-  // Where a validated operation goes. Tensors are dense, contiguous, of one
-  // dtype and on a supported device; lists have the sizes documented above.
-  // By default each type goes to its hook below; a layer that forwards whole
-  // operations (auto's CUDA routing) replaces this instead.
-  virtual WorkPtr post(const Call& call, Op op);
-  // Where a validated batch of sends and receives goes: by default each to
-  // post(), in order.
-  virtual std::vector<WorkPtr> post_batch(const std::vector<Call>& calls, std::vector<Op> ops);
-
-  // Backend hooks, one per operation. A backend writes those it runs
-  // (DTRAIN_PROCESS_GROUP_HOOKS, backend_hooks.h, declares all of them);
-  // one it leaves out fails with BackendUnavailable naming it.
-  virtual WorkPtr do_all_reduce(const Call& call, at::Tensor tensor, ReduceOp op);
-  virtual WorkPtr do_broadcast(const Call& call, at::Tensor tensor, int root);
-  virtual WorkPtr do_reduce(const Call& call, at::Tensor tensor, int root, ReduceOp op);
-  virtual WorkPtr do_all_gather(const Call& call, std::vector<at::Tensor> outputs,
-                                at::Tensor input);
-  virtual WorkPtr do_gather(const Call& call, std::vector<at::Tensor> outputs,
-                            at::Tensor input, int root);
-  virtual WorkPtr do_scatter(const Call& call, at::Tensor output,
-                             std::vector<at::Tensor> inputs, int root);
-  virtual WorkPtr do_reduce_scatter(const Call& call, at::Tensor output,
-                                    std::vector<at::Tensor> inputs, ReduceOp op);
-  virtual WorkPtr do_all_to_all(const Call& call, std::vector<at::Tensor> outputs,
-                                std::vector<at::Tensor> inputs);
-  // The flat forms; by default the list forms on views of the flat tensor
-  // (no copy), which a backend may replace with a path of its own.
-  virtual WorkPtr do_all_gather_into_tensor(const Call& call, at::Tensor output,
-                                            at::Tensor input);
-  virtual WorkPtr do_reduce_scatter_tensor(const Call& call, at::Tensor output, at::Tensor input,
-                                           ReduceOp op);
-  virtual WorkPtr do_barrier(const Call& call);
-  virtual WorkPtr do_monitored_barrier(const Call& call, bool wait_all_ranks);
-  virtual WorkPtr do_send(const Call& call, at::Tensor tensor, int dst, int tag);
-  virtual WorkPtr do_recv(const Call& call, at::Tensor tensor, int src, int tag);
-
   const GroupOptions& options() const { return options_; }
-
-  // For a group that forwards its operations to `inner` (auto's routing
-  // layer): `inner` no longer records, draws or fingerprints them, so each
-  // operation is one flight-recorder entry, one timeline span and one check,
-  // the outer group's.
-  static void hide_diagnostics(ProcessGroup& inner);
+  std::string hooks_owner() const override;
+  int hooks_group_size() const override { return size_; }
 
  private:
   Call next_call(const char* op, Timeout timeout, bool collective);
@@ -267,6 +164,13 @@ class ProcessGroup {
   // operation as issued, begin() records and fingerprints a collective,
   // tracked() marks it finished when its work does.
   uint64_t record(const Call& call, const at::Tensor& tensor, int64_t root, int64_t reduce_op);
+  // The backend of an operation's tensors (the default one for none);
+  // null for a group that is its own backend.
+  Backend* backend_for(const Op& op) const;
+  // To the backend, or the group's own hooks; AVG lowered to SUM and a
+  // division where the backend does not average.
+  WorkPtr dispatch(const Call& call, Op op);
+  std::vector<WorkPtr> dispatch_batch(const std::vector<Call>& calls, std::vector<Op> ops);
   uint64_t begin(const Call& call, const at::Tensor& tensor, int64_t root, int64_t reduce_op);
   WorkPtr tracked(uint64_t id, const Call& call, WorkPtr work);
   // DTRAIN_TIMELINE: draws `work` on this group's collectives track.
@@ -277,7 +181,9 @@ class ProcessGroup {
   GroupOptions options_;
   std::vector<int> global_ranks_;
   bool check_collectives_;
-  bool diagnostics_hidden_ = false;
+  DeviceBackends backends_;  // empty for a group that is its own backend
+  Backend* default_backend_ = nullptr;
+  std::string backends_name_;  // backend_name() of a group over backends
   std::mutex issue_mutex_;  // numbering + handing over happen as one step
   uint64_t next_seq_ = 0;
   uint64_t next_p2p_ = 0;

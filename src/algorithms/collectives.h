@@ -1,19 +1,33 @@
 #pragma once
 
-// Collective algorithms, written once over the transport seam
-// (transport/transport.h): what to compute, apart from how bytes move.
-// Buffers are raw contiguous memory; element counts and dtypes matter only
-// where data is reduced. Every function runs one collective to completion on
-// the calling thread, under ctx.deadline; all ranks of the transport call the
-// same function with the same sizes, in the same order.
+// Collective algorithms: what to compute, apart from how bytes move. What a
+// backend calls (backends/engine/): one function per collective, each
+// picking its algorithm in one place (select.cpp) by operation, size and
+// topology:
+//  - the in-place shared-memory collectives (slots.h) when every rank of
+//    the group shares one host's slots;
+//  - otherwise algorithms written once over the transport seam
+//    (transport/transport.h): recursive doubling and binomial trees for
+//    small messages, pipelined rings and chains for large ones, direct
+//    exchanges for gather, scatter and all_to_all (internal.h);
+//  - over several hosts with as many ranks each, the two-level all_reduce,
+//    all_gather and reduce_scatter (two_level.cpp), whose phases inside a
+//    host run in the host's shared memory where it has slots.
+// Buffers are raw memory; element counts and dtypes matter where data is
+// reduced, and for the shared-memory collectives' check that every rank
+// called the same thing. Every function runs one collective to completion
+// on the calling thread, under ctx.deadline; all ranks call the same
+// function with the same sizes, in the same order.
 //
 // Results are bitwise identical on every rank and from run to run: each
-// element is reduced by exactly one rank in a fixed order (ring), or by both
-// partners of a pair with the lower rank's operand first (recursive
-// doubling and trees), then copied.
+// element is reduced by exactly one rank in a fixed order (ring, shared
+// memory), or by both partners of a pair with the lower rank's operand
+// first (recursive doubling and trees), then copied.
 //
 // Failures propagate from the transport (see its contract): a failed
-// request breaks the transport before the exception leaves here.
+// request breaks the transport before the exception leaves here. The
+// shared-memory collectives raise a mismatch of the ranks' calls on every
+// rank at the same step instead (slots.h), which leaves the group usable.
 
 #include <c10/core/ScalarType.h>
 
@@ -27,6 +41,10 @@
 #include "dtrain/process_group.h"
 #include "transport/topology.h"
 #include "transport/transport.h"
+
+namespace dtrain::shm {
+class Slots;
+}
 
 namespace dtrain::algorithms {
 
@@ -49,7 +67,9 @@ class Scratch {
   size_t size_ = 0;
 };
 
-// all_reduce's algorithm (DTRAIN_ALGO): kAuto picks by size and topology.
+// all_reduce's algorithm over the transport (DTRAIN_ALGO): kAuto picks by
+// size and topology. Where the whole group shares slots, the shared-memory
+// all_reduce runs whatever it says.
 enum class AllReduceAlgo { kAuto, kRing, kRecursiveDoubling, kTwoLevel };
 
 // DTRAIN_ALGO's value; anything else throws InvalidArgument naming it.
@@ -58,68 +78,59 @@ const char* to_string(AllReduceAlgo algo);
 
 struct Context {
   transport::Transport& transport;
-  uint64_t tag;                         // transport::collective_tag(call.seq)
+  uint64_t tag;                         // transport::collective_tag(seq)
   transport::Clock::time_point deadline;
   const std::string& what;              // names the call in timeouts
   Scratch& scratch;                     // the ring's receive buffers, trees' temporaries
-  Scratch& copy;                        // reduce's working copy
+  Scratch& copy;                        // reduce's working copy, staging of lists
   Scratch& rows;                        // two-level all_gather's and reduce_scatter's reordered copy
-  // Where the ranks are (backend auto over several hosts); null: one flat
-  // group, as far as the algorithms are concerned.
+  // Where the ranks are; null: one flat group, as far as the algorithms
+  // are concerned.
   const transport::Topology* topology = nullptr;
   AllReduceAlgo algo = AllReduceAlgo::kAuto;
+  // This rank's host's slots (transport/fabric.h), its ranks in topology
+  // order; null: none.
+  shm::Slots* slots = nullptr;
+  uint64_t seq = 0;                     // the call's number in its group
+  const char* op = "";                  // "all_reduce", ...: what the slots stamp
   int rank() const { return transport.rank(); }
   int size() const { return transport.size(); }
 };
 
-// Marks the tag of a collective's second phase (see all_reduce).
-constexpr uint64_t kSecondHalf = uint64_t{1} << 62;
-// Mark the tags of the two-level all_reduce's phases inside a host and
-// across hosts (two_level.cpp), each of which may use kSecondHalf too.
-constexpr uint64_t kInsideHost = uint64_t{1} << 61;
-constexpr uint64_t kAcrossHosts = uint64_t{1} << 60;
-
-// Below this many bytes the latency algorithms run (recursive doubling,
-// binomial trees); above it the bandwidth ones (pipelined ring and chain).
-constexpr size_t kLatencyBytes = 64 * 1024;
-// Large messages move in pieces of this size so that the next hop starts
-// (and reductions overlap the transfer) before the whole block has arrived.
-constexpr size_t kPieceBytes = 512 * 1024;
-
-// data (count elements) becomes op over ranks, in place. AVG sums; the
-// caller divides. Over several hosts with the same number of ranks each
-// (ctx.topology), messages above kLatencyBytes take the two-level path
-// (two_level.cpp); the others a flat ring or recursive doubling. ctx.algo
-// forces one of them where it can run (two levels need such a topology, the
-// ring one element per rank).
+// data (count elements) becomes op over ranks, in place; AVG divides the
+// sum by size() (truncating for integers).
 void all_reduce(const Context& ctx, void* data, size_t count, c10::ScalarType dtype, ReduceOp op);
 
-// Root's `bytes` reach every rank.
-void broadcast(const Context& ctx, void* data, size_t bytes, int root);
+// Root's data reaches every rank.
+void broadcast(const Context& ctx, void* data, size_t count, c10::ScalarType dtype, int root);
 
-// On root, data becomes op over ranks; other ranks' data is left as given.
+// On root, data becomes op over ranks (AVG as all_reduce's); other ranks'
+// data is left as given.
 void reduce(const Context& ctx, void* data, size_t count, c10::ScalarType dtype, ReduceOp op,
             int root);
 
-// output holds size() blocks of `bytes`; block i receives rank i's input.
-void all_gather(const Context& ctx, const void* input, void* output, size_t bytes);
+// outputs[j] (size() of them, count elements each) receives rank j's input.
+void all_gather(const Context& ctx, const void* input, size_t count, c10::ScalarType dtype,
+                const std::vector<void*>& outputs);
 
-// Root's output receives size() blocks (others pass null).
-void gather(const Context& ctx, const void* input, void* output, size_t bytes, int root);
+// The same on root only; other ranks pass no outputs.
+void gather(const Context& ctx, const void* input, size_t count, c10::ScalarType dtype,
+            const std::vector<void*>& outputs, int root);
 
-// Root's input holds size() blocks (others pass null); block i reaches rank i.
-void scatter(const Context& ctx, const void* input, void* output, size_t bytes, int root);
+// Root's inputs[j] reaches rank j's output; other ranks pass no inputs.
+void scatter(const Context& ctx, const std::vector<const void*>& inputs, void* output,
+             size_t count, c10::ScalarType dtype, int root);
 
-// input: size() blocks of `count` elements, modified (it is the ring's
-// scratch); output receives op over ranks of block rank(). Each rank sends
-// and receives (n-1)/n of the input's bytes.
-void reduce_scatter(const Context& ctx, void* input, void* output, size_t count,
-                    c10::ScalarType dtype, ReduceOp op);
+// output becomes op over ranks of their inputs[rank()] (size() inputs of
+// count elements; AVG as all_reduce's). Inputs are not modified; output may
+// be inputs[rank()] itself (in place).
+void reduce_scatter(const Context& ctx, const std::vector<const void*>& inputs, void* output,
+                    size_t count, c10::ScalarType dtype, ReduceOp op);
 
-// input: concatenated blocks for ranks 0..n-1 (in_bytes[i] each); output:
-// concatenated blocks from ranks 0..n-1 (out_bytes[i] each).
-void all_to_all(const Context& ctx, const void* input, const std::vector<size_t>& in_bytes,
-                void* output, const std::vector<size_t>& out_bytes);
+// outputs[j] (out_bytes[j]) receives rank j's inputs[rank()] (in_bytes).
+void all_to_all(const Context& ctx, const std::vector<const void*>& inputs,
+                const std::vector<size_t>& in_bytes, const std::vector<void*>& outputs,
+                const std::vector<size_t>& out_bytes, c10::ScalarType dtype);
 
 void barrier(const Context& ctx);
 

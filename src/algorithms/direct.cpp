@@ -1,15 +1,17 @@
 // gather, scatter and all_to_all: every block goes straight from its source
-// to its destination (no byte is relayed). All receives are posted before
-// the first send; sends start at the next rank and wrap around, so that not
-// every rank sends to rank 0 first.
+// buffer to its destination buffer (no byte is relayed, none staged). All
+// receives are posted before the first send; sends start at the next rank
+// and wrap around, so that not every rank sends to rank 0 first.
 
 #include <cstring>
 
-#include "algorithms/util.h"
+#include "algorithms/internal.h"
+#include "common/enforce.h"
 
 namespace dtrain::algorithms {
 
-void gather(const Context& ctx, const void* input, void* output, size_t bytes, int root) {
+void direct_gather(const Context& ctx, const void* input, size_t bytes,
+                   const std::vector<void*>& outputs, int root) {
   const int n = ctx.size(), r = ctx.rank();
   auto& t = ctx.transport;
   if (r != root) {
@@ -18,12 +20,13 @@ void gather(const Context& ctx, const void* input, void* output, size_t bytes, i
   }
   std::vector<transport::RequestPtr> recvs;
   for (int j = 0; j < n; ++j)
-    if (j != r) recvs.push_back(t.irecv(j, ctx.tag, at(output, j * bytes), bytes));
-  if (bytes) std::memcpy(at(output, r * bytes), input, bytes);
+    if (j != r) recvs.push_back(t.irecv(j, ctx.tag, outputs[j], bytes));
+  if (bytes && outputs[r] != input) std::memcpy(outputs[r], input, bytes);
   wait_all(ctx, recvs);
 }
 
-void scatter(const Context& ctx, const void* input, void* output, size_t bytes, int root) {
+void direct_scatter(const Context& ctx, const std::vector<const void*>& inputs, void* output,
+                    size_t bytes, int root) {
   const int n = ctx.size(), r = ctx.rank();
   auto& t = ctx.transport;
   if (r != root) {
@@ -33,33 +36,33 @@ void scatter(const Context& ctx, const void* input, void* output, size_t bytes, 
   std::vector<transport::RequestPtr> sends;
   for (int k = 1; k < n; ++k) {
     const int j = mod(r + k, n);
-    sends.push_back(t.isend(j, ctx.tag, at(input, j * bytes), bytes));
+    sends.push_back(t.isend(j, ctx.tag, inputs[j], bytes));
   }
-  if (bytes) std::memcpy(output, at(input, r * bytes), bytes);
+  if (bytes && output != inputs[r]) std::memcpy(output, inputs[r], bytes);
   wait_all(ctx, sends);
 }
 
-void all_to_all(const Context& ctx, const void* input, const std::vector<size_t>& in_bytes,
-                void* output, const std::vector<size_t>& out_bytes) {
+void direct_all_to_all(const Context& ctx, const std::vector<const void*>& inputs,
+                       const std::vector<size_t>& in_bytes, const std::vector<void*>& outputs,
+                       const std::vector<size_t>& out_bytes) {
   const int n = ctx.size(), r = ctx.rank();
   auto& t = ctx.transport;
-  std::vector<size_t> in_off(n + 1, 0), out_off(n + 1, 0);
-  for (int j = 0; j < n; ++j) {
-    in_off[j + 1] = in_off[j] + in_bytes[j];
-    out_off[j + 1] = out_off[j] + out_bytes[j];
-  }
+  if (in_bytes[r] != out_bytes[r])
+    throw InvalidArgument(detail::cat(ctx.what, ": inputs[", r, "] holds ", in_bytes[r],
+                                      " bytes and outputs[", r, "] ", out_bytes[r],
+                                      "; what a rank sends itself must fit"));
   // Every pair exchanges a message, empty ones included: a rank that
   // expects a different size than its peer sends is then caught.
   std::vector<transport::RequestPtr> requests;
   for (int k = 1; k < n; ++k) {
     const int j = mod(r - k, n);
-    requests.push_back(t.irecv(j, ctx.tag, at(output, out_off[j]), out_bytes[j]));
+    requests.push_back(t.irecv(j, ctx.tag, outputs[j], out_bytes[j]));
   }
   for (int k = 1; k < n; ++k) {
     const int j = mod(r + k, n);
-    requests.push_back(t.isend(j, ctx.tag, at(input, in_off[j]), in_bytes[j]));
+    requests.push_back(t.isend(j, ctx.tag, inputs[j], in_bytes[j]));
   }
-  if (in_bytes[r]) std::memcpy(at(output, out_off[r]), at(input, in_off[r]), in_bytes[r]);
+  if (in_bytes[r] && outputs[r] != inputs[r]) std::memcpy(outputs[r], inputs[r], in_bytes[r]);
   wait_all(ctx, requests);
 }
 

@@ -8,7 +8,7 @@
 #include <chrono>
 #include <thread>
 
-#include "algorithms/util.h"
+#include "algorithms/internal.h"
 #include "common/enforce.h"
 
 namespace dtrain::algorithms {

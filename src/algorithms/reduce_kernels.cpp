@@ -265,7 +265,25 @@ struct AccumulateInto {
   }
 };
 
+template <typename T>
+struct DivideBy {
+  static void run(void* data, size_t count, int divisor) {
+    auto* d = static_cast<T*>(data);
+    if constexpr (std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>) {
+      for (size_t i = 0; i < count; ++i)
+        d[i] = static_cast<T>(static_cast<float>(d[i]) / static_cast<float>(divisor));
+    } else {
+      divide(d, count, divisor);
+    }
+  }
+};
+
 }  // namespace
+
+void divide_by(c10::ScalarType dtype, void* data, size_t count, int divisor) {
+  if (count == 0 || divisor == 1) return;
+  dispatch<DivideBy>(dtype, data, count, divisor);
+}
 
 bool can_reduce(c10::ScalarType dtype) {
   switch (dtype) {

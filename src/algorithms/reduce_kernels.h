@@ -40,4 +40,9 @@ bool can_reduce(c10::ScalarType dtype);
 void accumulate_into(c10::ScalarType dtype, ReduceOp op, void* acc, const void* src,
                      size_t count);
 
+// data[i] /= divisor for i < count, as torch's div_ (floating types: in
+// float32 for float16 and bfloat16, rounded once) and div(..., "trunc")
+// (integers, toward zero): what AVG does to a sum.
+void divide_by(c10::ScalarType dtype, void* data, size_t count, int divisor);
+
 }  // namespace dtrain::kernels

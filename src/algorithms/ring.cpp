@@ -23,7 +23,7 @@
 #include <memory>
 
 #include "algorithms/reduce_kernels.h"
-#include "algorithms/util.h"
+#include "algorithms/internal.h"
 
 namespace dtrain::algorithms {
 
@@ -109,22 +109,56 @@ void ring_all_gather(const Context& ctx, void* base, const Blocks& blocks, uint6
   wait_all(ctx, sends);
 }
 
-void all_gather(const Context& ctx, const void* input, void* output, size_t bytes) {
-  if (two_level_for(ctx, bytes * ctx.size())) return two_level_all_gather(ctx, input, output, bytes);
+void ring_all_reduce(const Context& ctx, void* data, size_t count, c10::ScalarType dtype,
+                     ReduceOp op) {
+  const int n = ctx.size();
+  const size_t elem = c10::elementSize(dtype);
+  const Blocks blocks{(count + n - 1) / n * elem, count * elem};
+  // A piece of the second half can only arrive once this rank has sent its
+  // share of that block in the first: receiving straight into place early
+  // is safe, and spares holding and copying pieces that come early.
+  const uint64_t gather_tag = ctx.tag | kSecondHalf;
+  auto gather_recvs = post_all_gather_recvs(ctx, data, blocks, gather_tag);
+  ring_reduce_scatter(ctx, data, blocks, dtype, op);
+  ring_all_gather(ctx, data, blocks, gather_tag, std::move(gather_recvs));
+}
+
+void ring_all_gather_into(const Context& ctx, const void* input, void* output, size_t bytes) {
   const Blocks blocks{bytes, bytes * ctx.size()};
-  if (bytes) std::memcpy(at(output, blocks.begin(ctx.rank())), input, bytes);
-  if (ctx.size() == 1) return;
+  uint8_t* mine = at(output, blocks.begin(ctx.rank()));
+  if (bytes && mine != input) std::memcpy(mine, input, bytes);  // else gathered in place
   ring_all_gather(ctx, output, blocks, ctx.tag, post_all_gather_recvs(ctx, output, blocks, ctx.tag));
 }
 
-void reduce_scatter(const Context& ctx, void* input, void* output, size_t count,
-                    c10::ScalarType dtype, ReduceOp op) {
+void ring_reduce_scatter_from(const Context& ctx, void* work, void* output, size_t count,
+                              c10::ScalarType dtype, ReduceOp op) {
   const size_t bytes = count * c10::elementSize(dtype);
-  if (two_level_for(ctx, bytes * ctx.size()))
-    return two_level_reduce_scatter(ctx, input, output, count, dtype, op);
   const Blocks blocks{bytes, bytes * ctx.size()};
-  ring_reduce_scatter(ctx, input, blocks, dtype, op);
-  if (bytes) std::memcpy(output, at(input, blocks.begin(ctx.rank())), bytes);
+  ring_reduce_scatter(ctx, work, blocks, dtype, op);
+  if (bytes) std::memcpy(output, at(work, blocks.begin(ctx.rank())), bytes);
+}
+
+void ring_reduce(const Context& ctx, void* data, size_t count, c10::ScalarType dtype,
+                 ReduceOp op, int root) {
+  const int n = ctx.size(), r = ctx.rank();
+  const size_t elem = c10::elementSize(dtype), bytes = count * elem;
+  // Every rank reduces on a copy: root's blocks arrive into data, and the
+  // others' data stays as given.
+  void* acc = ctx.copy.get(bytes);
+  std::memcpy(acc, data, bytes);
+  const Blocks blocks{(count + n - 1) / n * elem, bytes};
+  ring_reduce_scatter(ctx, acc, blocks, dtype, op);
+  auto& t = ctx.transport;
+  if (r != root) {
+    t.isend(root, ctx.tag, at(acc, blocks.begin(r)), blocks.bytes(r))
+        ->wait(ctx.deadline, ctx.what);
+    return;
+  }
+  std::vector<transport::RequestPtr> recvs;
+  for (int j = 0; j < n; ++j)
+    if (j != r) recvs.push_back(t.irecv(j, ctx.tag, at(data, blocks.begin(j)), blocks.bytes(j)));
+  std::memcpy(at(data, blocks.begin(r)), at(acc, blocks.begin(r)), blocks.bytes(r));
+  wait_all(ctx, recvs);
 }
 
 }  // namespace dtrain::algorithms

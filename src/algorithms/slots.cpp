@@ -338,6 +338,68 @@ void all_to_all(const Call& c, const std::vector<void*>& outputs,
   }
 }
 
+namespace {
+
+// Block j of a buffer of blocks of `stride` elements, `count` in all, from
+// element `off` of the block on, at most `len` elements: its first element
+// and length.
+std::pair<size_t, size_t> block_part(int j, size_t stride, size_t count, size_t off, size_t len) {
+  const size_t begin = std::min(count, j * stride + off);
+  const size_t end = std::min({count, (j + 1) * stride, j * stride + off + len});
+  return {begin, std::max(begin, end) - begin};
+}
+
+}  // namespace
+
+void reduce_scatter_blocks(const Call& c, void* data, size_t stride, size_t count,
+                           c10::ScalarType dtype, ReduceOp op) {
+  Step step(c, dtype_of(dtype), static_cast<int64_t>(count), -1, static_cast<int>(op));
+  auto& s = step.slots();
+  const int n = s.size(), me = s.rank();
+  const size_t elem = c10::elementSize(dtype);
+  const size_t region = std::max<size_t>(kLine, s.half_bytes() / n / kLine * kLine) / elem;
+  std::vector<const void*> srcs(n);
+  for (size_t off = 0; off == 0 || off < stride; off += region) {
+    const int h = step.next_half();
+    for (int j = 0; j < n; ++j) {
+      if (j == me) continue;
+      const auto [b, len] = block_part(j, stride, count, off, region);
+      copy_bytes(s.slot(me, h) + j * region * elem, bytes(data) + b * elem, len * elem);
+    }
+    step.sync();
+    const auto [b, len] = block_part(me, stride, count, off, region);
+    uint8_t* mine = bytes(data) + b * elem;
+    for (int j = 0; j < n; ++j) srcs[j] = j == me ? mine : s.slot(j, h) + me * region * elem;
+    // My buffer is a source and the destination: reduce into my own region
+    // of my slot, which no rank reads, and store the result a second time
+    // into my buffer (reduce_scatter's in-place case).
+    kernels::reduce_into(dtype, op, s.slot(me, h) + me * region * elem, mine, srcs.data(), n,
+                         len, 1);
+    if (stride == 0) break;
+  }
+}
+
+void all_gather_blocks(const Call& c, void* data, size_t stride, size_t count,
+                       c10::ScalarType dtype) {
+  Step step(c, dtype_of(dtype), static_cast<int64_t>(count), -1, -1);
+  auto& s = step.slots();
+  const int n = s.size(), me = s.rank();
+  const size_t elem = c10::elementSize(dtype);
+  const size_t region = std::max<size_t>(1, s.half_bytes() / elem);
+  for (size_t off = 0; off == 0 || off < stride; off += region) {
+    const int h = step.next_half();
+    const auto [b, len] = block_part(me, stride, count, off, region);
+    copy_bytes(s.slot(me, h), bytes(data) + b * elem, len * elem);
+    step.sync();
+    for (int j = 0; j < n; ++j) {
+      if (j == me) continue;
+      const auto [jb, jlen] = block_part(j, stride, count, off, region);
+      copy_bytes(bytes(data) + jb * elem, s.slot(j, h), jlen * elem);
+    }
+    if (stride == 0) break;
+  }
+}
+
 void barrier(const Call& c) {
   Step step(c, -1, 0, -1, -1);
   step.next_half();  // every collective takes one half before its first barrier

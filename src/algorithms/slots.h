@@ -1,7 +1,9 @@
 #pragma once
 
-// Collectives over the shm transport's slots (transport/shm/slots.h): the
-// copy-free path between the ranks of one machine. A rank reads its peers'
+// Collectives over the slots of one host's ranks (transport/shm/slots.h,
+// mapped by the fabric): the copy-free path between the ranks of one
+// machine, for a whole group on one host and for the inside-host phases of
+// the two-level algorithms. A rank reads its peers'
 // data in place in their slots instead of receiving copies of it.
 //
 // all_reduce is a reduce-scatter followed by an all-gather through the
@@ -73,5 +75,16 @@ void all_to_all(const Call& c, const std::vector<void*>& outputs,
                 const std::vector<size_t>& out_bytes, const std::vector<const void*>& inputs,
                 const std::vector<size_t>& in_bytes, c10::ScalarType dtype);
 void barrier(const Call& c);
+
+// The inside-host phases of the two-level collectives (two_level.cpp):
+// data holds size() blocks of `stride` elements (the last ones shorter or
+// empty: `count` in all), the same on every rank of the slots.
+// reduce_scatter_blocks leaves block rank() of data reduced over the ranks
+// (AVG sums), in place; all_gather_blocks copies each rank's block rank()
+// into the others' data.
+void reduce_scatter_blocks(const Call& c, void* data, size_t stride, size_t count,
+                           c10::ScalarType dtype, ReduceOp op);
+void all_gather_blocks(const Call& c, void* data, size_t stride, size_t count,
+                       c10::ScalarType dtype);
 
 }  // namespace dtrain::algorithms::slots

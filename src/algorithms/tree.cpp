@@ -1,5 +1,5 @@
-// all_reduce, broadcast, reduce and barrier: the latency algorithm below
-// kLatencyBytes, the bandwidth one above it.
+// The latency algorithms (select.cpp runs them below kLatencyBytes), and
+// broadcast's chain for large messages.
 //
 // Small all_reduce: recursive doubling. With m the largest power of two not
 // above n, ranks m..n-1 first hand their data to rank r-m and get the result
@@ -12,8 +12,7 @@
 // pipelined chain root, root+1, ... for large ones, each rank forwarding a
 // piece as soon as it has it (every link carries the message once).
 //
-// Reduce: a binomial tree for small messages; for large ones a ring
-// reduce-scatter on a copy, then every rank sends its reduced block to root.
+// Reduce: a binomial tree (for large messages, ring.cpp's ring_reduce).
 //
 // Barrier: dissemination, log2(n) rounds of one-byte messages to r+2^k.
 
@@ -23,13 +22,12 @@
 #include <memory>
 
 #include "algorithms/reduce_kernels.h"
-#include "algorithms/util.h"
+#include "algorithms/internal.h"
 
 namespace dtrain::algorithms {
-namespace {
 
-void recursive_doubling(const Context& ctx, void* data, size_t count, c10::ScalarType dtype,
-                        ReduceOp op) {
+void recursive_doubling_all_reduce(const Context& ctx, void* data, size_t count,
+                                   c10::ScalarType dtype, ReduceOp op) {
   const int n = ctx.size(), r = ctx.rank();
   const size_t bytes = count * c10::elementSize(dtype);
   auto& t = ctx.transport;
@@ -94,12 +92,17 @@ void chain_broadcast(const Context& ctx, void* data, size_t bytes, int root) {
   wait_all(ctx, sends);
 }
 
-// Reduces into `acc` (a copy on non-root ranks) up a binomial tree rooted
-// at root: rank q combines q+1, q+2, q+4, ... below it, in that order.
-void binomial_reduce(const Context& ctx, void* acc, size_t count, c10::ScalarType dtype,
+// Reduces up a binomial tree rooted at root: rank q combines q+1, q+2,
+// q+4, ... below it, in that order, into its data (root) or a copy of it.
+void binomial_reduce(const Context& ctx, void* data, size_t count, c10::ScalarType dtype,
                      ReduceOp op, int root) {
   const int n = ctx.size(), q = mod(ctx.rank() - root, n);
   const size_t bytes = count * c10::elementSize(dtype);
+  void* acc = data;
+  if (q != 0) {  // other ranks' data stays as given
+    acc = ctx.copy.get(bytes);
+    std::memcpy(acc, data, bytes);
+  }
   auto& t = ctx.transport;
   uint8_t* tmp = ctx.scratch.get(std::max<size_t>(bytes, 1));
   for (int mask = 1; mask < n; mask <<= 1) {
@@ -114,83 +117,7 @@ void binomial_reduce(const Context& ctx, void* acc, size_t count, c10::ScalarTyp
   }
 }
 
-}  // namespace
-
-void all_reduce(const Context& ctx, void* data, size_t count, c10::ScalarType dtype,
-                ReduceOp op) {
-  const int n = ctx.size();
-  const size_t elem = c10::elementSize(dtype), bytes = count * elem;
-  if (n == 1 || count == 0) return;
-  const bool ring_fits = count >= static_cast<size_t>(n);
-  auto algo = ctx.algo;
-  if ((algo == AllReduceAlgo::kRing && !ring_fits) ||
-      (algo == AllReduceAlgo::kTwoLevel && !two_level_fits(ctx)))
-    algo = AllReduceAlgo::kAuto;
-  if (algo == AllReduceAlgo::kAuto) {
-    if (bytes <= kLatencyBytes || !ring_fits) algo = AllReduceAlgo::kRecursiveDoubling;
-    else if (two_level_fits(ctx)) algo = AllReduceAlgo::kTwoLevel;
-    else algo = AllReduceAlgo::kRing;
-  }
-  if (algo == AllReduceAlgo::kRecursiveDoubling) {
-    recursive_doubling(ctx, data, count, dtype, op);
-    return;
-  }
-  if (algo == AllReduceAlgo::kTwoLevel) {
-    two_level_all_reduce(ctx, data, count, dtype, op);
-    return;
-  }
-  const Blocks blocks{(count + n - 1) / n * elem, bytes};
-  // A piece of the second half can only arrive once this rank has sent its
-  // share of that block in the first: receiving straight into place early
-  // is safe, and spares holding and copying pieces that come early.
-  const uint64_t gather_tag = ctx.tag | kSecondHalf;
-  auto gather_recvs = post_all_gather_recvs(ctx, data, blocks, gather_tag);
-  ring_reduce_scatter(ctx, data, blocks, dtype, op);
-  ring_all_gather(ctx, data, blocks, gather_tag, std::move(gather_recvs));
-}
-
-void broadcast(const Context& ctx, void* data, size_t bytes, int root) {
-  if (ctx.size() == 1 || bytes == 0) return;
-  if (bytes <= kLatencyBytes || ctx.size() == 2)
-    binomial_broadcast(ctx, data, bytes, root);  // with two ranks both are one hop
-  else
-    chain_broadcast(ctx, data, bytes, root);
-}
-
-void reduce(const Context& ctx, void* data, size_t count, c10::ScalarType dtype, ReduceOp op,
-            int root) {
-  const int n = ctx.size(), r = ctx.rank();
-  const size_t elem = c10::elementSize(dtype), bytes = count * elem;
-  if (n == 1 || count == 0) return;
-  void* acc = data;
-  if (r != root) {  // other ranks' data stays as given
-    acc = ctx.copy.get(bytes);
-    std::memcpy(acc, data, bytes);
-  }
-  if (bytes <= kLatencyBytes || count < static_cast<size_t>(n)) {
-    binomial_reduce(ctx, acc, count, dtype, op, root);
-    return;
-  }
-  if (r == root) {  // root reduces on a copy too: its blocks arrive into data
-    acc = ctx.copy.get(bytes);
-    std::memcpy(acc, data, bytes);
-  }
-  const Blocks blocks{(count + n - 1) / n * elem, bytes};
-  ring_reduce_scatter(ctx, acc, blocks, dtype, op);
-  auto& t = ctx.transport;
-  if (r != root) {
-    t.isend(root, ctx.tag, at(acc, blocks.begin(r)), blocks.bytes(r))
-        ->wait(ctx.deadline, ctx.what);
-    return;
-  }
-  std::vector<transport::RequestPtr> recvs;
-  for (int j = 0; j < n; ++j)
-    if (j != r) recvs.push_back(t.irecv(j, ctx.tag, at(data, blocks.begin(j)), blocks.bytes(j)));
-  std::memcpy(at(data, blocks.begin(r)), at(acc, blocks.begin(r)), blocks.bytes(r));
-  wait_all(ctx, recvs);
-}
-
-void barrier(const Context& ctx) {
+void dissemination_barrier(const Context& ctx) {
   const int n = ctx.size(), r = ctx.rank();
   auto& t = ctx.transport;
   uint8_t out = 1, in = 0;

@@ -1,15 +1,19 @@
 // The two-level all_reduce, for a group over several hosts with L ranks on
-// each (backend auto): the pairs inside a host are joined by shared-memory
-// rings, the pairs across hosts by TCP.
+// each (backend auto): the pairs inside a host share memory, the pairs
+// across hosts are joined by TCP.
 //
-//  1. Inside each host, a ring reduce-scatter over the host's L ranks: local
+//  1. Inside each host, a reduce-scatter over the host's L ranks: local
 //     rank i ends with block i (1/L of the buffer) reduced over its host.
 //  2. Across hosts, local rank i of every host all-reduces its block i with
 //     the others (ring or recursive doubling, as a flat group of H ranks
 //     would). The L blocks cross between hosts at the same time, each on
 //     its own rank's connections, so all of a host's cores and TCP streams
 //     carry the network phase, not one leader's.
-//  3. Inside each host, a ring all-gather spreads the L blocks.
+//  3. Inside each host, an all-gather spreads the L blocks.
+//
+// The phases inside a host run in its slots where the fabric mapped them
+// (slots.h: each rank reads its peers' parts in place, one copy where the
+// rings take two and an I/O thread), else as rings over the transport.
 //
 // From 8 MiB the buffer goes through the phases in chunks (2 to 8, of 4 MiB
 // or more), pipelined on this one thread: each chunk's phase 2 is
@@ -40,7 +44,8 @@
 #include <memory>
 
 #include "algorithms/reduce_kernels.h"
-#include "algorithms/util.h"
+#include "algorithms/internal.h"
+#include "algorithms/slots.h"
 #include "transport/subset.h"
 
 namespace dtrain::algorithms {
@@ -51,11 +56,6 @@ bool two_level_fits(const Context& ctx) {
   const size_t hosts = topology->hosts.size();
   // One host, or one rank per host: the flat algorithms are the same thing.
   return hosts > 1 && hosts < static_cast<size_t>(ctx.size()) && topology->uniform();
-}
-
-bool two_level_for(const Context& ctx, size_t total_bytes) {
-  return total_bytes > kLatencyBytes && two_level_fits(ctx) &&
-         (ctx.algo == AllReduceAlgo::kAuto || ctx.algo == AllReduceAlgo::kTwoLevel);
 }
 
 namespace {
@@ -91,6 +91,29 @@ struct Levels {
   const Context inside, outside;
 };
 
+// The phases inside the host, over `data`: blocks.stride and total of the
+// L blocks, in bytes. In the host's slots when there are (the receives the
+// ring posts ahead are then not used), else the rings over the transport.
+void inside_reduce_scatter(const Context& ctx, const Levels& lv, void* data, const Blocks& blocks,
+                           c10::ScalarType dtype, ReduceOp op) {
+  if (!ctx.slots) return ring_reduce_scatter(lv.inside, data, blocks, dtype, op);
+  const size_t elem = c10::elementSize(dtype);
+  slots::reduce_scatter_blocks(slots::Call{*ctx.slots, ctx.what, ctx.seq, ctx.op, ctx.deadline},
+                               data, blocks.stride / elem, blocks.total / elem, dtype, op);
+}
+
+void inside_all_gather(const Context& ctx, const Levels& lv, void* data, const Blocks& blocks,
+                       uint64_t tag, Posted recvs) {
+  if (!ctx.slots) return ring_all_gather(lv.inside, data, blocks, tag, std::move(recvs));
+  slots::all_gather_blocks(slots::Call{*ctx.slots, ctx.what, ctx.seq, ctx.op, ctx.deadline},
+                           data, blocks.stride, blocks.total, c10::ScalarType::Byte);
+}
+
+Posted post_inside_recvs(const Context& ctx, const Levels& lv, void* data, const Blocks& blocks,
+                         uint64_t tag) {
+  return ctx.slots ? Posted{} : post_all_gather_recvs(lv.inside, data, blocks, tag);
+}
+
 }  // namespace
 
 void two_level_all_gather(const Context& ctx, const void* input, void* output, size_t bytes) {
@@ -101,11 +124,11 @@ void two_level_all_gather(const Context& ctx, const void* input, void* output, s
   const Blocks across{bytes, H * bytes}, inside{H * bytes, static_cast<size_t>(L) * H * bytes};
   // The other rows may come from a local peer while this rank is still
   // gathering its own: their receives are posted first.
-  auto row_recvs = post_all_gather_recvs(lv.inside, rows, inside, lv.inside.tag);
+  auto row_recvs = post_inside_recvs(ctx, lv, rows, inside, lv.inside.tag);
   std::memcpy(mine + static_cast<size_t>(lv.host) * bytes, input, bytes);
   ring_all_gather(lv.outside, mine, across, lv.outside.tag,
                   post_all_gather_recvs(lv.outside, mine, across, lv.outside.tag));
-  ring_all_gather(lv.inside, rows, inside, lv.inside.tag, std::move(row_recvs));
+  inside_all_gather(ctx, lv, rows, inside, lv.inside.tag, std::move(row_recvs));
   for (int row = 0; row < L; ++row)
     for (int h = 0; h < H; ++h)
       std::memcpy(at(output, static_cast<size_t>(lv.rank_at(row, h)) * bytes),
@@ -125,7 +148,7 @@ void two_level_reduce_scatter(const Context& ctx, const void* input, void* outpu
   // Inside: local rank i ends with row i reduced over its host; across: its
   // counterpart on host h with block (i, h) reduced over every host.
   const Blocks inside{H * bytes, static_cast<size_t>(L) * H * bytes};
-  ring_reduce_scatter(lv.inside, rows, inside, dtype, op);
+  inside_reduce_scatter(ctx, lv, rows, inside, dtype, op);
   uint8_t* mine = rows + static_cast<size_t>(lv.i) * H * bytes;
   ring_reduce_scatter(lv.outside, mine, Blocks{bytes, H * bytes}, dtype, op);
   std::memcpy(output, mine + static_cast<size_t>(lv.host) * bytes, bytes);
@@ -250,15 +273,15 @@ void two_level_all_reduce(const Context& ctx, void* data, size_t count, c10::Sca
   const uint64_t gather_tag = lv.inside.tag | kSecondHalf;
   std::vector<Posted> gather_recvs;
   for (const auto& part : parts)
-    gather_recvs.push_back(post_all_gather_recvs(lv.inside, part.data, part.blocks, gather_tag));
+    gather_recvs.push_back(post_inside_recvs(ctx, lv, part.data, part.blocks, gather_tag));
   const Context outside{lv.across_t, lv.outside.tag, ctx.deadline, ctx.what, ctx.scratch,
                         ctx.copy, ctx.rows};
   if (chunks == 1) {
-    ring_reduce_scatter(lv.inside, parts[0].data, parts[0].blocks, dtype, op);
+    inside_reduce_scatter(ctx, lv, parts[0].data, parts[0].blocks, dtype, op);
     const auto& b = parts[0].blocks;
     all_reduce(outside, at(parts[0].data, b.begin(i)), b.bytes(i) / elem, dtype, op);
-    ring_all_gather(lv.inside, parts[0].data, parts[0].blocks, gather_tag,
-                    std::move(gather_recvs[0]));
+    inside_all_gather(ctx, lv, parts[0].data, parts[0].blocks, gather_tag,
+                      std::move(gather_recvs[0]));
     return;
   }
   // Each chunk's crossing receives into a scratch block of its own (rows:
@@ -272,7 +295,7 @@ void two_level_all_reduce(const Context& ctx, void* data, size_t count, c10::Sca
     for (auto& x : crossing) x->poll();
   };
   for (size_t c = 0; c < chunks; ++c) {
-    ring_reduce_scatter(lv.inside, parts[c].data, parts[c].blocks, dtype, op);
+    inside_reduce_scatter(ctx, lv, parts[c].data, parts[c].blocks, dtype, op);
     const auto& b = parts[c].blocks;
     crossing.push_back(std::make_unique<CrossingRing>(
         outside, outside.tag | (uint64_t{c} << 52), at(parts[c].data, b.begin(i)),
@@ -282,8 +305,8 @@ void two_level_all_reduce(const Context& ctx, void* data, size_t count, c10::Sca
   for (size_t c = 0; c < chunks; ++c) {
     crossing[c]->finish();
     progress();
-    ring_all_gather(lv.inside, parts[c].data, parts[c].blocks, gather_tag,
-                    std::move(gather_recvs[c]));
+    inside_all_gather(ctx, lv, parts[c].data, parts[c].blocks, gather_tag,
+                      std::move(gather_recvs[c]));
   }
 }
 

@@ -8,6 +8,9 @@
 #include <string>
 #include <utility>
 
+#include "dtrain/backend.h"
+#include "dtrain/store/store.h"
+
 namespace dtrain::detail {
 
 // A backend whose processes already know their rank and world size without
@@ -17,6 +20,13 @@ using OwnWorld = std::function<std::pair<int, int>()>;
 void register_own_world(const std::string& backend, OwnWorld own_world);
 // Null when the backend has none (or is not built).
 OwnWorld own_world(const std::string& backend);
+
+// The backend registered as `name` with its device types (loading its
+// plug-in, if it has one): for backends that a group composes with others
+// (auto's CUDA tensors to nccl). BackendUnavailable as create_process_group,
+// also for a name registered as a factory of whole groups.
+BackendPtr create_backend(const std::string& name, std::shared_ptr<Store> store, int rank,
+                          int size, const GroupOptions& options);
 
 // "" when `backend` can be created here (its plug-in, if it has one, is
 // loaded by this call); else why not, as create_process_group would say.

@@ -64,14 +64,6 @@ void ProcessGroup::check_member(const char* op) const {
                                     "' (global ranks ", detail::join(global_ranks_), ")"));
 }
 
-void ProcessGroup::hide_diagnostics(ProcessGroup& inner) {
-  std::lock_guard<std::mutex> lock(inner.issue_mutex_);
-  inner.diagnostics_hidden_ = true;
-  inner.check_collectives_ = false;
-  inner.recorder_.reset();
-  inner.recorder_made_ = true;  // never made now
-}
-
 ProcessGroup::Call ProcessGroup::next_call(const char* op, Timeout timeout, bool collective) {
   auto t = timeout.value_or(options_.timeout());
   DTRAIN_CHECK_ARG(t.count() > 0, op, ": timeout must be positive, got ", t.count(), " ms");
@@ -97,7 +89,7 @@ WorkPtr ProcessGroup::tracked(uint64_t id, const Call& call, WorkPtr work) {
     work->on_finish([recorder = recorder_, id](const std::exception_ptr& error) {
       recorder->finished(id, error);
     });
-  if (detail::timeline::enabled() && !diagnostics_hidden_) timeline_span(call, *work);
+  if (detail::timeline::enabled()) timeline_span(call, *work);
   return work;
 }
 
@@ -156,7 +148,7 @@ void ProcessGroup::fingerprint(const Call& call, const at::Tensor& tensor, int64
   gather.type = OpType::ALL_GATHER;
   gather.inputs = {mine};
   gather.outputs = rows;
-  post(check, std::move(gather))->wait();
+  dispatch(check, std::move(gather))->wait();
   for (auto& row : rows) row = row.cpu();
   compare_fingerprints(name(), call.seq, rows);
 }
@@ -170,15 +162,6 @@ at::Tensor stage_output(const at::Tensor& t, std::vector<std::pair<at::Tensor, a
   auto staged = t.contiguous();
   back.emplace_back(t, staged);
   return staged;
-}
-
-// `flat`'s n rows as tensors shaped like `piece` (views, no copy).
-std::vector<at::Tensor> rows_of(const at::Tensor& flat, const at::Tensor& piece, int n) {
-  auto rows = flat.view({n, piece.numel()}).unbind(0);
-  std::vector<at::Tensor> out;
-  out.reserve(rows.size());
-  for (auto& r : rows) out.push_back(r.view(piece.sizes()));
-  return out;
 }
 
 WorkPtr write_back(WorkPtr work, std::vector<std::pair<at::Tensor, at::Tensor>> back) {
@@ -368,7 +351,7 @@ WorkPtr ProcessGroup::issue(Op op, Timeout timeout) {
   for (auto& t : op.inputs) t = t.contiguous();
   for (auto& t : op.outputs) t = stage_output(t, back);
   const int named_source = op.type == OpType::RECV ? op.root : kAnySource;
-  auto work = post(call, std::move(op));
+  auto work = dispatch(call, std::move(op));
   if (named_source != kAnySource) work->set_source_rank(named_source);
   return tracked(id, call, write_back(std::move(work), std::move(back)));
 }
@@ -404,7 +387,7 @@ std::vector<WorkPtr> ProcessGroup::issue_batch(std::vector<Op> ops, Timeout time
   }
   std::vector<int> sources;
   for (const auto& op : ops) sources.push_back(op.type == OpType::RECV ? op.root : kAnySource);
-  auto works = post_batch(calls, std::move(ops));
+  auto works = dispatch_batch(calls, std::move(ops));
   DTRAIN_ENFORCE_EQ(works.size(), calls.size());
   for (size_t i = 0; i < works.size(); ++i) {
     // A work shared by the batch (nccl's group call) names no one source.
@@ -416,10 +399,17 @@ std::vector<WorkPtr> ProcessGroup::issue_batch(std::vector<Op> ops, Timeout time
   return works;
 }
 
-std::vector<WorkPtr> ProcessGroup::post_batch(const std::vector<Call>& calls,
-                                              std::vector<Op> ops) {
+// One backend's batch goes to it whole (nccl: one group call); sends and
+// receives on tensors of different devices, one by one.
+std::vector<WorkPtr> ProcessGroup::dispatch_batch(const std::vector<Call>& calls,
+                                                  std::vector<Op> ops) {
+  Backend* first = backend_for(ops.front());
+  bool one_backend = true;
+  for (const auto& op : ops) one_backend = one_backend && backend_for(op) == first;
+  if (!first) return post_batch(calls, std::move(ops));
+  if (one_backend) return first->post_batch(calls, std::move(ops));
   std::vector<WorkPtr> works;
-  for (size_t i = 0; i < ops.size(); ++i) works.push_back(post(calls[i], std::move(ops[i])));
+  for (size_t i = 0; i < ops.size(); ++i) works.push_back(dispatch(calls[i], std::move(ops[i])));
   return works;
 }
 
@@ -483,7 +473,11 @@ WorkPtr ProcessGroup::monitored_barrier(Timeout timeout, bool wait_all_ranks) {
   return issue(std::move(op), timeout);
 }
 
-int ProcessGroup::max_tag() const { return std::numeric_limits<int>::max(); }
+int ProcessGroup::max_tag() const {
+  int tag = std::numeric_limits<int>::max();
+  for (const auto& [type, backend] : backends_) tag = std::min(tag, backend->max_tag());
+  return tag;
+}
 
 int ProcessGroup::internal_tags_from() const {
   return std::min(1 << 28, static_cast<int>((static_cast<int64_t>(max_tag()) + 1) / 2));
@@ -499,85 +493,6 @@ WorkPtr ProcessGroup::recv(at::Tensor tensor, int src, int tag, Timeout timeout)
   auto op = make_op(OpType::RECV, {}, {std::move(tensor)}, src);
   op.tag = tag;
   return issue(std::move(op), timeout);
-}
-
-// ---- from a descriptor to the backend's hooks -------------------------------
-
-WorkPtr ProcessGroup::post(const Call& call, Op op) {
-  auto& in = op.inputs;
-  auto& out = op.outputs;
-  switch (op.type) {
-    case OpType::ALL_REDUCE: return do_all_reduce(call, out[0], op.reduce_op);
-    case OpType::BROADCAST: return do_broadcast(call, out[0], op.root);
-    case OpType::REDUCE: return do_reduce(call, out[0], op.root, op.reduce_op);
-    case OpType::ALL_GATHER: return do_all_gather(call, std::move(out), in[0]);
-    case OpType::GATHER: return do_gather(call, std::move(out), in[0], op.root);
-    case OpType::SCATTER: return do_scatter(call, out[0], std::move(in), op.root);
-    case OpType::REDUCE_SCATTER:
-      return do_reduce_scatter(call, out[0], std::move(in), op.reduce_op);
-    case OpType::ALL_GATHER_INTO_TENSOR: return do_all_gather_into_tensor(call, out[0], in[0]);
-    case OpType::REDUCE_SCATTER_TENSOR:
-      return do_reduce_scatter_tensor(call, out[0], in[0], op.reduce_op);
-    case OpType::ALL_TO_ALL: return do_all_to_all(call, std::move(out), std::move(in));
-    case OpType::BARRIER: return do_barrier(call);
-    case OpType::MONITORED_BARRIER: return do_monitored_barrier(call, op.wait_all_ranks);
-    case OpType::SEND: return do_send(call, in[0], op.root, op.tag);
-    case OpType::RECV: return do_recv(call, out[0], op.root, op.tag);
-  }
-  throw InternalError(detail::cat(call.description, ": unknown operation type"));
-}
-
-namespace {
-[[noreturn]] void not_implemented(const ProcessGroup& group, const char* op) {
-  throw BackendUnavailable(detail::cat("backend '", group.backend_name(), "' (group '",
-                                       group.name(), "') does not implement ", op));
-}
-}  // namespace
-
-WorkPtr ProcessGroup::do_all_reduce(const Call&, at::Tensor, ReduceOp) {
-  not_implemented(*this, "all_reduce");
-}
-WorkPtr ProcessGroup::do_broadcast(const Call&, at::Tensor, int) {
-  not_implemented(*this, "broadcast");
-}
-WorkPtr ProcessGroup::do_reduce(const Call&, at::Tensor, int, ReduceOp) {
-  not_implemented(*this, "reduce");
-}
-WorkPtr ProcessGroup::do_all_gather(const Call&, std::vector<at::Tensor>, at::Tensor) {
-  not_implemented(*this, "all_gather");
-}
-WorkPtr ProcessGroup::do_gather(const Call&, std::vector<at::Tensor>, at::Tensor, int) {
-  not_implemented(*this, "gather");
-}
-WorkPtr ProcessGroup::do_scatter(const Call&, at::Tensor, std::vector<at::Tensor>, int) {
-  not_implemented(*this, "scatter");
-}
-WorkPtr ProcessGroup::do_reduce_scatter(const Call&, at::Tensor, std::vector<at::Tensor>,
-                                        ReduceOp) {
-  not_implemented(*this, "reduce_scatter");
-}
-WorkPtr ProcessGroup::do_all_to_all(const Call&, std::vector<at::Tensor>,
-                                    std::vector<at::Tensor>) {
-  not_implemented(*this, "all_to_all");
-}
-WorkPtr ProcessGroup::do_barrier(const Call&) { not_implemented(*this, "barrier"); }
-WorkPtr ProcessGroup::do_monitored_barrier(const Call&, bool) {
-  not_implemented(*this, "monitored_barrier");
-}
-WorkPtr ProcessGroup::do_send(const Call&, at::Tensor, int, int) { not_implemented(*this, "send"); }
-WorkPtr ProcessGroup::do_recv(const Call&, at::Tensor, int, int) { not_implemented(*this, "recv"); }
-
-// The flat forms, by default: the list forms on views of the flat tensor.
-WorkPtr ProcessGroup::do_all_gather_into_tensor(const Call& call, at::Tensor output,
-                                                at::Tensor input) {
-  auto rows = rows_of(output, input, size_);  // before `input` is moved from
-  return do_all_gather(call, std::move(rows), std::move(input));
-}
-
-WorkPtr ProcessGroup::do_reduce_scatter_tensor(const Call& call, at::Tensor output,
-                                               at::Tensor input, ReduceOp op) {
-  auto rows = rows_of(input, output, size_);  // before `output` is moved from
-  return do_reduce_scatter(call, std::move(output), std::move(rows), op);
 }
 
 }  // namespace dtrain

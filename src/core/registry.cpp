@@ -14,9 +14,16 @@
 namespace dtrain {
 namespace {
 
+// A registration: a backend and its devices, or (the older form) whole groups.
+struct Entry {
+  std::vector<c10::DeviceType> devices;
+  MakeBackend make;
+  BackendFactory groups;
+};
+
 struct Registry {
   std::mutex mutex;
-  std::map<std::string, BackendFactory> factories;
+  std::map<std::string, Entry> factories;
   std::map<std::string, std::string> missing;  // name -> why it is not built
   std::map<std::string, detail::OwnWorld> own_worlds;
 };
@@ -91,12 +98,49 @@ std::string why_unavailable(const Registry& r, const std::string& backend,
 
 }  // namespace
 
-void register_backend(const std::string& name, BackendFactory factory) {
-  DTRAIN_CHECK_ARG(!name.empty() && factory, "register_backend: need a name and a factory");
+namespace {
+
+void add(const std::string& name, Entry entry) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  r.factories[name] = std::move(factory);
+  r.factories[name] = std::move(entry);
   r.missing.erase(name);
+}
+
+// The registration of `backend` (loading its plug-in first), or
+// BackendUnavailable naming why there is none.
+Entry find(const std::string& backend) {
+  // Not under the registry's lock: the plug-in registers itself as it loads.
+  const std::string plugin_error = load_plugin(backend);
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.factories.find(backend);
+  if (it != r.factories.end()) return it->second;
+  std::vector<std::string> names;
+  for (const auto& [name, _] : r.factories) names.push_back(name);
+  throw BackendUnavailable(detail::cat(why_unavailable(r, backend, plugin_error),
+                                       "; available backends: ", detail::join(names)));
+}
+
+void check_group(const char* what, const std::shared_ptr<Store>& store, int rank, int size) {
+  DTRAIN_CHECK_ARG(store, what, ": store is null");
+  DTRAIN_CHECK_ARG(size > 0, what, ": size must be positive, got ", size);
+  DTRAIN_CHECK_ARG(rank >= 0 && rank < size, what, ": rank ", rank,
+                   " is out of range for size ", size, " (expected 0..", size - 1, ")");
+}
+
+}  // namespace
+
+void register_backend(const std::string& name, BackendFactory factory) {
+  DTRAIN_CHECK_ARG(!name.empty() && factory, "register_backend: need a name and a factory");
+  add(name, Entry{{}, nullptr, std::move(factory)});
+}
+
+void register_backend(const std::string& name, std::vector<c10::DeviceType> devices,
+                      MakeBackend make) {
+  DTRAIN_CHECK_ARG(!name.empty() && make && !devices.empty(),
+                   "register_backend: need a name, device types and a factory");
+  add(name, Entry{std::move(devices), std::move(make), nullptr});
 }
 
 namespace detail {
@@ -134,26 +178,28 @@ std::vector<std::string> available_backends() {
 std::shared_ptr<ProcessGroup> create_process_group(const std::string& backend,
                                                    std::shared_ptr<Store> store, int rank,
                                                    int size, const GroupOptions& options) {
-  BackendFactory factory;
-  // Not under the registry's lock: the plug-in registers itself as it loads.
-  const std::string plugin_error = load_plugin(backend);
-  {
-    auto& r = registry();
-    std::lock_guard<std::mutex> lock(r.mutex);
-    auto it = r.factories.find(backend);
-    if (it == r.factories.end()) {
-      std::vector<std::string> names;
-      for (const auto& [name, _] : r.factories) names.push_back(name);
-      throw BackendUnavailable(detail::cat(why_unavailable(r, backend, plugin_error),
-                                           "; available backends: ", detail::join(names)));
-    }
-    factory = it->second;
-  }
-  DTRAIN_CHECK_ARG(store, "create_process_group: store is null");
-  DTRAIN_CHECK_ARG(size > 0, "create_process_group: size must be positive, got ", size);
-  DTRAIN_CHECK_ARG(rank >= 0 && rank < size, "create_process_group: rank ", rank,
-                   " is out of range for size ", size, " (expected 0..", size - 1, ")");
-  return factory(std::move(store), rank, size, options);
+  auto entry = find(backend);
+  check_group("create_process_group", store, rank, size);
+  if (entry.groups) return entry.groups(std::move(store), rank, size, options);
+  auto made = entry.make(std::move(store), rank, size, options);
+  DTRAIN_CHECK_ARG(made, "backend '", backend, "': its factory returned no backend");
+  DeviceBackends backends;
+  for (auto type : entry.devices) backends[type] = made;
+  return std::make_shared<ProcessGroup>(rank, size, options, std::move(backends));
 }
+
+namespace detail {
+
+BackendPtr create_backend(const std::string& name, std::shared_ptr<Store> store, int rank,
+                          int size, const GroupOptions& options) {
+  auto entry = find(name);
+  check_group("create_backend", store, rank, size);
+  if (!entry.make)
+    throw BackendUnavailable(detail::cat("backend '", name, "' makes whole groups, not a backend "
+                                         "that a group can hold beside others"));
+  return entry.make(std::move(store), rank, size, options);
+}
+
+}  // namespace detail
 
 }  // namespace dtrain

@@ -92,6 +92,7 @@ TcpStoreServer::Limits TcpStoreServer::Limits::from_environment() {
 TcpStoreServer::TcpStoreServer(const std::string& host, uint16_t port, Limits limits,
                                std::optional<std::string> token)
     : limits_(limits), token_(std::move(token)), listener_(net::listen_on(host, port, &port_)),
+      table_(limits.max_bytes, limits.max_keys),
       budget_(limits.io_budget) {
   net::raise_open_file_limit();  // it serves a connection per rank (and agent)
   where_ = net::endpoint(host, port_);
@@ -410,8 +411,8 @@ bool TcpStoreServer::handle_lookup(uint64_t id, Connection& c, const wire::Heade
   }
   r.expect_end();
   for (const auto& k : keys) check_key(k);
-  if (missing_keys(data_, keys).empty()) {
-    if (is_get) reply_value(c, wire::kOk, h.request_id, data_.at(keys[0]));
+  if (table_.missing(keys).empty()) {
+    if (is_get) reply_value(c, wire::kOk, h.request_id, table_.at(keys[0]));
     else reply(c, wire::Writer(wire::kOk, h.request_id).finish());
     return flush(c);
   }
@@ -439,10 +440,7 @@ bool TcpStoreServer::handle(uint64_t id, Connection& c, const wire::Header& h,
         auto value = r.bytes();
         r.expect_end();
         check_key(key);
-        admit(key, value.size());
-        const size_t before = entry_bytes(key);
-        data_[key] = std::make_shared<Bytes>(std::move(value));
-        settle(key, before);
+        table_.set(key, std::move(value));
         key_added(key);
         break;
       }
@@ -469,19 +467,18 @@ bool TcpStoreServer::handle(uint64_t id, Connection& c, const wire::Header& h,
       case wire::kCheck: {
         const auto keys = read_keys(r);
         r.expect_end();
-        ok.u32(missing_keys(data_, keys).empty() ? 1 : 0);
+        ok.u32(table_.missing(keys).empty() ? 1 : 0);
         break;
       }
       case wire::kDelete: {
         std::string key = r.str();
         r.expect_end();
-        ok.u32(data_.count(key) > 0 ? 1 : 0);
-        erase_key(key);
+        ok.u32(table_.erase(key) ? 1 : 0);
         break;
       }
       case wire::kNumKeys:
         r.expect_end();
-        ok.i64(count_user_keys(data_));
+        ok.i64(table_.user_keys());
         break;
       case wire::kAuthHello:
       case wire::kAuthProof:
@@ -538,7 +535,7 @@ void TcpStoreServer::close_connection(uint64_t id) {
 
 // Parks a GET/WAIT whose keys are not all stored.
 void TcpStoreServer::park(Waiter w) {
-  const auto missing = missing_keys(data_, w.keys);
+  const auto missing = table_.missing(w.keys);
   waiters_.park(std::move(w), missing);
   parked_count_ = waiters_.size();
 }
@@ -547,7 +544,7 @@ void TcpStoreServer::park(Waiter w) {
 // table proposes them; a key deleted since it was counted parks it again).
 void TcpStoreServer::key_added(const std::string& key) {
   for (auto& w : waiters_.key_set(key)) {
-    const auto missing = missing_keys(data_, w.keys);
+    const auto missing = table_.missing(w.keys);
     if (missing.empty())
       finish_waiter(w, false);
     else
@@ -583,7 +580,7 @@ void TcpStoreServer::finish_waiter(const Waiter& w, bool timed_out) {
   if (timed_out) {
     reply(c, wire::Writer(wire::kTimeout, w.request_id).finish());
   } else if (w.kind == Waiter::kGet) {
-    reply_value(c, wire::kOk, w.request_id, data_.at(w.keys[0]));
+    reply_value(c, wire::kOk, w.request_id, table_.at(w.keys[0]));
   } else {
     reply(c, wire::Writer(wire::kOk, w.request_id).finish());
   }

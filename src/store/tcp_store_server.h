@@ -58,6 +58,7 @@
 #include "store/auth.h"
 #include "store/c10d_wire.h"
 #include "store/io_buffers.h"
+#include "store/key_value_table.h"
 #include "store/store_util.h"
 #include "store/waiter_table.h"
 #include "store/wire.h"
@@ -182,17 +183,10 @@ class TcpStoreServer {
   size_t max_pending() const;
   void make_room_for_pending();
   void mark_established(uint64_t id, Connection& c);
-  // Before a value is stored under `key`: throws InvalidArgument when the
-  // store would pass a cap. After: settle() updates the totals.
-  void admit(const std::string& key, size_t value_bytes) const;
-  void admit_all(size_t keys, uint64_t bytes) const;  // MULTI_SET, counting every pair as new
   int64_t store_add(const std::string& key, int64_t delta);
   store_detail::SharedValue store_compare_set(const std::string& key,
                                               const std::vector<uint8_t>& expected,
                                               const std::vector<uint8_t>& desired);
-  size_t entry_bytes(const std::string& key) const;
-  void settle(const std::string& key, size_t bytes_before);
-  void erase_key(const std::string& key);
 
   std::string where_;               // "host:port" for log lines
   uint16_t port_ = 0;
@@ -208,8 +202,7 @@ class TcpStoreServer {
   std::thread thread_;
 
   // Everything below is touched by the server thread only.
-  store_detail::SharedKeyMap data_;
-  uint64_t data_bytes_ = 0;         // sum of key and value sizes in data_
+  store_detail::KeyValueTable table_;
   store_detail::IoBudget budget_;   // before conns_, whose buffers it counts
   std::unordered_map<uint64_t, Connection> conns_;
   std::deque<uint64_t> budget_queue_;  // connections whose input waits for the budget

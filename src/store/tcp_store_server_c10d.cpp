@@ -234,18 +234,18 @@ bool TcpStoreServer::handle_c10d(uint64_t id, Connection& c, c10d_wire::Op op,
       const auto keys = op == cw::Op::kGet ? std::vector<std::string>{r.key()} : r.keys();
       // Clients wait for their keys before they get them; a missing one
       // means the client is out of step, and PyTorch's server drops it too.
-      const auto missing = missing_keys(data_, keys);
+      const auto missing = table_.missing(keys);
       if (!missing.empty())
         throw wire::Malformed{"GET of a key that does not exist (the client did not WAIT)"};
       for (const auto& k : keys) {  // each value sent from the map's copy
-        const auto& v = data_.at(k);
+        const auto& v = table_.at(k);
         out.u64(v->size());
         reply(c, out.take(), v);
       }
       break;
     }
     case cw::Op::kCheck:
-      out.u8(missing_keys(data_, r.keys()).empty() ? cw::kCheckReady : cw::kCheckNotReady);
+      out.u8(table_.missing(r.keys()).empty() ? cw::kCheckReady : cw::kCheckNotReady);
       break;
     case cw::Op::kWait:
       c10d_wait(id, r, out);
@@ -256,17 +256,16 @@ bool TcpStoreServer::handle_c10d(uint64_t id, Connection& c, c10d_wire::Op op,
       out.u8(cw::kWaitCanceled);
       break;
     case cw::Op::kNumKeys:
-      out.i64(count_user_keys(data_));
+      out.i64(table_.user_keys());
       break;
     case cw::Op::kDelete: {
       const std::string key = r.key();
-      out.i64(static_cast<int64_t>(data_.count(key)));
-      erase_key(key);
+      out.i64(table_.erase(key) ? 1 : 0);
       break;
     }
     case cw::Op::kListKeys:
-      out.i64(count_user_keys(data_));
-      for (const auto& [k, v] : data_)
+      out.i64(table_.user_keys());
+      for (const auto& [k, v] : table_.entries())
         if (!is_internal(k)) out.str(k);
       break;
     default:
@@ -286,33 +285,17 @@ void TcpStoreServer::c10d_store_values(c10d_wire::Op op, c10d_wire::Reader& r) {
     std::string key = r.key();
     kv.emplace_back(std::move(key), r.value());
   }
-  // MULTI_SET is admitted as a whole (counting every pair as new), so it
-  // is stored entirely or not at all.
-  uint64_t total = 0;
-  for (const auto& [key, value] : kv) total += key.size() + value.size();
-  if (kv.size() > 1) admit_all(kv.size(), total);
-  for (auto& [key, value] : kv) {
-    const size_t before = entry_bytes(key);
-    const bool append = op == cw::Op::kAppend && before > 0 &&
-                        before - key.size() + value.size() <= cw::kMaxValueBytes;
-    if (kv.size() == 1) admit(key, append ? before - key.size() + value.size() : value.size());
-    auto& slot = data_[key];
-    if (append && slot.use_count() > 1)  // unsent replies hold the old value
-      slot = std::make_shared<Bytes>(*slot);
-    if (append)
-      slot->insert(slot->end(), value.begin(), value.end());
-    else
-      slot = std::make_shared<Bytes>(std::move(value));
-    settle(key, before);
-  }
-  for (const auto& kvp : kv) key_added(kvp.first);
+  std::vector<std::string> keys;
+  for (const auto& kvp : kv) keys.push_back(kvp.first);
+  table_.set_all(std::move(kv), op == cw::Op::kAppend, cw::kMaxValueBytes);
+  for (const auto& key : keys) key_added(key);
 }
 
 // WAIT: answered now when every key exists, else parked without a deadline
 // (the client times out and sends CANCEL_WAIT).
 void TcpStoreServer::c10d_wait(uint64_t id, c10d_wire::Reader& r, c10d_wire::Writer& out) {
   auto keys = r.keys();
-  if (missing_keys(data_, keys).empty()) {
+  if (table_.missing(keys).empty()) {
     out.u8(cw::kStopWaiting);
     return;
   }

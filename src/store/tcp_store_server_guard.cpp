@@ -1,5 +1,4 @@
-// The TCP store server's guards: what a request may store (the caps and
-// their accounting), the budget of bytes held for connections, room for
+// The TCP store server's guards: the budget of bytes held for connections, room for
 // new connections, the job token's challenge and response, and what a
 // refused client and the log are told. (tcp_store_server.cpp has the loop.)
 
@@ -21,13 +20,10 @@ namespace {
 constexpr size_t kReadChunk = 64 * 1024;  // a read when the request's size is not known yet
 }  // namespace
 
-// ADD and COMPARE_SET in both dialects: admitted against the caps, applied,
-// accounted, and their waiters told.
+// ADD and COMPARE_SET in both dialects: applied to the table, and their
+// waiters told.
 int64_t TcpStoreServer::store_add(const std::string& key, int64_t delta) {
-  admit(key, 20);  // the longest int64 in decimal
-  const size_t before = entry_bytes(key);
-  const int64_t sum = apply_add(data_, key, delta);
-  settle(key, before);
+  const int64_t sum = table_.add(key, delta);
   key_added(key);
   return sum;
 }
@@ -35,45 +31,10 @@ int64_t TcpStoreServer::store_add(const std::string& key, int64_t delta) {
 SharedValue TcpStoreServer::store_compare_set(const std::string& key,
                                               const std::vector<uint8_t>& expected,
                                               const std::vector<uint8_t>& desired) {
-  admit(key, desired.size());
-  const size_t before = entry_bytes(key);
   bool changed = false;
-  auto now = apply_compare_set(data_, key, expected, desired, &changed);
-  settle(key, before);
+  auto now = table_.compare_set(key, expected, desired, &changed);
   if (changed) key_added(key);
   return now;
-}
-
-size_t TcpStoreServer::entry_bytes(const std::string& key) const {
-  auto it = data_.find(key);
-  return it == data_.end() ? 0 : key.size() + it->second->size();
-}
-
-void TcpStoreServer::admit(const std::string& key, size_t value_bytes) const {
-  const size_t before = entry_bytes(key);
-  DTRAIN_CHECK_ARG(before > 0 || data_.size() < limits_.max_keys, "the TCP store is full: it holds ",
-                   data_.size(), " keys, the limit set by DTRAIN_STORE_MAX_KEYS; not storing ",
-                   quote(key));
-  const uint64_t after = data_bytes_ - before + key.size() + value_bytes;
-  DTRAIN_CHECK_ARG(after <= limits_.max_bytes, "the TCP store is full: storing ", quote(key), " (",
-                   value_bytes, " bytes) would make its keys and values ", after,
-                   " bytes, over the limit of ", limits_.max_bytes, " set by DTRAIN_STORE_MAX_BYTES");
-}
-
-void TcpStoreServer::admit_all(size_t keys, uint64_t bytes) const {
-  DTRAIN_CHECK_ARG(data_.size() + keys <= limits_.max_keys && data_bytes_ + bytes <= limits_.max_bytes,
-                   "the TCP store is full: storing ", keys, " keys (", bytes,
-                   " bytes) would pass the limits set by DTRAIN_STORE_MAX_KEYS (", limits_.max_keys,
-                   ") or DTRAIN_STORE_MAX_BYTES (", limits_.max_bytes, ")");
-}
-
-void TcpStoreServer::settle(const std::string& key, size_t bytes_before) {
-  data_bytes_ = data_bytes_ - bytes_before + entry_bytes(key);
-}
-
-void TcpStoreServer::erase_key(const std::string& key) {
-  data_bytes_ -= entry_bytes(key);
-  data_.erase(key);
 }
 
 // The first frames of a connection to a store with a token: AUTH_HELLO,

@@ -21,6 +21,18 @@ Topology::Topology(std::vector<std::vector<int>> hosts_) : hosts(std::move(hosts
     }
 }
 
+Topology Topology::host_per_rank(int size) {
+  std::vector<std::vector<int>> hosts;
+  for (int r = 0; r < size; ++r) hosts.push_back({r});
+  return Topology(std::move(hosts));
+}
+
+Topology Topology::one_host(int size) {
+  std::vector<int> ranks(size);
+  for (int r = 0; r < size; ++r) ranks[r] = r;
+  return Topology({std::move(ranks)});
+}
+
 bool Topology::uniform() const {
   return std::all_of(hosts.begin(), hosts.end(),
                      [&](const auto& h) { return h.size() == hosts.front().size(); });

@@ -21,6 +21,10 @@ struct Topology {
   std::vector<int> local_index;  // [rank]: its place in hosts[host_of[rank]]
 
   explicit Topology(std::vector<std::vector<int>> hosts = {});
+  // Every rank a host of its own (backend tcp: no pair shares memory), and
+  // every rank on one host (backend shm).
+  static Topology host_per_rank(int size);
+  static Topology one_host(int size);
   int size() const { return static_cast<int>(host_of.size()); }
   bool same_host(int a, int b) const { return host_of[a] == host_of[b]; }
   // Every host holds the same number of ranks.

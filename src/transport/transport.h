@@ -45,10 +45,6 @@
 #include <memory>
 #include <string>
 
-namespace dtrain::shm {
-class Slots;
-}
-
 namespace dtrain::transport {
 
 using Clock = std::chrono::steady_clock;
@@ -88,10 +84,6 @@ class Transport {
   virtual void close(std::exception_ptr error) = 0;
   // The first error, or null while the transport works.
   virtual std::exception_ptr error() const = 0;
-  // A capability of the shm transport: slots in shared memory that every
-  // rank reads in place (shm/slots.h), for the copy-free collectives of
-  // algorithms/slots.h. Null on the other transports.
-  virtual shm::Slots* shared_slots() { return nullptr; }
 };
 
 // Tags: collectives use the sequence number with the top bit set, point to

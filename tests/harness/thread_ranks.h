@@ -22,7 +22,7 @@ namespace dtrain::shm {
 void set_thread_host_id(const std::string& id);  // transport/shm/node.h
 }
 namespace dtrain::device_routing {
-void set_thread_routing_forced(bool forced);  // backends/auto/routing_group.h
+void set_thread_routing_forced(bool forced);  // backends/auto/device_routing.h
 }
 
 namespace dtrain::testing {

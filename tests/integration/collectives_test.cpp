@@ -588,6 +588,38 @@ TEST(TwoLevel, PipelinedAllReduceIsExactInEveryChunk) {
   }
 }
 
+// The two-level phases inside a host run in its slots, whose check catches
+// ranks of one host that called different sizes. Only that host sees it;
+// the other host's ranks wait for its network phase. So the mismatch
+// breaks the group (a CollectiveMismatch on the host that saw it, which
+// stays the group's error), and the other host hears of it at once (a
+// NetworkError, not its 30 s timeout). On its own, a slots mismatch would
+// leave the group usable, and the other host would wait out the timeout.
+TEST(TwoLevel, AMismatchInsideOneHostBreaksTheGroupOnEveryHost) {
+  const auto errors = testing::run_ranks(4, [&](ProcessGroup& g) {
+    auto t = at::ones({g.rank() == 1 ? 100001 : 100000});  // ranks 0, 1: one host
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      g.all_reduce(t)->wait();
+      ADD_FAILURE() << "rank " << g.rank() << ": a mismatched all_reduce succeeded";
+    } catch (const CollectiveMismatch& e) {
+      EXPECT_LT(g.rank(), 2) << e.what();
+      EXPECT_TRUE(testing::Contains(e.what(), "ranks called different collectives")) << e.what();
+    } catch (const NetworkError& e) {
+      EXPECT_GE(g.rank(), 2) << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+    auto u = at::ones({4});
+    try {
+      g.all_reduce(u)->wait();
+      ADD_FAILURE() << "rank " << g.rank() << ": the group stayed usable";
+    } catch (const Error& e) {
+      EXPECT_TRUE(testing::Contains(e.what(), "broken")) << e.what();
+    }
+  }, std::chrono::seconds(60), GroupOptions().timeout(std::chrono::seconds(30)), "auto@2");
+  expect_no_errors(errors);
+}
+
 // A rank that never reaches a pipelined all_reduce: every other rank fails
 // by the call's timeout, whichever phase was waiting.
 TEST(TwoLevel, APipelinedAllReduceFailsByItsTimeoutWhenARankIsMissing) {

@@ -10,7 +10,7 @@
 
 #include <thread>
 
-#include "backends/auto/routing_group.h"
+#include "backends/auto/device_routing.h"
 #include "dtrain/dtrain.h"
 #include "harness/assertions.h"
 #include "harness/training.h"
@@ -20,16 +20,12 @@ namespace dtrain {
 namespace {
 
 using namespace std::chrono_literals;
-using device_routing::CudaPath;
-using device_routing::RoutingProcessGroup;
 using testing::RankContext;
 using testing::run_rank_contexts;
 
-std::shared_ptr<RoutingProcessGroup> staged(RankContext& ctx) {
-  device_routing::RoutingOptions routing;
-  routing.stage_cpu_tensors = true;
-  return std::make_shared<RoutingProcessGroup>(ctx.group, ctx.store, CudaPath::kStaged,
-                                               GroupOptions().name("routed").timeout(20s), routing);
+std::shared_ptr<ProcessGroup> staged(RankContext& ctx) {
+  return device_routing::staged_group(ctx.group->backend(c10::DeviceType::CPU),
+                                      GroupOptions().name("routed").timeout(20s));
 }
 
 TEST(DeviceRouting, StagedCollectivesGiveExactResults) {
@@ -170,10 +166,11 @@ TEST(DeviceRouting, TwoRanksWithoutAGpuEachAreStaged) {
             torch::cuda::is_available() ? "2 ranks on this machine share 1 GPU(s), and NCCL takes one GPU per rank"
                                         : "no CUDA device is visible to libtorch");
   auto errors = run_rank_contexts(2, [&](RankContext& ctx) {
-    auto g = device_routing::route_by_device(ctx.group, ctx.store, 2, GroupOptions().name("routed"));
-    auto* routed = dynamic_cast<RoutingProcessGroup*>(g.get());
-    ASSERT_NE(routed, nullptr);
-    EXPECT_EQ(routed->cuda_path(), CudaPath::kStaged);
+    auto g = device_routing::route_by_device(ctx.group->backend(c10::DeviceType::CPU), ctx.store,
+                                             2, GroupOptions().name("routed"));
+    auto cuda = g->backend(c10::DeviceType::CUDA);
+    ASSERT_NE(cuda, nullptr);
+    EXPECT_EQ(cuda->backend_name(), "staged through host memory");
     auto t = torch::full({2}, 1.0);
     g->all_reduce(t)->wait();  // CPU tensors go straight to the CPU group
     EXPECT_TRUE(torch::equal(t, torch::full({2}, 2.0)));
@@ -189,8 +186,7 @@ TEST(DeviceRouting, TwoRanksWithoutAGpuEachAreStaged) {
 // opened its file before the rank was known.
 TEST(DeviceRouting, AutoWithCudaRoutingTakesNoCollectiveOfItsOwn) {
   auto errors = run_rank_contexts(2, [&](RankContext& ctx) {
-    auto* routed = dynamic_cast<RoutingProcessGroup*>(ctx.group.get());
-    ASSERT_NE(routed, nullptr) << ctx.group->backend_name();
+    ASSERT_NE(ctx.group->backend(c10::DeviceType::CUDA), nullptr) << ctx.group->backend_name();
     auto t = torch::ones({8});
     try {
       if (ctx.rank == 0) ctx.group->all_reduce(t)->wait();

@@ -10,6 +10,8 @@
 
 #include "core/failure_state.h"
 #include "dtrain/backend_hooks.h"
+#include "dtrain/distributed.h"
+#include "dtrain/store/hash_store.h"
 #include "harness/thread_ranks.h"
 
 namespace dtrain {
@@ -129,6 +131,57 @@ TEST(GroupRuntime, AHookABackendLeavesOutFailsNamingIt) {
     ADD_FAILURE() << "broadcast ran without a hook";
   } catch (const BackendUnavailable& e) {
     EXPECT_STREQ(e.what(), "backend 'sum-only' (group 'mine') does not implement broadcast");
+  }
+}
+
+// A Backend of one's own (backend.h) that stands for rank 0 of four equal
+// ranks: its all_reduce multiplies by 4, as a sum of four equal tensors
+// would. It runs only all_reduce, and does not average.
+class FourEqualRanksBackend final : public Backend {
+ public:
+  FourEqualRanksBackend(const GroupOptions& options, std::vector<ReduceOp>* seen)
+      : Backend(0, 4, options), seen_(seen) {}
+  std::string backend_name() const override { return "four-equal-ranks"; }
+  bool supports(c10::DeviceType type) const override { return type == c10::DeviceType::CPU; }
+
+ protected:
+  WorkPtr do_all_reduce(const Call& call, at::Tensor tensor, ReduceOp op) override {
+    seen_->push_back(op);
+    tensor.mul_(4);
+    return Work::completed(call.description);
+  }
+
+ private:
+  std::vector<ReduceOp>* seen_;
+};
+
+// Registered with its device type, it is the backend of a group that
+// create_process_group builds; the group hands it SUM for AVG and divides
+// by the group's size itself (truncating integers), since it does not
+// average; a hook it leaves out fails naming it.
+TEST(GroupRuntime, ABackendOfOnesOwnGetsSumForAvgAndTheGroupDivides) {
+  std::vector<ReduceOp> seen;
+  register_backend("four-equal-ranks", {c10::DeviceType::CPU},
+                   [&seen](std::shared_ptr<Store>, int, int, const GroupOptions& options) {
+                     return std::make_shared<FourEqualRanksBackend>(options, &seen);
+                   });
+  auto g = create_process_group("four-equal-ranks", std::make_shared<HashStore>(5s), 0, 4,
+                                GroupOptions().name("mine"));
+  EXPECT_EQ(g->backend_name(), "four-equal-ranks");
+  auto f = at::tensor({1.5, -3.0, 7.25});
+  g->all_reduce(f, ReduceOp::AVG)->wait();
+  EXPECT_TRUE(at::equal(f, at::tensor({1.5, -3.0, 7.25}))) << f;
+  auto i = at::tensor({5, -7, 9}, at::kInt);
+  g->all_reduce(i, ReduceOp::AVG)->wait();
+  EXPECT_TRUE(at::equal(i, at::tensor({5, -7, 9}, at::kInt))) << i;
+  g->all_reduce(f, ReduceOp::SUM)->wait();
+  EXPECT_TRUE(at::equal(f, at::tensor({6.0, -12.0, 29.0}))) << f;
+  EXPECT_EQ(seen, (std::vector<ReduceOp>{ReduceOp::SUM, ReduceOp::SUM, ReduceOp::SUM}));
+  try {
+    g->broadcast(f, 0);
+    ADD_FAILURE() << "broadcast ran without a hook";
+  } catch (const BackendUnavailable& e) {
+    EXPECT_STREQ(e.what(), "backend 'four-equal-ranks' (group 'mine') does not implement broadcast");
   }
 }
 

@@ -185,7 +185,11 @@ int mismatch(int rank) {
 // same on the default group when main returns without destroying it.
 int destroy_pending(int rank) {
   // Made directly, so that this is its last reference.
-  auto group = std::make_shared<mpi_backend::MpiProcessGroup>(rank, 2, GroupOptions().name("own"));
+  const auto options = GroupOptions().name("own");
+  auto mpi = std::make_shared<mpi_backend::MpiBackend>(rank, 2, options);
+  auto group = std::make_shared<ProcessGroup>(rank, 2, options,
+                                              DeviceBackends{{c10::DeviceType::CPU, mpi}});
+  mpi.reset();
   WorkPtr work;
   if (rank == 1) work = group->recv(at::zeros({kN}), 0, /*tag=*/5);
   const auto start = Clock::now();

@@ -351,7 +351,7 @@ namespace dtrain {
 namespace {
 
 // Rank 0 played by hand: a slots segment (the shm transport's first, under
-// the store's "slots/" keys) whose header declares slots of 1 TiB (before:
+// the store's "host0/slots/" keys) whose header declares slots of 1 TiB (before:
 // taken as is, and the first collective wrote past the mapping).
 TEST(ShmAttach, AHeaderThatDoesNotFitItsSegmentIsRefused) {
   auto store = std::make_shared<HashStore>(std::chrono::seconds(10));
@@ -363,7 +363,8 @@ TEST(ShmAttach, AHeaderThatDoesNotFitItsSegmentIsRefused) {
       error = e.what();
     }
   });
-  store->set("slots/shm/node/0", store->get_string("slots/shm/node/1"));  // the same machine
+  store->set("host0/slots/shm/node/0",
+             store->get_string("host0/slots/shm/node/1"));  // the same machine
   auto segment = shm::Segment::create(1 << 20);
   struct Header {
     uint64_t magic;
@@ -371,7 +372,7 @@ TEST(ShmAttach, AHeaderThatDoesNotFitItsSegmentIsRefused) {
     uint64_t half_bytes;
   } header{0x64747261696e7368ULL, 2, 2, uint64_t{1} << 40};
   std::memcpy(segment.data(), &header, sizeof(header));
-  store->set("slots/shm/segment", segment.name() + " " + std::to_string(segment.size()));
+  store->set("host0/slots/shm/segment", segment.name() + " " + std::to_string(segment.size()));
   rank1.join();
   EXPECT_TRUE(testing::Contains(error, "declares slots of 1099511627776 bytes, which do not fit "
                                        "its 1048576 bytes for 2 ranks"))

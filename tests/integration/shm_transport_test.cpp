@@ -15,7 +15,8 @@
 #include "harness/assertions.h"
 #include "harness/scoped_env.h"
 #include "harness/thread_ranks.h"
-#include "transport/shm/shm_transport.h"
+#include "transport/fabric.h"
+#include "transport/shm/links.h"
 
 namespace dtrain {
 namespace {
@@ -35,11 +36,13 @@ std::vector<std::string> run_transports(
   for (int r = 0; r < world; ++r)
     threads.emplace_back([&, r] {
       try {
-        transport::ShmOptions options;
-        options.timeout = 20s;
-        options.name = "rings";
-        options.unexpected_bytes = unexpected_bytes;
-        auto t = transport::connect_shm(store, r, world, options);
+        transport::FabricOptions options;
+        options.tcp.timeout = 20s;
+        options.tcp.name = "rings";
+        options.tcp.unexpected_bytes = unexpected_bytes;
+        options.label = "shm";
+        auto t = transport::connect(store, r, transport::Topology::one_host(world), options)
+                     .transport;
         body(*t, r);
       } catch (const std::exception& e) {
         errors[r] = e.what();
@@ -55,7 +58,7 @@ uint8_t pattern(int from, int to, size_t size, size_t i) {
 
 TEST(ShmTransport, EverySizeArrivesExactByCreditAndByRendezvousAcrossRingWraps) {
   const std::vector<size_t> sizes = {0, 1, 63, 4097, (1 << 20) + 13, (5 << 20) + 1};
-  EXPECT_EQ(transport::shm_ring_bytes(3), size_t{1} << 20);  // so 5 MiB wraps five times
+  EXPECT_EQ(shm::ring_bytes(3), size_t{1} << 20);  // so 5 MiB wraps five times
   // A 64 KiB budget: the small sizes go eager, the large by rendezvous.
   expect_no_errors(run_transports(3, 64 << 10, [&](transport::Transport& t, int me) {
     std::vector<std::vector<uint8_t>> out, in;

@@ -14,7 +14,7 @@
 #include "dtrain/store/hash_store.h"
 #include "harness/assertions.h"
 #include "transport/tcp/hello.h"
-#include "transport/tcp/transport.h"
+#include "transport/fabric.h"
 
 namespace dtrain {
 namespace {
@@ -46,7 +46,9 @@ Pair connect_pair(HashStore& store, const transport::TcpOptions& o0,
   Pair p;
   std::thread rank0([&] {
     try {
-      p.t0 = transport::connect_tcp(store, 0, 2, o0);
+      p.t0 = transport::connect(store, 0, transport::Topology::host_per_rank(2),
+                                transport::FabricOptions{o0})
+                 .transport;
     } catch (const std::exception& e) {
       p.error0 = e.what();
     }
@@ -54,7 +56,9 @@ Pair connect_pair(HashStore& store, const transport::TcpOptions& o0,
   (void)store.get_string("tcp/addr/0");  // rank 0 listens
   before_rank1();
   try {
-    p.t1 = transport::connect_tcp(store, 1, 2, o1);
+    p.t1 = transport::connect(store, 1, transport::Topology::host_per_rank(2),
+                              transport::FabricOptions{o1})
+               .transport;
   } catch (const std::exception& e) {
     p.error1 = e.what();
   }

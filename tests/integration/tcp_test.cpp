@@ -17,8 +17,7 @@
 #include "harness/thread_ranks.h"
 #include "transport/engine/connection.h"
 #include "transport/tcp/hello.h"
-#include "transport/connect.h"
-#include "transport/tcp/transport.h"
+#include "transport/fabric.h"
 
 namespace dtrain {
 namespace {
@@ -119,7 +118,11 @@ struct RealAndFake {
     options.streams = 2;
     options.timeout = 10s;
     options.name = "hostile";
-    std::thread real([&] { t = transport::connect_tcp(store, 0, 2, options); });
+    std::thread real([&] {
+      t = transport::connect(store, 0, transport::Topology::host_per_rank(2),
+                             transport::FabricOptions{options})
+              .transport;
+    });
     fake.emplace(store, options.streams);
     real.join();
   }
@@ -327,7 +330,9 @@ TEST(TcpTransport, ATransportDestroyedRightAfterASendStillDeliversIt) {
     options.streams = 1;
     options.timeout = 10s;
     options.name = "leaving";
-    t = transport::connect_tcp(store, 0, 2, options);
+    t = transport::connect(store, 0, transport::Topology::host_per_rank(2),
+                           transport::FabricOptions{options})
+            .transport;
     t->isend(1, 5, out.data(), out.size())->wait(transport::Clock::now() + 10s, "send");
     leave = [&] { t.reset(); };
   });
@@ -350,7 +355,11 @@ TEST(TcpTransport, AStrangerWithABadHelloIsTurnedAwayAndTheGroupStillForms) {
   options.streams = 1;
   options.timeout = 10s;
   std::unique_ptr<transport::Transport> t0, t1;
-  std::thread real([&] { t0 = transport::connect_tcp(store, 0, 2, options); });
+  std::thread real([&] {
+    t0 = transport::connect(store, 0, transport::Topology::host_per_rank(2),
+                            transport::FabricOptions{options})
+             .transport;
+  });
   {
     const auto addr = store.get_string("tcp/addr/0");
     const auto nl = addr.find('\n');
@@ -359,7 +368,9 @@ TEST(TcpTransport, AStrangerWithABadHelloIsTurnedAwayAndTheGroupStillForms) {
                               net::Clock::now() + 10s);
     const char junk[24] = "definitely not a hello";
     net::send_all(fd.get(), junk, sizeof(junk), net::Clock::now() + 10s, "rank 0");
-    t1 = transport::connect_tcp(store, 1, 2, options);
+    t1 = transport::connect(store, 1, transport::Topology::host_per_rank(2),
+                            transport::FabricOptions{options})
+             .transport;
   }
   real.join();
   int32_t out = 7, in = 0;
@@ -383,7 +394,10 @@ TEST(TcpTransport, AConnectionClaimingARankOfTheSameHostIsRefused) {
   std::vector<std::unique_ptr<transport::Transport>> t(3);
   std::vector<std::thread> ranks;
   auto start = [&](int r) {
-    ranks.emplace_back([&, r] { t[r] = transport::connect_topology(store, r, topology, options); });
+    ranks.emplace_back([&, r] {
+      t[r] = transport::connect(store, r, topology, transport::FabricOptions{options, false, "auto"})
+                 .transport;
+    });
   };
   start(0);
   start(2);  // rank 1 only once the stranger is answered: rank 0 still listens

@@ -5,16 +5,17 @@
 // create_auto_group() finds where the ranks are (transport/topology.h).
 //  - All on one host: an shm group (its collectives in one shared segment,
 //    its send/recv over shared-memory rings).
-//  - Over several hosts: one group of the transport engine
-//    (backends/engine/group.h) whose transport joins the ranks of a host by
-//    shared-memory rings and the others by TCP (transport/connect.h): one
-//    mesh, one executor, one sequence number and one flight-recorder entry
-//    per collective. Its algorithms see the topology: all_reduce above
-//    64 KiB runs in two levels where every host has as many ranks
-//    (algorithms/two_level.cpp); the rest run as on tcp.
+//  - Over several hosts: the fabric's group (backends/fabric/backend.h) over
+//    the discovered topology: the ranks of a host joined by shared-memory
+//    rings and the host's slots, the others by TCP (transport/fabric.h):
+//    one mesh, one executor, one sequence number and one flight-recorder
+//    entry per collective. Its algorithms see the topology: all_reduce,
+//    all_gather and reduce_scatter above 64 KiB run in two levels where
+//    every host has as many ranks (algorithms/two_level.cpp), their phases
+//    inside a host in its shared memory; the rest run as on tcp.
 //  - DTRAIN_SHM_DISABLE=1: tcp for every rank.
 // Where libtorch has CUDA, CUDA tensors are routed to nccl or staged through
-// host memory (routing_group.h).
+// host memory (device_routing.h).
 
 #include <memory>
 

@@ -11,18 +11,17 @@
 #include "backends/mpi/runtime.h"
 #include "core/failure_state.h"
 #include "common/enforce.h"
-#include "core/average.h"
 #include "core/backend_registry.h"
 #include "dtrain/distributed.h"
 #include "common/logging.h"
 
 namespace dtrain::mpi_backend {
 
-struct MpiProcessGroup::Comm {
+struct MpiBackend::Comm {
   MPI_Comm comm = MPI_COMM_NULL;
 };
 
-struct MpiProcessGroup::Posted {
+struct MpiBackend::Posted {
   MPI_Request request = MPI_REQUEST_NULL;
   bool cancellable = false;            // point to point (MPI cannot cancel collectives)
   std::vector<at::Tensor> buffers;     // what MPI reads or writes until the request is done
@@ -152,8 +151,8 @@ PeerCounts peer_counts(const std::vector<int64_t>& numels, const std::string& wh
   return out;
 }
 
-MpiProcessGroup::MpiProcessGroup(int rank, int size, GroupOptions options)
-    : ProcessGroup(rank, size, std::move(options)), comm_(std::make_unique<Comm>()),
+MpiBackend::MpiBackend(int rank, int size, GroupOptions options)
+    : Backend(rank, size, std::move(options)), comm_(std::make_unique<Comm>()),
       p2p_(std::chrono::microseconds(50)) {
   ensure_initialized();
   const auto what = detail::cat("mpi: creating group '", name(), "' (rank ", rank, "/", size, ")");
@@ -181,7 +180,7 @@ MpiProcessGroup::MpiProcessGroup(int rank, int size, GroupOptions options)
   DTRAIN_LOG_INFO("mpi: group '", name(), "' ready, rank ", rank, "/", size);
 }
 
-MpiProcessGroup::~MpiProcessGroup() {
+MpiBackend::~MpiBackend() {
   // Queued collectives run first (each under its deadline), as on every
   // backend; then sends and receives still pending (a receive whose message
   // never came) are cancelled where MPI can and fail naming the destroyed
@@ -198,7 +197,7 @@ MpiProcessGroup::~MpiProcessGroup() {
   if (!finalized && comm_->comm != MPI_COMM_NULL) MPI_Comm_free(&comm_->comm);
 }
 
-WorkPtr MpiProcessGroup::launch(const Call& call, SerialExecutor& executor,
+WorkPtr MpiBackend::launch(const Call& call, SerialExecutor& executor,
                                 std::vector<at::Tensor> buffers,
                                 const std::function<void(Posted&)>& post,
                                 std::function<void()> after) {
@@ -224,7 +223,7 @@ WorkPtr MpiProcessGroup::launch(const Call& call, SerialExecutor& executor,
   return work;
 }
 
-WorkPtr MpiProcessGroup::launch_p2p(const Call& call, at::Tensor tensor,
+WorkPtr MpiBackend::launch_p2p(const Call& call, at::Tensor tensor,
                                     const std::function<void(Posted&)>& post) {
   auto work = std::make_shared<Work>(call.description);
   in_flight().reap();
@@ -261,12 +260,12 @@ WorkPtr MpiProcessGroup::launch_p2p(const Call& call, at::Tensor tensor,
 
 // A failed send or recv breaks the group whatever the error, as a failed
 // transport does on tcp.
-void MpiProcessGroup::mark_broken(std::exception_ptr error) { failures_->break_with(error); }
+void MpiBackend::mark_broken(std::exception_ptr error) { failures_->break_with(error); }
 
 // The group is going: a receive not yet matched is cancelled (its buffer
 // is never written); what MPI cannot cancel keeps its buffers alive in the
 // requests in flight until MPI is done with it.
-void MpiProcessGroup::abandon(Posted& posted) {
+void MpiBackend::abandon(Posted& posted) {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized || posted.request == MPI_REQUEST_NULL) return;  // MPI writes nothing any more
@@ -279,7 +278,7 @@ void MpiProcessGroup::abandon(Posted& posted) {
   posted.request = MPI_REQUEST_NULL;
 }
 
-bool MpiProcessGroup::test(const Call& call, Posted& posted) {
+bool MpiBackend::test(const Call& call, Posted& posted) {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized)  // the process is exiting; MPI_Test would be an error now
@@ -291,7 +290,7 @@ bool MpiProcessGroup::test(const Call& call, Posted& posted) {
   return done != 0;
 }
 
-void MpiProcessGroup::complete(const Call& call, const std::shared_ptr<Posted>& posted) {
+void MpiBackend::complete(const Call& call, const std::shared_ptr<Posted>& posted) {
   const auto deadline = Clock::now() + call.timeout;
   for (int polls = 0;; ++polls) {
     if (test(call, *posted)) return;
@@ -302,7 +301,7 @@ void MpiProcessGroup::complete(const Call& call, const std::shared_ptr<Posted>& 
   expire(call, posted);
 }
 
-void MpiProcessGroup::expire(const Call& call, const std::shared_ptr<Posted>& posted) {
+void MpiBackend::expire(const Call& call, const std::shared_ptr<Posted>& posted) {
   MPI_Status status;
   const auto timed_out = detail::cat(call.description, " timed out after ", call.timeout.count(),
                                      " ms");
@@ -329,21 +328,16 @@ void MpiProcessGroup::expire(const Call& call, const std::shared_ptr<Posted>& po
                                       : " (MPI cannot cancel a collective; the group is broken)"));
 }
 
-WorkPtr MpiProcessGroup::do_all_reduce(const Call& call, at::Tensor tensor, ReduceOp op) {
+WorkPtr MpiBackend::do_all_reduce(const Call& call, at::Tensor tensor, ReduceOp op) {
   const int n = count_of(tensor, call.description);
-  return launch(
-      call, collectives_, {tensor},
-      [&](Posted& p) {
-        check(MPI_Iallreduce(MPI_IN_PLACE, tensor.data_ptr(), n, datatype(tensor.scalar_type()),
-                             reduction(tensor.scalar_type(), op), comm_->comm, &p.request),
-              call.description);
-      },
-      [tensor, op, size = size()] {
-        if (op == ReduceOp::AVG) divide_for_average(tensor, size);
-      });
+  return launch(call, collectives_, {tensor}, [&](Posted& p) {
+    check(MPI_Iallreduce(MPI_IN_PLACE, tensor.data_ptr(), n, datatype(tensor.scalar_type()),
+                         reduction(tensor.scalar_type(), op), comm_->comm, &p.request),
+          call.description);
+  });
 }
 
-WorkPtr MpiProcessGroup::do_broadcast(const Call& call, at::Tensor tensor, int root) {
+WorkPtr MpiBackend::do_broadcast(const Call& call, at::Tensor tensor, int root) {
   const int n = count_of(tensor, call.description);
   return launch(call, collectives_, {tensor}, [&](Posted& p) {
     check(MPI_Ibcast(tensor.data_ptr(), n, datatype(tensor.scalar_type()), root, comm_->comm,
@@ -352,26 +346,20 @@ WorkPtr MpiProcessGroup::do_broadcast(const Call& call, at::Tensor tensor, int r
   });
 }
 
-WorkPtr MpiProcessGroup::do_reduce(const Call& call, at::Tensor tensor, int root, ReduceOp op) {
+WorkPtr MpiBackend::do_reduce(const Call& call, at::Tensor tensor, int root, ReduceOp op) {
   const int n = count_of(tensor, call.description);
   const bool is_root = rank() == root;
   // Non-roots reduce from a copy so that their tensor stays unchanged.
   auto send = is_root ? tensor : tensor.clone();
-  return launch(
-      call, collectives_, {tensor, send},
-      [&](Posted& p) {
-        check(MPI_Ireduce(is_root ? MPI_IN_PLACE : send.data_ptr(),
-                          is_root ? tensor.data_ptr() : nullptr, n,
-                          datatype(tensor.scalar_type()), reduction(tensor.scalar_type(), op),
-                          root, comm_->comm, &p.request),
-              call.description);
-      },
-      [tensor, op, is_root, size = size()] {
-        if (is_root && op == ReduceOp::AVG) divide_for_average(tensor, size);
-      });
+  return launch(call, collectives_, {tensor, send}, [&](Posted& p) {
+    check(MPI_Ireduce(is_root ? MPI_IN_PLACE : send.data_ptr(),
+                      is_root ? tensor.data_ptr() : nullptr, n, datatype(tensor.scalar_type()),
+                      reduction(tensor.scalar_type(), op), root, comm_->comm, &p.request),
+          call.description);
+  });
 }
 
-WorkPtr MpiProcessGroup::do_all_gather(const Call& call, std::vector<at::Tensor> outputs,
+WorkPtr MpiBackend::do_all_gather(const Call& call, std::vector<at::Tensor> outputs,
                                        at::Tensor input) {
   const int n = count_of(input, call.description);
   auto flat = at::empty({int64_t(size()) * n}, input.options());
@@ -386,7 +374,7 @@ WorkPtr MpiProcessGroup::do_all_gather(const Call& call, std::vector<at::Tensor>
       [flat, outputs] { split_into(flat, outputs); });
 }
 
-WorkPtr MpiProcessGroup::do_gather(const Call& call, std::vector<at::Tensor> outputs,
+WorkPtr MpiBackend::do_gather(const Call& call, std::vector<at::Tensor> outputs,
                                    at::Tensor input, int root) {
   const int n = count_of(input, call.description);
   const bool is_root = rank() == root;
@@ -404,7 +392,7 @@ WorkPtr MpiProcessGroup::do_gather(const Call& call, std::vector<at::Tensor> out
       });
 }
 
-WorkPtr MpiProcessGroup::do_scatter(const Call& call, at::Tensor output,
+WorkPtr MpiBackend::do_scatter(const Call& call, at::Tensor output,
                                     std::vector<at::Tensor> inputs, int root) {
   const int n = count_of(output, call.description);
   const bool is_root = rank() == root;
@@ -417,25 +405,19 @@ WorkPtr MpiProcessGroup::do_scatter(const Call& call, at::Tensor output,
   });
 }
 
-WorkPtr MpiProcessGroup::do_reduce_scatter(const Call& call, at::Tensor output,
+WorkPtr MpiBackend::do_reduce_scatter(const Call& call, at::Tensor output,
                                            std::vector<at::Tensor> inputs, ReduceOp op) {
   const int n = count_of(output, call.description);
   auto flat = concat(inputs);
-  return launch(
-      call, collectives_, {output, flat},
-      [&](Posted& p) {
-        check(MPI_Ireduce_scatter_block(flat.data_ptr(), output.data_ptr(), n,
-                                        datatype(output.scalar_type()),
-                                        reduction(output.scalar_type(), op), comm_->comm,
-                                        &p.request),
-              call.description);
-      },
-      [output, op, size = size()] {
-        if (op == ReduceOp::AVG) divide_for_average(output, size);
-      });
+  return launch(call, collectives_, {output, flat}, [&](Posted& p) {
+    check(MPI_Ireduce_scatter_block(flat.data_ptr(), output.data_ptr(), n,
+                                    datatype(output.scalar_type()),
+                                    reduction(output.scalar_type(), op), comm_->comm, &p.request),
+          call.description);
+  });
 }
 
-WorkPtr MpiProcessGroup::do_all_to_all(const Call& call, std::vector<at::Tensor> outputs,
+WorkPtr MpiBackend::do_all_to_all(const Call& call, std::vector<at::Tensor> outputs,
                                        std::vector<at::Tensor> inputs) {
   std::vector<int64_t> send_numels, recv_numels;
   for (const auto& in : inputs) send_numels.push_back(in.numel());
@@ -461,13 +443,13 @@ WorkPtr MpiProcessGroup::do_all_to_all(const Call& call, std::vector<at::Tensor>
       [flat_out, outputs] { split_into(flat_out, outputs); });
 }
 
-WorkPtr MpiProcessGroup::do_barrier(const Call& call) {
+WorkPtr MpiBackend::do_barrier(const Call& call) {
   return launch(call, collectives_, {}, [&](Posted& p) {
     check(MPI_Ibarrier(comm_->comm, &p.request), call.description);
   });
 }
 
-WorkPtr MpiProcessGroup::do_send(const Call& call, at::Tensor tensor, int dst, int tag) {
+WorkPtr MpiBackend::do_send(const Call& call, at::Tensor tensor, int dst, int tag) {
   check_tag(call, tag);
   const int n = count_of(tensor, call.description);
   return launch_p2p(call, tensor, [&](Posted& p) {
@@ -486,9 +468,9 @@ static int reserved_tag(MPI_Comm comm) {
   return found && ub ? *ub : 32767;  // the least MPI guarantees
 }
 
-int MpiProcessGroup::max_tag() const { return reserved_tag(comm_->comm) - 1; }
+int MpiBackend::max_tag() const { return reserved_tag(comm_->comm) - 1; }
 
-void MpiProcessGroup::check_tag(const Call& call, int tag) const {
+void MpiBackend::check_tag(const Call& call, int tag) const {
   const int reserved = reserved_tag(comm_->comm);
   DTRAIN_CHECK_ARG(tag < reserved, call.description, ": tag ", tag,
                    " is over this MPI's limit of ", reserved - 1,
@@ -498,7 +480,7 @@ void MpiProcessGroup::check_tag(const Call& call, int tag) const {
 // Rank 0 receives a byte from every rank, then sends one to each; it polls
 // its receives so that at the deadline it can name the ranks that never
 // sent, cancel what is still posted and fail the group.
-WorkPtr MpiProcessGroup::do_monitored_barrier(const Call& call, bool wait_all_ranks) {
+WorkPtr MpiBackend::do_monitored_barrier(const Call& call, bool wait_all_ranks) {
   auto work = std::make_shared<Work>(call.description);
   if (failures_->refuse(*work)) return work;
   collectives_.submit([this, work, call, wait_all_ranks] {
@@ -514,7 +496,7 @@ WorkPtr MpiProcessGroup::do_monitored_barrier(const Call& call, bool wait_all_ra
   return work;
 }
 
-void MpiProcessGroup::run_monitored_barrier(const Call& call, bool wait_all_ranks) {
+void MpiBackend::run_monitored_barrier(const Call& call, bool wait_all_ranks) {
   const auto deadline = Clock::now() + call.timeout;
   const int tag = reserved_tag(comm_->comm), n = size();
   // One byte per peer, kept with its request until MPI is done with it.
@@ -591,7 +573,7 @@ void MpiProcessGroup::run_monitored_barrier(const Call& call, bool wait_all_rank
     }
 }
 
-WorkPtr MpiProcessGroup::do_recv(const Call& call, at::Tensor tensor, int src, int tag) {
+WorkPtr MpiBackend::do_recv(const Call& call, at::Tensor tensor, int src, int tag) {
   check_tag(call, tag);
   const int n = count_of(tensor, call.description);
   return launch_p2p(call, tensor, [&](Posted& p) {
@@ -604,10 +586,10 @@ WorkPtr MpiProcessGroup::do_recv(const Call& call, at::Tensor tensor, int src, i
 }
 
 DTRAIN_REGISTER_BACKEND(mpi, {
-  register_backend("mpi", [](std::shared_ptr<Store>, int rank, int size,
-                             const GroupOptions& options) {
-    return std::make_shared<MpiProcessGroup>(rank, size, options);
-  });
+  register_backend("mpi", {c10::DeviceType::CPU},
+                   [](std::shared_ptr<Store>, int rank, int size, const GroupOptions& options) {
+                     return std::make_shared<MpiBackend>(rank, size, options);
+                   });
   detail::register_own_world("mpi", mpi_world);
 })
 

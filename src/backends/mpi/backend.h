@@ -27,16 +27,17 @@
 #include "core/completion_watcher.h"
 #include "core/failure_state.h"
 #include "core/serial_executor.h"
+#include "dtrain/backend.h"
 #include "dtrain/process_group.h"
 
 namespace dtrain::mpi_backend {
 
-class MpiProcessGroup final : public ProcessGroup {
+class MpiBackend final : public Backend {
  public:
   // The communicator holds options.global_ranks() of MPI_COMM_WORLD (all of
   // it when empty); `rank` must be this process's rank in it.
-  MpiProcessGroup(int rank, int size, GroupOptions options);
-  ~MpiProcessGroup() override;
+  MpiBackend(int rank, int size, GroupOptions options);
+  ~MpiBackend() override;
 
   std::string backend_name() const override { return "mpi"; }
   int max_tag() const override;
@@ -49,7 +50,7 @@ class MpiProcessGroup final : public ProcessGroup {
   struct Comm;
   struct Posted;  // the MPI request of one operation and the buffers it uses
   // Runs `post` now (it starts the MPI operation and fills the request),
-  // completes it on `executor`, then runs `after` (copies out, AVG).
+  // completes it on `executor`, then runs `after` (copies out).
   // `buffers` are the tensors MPI reads or writes until the request is done.
   WorkPtr launch(const Call& call, SerialExecutor& executor, std::vector<at::Tensor> buffers,
                  const std::function<void(Posted&)>& post, std::function<void()> after = {});

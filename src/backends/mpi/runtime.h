@@ -22,7 +22,8 @@ void ensure_initialized();
 std::pair<int, int> world_rank_and_size();
 
 MPI_Datatype datatype(c10::ScalarType dtype);
-// AVG is not an MPI op: callers sum and divide. float16/bfloat16 use ops of
+// AVG is not an MPI op: the group sums and divides (MpiBackend does not
+// average). float16/bfloat16 use ops of
 // our own (combined in float32, rounded once).
 MPI_Op reduction(c10::ScalarType dtype, ReduceOp op);
 

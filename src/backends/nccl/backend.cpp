@@ -9,7 +9,6 @@
 #include "common/enforce.h"
 #include "common/env.h"
 #include "common/logging.h"
-#include "core/average.h"
 #include "core/backend_registry.h"
 #include "core/failure_state.h"
 #include "dtrain/distributed.h"
@@ -51,16 +50,10 @@ ncclDataType_t nccl_type(const std::string& what, at::ScalarType t, bool reduces
                                     "int32, int64", reduces ? "" : ", bool", ")"));
 }
 
-// AVG of integers: NCCL's ncclAvg is for floating types; sum, then divide
-// truncating like the other backends.
-bool divides_after(ReduceOp op, at::ScalarType t) {
-  return op == ReduceOp::AVG && !at::isFloatingType(t);
-}
-
-ncclRedOp_t nccl_op(ReduceOp op, at::ScalarType t) {
+ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
     case ReduceOp::SUM: return ncclSum;
-    case ReduceOp::AVG: return divides_after(op, t) ? ncclSum : ncclAvg;
+    case ReduceOp::AVG: return ncclAvg;  // floating types only (averages())
     case ReduceOp::PRODUCT: return ncclProd;
     case ReduceOp::MIN: return ncclMin;
     case ReduceOp::MAX: return ncclMax;
@@ -94,9 +87,9 @@ int choose_device(int named, int devices) {
 
 }  // namespace
 
-NcclProcessGroup::NcclProcessGroup(std::shared_ptr<Store> store, int rank, int size,
+NcclBackend::NcclBackend(std::shared_ptr<Store> store, int rank, int size,
                                    GroupOptions options)
-    : ProcessGroup(rank, size, std::move(options)) {
+    : Backend(rank, size, std::move(options)) {
   const int devices = usable_device_count();  // no GPU: BackendUnavailable naming CUDA's error
   if (!have_torch_cuda())
     throw BackendUnavailable(
@@ -113,7 +106,7 @@ NcclProcessGroup::NcclProcessGroup(std::shared_ptr<Store> store, int rank, int s
   DTRAIN_LOG_INFO(what, ": communicator ready");
 }
 
-NcclProcessGroup::~NcclProcessGroup() {
+NcclBackend::~NcclBackend() {
   {
     std::lock_guard<std::mutex> lock(watch_mutex_);
     stop_ = true;
@@ -124,35 +117,37 @@ NcclProcessGroup::~NcclProcessGroup() {
   if (watchdog_.joinable()) watchdog_.join();
 }
 
-c10::Device NcclProcessGroup::control_device() const {
+bool NcclBackend::averages(c10::ScalarType dtype) const { return at::isFloatingType(dtype); }
+
+c10::Device NcclBackend::control_device() const {
   return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device_));
 }
 
-void NcclProcessGroup::check_device(const Call& call, const at::Tensor& t) const {
+void NcclBackend::check_device(const Call& call, const at::Tensor& t) const {
   DTRAIN_CHECK_ARG(t.device().index() == device_, call.description, ": a tensor is on ",
                    t.device(), " but the group uses cuda:", device_,
                    " (the current CUDA device when it was created)");
 }
 
-std::vector<at::Tensor> NcclProcessGroup::checked(const Call& call, std::vector<at::Tensor> list,
+std::vector<at::Tensor> NcclBackend::checked(const Call& call, std::vector<at::Tensor> list,
                                                   const at::Tensor& one) const {
   list.push_back(one);
   for (const auto& t : list) check_device(call, t);
   return list;
 }
 
-void NcclProcessGroup::settle(const Call& call, int status, const char* what) {
+void NcclBackend::settle(const Call& call, int status, const char* what) {
   comm_->settle(static_cast<ncclResult_t>(status), what, Clock::now() + call.timeout,
                 call.description);
 }
 
-void NcclProcessGroup::grouped(const Call& call, const std::function<void()>& body) {
+void NcclBackend::grouped(const Call& call, const std::function<void()>& body) {
   check_nccl(ncclGroupStart(), "ncclGroupStart");
   body();
   settle(call, ncclGroupEnd(), "ncclGroupEnd");
 }
 
-WorkPtr NcclProcessGroup::launch(const Call& call, std::vector<at::Tensor> tensors,
+WorkPtr NcclBackend::launch(const Call& call, std::vector<at::Tensor> tensors,
                                  const std::function<void()>& body, Launch how) {
   auto work = std::make_shared<Work>(call.description);
   if (how.source_rank >= 0) work->set_source_rank(how.source_rank);
@@ -205,7 +200,7 @@ WorkPtr NcclProcessGroup::launch(const Call& call, std::vector<at::Tensor> tenso
 // refuses new work from then on), the communicator aborted (NCCL's kernels
 // return), the stream drained, and only then are the operations in flight
 // failed and their tensors released: nothing queued may still touch them.
-void NcclProcessGroup::break_group(std::exception_ptr error) {
+void NcclBackend::break_group(std::exception_ptr error) {
   failures_.break_with(error);
   comm_->abort();
   cudaStreamSynchronize(stream_->get());  // errors here change nothing: the group is broken
@@ -222,7 +217,7 @@ void NcclProcessGroup::break_group(std::exception_ptr error) {
 // order: only the oldest needs watching. NCCL's asynchronous errors are
 // polled alongside. An entry is shared, so a break_group on another thread
 // cannot free it under the watchdog; it is popped only if still the oldest.
-void NcclProcessGroup::watch() {
+void NcclBackend::watch() {
   std::unique_lock<std::mutex> lock(watch_mutex_);
   for (;;) {
     if (in_flight_.empty()) {
@@ -275,19 +270,18 @@ void NcclProcessGroup::watch() {
 
 // ---- collectives ------------------------------------------------------------
 
-WorkPtr NcclProcessGroup::do_all_reduce(const Call& call, at::Tensor tensor, ReduceOp op) {
+WorkPtr NcclBackend::do_all_reduce(const Call& call, at::Tensor tensor, ReduceOp op) {
   check_device(call, tensor);
   const auto type = nccl_type(call.op, tensor.scalar_type(), true);
   return launch(call, {tensor}, [&] {
     settle(call,
            ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), count(tensor), type,
-                         nccl_op(op, tensor.scalar_type()), comm_->get(), stream_->get()),
+                         nccl_op(op), comm_->get(), stream_->get()),
            "ncclAllReduce");
-    if (divides_after(op, tensor.scalar_type())) divide_for_average(tensor, size());
   });
 }
 
-WorkPtr NcclProcessGroup::do_broadcast(const Call& call, at::Tensor tensor, int root) {
+WorkPtr NcclBackend::do_broadcast(const Call& call, at::Tensor tensor, int root) {
   check_device(call, tensor);
   const auto type = nccl_type(call.op, tensor.scalar_type(), false);
   return launch(call, {tensor}, [&] {
@@ -298,20 +292,18 @@ WorkPtr NcclProcessGroup::do_broadcast(const Call& call, at::Tensor tensor, int 
   });
 }
 
-WorkPtr NcclProcessGroup::do_reduce(const Call& call, at::Tensor tensor, int root, ReduceOp op) {
+WorkPtr NcclBackend::do_reduce(const Call& call, at::Tensor tensor, int root, ReduceOp op) {
   check_device(call, tensor);
   const auto type = nccl_type(call.op, tensor.scalar_type(), true);
   return launch(call, {tensor}, [&] {
     settle(call,
            ncclReduce(tensor.data_ptr(), tensor.data_ptr(), count(tensor), type,
-                      nccl_op(op, tensor.scalar_type()), root, comm_->get(), stream_->get()),
+                      nccl_op(op), root, comm_->get(), stream_->get()),
            "ncclReduce");
-    if (rank() == root && divides_after(op, tensor.scalar_type()))
-      divide_for_average(tensor, size());
   });
 }
 
-WorkPtr NcclProcessGroup::do_all_gather_into_tensor(const Call& call, at::Tensor output,
+WorkPtr NcclBackend::do_all_gather_into_tensor(const Call& call, at::Tensor output,
                                                     at::Tensor input) {
   check_device(call, output), check_device(call, input);
   const auto type = nccl_type(call.op, input.scalar_type(), false);
@@ -323,7 +315,7 @@ WorkPtr NcclProcessGroup::do_all_gather_into_tensor(const Call& call, at::Tensor
   });
 }
 
-WorkPtr NcclProcessGroup::do_all_gather(const Call& call, std::vector<at::Tensor> outputs,
+WorkPtr NcclBackend::do_all_gather(const Call& call, std::vector<at::Tensor> outputs,
                                         at::Tensor input) {
   auto keep = checked(call, outputs, input);
   const auto type = nccl_type(call.op, input.scalar_type(), false);
@@ -339,20 +331,19 @@ WorkPtr NcclProcessGroup::do_all_gather(const Call& call, std::vector<at::Tensor
   });
 }
 
-WorkPtr NcclProcessGroup::do_reduce_scatter_tensor(const Call& call, at::Tensor output,
+WorkPtr NcclBackend::do_reduce_scatter_tensor(const Call& call, at::Tensor output,
                                                    at::Tensor input, ReduceOp op) {
   check_device(call, output), check_device(call, input);
   const auto type = nccl_type(call.op, input.scalar_type(), true);
   return launch(call, {output, input}, [&] {
     settle(call,
            ncclReduceScatter(input.data_ptr(), output.data_ptr(), count(output), type,
-                             nccl_op(op, output.scalar_type()), comm_->get(), stream_->get()),
+                             nccl_op(op), comm_->get(), stream_->get()),
            "ncclReduceScatter");
-    if (divides_after(op, output.scalar_type())) divide_for_average(output, size());
   });
 }
 
-WorkPtr NcclProcessGroup::do_reduce_scatter(const Call& call, at::Tensor output,
+WorkPtr NcclBackend::do_reduce_scatter(const Call& call, at::Tensor output,
                                             std::vector<at::Tensor> inputs, ReduceOp op) {
   auto keep = checked(call, inputs, output);
   const auto type = nccl_type(call.op, output.scalar_type(), true);
@@ -362,30 +353,29 @@ WorkPtr NcclProcessGroup::do_reduce_scatter(const Call& call, at::Tensor output,
     auto flat = at::cat(flat_inputs);
     settle(call,
            ncclReduceScatter(flat.data_ptr(), output.data_ptr(), count(output), type,
-                             nccl_op(op, output.scalar_type()), comm_->get(), stream_->get()),
+                             nccl_op(op), comm_->get(), stream_->get()),
            "ncclReduceScatter");
-    if (divides_after(op, output.scalar_type())) divide_for_average(output, size());
   });
 }
 
 // gather, scatter and all_to_all: NCCL's grouped send/recv (inside
 // ncclGroupStart/End, where the calls only queue); the rank's own piece is a
 // device copy. Empty pieces are not sent: both sides know their size.
-void NcclProcessGroup::send_to(const at::Tensor& t, int peer, int type) {
+void NcclBackend::send_to(const at::Tensor& t, int peer, int type) {
   if (count(t) == 0) return;
   check_nccl(ncclSend(t.data_ptr(), count(t), static_cast<ncclDataType_t>(type), peer,
                       comm_->get(), stream_->get()),
              "ncclSend");
 }
 
-void NcclProcessGroup::recv_from(const at::Tensor& t, int peer, int type) {
+void NcclBackend::recv_from(const at::Tensor& t, int peer, int type) {
   if (count(t) == 0) return;
   check_nccl(ncclRecv(t.data_ptr(), count(t), static_cast<ncclDataType_t>(type), peer,
                       comm_->get(), stream_->get()),
              "ncclRecv");
 }
 
-WorkPtr NcclProcessGroup::do_gather(const Call& call, std::vector<at::Tensor> outputs,
+WorkPtr NcclBackend::do_gather(const Call& call, std::vector<at::Tensor> outputs,
                                     at::Tensor input, int root) {
   auto keep = checked(call, outputs, input);
   const auto type = nccl_type(call.op, input.scalar_type(), false);
@@ -399,7 +389,7 @@ WorkPtr NcclProcessGroup::do_gather(const Call& call, std::vector<at::Tensor> ou
   });
 }
 
-WorkPtr NcclProcessGroup::do_scatter(const Call& call, at::Tensor output,
+WorkPtr NcclBackend::do_scatter(const Call& call, at::Tensor output,
                                      std::vector<at::Tensor> inputs, int root) {
   auto keep = checked(call, inputs, output);
   const auto type = nccl_type(call.op, output.scalar_type(), false);
@@ -413,7 +403,7 @@ WorkPtr NcclProcessGroup::do_scatter(const Call& call, at::Tensor output,
   });
 }
 
-WorkPtr NcclProcessGroup::do_all_to_all(const Call& call, std::vector<at::Tensor> outputs,
+WorkPtr NcclBackend::do_all_to_all(const Call& call, std::vector<at::Tensor> outputs,
                                         std::vector<at::Tensor> inputs) {
   for (const auto& t : outputs) check_device(call, t);
   for (const auto& t : inputs) check_device(call, t);
@@ -434,7 +424,7 @@ WorkPtr NcclProcessGroup::do_all_to_all(const Call& call, std::vector<at::Tensor
 
 // Blocks the host (as PyTorch's barrier on NCCL does): a one-element
 // all_reduce whose Work is waited on by the host.
-WorkPtr NcclProcessGroup::do_barrier(const Call& call) {
+WorkPtr NcclBackend::do_barrier(const Call& call) {
   auto one = at::zeros({1}, at::TensorOptions(at::kFloat).device(control_device()));
   return launch(
       call, {one},
@@ -447,14 +437,14 @@ WorkPtr NcclProcessGroup::do_barrier(const Call& call) {
       Launch{/*host_blocking=*/true});
 }
 
-WorkPtr NcclProcessGroup::do_monitored_barrier(const Call& call, bool) {
+WorkPtr NcclBackend::do_monitored_barrier(const Call& call, bool) {
   throw InvalidArgument(detail::cat(call.description,
                                     ": monitored_barrier is not available on nccl (nor in "
                                     "PyTorch); run it on a CPU group, e.g. "
                                     "dtrain::new_group(ranks, \"tcp\")"));
 }
 
-WorkPtr NcclProcessGroup::do_send(const Call& call, at::Tensor tensor, int dst, int) {
+WorkPtr NcclBackend::do_send(const Call& call, at::Tensor tensor, int dst, int) {
   check_device(call, tensor);
   const auto type = nccl_type(call.op, tensor.scalar_type(), false);
   return launch(call, {tensor}, [&] {
@@ -463,7 +453,7 @@ WorkPtr NcclProcessGroup::do_send(const Call& call, at::Tensor tensor, int dst, 
   });
 }
 
-WorkPtr NcclProcessGroup::do_recv(const Call& call, at::Tensor tensor, int src, int) {
+WorkPtr NcclBackend::do_recv(const Call& call, at::Tensor tensor, int src, int) {
   check_device(call, tensor);
   DTRAIN_CHECK_ARG(src != kAnySource, call.description,
                    ": recv from any source is not available on nccl (NCCL matches each receive "
@@ -475,7 +465,7 @@ WorkPtr NcclProcessGroup::do_recv(const Call& call, at::Tensor tensor, int src, 
   }, Launch{false, src});
 }
 
-std::vector<WorkPtr> NcclProcessGroup::post_batch(const std::vector<Call>& calls,
+std::vector<WorkPtr> NcclBackend::post_batch(const std::vector<Call>& calls,
                                                   std::vector<Op> ops) {
   Call call = calls.front();
   call.description = detail::cat("batch_isend_irecv of ", ops.size(), " (", calls.front().op,
@@ -502,9 +492,11 @@ std::vector<WorkPtr> NcclProcessGroup::post_batch(const std::vector<Call>& calls
   return std::vector<WorkPtr>(ops.size(), work);
 }
 
-DTRAIN_REGISTER_BACKEND(nccl, register_backend("nccl", [](std::shared_ptr<Store> store, int rank,
-                                                          int size, const GroupOptions& options) {
-  return std::make_shared<NcclProcessGroup>(std::move(store), rank, size, options);
-}))
+DTRAIN_REGISTER_BACKEND(nccl, register_backend("nccl", {c10::DeviceType::CUDA},
+                                                [](std::shared_ptr<Store> store, int rank,
+                                                   int size, const GroupOptions& options) {
+                                                  return std::make_shared<NcclBackend>(
+                                                      std::move(store), rank, size, options);
+                                                }))
 
 }  // namespace dtrain::nccl_backend

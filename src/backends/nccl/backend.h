@@ -43,8 +43,9 @@
 #include <thread>
 
 #include "core/failure_state.h"
+#include "dtrain/backend.h"
 #include "dtrain/backend_hooks.h"
-#include "dtrain/process_group.h"
+#include "dtrain/store/store.h"
 
 namespace dtrain::nccl_backend {
 
@@ -58,14 +59,16 @@ struct Launch {
   int source_rank = -1;        // a receive's peer, for Work::source_rank()
 };
 
-class NcclProcessGroup final : public ProcessGroup {
+class NcclBackend final : public Backend {
  public:
-  NcclProcessGroup(std::shared_ptr<Store> store, int rank, int size, GroupOptions options);
-  ~NcclProcessGroup() override;
+  NcclBackend(std::shared_ptr<Store> store, int rank, int size, GroupOptions options);
+  ~NcclBackend() override;
 
   std::string backend_name() const override { return "nccl"; }
   bool supports(c10::DeviceType type) const override { return type == c10::DeviceType::CUDA; }
   c10::Device control_device() const override;
+  // ncclAvg is for floating types; the front door sums integers and divides.
+  bool averages(c10::ScalarType dtype) const override;
 
  protected:
   DTRAIN_PROCESS_GROUP_HOOKS

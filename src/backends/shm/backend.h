@@ -2,10 +2,10 @@
 
 // Backend "shm": every operation on CPU tensors between the ranks of one
 // machine, through shared memory only (see docs/backends.md). It is the
-// transport engine's group (backends/engine/group.h) over the shm transport
-// (transport/shm/): send/recv over byte rings, collectives over the
-// transport's slots (algorithms/slots.h), which read peers' data in place.
-// No socket between the ranks.
+// fabric's group (backends/fabric/backend.h) over the topology of one host:
+// send/recv over byte rings (transport/shm/), collectives in the host's
+// slots (algorithms/slots.h), which read peers' data in place. No socket
+// between the ranks.
 //
 // Collectives run in issue order on the group's thread. Every collective
 // first checks, inside the segment and at no extra synchronization, that all

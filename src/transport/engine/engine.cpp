@@ -88,7 +88,7 @@ void EngineRequest::wait(Clock::time_point deadline, const std::string& what) {
 // ---- setup and teardown ---------------------------------------------------
 
 Engine::Engine(Links links, int rank, int size, const EngineOptions& options)
-    : rank_(rank), size_(size), options_(options), slots_(std::move(links.slots)),
+    : rank_(rank), size_(size), options_(options),
       pollers_(std::move(links.pollers)) {
   conns_.resize(size);
   for (int p = 0; p < size; ++p) {

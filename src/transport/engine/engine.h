@@ -3,7 +3,7 @@
 // The transport engine: the one implementation of the transport contract
 // (transport/transport.h) over any carrier of bytes (transport/link.h): TCP
 // sockets between hosts (tcp/), shared-memory rings inside one (shm/), or
-// both in one group (transport/connect.h).
+// both in one group (transport/fabric.h).
 //
 // Each link carries frames of a fixed header (magic, tag, total bytes) and
 // the payload (connection.h). A pair of ranks may be joined by several
@@ -76,8 +76,6 @@ struct Links {
   std::vector<std::vector<int>> poller_of;
   // [peer]: the first word of that link's messages; empty: options.label.
   std::vector<std::string> labels;
-  // The shm transport's copy-free capability, when it has one.
-  std::shared_ptr<shm::Slots> slots;
 };
 
 class Engine final : public Transport {
@@ -96,7 +94,6 @@ class Engine final : public Transport {
     std::lock_guard<std::mutex> lock(error_mutex_);
     return error_;
   }
-  shm::Slots* shared_slots() override { return slots_.get(); }
   const std::string& peer_name(int peer) const {
     static const std::string any = "any rank";
     return peer < 0 ? any : conns_[peer][0]->name;
@@ -169,7 +166,6 @@ class Engine final : public Transport {
 
   const int rank_, size_;
   const EngineOptions options_;
-  std::shared_ptr<shm::Slots> slots_;
   std::vector<std::vector<std::unique_ptr<Connection>>> conns_;  // [peer][stream]
   std::vector<std::unique_ptr<Poller>> pollers_;  // one I/O thread each
   std::vector<std::thread> threads_;

@@ -18,10 +18,18 @@
 
 #include "common/enforce.h"
 #include "common/logging.h"
+#include "transport/engine/engine.h"
 #include "transport/tcp/hello.h"
 
 namespace dtrain::transport::tcp {
 namespace {
+
+// The eager credit each connection of a full mesh of `size` ranks grants:
+// options.unexpected_bytes over options.streams per peer.
+uint64_t full_mesh_grant(const TcpOptions& options, int size) {
+  return engine::eager_grant(options.unexpected_bytes,
+                             static_cast<size_t>(std::max(size - 1, 1)) * options.streams);
+}
 
 uint64_t random_id() {
   uint64_t id = 0;
@@ -157,7 +165,7 @@ class MeshBuilder {
   MeshBuilder(Store& store, int rank, int size, const TcpOptions& options, const MeshScope& scope)
       : store_(store), rank_(rank), size_(size), options_(options), scope_(scope),
         deadline_(Clock::now() + options.timeout),
-        grant_(scope.grant ? scope.grant : eager_grant(options, size)) {
+        grant_(scope.grant ? scope.grant : full_mesh_grant(options, size)) {
     mesh_.conns.resize(size);
     mesh_.grants.resize(size);
     mesh_.peer_names.resize(size);

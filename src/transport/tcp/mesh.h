@@ -1,6 +1,6 @@
 #pragma once
 
-// Connection setup of the TCP transport (see transport.h): the full mesh of
+// Connection setup of the TCP carrier (see options.h): the full mesh of
 // `streams` connections per pair of ranks, each opened with a checked hello.
 
 #include <string>
@@ -8,7 +8,7 @@
 
 #include "common/socket.h"
 #include "dtrain/store/store.h"
-#include "transport/tcp/transport.h"
+#include "transport/tcp/options.h"
 
 namespace dtrain::transport::tcp {
 
@@ -30,7 +30,7 @@ struct MeshScope {
   int lower = -1;      // join ranks [0, lower); -1: every lower rank
   bool higher = true;  // accept every higher rank
   std::vector<bool> peers;
-  uint64_t grant = 0;  // 0: eager_grant(options, size)
+  uint64_t grant = 0;  // 0: unexpected_bytes shared over every connection
   bool wants(int peer) const { return peers.empty() || peers[peer]; }
 };
 

@@ -1,9 +1,10 @@
 #pragma once
 
-// The TCP transport: dtrain's own network path between the ranks of a group
-// (the "tcp" backend, "gloo" as its alias, and the links between machines of
-// "auto"): the transport engine (engine/engine.h: frames, eager credit and
-// rendezvous, per-request completion) over TCP sockets.
+// The TCP carrier: dtrain's own network path between ranks (every pair of
+// a "tcp" group, "gloo" as its alias, and the pairs on different machines
+// of "auto"): links of the transport engine (engine/engine.h: frames, eager
+// credit and rendezvous, per-request completion) over TCP sockets, which
+// the fabric (transport/fabric.h) picks for every pair on different hosts.
 //
 // Every pair of ranks is joined by `streams` TCP connections (TCP_NODELAY),
 // over which large messages are split; one I/O thread per stream index
@@ -18,11 +19,8 @@
 // logged, and does not disturb the group.
 
 #include <chrono>
-#include <memory>
+#include <cstddef>
 #include <string>
-
-#include "dtrain/store/store.h"
-#include "transport/transport.h"
 
 namespace dtrain::transport {
 
@@ -37,16 +35,5 @@ struct TcpOptions {
   // at least 4 KiB); see engine/connection.h for the protocol.
   size_t unexpected_bytes = size_t{64} << 20;
 };
-
-// Connects the full mesh (blocking, under options.timeout: TimeoutError
-// naming the ranks that did not connect) and starts the I/O threads.
-std::unique_ptr<Transport> connect_tcp(Store& store, int rank, int size,
-                                       const TcpOptions& options);
-
-namespace tcp {
-// The eager credit each connection of a full mesh of `size` ranks grants
-// (options.unexpected_bytes over options.streams per peer).
-uint64_t eager_grant(const TcpOptions& options, int size);
-}  // namespace tcp
 
 }  // namespace dtrain::transport

@@ -1,4 +1,4 @@
-#include "transport/shm/shm_transport.h"
+#include "transport/shm/links.h"
 
 #include <unistd.h>
 
@@ -8,12 +8,8 @@
 #include "common/enforce.h"
 #include "transport/shm/attach.h"
 #include "transport/shm/ring_link.h"
-#include "transport/shm/ring_mesh.h"
-#include "transport/shm/slots.h"
-#include "dtrain/store/prefix_store.h"
-#include "transport/engine/engine.h"
 
-namespace dtrain::transport {
+namespace dtrain::shm {
 namespace {
 
 constexpr uint64_t kRingMagic = 0x6474726e72696e67ULL;  // "dtrnring"
@@ -44,44 +40,44 @@ struct Layout {
 
 }  // namespace
 
-size_t shm_ring_bytes(int size) {
-  const size_t share = (size_t{32} << 20) / (size_t(size) * std::max(size - 1, 1));
+size_t ring_bytes(int ranks) {
+  const size_t share = (size_t{32} << 20) / (size_t(ranks) * std::max(ranks - 1, 1));
   size_t bytes = size_t{16} << 10;
   while (bytes < (size_t{1} << 20) && bytes * 2 <= share) bytes *= 2;
   return bytes;
 }
 
-int add_ring_links(Store& store, int rank, const std::vector<int>& ranks, uint64_t granted,
-                   const std::string& name, engine::Links& links) {
+void add_ring_links(Store& store, int rank, const std::vector<int>& ranks, uint64_t granted,
+                    const std::string& name, transport::engine::Links& links) {
   const int n = static_cast<int>(ranks.size());
   const int me = static_cast<int>(std::find(ranks.begin(), ranks.end(), rank) - ranks.begin());
   DTRAIN_ENFORCE(me < n);
   // Each rank's grant (its receive budget per peer) and pid, for the peers.
   store.set(detail::cat("shm/grant/", me), detail::cat(granted, " ", ::getpid()));
 
-  const size_t ring_bytes = shm_ring_bytes(n);
+  const size_t ring_size = ring_bytes(n);
   shm::SegmentPlan plan;
   plan.what = detail::cat("shm: setting up the transport of group '", name, "' (rank ", rank,
                           ", ", me, "/", n, " on this machine)");
-  plan.bytes = [&] { return Layout(n, ring_bytes).total; };
+  plan.bytes = [&] { return Layout(n, ring_size).total; };
   plan.init = [&](void* base) {
     auto* h = static_cast<Header*>(base);
     h->size = static_cast<uint32_t>(n);
-    h->ring_bytes = ring_bytes;
+    h->ring_bytes = ring_size;
     h->version = kVersion;
     h->magic = kRingMagic;
   };
   plan.check = [&](const shm::Segment& segment) {
     const auto* h = static_cast<const Header*>(segment.data());
     if (h->magic != kRingMagic || h->version != kVersion || h->size != static_cast<uint32_t>(n) ||
-        h->ring_bytes != ring_bytes || Layout(n, ring_bytes).total != segment.size())
+        h->ring_bytes != ring_size || Layout(n, ring_size).total != segment.size())
       throw InternalError(detail::cat(plan.what, ": /dev/shm", segment.name(),
                                       " is not a ring segment of this group (magic, version, "
                                       "size or ring size differ; a different dtrain build?)"));
   };
   auto segment = std::make_shared<shm::Segment>(shm::attach_segment(store, me, n, plan));
 
-  const Layout layout(n, ring_bytes);
+  const Layout layout(n, ring_size);
   auto* base = static_cast<uint8_t*>(segment->data());
   auto* bells = reinterpret_cast<shm::Doorbell*>(base + layout.bells);
   const int poller = static_cast<int>(links.pollers.size());
@@ -91,7 +87,7 @@ int add_ring_links(Store& store, int rank, const std::vector<int>& ranks, uint64
     const auto grant = store.get_string(detail::cat("shm/grant/", j));
     char* end = nullptr;
     const uint64_t bytes = std::strtoull(grant.c_str(), &end, 10);
-    if (end == grant.c_str() || *end != ' ' || bytes < kMinEagerBytes)
+    if (end == grant.c_str() || *end != ' ' || bytes < transport::kMinEagerBytes)
       throw NetworkError(detail::cat(plan.what, ": rank ", p, " published a malformed grant '",
                                      grant.substr(0, 64), "' (a different dtrain build?)"));
     links.grants[p] = {bytes};
@@ -99,29 +95,10 @@ int add_ring_links(Store& store, int rank, const std::vector<int>& ranks, uint64
     links.links[p].clear();
     links.links[p].push_back(std::make_unique<shm::RingLink>(
         reinterpret_cast<shm::RingControl*>(base + layout.ring(me, j)),
-        reinterpret_cast<shm::RingControl*>(base + layout.ring(j, me)), ring_bytes, &bells[j], j));
-    if (!links.poller_of.empty()) links.poller_of[p] = {poller};
+        reinterpret_cast<shm::RingControl*>(base + layout.ring(j, me)), ring_size, &bells[j], j));
+    links.poller_of[p] = {poller};
   }
   links.pollers.push_back(std::make_unique<shm::RingPoller>(&bells[me], segment));
-  return poller;
 }
 
-std::unique_ptr<Transport> connect_shm(Store& store, int rank, int size,
-                                       const ShmOptions& options) {
-  engine::Links links;
-  links.links.resize(size);
-  links.grants.resize(size);
-  links.peer_names.resize(size);
-  links.granted = engine::eager_grant(options.unexpected_bytes, std::max(size - 1, 1));
-  std::vector<int> ranks(size);
-  for (int r = 0; r < size; ++r) ranks[r] = r;
-  if (options.slots) {
-    PrefixStore scoped("slots", std::shared_ptr<Store>(&store, [](Store*) {}));
-    links.slots = std::make_shared<shm::Slots>(scoped, rank, size, options.name);
-  }
-  add_ring_links(store, rank, ranks, links.granted, options.name, links);
-  return std::make_unique<engine::Engine>(std::move(links), rank, size,
-                                          engine::EngineOptions{options.timeout, options.name, "shm"});
-}
-
-}  // namespace dtrain::transport
+}  // namespace dtrain::shm

@@ -1,4 +1,4 @@
-#include "backends/auto/routing_group.h"
+#include "backends/auto/device_routing.h"
 
 #include <ATen/ATen.h>
 #include <ATen/detail/CUDAHooksInterface.h>
@@ -82,14 +82,13 @@ thread_local bool routing_forced = false;
 void set_thread_routing_forced(bool forced) { routing_forced = forced; }
 bool thread_routing_forced() { return routing_forced; }
 
-// Through the store, not the CPU group: a collective here would be the
+// Through the store, not the CPU backend: a collective here would be the
 // group's first (#0 in every error and dump, before the user's first) and
 // would open DTRAIN_TIMELINE's file before the rank is known. Each rank
 // counts itself in "cuda/unusable" if it cannot run NCCL, then in
 // "cuda/arrived"; the last to arrive publishes the count.
-std::shared_ptr<ProcessGroup> route_by_device(std::shared_ptr<ProcessGroup> cpu,
-                                              std::shared_ptr<Store> store, int ranks_here,
-                                              const GroupOptions& options) {
+std::shared_ptr<ProcessGroup> route_by_device(BackendPtr cpu, std::shared_ptr<Store> store,
+                                              int ranks_here, const GroupOptions& options) {
   const std::string why = nccl_unusable_reason(ranks_here);
   if (!why.empty()) store->add("cuda/unusable", 1);
   if (store->add("cuda/arrived", 1) == cpu->size())
@@ -100,51 +99,28 @@ std::shared_ptr<ProcessGroup> route_by_device(std::shared_ptr<ProcessGroup> cpu,
   else
     DTRAIN_LOG_INFO("auto: group '", options.name(), "': CUDA tensors staged through host memory (",
                     why.empty() ? "another rank cannot use NCCL" : why, ")");
-  return std::make_shared<RoutingProcessGroup>(std::move(cpu), std::move(store),
-                                               nccl ? CudaPath::kNccl : CudaPath::kStaged, options);
+  const int rank = cpu->rank(), size = cpu->size();
+  BackendPtr cuda;
+  if (nccl) cuda = std::make_shared<NcclOnFirstUse>(std::move(store), rank, size, options);
+  else cuda = std::make_shared<StagedBackend>(cpu, c10::DeviceType::CUDA);
+  return std::make_shared<ProcessGroup>(
+      rank, size, options,
+      DeviceBackends{{c10::DeviceType::CPU, std::move(cpu)}, {c10::DeviceType::CUDA, cuda}});
 }
 
-RoutingProcessGroup::RoutingProcessGroup(std::shared_ptr<ProcessGroup> cpu,
-                                         std::shared_ptr<Store> store, CudaPath cuda_path,
-                                         GroupOptions options, RoutingOptions routing)
-    : ProcessGroup(cpu->rank(), cpu->size(), std::move(options)),
-      cpu_(std::move(cpu)),
-      store_(std::move(store)),
-      cuda_path_(cuda_path),
-      routing_(routing) {
-  hide_diagnostics(*cpu_);
+std::shared_ptr<ProcessGroup> staged_group(BackendPtr cpu, const GroupOptions& options) {
+  const int rank = cpu->rank(), size = cpu->size();
+  return std::make_shared<ProcessGroup>(
+      rank, size, options,
+      DeviceBackends{{c10::DeviceType::CPU, std::make_shared<StagedBackend>(cpu, c10::kCPU)},
+                     {c10::DeviceType::CUDA, std::make_shared<StagedBackend>(cpu, c10::kCUDA)}});
 }
 
-std::string RoutingProcessGroup::backend_name() const {
-  return detail::cat(cpu_->backend_name(), "; CUDA tensors: ",
-                     cuda_path_ == CudaPath::kNccl ? "nccl" : "staged through host memory");
-}
+StagedBackend::StagedBackend(BackendPtr cpu, c10::DeviceType device)
+    : Backend(cpu->rank(), cpu->size(), cpu->options()), cpu_(std::move(cpu)), device_(device) {}
 
-bool RoutingProcessGroup::supports(c10::DeviceType type) const {
-  return type == c10::DeviceType::CPU || type == c10::DeviceType::CUDA;
-}
-
-ProcessGroup* RoutingProcessGroup::direct(const at::Tensor& t, bool collective) {
-  if (t.device().is_cpu()) return routing_.stage_cpu_tensors ? nullptr : cpu_.get();
-  if (cuda_path_ == CudaPath::kStaged) return nullptr;
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!nccl_) {
-    DTRAIN_CHECK_ARG(collective, "group '", name(), "' (auto): the first operation on CUDA tensors "
-                     "must be a collective: NCCL's communicator is created by every rank at once");
-    auto options = GroupOptions(this->options()).name(name() + "/nccl");
-    nccl_ = create_process_group("nccl", std::make_shared<PrefixStore>("cuda", store_), rank(),
-                                 size(), options);
-    hide_diagnostics(*nccl_);
-  }
-  return nccl_.get();
-}
-
-// Whole operations, as descriptors: a barrier (no tensors) to the CPU
-// group; an operation on tensors to the group of their device, or staged.
-WorkPtr RoutingProcessGroup::post(const Call& call, Op op) {
-  if (op.inputs.empty() && op.outputs.empty()) return cpu_->issue(std::move(op), call.timeout);
-  const auto& probe = op.inputs.empty() ? op.outputs.front() : op.inputs.front();
-  if (auto* g = direct(probe, is_collective(op.type))) return g->issue(std::move(op), call.timeout);
+// The whole operation through host memory, on the CPU backend.
+WorkPtr StagedBackend::post(const Call& call, Op op) {
   const bool is_recv = op.type == OpType::RECV;
   Staging s;
   for (auto& t : op.inputs) t = s.in(t);
@@ -156,7 +132,34 @@ WorkPtr RoutingProcessGroup::post(const Call& call, Op op) {
                           (op.type == OpType::BROADCAST && rank() == op.root);
     t = written ? s.out(t, in_place) : s.in(t);
   }
-  return s.finish(call.description, cpu_->issue(std::move(op), call.timeout), is_recv);
+  return s.finish(call.description, cpu_->post(call, std::move(op)), is_recv);
+}
+
+NcclOnFirstUse::NcclOnFirstUse(std::shared_ptr<Store> store, int rank, int size,
+                               GroupOptions options)
+    : Backend(rank, size, std::move(options)), store_(std::move(store)) {}
+
+bool NcclOnFirstUse::averages(c10::ScalarType dtype) const { return at::isFloatingType(dtype); }
+
+Backend& NcclOnFirstUse::nccl(bool collective) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!nccl_) {
+    DTRAIN_CHECK_ARG(collective, "group '", name(), "' (auto): the first operation on CUDA tensors "
+                     "must be a collective: NCCL's communicator is created by every rank at once");
+    auto options = GroupOptions(this->options()).name(name() + "/nccl");
+    nccl_ = detail::create_backend("nccl", std::make_shared<PrefixStore>("cuda", store_), rank(),
+                                   size(), options);
+  }
+  return *nccl_;
+}
+
+WorkPtr NcclOnFirstUse::post(const Call& call, Op op) {
+  return nccl(is_collective(op.type)).post(call, std::move(op));
+}
+
+std::vector<WorkPtr> NcclOnFirstUse::post_batch(const std::vector<Call>& calls,
+                                                std::vector<Op> ops) {
+  return nccl(/*collective=*/false).post_batch(calls, std::move(ops));
 }
 
 }  // namespace dtrain::device_routing
