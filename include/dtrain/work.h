@@ -88,6 +88,14 @@ class Work {
   // (runs the on_first_wait callbacks), without blocking.
   void note_waiting();
 
+  // For backends: `run` lets the thread that waits for this work without a
+  // timeout (wait() or synchronize()) run the queued operation itself
+  // instead of handing it to a thread and being woken back: it runs the
+  // operation when nothing runs before it, and does nothing otherwise (the
+  // waiter then blocks as usual). Called at most once; set before the work
+  // is handed out.
+  void set_waiter_runs(std::function<void()> run);
+
   // What the operation is, e.g. "all_reduce #12 on group 'default'".
   const std::string& description() const { return description_; }
 
@@ -139,6 +147,7 @@ class Work {
   std::function<void()> device_wait_;
   bool waited_ = false;  // the on_first_wait callbacks have run (or are running)
   std::vector<std::function<void()>> first_wait_;
+  std::function<void()> waiter_runs_;
 };
 
 using WorkPtr = std::shared_ptr<Work>;

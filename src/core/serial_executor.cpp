@@ -9,36 +9,70 @@ SerialExecutor::~SerialExecutor() { shutdown(); }
 
 void SerialExecutor::shutdown() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
+    std::lock_guard<std::mutex> lock(queue_->mutex);
+    queue_->stop = true;
   }
-  cv_.notify_all();
+  queue_->cv.notify_all();
   if (thread_.joinable()) thread_.join();
 }
 
 void SerialExecutor::submit(std::function<void()> task) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    tasks_.push_back(std::move(task));
+    std::lock_guard<std::mutex> lock(queue_->mutex);
+    queue_->tasks.push_back(Task{nullptr, std::move(task)});
   }
-  cv_.notify_one();
+  queue_->cv.notify_one();
 }
 
 void SerialExecutor::submit(WorkPtr work, std::function<void()> body) {
-  submit([this, work = std::move(work), body = std::move(body)] { failures_->run(*work, body); });
+  work->set_waiter_runs([queue = std::weak_ptr<Queue>(queue_), w = work.get()] {
+    if (auto q = queue.lock()) q->run_if_next(w);
+  });
+  const Work* key = work.get();
+  auto run = [this, work = std::move(work), body = std::move(body)] {
+    failures_->run(*work, body);
+  };
+  {
+    std::lock_guard<std::mutex> lock(queue_->mutex);
+    queue_->tasks.push_back(Task{key, std::move(run)});
+  }
+  queue_->cv.notify_one();
 }
 
+void SerialExecutor::Queue::run_if_next(const Work* work) {
+  std::function<void()> task;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (running || tasks.empty() || tasks.front().work != work) return;
+    task = std::move(tasks.front().run);
+    tasks.pop_front();
+    running = true;
+  }
+  task();
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    running = false;
+  }
+  cv.notify_one();  // the executor's thread: what was queued meanwhile, or stop
+}
+
+// Ends once stopped with nothing queued and nothing running (a waiter's
+// task included: the group's state must outlive it).
 void SerialExecutor::loop() {
+  auto& q = *queue_;
   for (;;) {
     std::function<void()> task;
     {
-      std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
-      if (tasks_.empty()) return;  // stop_ and drained
-      task = std::move(tasks_.front());
-      tasks_.pop_front();
+      std::unique_lock<std::mutex> lock(q.mutex);
+      q.cv.wait(lock, [&] { return !q.running && (q.stop || !q.tasks.empty()); });
+      if (q.tasks.empty()) return;  // stopped and drained
+      task = std::move(q.tasks.front().run);
+      q.tasks.pop_front();
+      q.running = true;
     }
     task();
+    std::lock_guard<std::mutex> lock(q.mutex);
+    q.running = false;
   }
 }
 

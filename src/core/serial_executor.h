@@ -13,6 +13,12 @@
 // without running, with broken_group_error naming that first error. So
 // after a peer dies the queue empties in one timeout, not one per queued
 // operation, and destroying the group does not wait N x timeout.
+//
+// An operation whose Work is waited for (untimed) while it is next in line
+// and nothing runs runs on the waiting thread instead (Work::set_waiter_runs):
+// `all_reduce(t)->wait()` then costs no hand-off to the executor's thread and
+// no wake-up back, which is most of a small collective's time in shared
+// memory. Order is kept: one task at a time, whichever thread runs it.
 
 #include <condition_variable>
 #include <deque>
@@ -56,12 +62,23 @@ class SerialExecutor {
   std::exception_ptr error() const { return failures_->error(); }
 
  private:
+  struct Task {
+    const Work* work;  // null for plain tasks
+    std::function<void()> run;
+  };
+  // Shared with the Works' waiter hooks, which may outlive the executor.
+  struct Queue {
+    std::mutex mutex;
+    std::condition_variable cv;
+    std::deque<Task> tasks;
+    bool running = false;  // a task runs, on the executor's thread or a waiter's
+    bool stop = false;
+    // Runs `work`'s task on the calling thread if it is next and nothing runs.
+    void run_if_next(const Work* work);
+  };
   void loop();
   std::shared_ptr<FailureState> failures_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> tasks_;
-  bool stop_ = false;
+  std::shared_ptr<Queue> queue_ = std::make_shared<Queue>();
   std::thread thread_;
 };
 

@@ -77,9 +77,23 @@ void Work::wait(std::chrono::milliseconds timeout) {
   device_wait();
 }
 
+void Work::set_waiter_runs(std::function<void()> run) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  waiter_runs_ = std::move(run);
+}
+
 void Work::synchronize(std::chrono::milliseconds timeout) {
   note_waiting();
   std::unique_lock<std::mutex> lock(mutex_);
+  // An untimed wait may run the operation here: a timed one must return
+  // at its timeout, which an operation running on this thread cannot.
+  if (timeout < std::chrono::milliseconds::zero() && waiter_runs_ && !woken_) {
+    auto run = std::move(waiter_runs_);
+    waiter_runs_ = nullptr;
+    lock.unlock();
+    run();
+    lock.lock();
+  }
   if (timeout < std::chrono::milliseconds::zero()) {
     done_cv_.wait(lock, [&] { return woken_; });
   } else if (!done_cv_.wait_for(lock, timeout, [&] { return woken_; })) {
@@ -116,6 +130,7 @@ void Work::finish(std::exception_ptr error) {
     done_ = true;
     error_ = error;
     finished.swap(finished_);
+    waiter_runs_ = nullptr;
   }
   done_cv_.notify_all();  // on_success calls waiting for the result
   for (auto& fn : finished) fn(error);
