@@ -77,7 +77,8 @@ ProcessGroup::Call ProcessGroup::next_call(const char* op, Timeout timeout, bool
 uint64_t ProcessGroup::record(const Call& call, const at::Tensor& tensor, int64_t root,
                               int64_t reduce_op) {
   if (!recorder_made_) {  // here, not in the constructor: backend_name() is virtual
-    recorder_ = detail::FlightRecorder::create(*this);
+    recorder_ = detail::FlightRecorder::create(
+        detail::RecordedGroup{name(), rank(), size(), global_ranks(), backend_name()});
     recorder_made_ = true;
   }
   if (!recorder_) return 0;

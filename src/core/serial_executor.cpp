@@ -48,12 +48,19 @@ void SerialExecutor::Queue::run_if_next(const Work* work) {
     tasks.pop_front();
     running = true;
   }
+  // Tasks do not throw (they report through their Work); the executor's
+  // thread is told even if one did: what was queued meanwhile, or stop.
+  struct Done {
+    Queue& q;
+    ~Done() {
+      {
+        std::lock_guard<std::mutex> lock(q.mutex);
+        q.running = false;
+      }
+      q.cv.notify_one();
+    }
+  } done{*this};
   task();
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    running = false;
-  }
-  cv.notify_one();  // the executor's thread: what was queued meanwhile, or stop
 }
 
 // Ends once stopped with nothing queued and nothing running (a waiter's

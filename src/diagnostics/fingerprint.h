@@ -8,12 +8,11 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdint>
+#include <string>
 #include <vector>
 
-#include "dtrain/process_group.h"
-
 namespace dtrain {
-
 
 at::Tensor make_fingerprint(const char* op, uint64_t seq, const at::Tensor& tensor, int64_t root,
                             int64_t reduce_op);

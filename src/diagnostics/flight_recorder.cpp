@@ -15,7 +15,7 @@
 #include "common/env.h"
 #include "common/json_text.h"
 #include "common/logging.h"
-#include "dtrain/process_group.h"
+#include "dtrain/operation.h"
 
 namespace dtrain::detail {
 namespace {
@@ -124,9 +124,9 @@ size_t ring_size() {
 
 }  // namespace
 
-std::shared_ptr<FlightRecorder> FlightRecorder::create(const ProcessGroup& group) {
+std::shared_ptr<FlightRecorder> FlightRecorder::create(const RecordedGroup& group) {
   const size_t capacity = ring_size();
-  if (capacity == 0 || group.rank() < 0) return nullptr;
+  if (capacity == 0 || group.rank < 0) return nullptr;
   std::shared_ptr<FlightRecorder> recorder(new FlightRecorder(group, capacity));
   auto& r = recorder_registry();
   {
@@ -135,21 +135,21 @@ std::shared_ptr<FlightRecorder> FlightRecorder::create(const ProcessGroup& group
                                      [](const auto& w) { return w.expired(); }),
                       r.recorders.end());
     r.recorders.push_back(recorder);
-    if (r.global_rank < 0 || group.name() == "default") {
-      r.global_rank = group.global_ranks()[static_cast<size_t>(group.rank())];
-      if (group.name() == "default") r.world_size = group.size();
+    if (r.global_rank < 0 || group.name == "default") {
+      r.global_rank = group.global_ranks[static_cast<size_t>(group.rank)];
+      if (group.name == "default") r.world_size = group.size;
     }
   }
   if (env::get(env::kTraceDir)) install_signal_dump();
   return recorder;
 }
 
-FlightRecorder::FlightRecorder(const ProcessGroup& group, size_t capacity)
-    : group_name_(group.name()),
-      group_rank_(group.rank()),
-      group_size_(group.size()),
-      global_ranks_(group.global_ranks()),
-      backend_(group.backend_name()),
+FlightRecorder::FlightRecorder(const RecordedGroup& group, size_t capacity)
+    : group_name_(group.name),
+      group_rank_(group.rank),
+      group_size_(group.size),
+      global_ranks_(group.global_ranks),
+      backend_(group.backend),
       ring_(capacity) {}
 
 FlightRecorder::~FlightRecorder() = default;

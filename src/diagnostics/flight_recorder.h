@@ -22,16 +22,22 @@
 #include <string>
 #include <vector>
 
-namespace dtrain {
-class ProcessGroup;
-}
-
 namespace dtrain::detail {
+
+// The group a recorder records, as its dumps name it.
+struct RecordedGroup {
+  std::string name;
+  int rank = -1;  // in the group; -1: this process is not a member
+  int size = 0;
+  std::vector<int> global_ranks;
+  std::string backend;
+};
 
 class FlightRecorder {
  public:
-  // A recorder for `group` (null when the ring size is 0).
-  static std::shared_ptr<FlightRecorder> create(const ProcessGroup& group);
+  // A recorder for `group` (null when the ring size is 0, or when this
+  // process is not a member).
+  static std::shared_ptr<FlightRecorder> create(const RecordedGroup& group);
   ~FlightRecorder();
 
   // Records an operation as issued; returns its slot id for finished().
@@ -47,7 +53,7 @@ class FlightRecorder {
   std::string json() const;
 
  private:
-  explicit FlightRecorder(const ProcessGroup& group, size_t capacity);
+  explicit FlightRecorder(const RecordedGroup& group, size_t capacity);
 
   struct Entry {
     uint64_t id = 0;  // 1-based position in the stream of records; 0: empty

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <mutex>
 #include <set>
@@ -10,11 +11,12 @@
 #include "common/env.h"
 #include "common/json_text.h"
 #include "common/logging.h"
-#include "dtrain/distributed.h"
 #include "dtrain/timeline.h"
 
 namespace dtrain::detail::timeline {
 namespace {
+
+std::atomic<int> process_rank{-1};
 
 struct Writer {
   std::mutex mutex;
@@ -30,7 +32,7 @@ struct Writer {
   bool open() {
     if (file) return true;
     if (failed) return false;
-    rank = is_initialized() ? get_rank() : static_cast<int>(::getpid());
+    rank = process_rank >= 0 ? process_rank.load() : static_cast<int>(::getpid());
     const std::string path = *env::get(env::kTimeline) + ".rank-" + std::to_string(rank) + ".json";
     file = std::fopen(path.c_str(), "w");
     if (!file) {
@@ -62,6 +64,8 @@ Writer& writer() {
 }
 
 }  // namespace
+
+void set_rank(int rank) { process_rank = rank; }
 
 bool enabled() {
   static const bool on = env::get(env::kTimeline).has_value();

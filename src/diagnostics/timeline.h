@@ -19,6 +19,9 @@ constexpr int kBucketTrack = 100;      // + bucket index: one per DDP bucket
 constexpr int kCollectiveTrack = 1000; // + group id: one per process group
 constexpr int kPipelineTrack = 100000; // + stage index: one per pipeline stage
 
+// The process's global rank, which names its file (init_process_group sets
+// it; a process that records before, or without, one is named by its pid).
+void set_rank(int rank);
 // Whether DTRAIN_TIMELINE is set (read once).
 bool enabled();
 // Appends one span; `args` is the body of a JSON object ("" for none).

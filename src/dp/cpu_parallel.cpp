@@ -125,6 +125,44 @@ struct ParallelBackward : torch::autograd::Node {
   }
 };
 
+// The parameters that receive gradients, each tensor once: parameters()
+// lists a tensor registered in two places (tied weights) twice. `first`:
+// the index of each distinct tensor; `entry`: each parameter's index into
+// `first` (SIZE_MAX for none).
+struct Trainable {
+  std::vector<size_t> first;
+  std::vector<size_t> entry;
+};
+
+Trainable trainable_of(const std::vector<at::Tensor>& params) {
+  Trainable t;
+  t.entry.assign(params.size(), SIZE_MAX);
+  std::unordered_map<const c10::TensorImpl*, size_t> seen;
+  for (size_t j = 0; j < params.size(); ++j) {
+    if (!params[j].requires_grad()) continue;
+    auto it = seen.emplace(params[j].unsafeGetTensorImpl(), t.first.size()).first;
+    if (it->second == t.first.size()) t.first.push_back(j);
+    t.entry[j] = it->second;
+  }
+  return t;
+}
+
+// The replicas' outputs, checked, detached and concatenated along `dim`;
+// `any_graph`: whether any of them needs a gradient.
+at::Tensor gathered(const std::vector<at::Tensor>& outputs, int64_t dim, bool& any_graph) {
+  std::vector<at::Tensor> detached;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    DTRAIN_CHECK_ARG(outputs[i].defined(), "DataParallel: replica ", i,
+                     " returned an undefined tensor");
+    DTRAIN_CHECK_ARG(outputs[i].dim() > 0, "DataParallel: replica ", i,
+                     " returned a scalar; outputs are gathered along dim ", dim,
+                     ", so forward must return a tensor with at least one dimension");
+    any_graph = any_graph || outputs[i].requires_grad();
+    detached.push_back(outputs[i].detach());
+  }
+  return at::cat(detached, dim);
+}
+
 }  // namespace
 
 at::Tensor cpu_parallel_forward(ReplicaSet& replicas, const std::shared_ptr<ReplicaPool>& pool,
@@ -137,18 +175,8 @@ at::Tensor cpu_parallel_forward(ReplicaSet& replicas, const std::shared_ptr<Repl
 
   const bool grad_mode = at::GradMode::is_enabled();
   const bool input_grad = grad_mode && input.requires_grad();
-  // The parameters that receive gradients, each tensor once: parameters()
-  // lists a tensor registered in two places (tied weights) twice.
   const auto original = replicas.params(0);
-  std::vector<size_t> trainable;                          // index of each distinct tensor
-  std::vector<size_t> target(original.size(), SIZE_MAX);  // parameter -> its trainable entry
-  std::unordered_map<const c10::TensorImpl*, size_t> seen;
-  for (size_t j = 0; j < original.size(); ++j) {
-    if (!original[j].requires_grad()) continue;
-    auto it = seen.emplace(original[j].unsafeGetTensorImpl(), trainable.size()).first;
-    if (it->second == trainable.size()) trainable.push_back(j);
-    target[j] = it->second;
-  }
+  const auto [trainable, target] = trainable_of(original);
 
   // Cut on this thread: the views' grad_fns (when the input requires grad)
   // link the chunks to the input's graph, which only double backward uses.
@@ -168,18 +196,8 @@ at::Tensor cpu_parallel_forward(ReplicaSet& replicas, const std::shared_ptr<Repl
     });
   pool->run(tasks);
 
-  std::vector<at::Tensor> detached;
   bool any_graph = false;
-  for (size_t i = 0; i < n; ++i) {
-    DTRAIN_CHECK_ARG(outputs[i].defined(), "DataParallel: replica ", i,
-                     " returned an undefined tensor");
-    DTRAIN_CHECK_ARG(outputs[i].dim() > 0, "DataParallel: replica ", i,
-                     " returned a scalar; outputs are gathered along dim ", dim,
-                     ", so forward must return a tensor with at least one dimension");
-    any_graph = any_graph || outputs[i].requires_grad();
-    detached.push_back(outputs[i].detach());
-  }
-  at::Tensor result = at::cat(detached, dim);
+  at::Tensor result = gathered(outputs, dim, any_graph);
   // Outputs can need gradients through tensors that are neither the input
   // nor parameters (say, a tensor captured by the module); those get none,
   // and if nothing else needs one there is no graph to build.

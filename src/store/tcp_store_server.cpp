@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <netdb.h>
+#include <sys/socket.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include "common/env.h"
 #include "common/logging.h"
 #include "store/store_util.h"
+#include "store/token_handshake.h"
 
 // The server thread in words.
 //
@@ -50,9 +52,9 @@
 // Memory: a connection's input buffer grows only as far as the request at
 // its front needs (known from a dtrain header, or from the c10d scan), and
 // only when the budget covers it; requests are handled only while the
-// budget is not spent. A connection that must wait goes on budget_queue_
-// (to read) or stalled_ (to handle), and is woken, first come first
-// served, when replies drain or buffers shrink (store/io_buffers.h).
+// budget is not spent. A connection that must wait, to read or to handle,
+// waits in the read budget's queues and is woken, first come first served,
+// when replies drain or buffers shrink (store/read_budget.h).
 
 namespace dtrain {
 
@@ -60,7 +62,6 @@ using namespace store_detail;
 
 namespace {
 
-constexpr size_t kReadChunk = 64 * 1024;
 // Reads of one connection in one turn, so that one fast client does not
 // hold the loop while others wait.
 constexpr int kReadsPerTurn = 64;
@@ -173,8 +174,8 @@ void TcpStoreServer::run() {
     }
     expire_waiters();
     close_stale_connections();
-    close_stalled_holders();
-    wake_budget_waiters();
+    close_stalled_holder();
+    budget_.wake(conns_, resume_);
     while (!resume_.empty()) {
       const uint64_t id = resume_.back();
       resume_.pop_back();
@@ -182,7 +183,7 @@ void TcpStoreServer::run() {
     }
     for (uint64_t id : doomed_) close_connection(id);
     doomed_.clear();
-    peak_buffered_ = budget_.peak();
+    peak_buffered_ = budget_.io().peak();
   }
 }
 
@@ -207,8 +208,8 @@ int TcpStoreServer::poll_timeout_ms() const {
   Clock::time_point next = waiters_.next_deadline();
   if (!pending_.empty()) next = std::min(next, pending_.begin()->second + limits_.handshake_timeout);
   if (Clock::now() < accept_paused_until_) next = std::min(next, accept_paused_until_);
-  if (!budget_queue_.empty() || !stalled_.empty())  // look again for stalled holders
-    next = std::min(next, std::max(budget_wait_since_ + limits_.stall_timeout,
+  if (budget_.anyone_waiting())  // look again for stalled holders
+    next = std::min(next, std::max(budget_.waiting_since() + limits_.stall_timeout,
                                    Clock::now() + std::chrono::milliseconds(100)));
   if (next == Clock::time_point::max()) return -1;
   const auto left = next - Clock::now();
@@ -244,7 +245,7 @@ void TcpStoreServer::accept_clients() {
       continue;  // closes it
     }
     if (pending_.size() >= max_pending()) make_room_for_pending();
-    Connection c(&budget_);
+    Connection c(&budget_.io());
     c.peer = peer_of(fd);
     c.fd = std::move(sock);
     c.opened = c.last_progress = Clock::now();
@@ -284,13 +285,13 @@ void TcpStoreServer::mark_established(uint64_t id, Connection& c) {
 bool TcpStoreServer::read_from(uint64_t id, Connection& c) {
   uint8_t scratch[kReadChunk];
   for (int reads = 0; reads < kReadsPerTurn; ++reads) {
-    if (c.in_need > budget_.limit()) {  // could never be buffered (a budget set below a frame)
+    if (c.in_need > budget_.io().limit()) {  // could never be buffered (a budget set below a frame)
       log_line(detail::cat("TCP store ", where_, ": dropping client ", c.peer, ": its request of ",
                            c.in_need, " bytes is more than the store's whole buffer budget (",
-                           budget_.limit(), " bytes)"));
+                           budget_.io().limit(), " bytes)"));
       return false;
     }
-    if (c.broken || c.blocked() || c.awaiting_budget || !may_read(id, c)) return true;
+    if (c.broken || c.blocked() || c.awaiting_budget || !budget_.may_read(id, c)) return true;
     const bool direct = c.in_need > c.in.size() + kReadChunk;
     const size_t room = direct ? c.in.room() : sizeof(scratch);
     const ssize_t n = ::recv(c.fd.get(), direct ? c.in.tail() : scratch, room, 0);
@@ -355,8 +356,8 @@ bool TcpStoreServer::process_input(uint64_t id, Connection& c) {
       c.in_need = wire::kHeaderBytes + h.length;
       break;
     }
-    if (budget_.spent()) {  // handled once replies drain
-      note_stalled(id, c);
+    if (budget_.io().spent()) {  // handled once replies drain
+      budget_.note_stalled(id, c);
       break;
     }
     wire::Reader r(c.in.data() + pos + wire::kHeaderBytes, h.length);
@@ -373,127 +374,6 @@ bool TcpStoreServer::process_input(uint64_t id, Connection& c) {
   }
   c.in.consume(pos);
   return ok;
-}
-
-namespace {
-
-void check_key(const std::string& key) {
-  DTRAIN_CHECK_ARG(key.size() <= wire::kMaxKeyBytes, "TCP store key of ", key.size(),
-                   " bytes is over the limit of ", wire::kMaxKeyBytes, " bytes");
-}
-
-// A request's count-prefixed list of keys (WAIT, CHECK).
-std::vector<std::string> read_keys(wire::Reader& r) {
-  const uint32_t n = r.count(4);
-  if (n > TcpStoreServer::kMaxKeysPerRequest)
-    throw wire::Malformed{"more than 131072 keys in one request"};
-  std::vector<std::string> keys;
-  keys.reserve(n);
-  for (uint32_t i = 0; i < n; ++i) keys.push_back(r.str());
-  return keys;
-}
-
-}  // namespace
-
-// GET and WAIT: answered now when every key is there, else parked until
-// key_added() or expire_waiters() answers them.
-bool TcpStoreServer::handle_lookup(uint64_t id, Connection& c, const wire::Header& h,
-                                   wire::Reader& r) {
-  const bool is_get = h.opcode == wire::kGet;
-  std::vector<std::string> keys;
-  uint32_t timeout_ms = 0;
-  if (is_get) {
-    keys.push_back(r.str());
-    timeout_ms = r.u32();
-  } else {
-    timeout_ms = r.u32();
-    keys = read_keys(r);
-  }
-  r.expect_end();
-  for (const auto& k : keys) check_key(k);
-  if (table_.missing(keys).empty()) {
-    if (is_get) reply_value(c, wire::kOk, h.request_id, table_.at(keys[0]));
-    else reply(c, wire::Writer(wire::kOk, h.request_id).finish());
-    return flush(c);
-  }
-  Waiter w;
-  w.conn = id;
-  w.request_id = h.request_id;
-  w.kind = is_get ? Waiter::kGet : Waiter::kWait;
-  w.keys = std::move(keys);
-  w.deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-  park(std::move(w));
-  c.parked = true;
-  return true;
-}
-
-// Answers one request. A well-formed request the store must refuse (a key
-// over the size limit, add() on a non-integer) gets an ERROR reply that the
-// client throws as InvalidArgument; a malformed one throws wire::Malformed.
-bool TcpStoreServer::handle(uint64_t id, Connection& c, const wire::Header& h,
-                            wire::Reader& r) {
-  wire::Writer ok(wire::kOk, h.request_id);
-  try {
-    switch (h.opcode) {
-      case wire::kSet: {
-        std::string key = r.str();
-        auto value = r.bytes();
-        r.expect_end();
-        check_key(key);
-        table_.set(key, std::move(value));
-        key_added(key);
-        break;
-      }
-      case wire::kGet:
-      case wire::kWait:
-        return handle_lookup(id, c, h, r);
-      case wire::kAdd: {
-        std::string key = r.str();
-        const int64_t delta = r.i64();
-        r.expect_end();
-        check_key(key);
-        ok.i64(store_add(key, delta));
-        break;
-      }
-      case wire::kCompareSet: {
-        std::string key = r.str();
-        auto expected = r.bytes();
-        auto desired = r.bytes();
-        r.expect_end();
-        check_key(key);
-        reply_value(c, wire::kOk, h.request_id, store_compare_set(key, expected, desired));
-        return flush(c);
-      }
-      case wire::kCheck: {
-        const auto keys = read_keys(r);
-        r.expect_end();
-        ok.u32(table_.missing(keys).empty() ? 1 : 0);
-        break;
-      }
-      case wire::kDelete: {
-        std::string key = r.str();
-        r.expect_end();
-        ok.u32(table_.erase(key) ? 1 : 0);
-        break;
-      }
-      case wire::kNumKeys:
-        r.expect_end();
-        ok.i64(table_.user_keys());
-        break;
-      case wire::kAuthHello:
-      case wire::kAuthProof:
-        throw InvalidArgument(token_ ? "the job token was already proved on this connection"
-                                     : "this store has no job token (DTRAIN_STORE_TOKEN is not "
-                                       "set where it runs)");
-      default:  // header_problem() has already refused unknown opcodes
-        return false;
-    }
-  } catch (const InvalidArgument& e) {
-    reply(c, wire::Writer(wire::kError, h.request_id).str(e.what()).finish());
-    return flush(c);
-  }
-  reply(c, ok.finish());
-  return flush(c);
 }
 
 void TcpStoreServer::reply(Connection& c, std::vector<uint8_t> frame) {
@@ -533,31 +413,6 @@ void TcpStoreServer::close_connection(uint64_t id) {
   conn_count_ = conns_.size();
 }
 
-// Parks a GET/WAIT whose keys are not all stored.
-void TcpStoreServer::park(Waiter w) {
-  const auto missing = table_.missing(w.keys);
-  waiters_.park(std::move(w), missing);
-  parked_count_ = waiters_.size();
-}
-
-// `key` was stored: answer every waiter that now has all of its keys (the
-// table proposes them; a key deleted since it was counted parks it again).
-void TcpStoreServer::key_added(const std::string& key) {
-  for (auto& w : waiters_.key_set(key)) {
-    const auto missing = table_.missing(w.keys);
-    if (missing.empty())
-      finish_waiter(w, false);
-    else
-      waiters_.park(std::move(w), missing);
-  }
-  parked_count_ = waiters_.size();
-}
-
-void TcpStoreServer::expire_waiters() {
-  for (const auto& w : waiters_.expire(Clock::now())) finish_waiter(w, true);
-  parked_count_ = waiters_.size();
-}
-
 // The connection is closed at the end of this turn of the loop, not now:
 // its caller may be handling a request of that very connection.
 void TcpStoreServer::doom(uint64_t id, Connection& c) {
@@ -565,31 +420,84 @@ void TcpStoreServer::doom(uint64_t id, Connection& c) {
   doomed_.push_back(id);
 }
 
-// Replies to a waiter taken off the list and lets its connection go on with
-// the requests that queued up behind it.
-void TcpStoreServer::finish_waiter(const Waiter& w, bool timed_out) {
-  auto it = conns_.find(w.conn);
-  if (it == conns_.end()) return;
-  Connection& c = it->second;
-  if (c.broken) return;
-  if (w.kind == Waiter::kC10dWait) {
-    reply(c, c10d_wire::Writer().u8(c10d_wire::kStopWaiting).take());
-    if (!flush(c)) doom(w.conn, c);
+// The job token's handshake (store/token_handshake.h): a refused
+// connection is closed with nothing stored or revealed.
+bool TcpStoreServer::authenticate(Connection& c, const wire::Header& h, wire::Reader& r) {
+  auto step = handshake_step(c, *token_, h, r);
+  if (!step.refusal.empty()) {
+    refuse(c, step.refusal);
+    if (!step.told.empty()) say_why(c, h.request_id, step.told);
+    return false;
+  }
+  reply(c, std::move(step.reply));
+  return flush(c);
+}
+
+// While others have waited for the read budget for stall_timeout, the
+// connection that holds most of it and has neither sent nor read for as
+// long is closed, one per stall_timeout.
+void TcpStoreServer::close_stalled_holder() {
+  size_t held = 0;
+  const uint64_t victim = budget_.stalled_holder(conns_, limits_.stall_timeout, held);
+  if (victim == 0) return;
+  log_line(detail::cat("TCP store ", where_, ": closing ", conns_.at(victim).peer, ": it holds ",
+                       held, " bytes of the store's buffers and has neither sent nor read for ",
+                       limits_.stall_timeout.count(), " ms while other clients wait for them (",
+                       budget_.io().used(), " of ", budget_.io().limit(), " bytes in use)"));
+  close_connection(victim);
+}
+
+size_t TcpStoreServer::max_pending() const {
+  return std::max(kMaxPending, limits_.max_connections);
+}
+
+// Too many connections have made no request yet: the oldest one that has
+// not sent a byte goes (a job's rank sends its first request, or the job
+// token's AUTH_HELLO, as soon as it connects, so in a burst of thousands
+// of ranks the silent ones are strangers), else the oldest. Established
+// connections, which have proved the token where there is one, are never
+// taken.
+void TcpStoreServer::make_room_for_pending() {
+  uint64_t victim = pending_.begin()->first;
+  for (const auto& [id, opened] : pending_) {
+    const Connection& c = conns_.at(id);
+    char byte;
+    if (!c.in.empty() || c.challenged) continue;
+    if (::recv(c.fd.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT) < 0 && errno == EAGAIN) {
+      victim = id;
+      break;
+    }
+  }
+  const std::string why = detail::cat("it had made no request yet, and ", max_pending(),
+                                      " such connections were open");
+  DTRAIN_LOG_INFO("TCP store ", where_, ": closing ", conns_.at(victim).peer, ": ", why);
+  say_why(conns_.at(victim), 0, why);
+  close_connection(victim);
+}
+
+// The last frame of a connection the server closes (REFUSED), for a
+// dtrain client to report; c10d clients, which would not understand it,
+// get none.
+void TcpStoreServer::say_why(Connection& c, uint32_t request_id, const std::string& why) {
+  if (c.dialect != c10d_wire::Dialect::kDtrain && c.dialect != c10d_wire::Dialect::kUnknown) return;
+  reply(c, wire::Writer(wire::kRefused, request_id).str(why).finish());
+  flush(c);
+}
+
+// One log line per second at most, so a scan of the port cannot flood the
+// log; the count of refusals not logged goes with the next line.
+void TcpStoreServer::refuse(const Connection& c, const std::string& why) {
+  const auto now = Clock::now();
+  if (now - last_refusal_log_ < std::chrono::seconds(1)) {
+    ++refusals_unlogged_;
     return;
   }
-  if (timed_out) {
-    reply(c, wire::Writer(wire::kTimeout, w.request_id).finish());
-  } else if (w.kind == Waiter::kGet) {
-    reply_value(c, wire::kOk, w.request_id, table_.at(w.keys[0]));
-  } else {
-    reply(c, wire::Writer(wire::kOk, w.request_id).finish());
-  }
-  c.parked = false;
-  if (!flush(c)) {
-    doom(w.conn, c);
-    return;
-  }
-  resume_.push_back(w.conn);
+  log_line(detail::cat("TCP store ", where_, ": refused ", c.peer, ": ", why,
+                       refusals_unlogged_ ? detail::cat(" (and ", refusals_unlogged_,
+                                                        " more refusals in the last second)")
+                                          : std::string()));
+  last_refusal_log_ = now;
+  refusals_unlogged_ = 0;
 }
 
 }  // namespace dtrain

@@ -42,23 +42,30 @@
 //    a job's own ranks out, and established ones are never taken.
 //  - The destructor stops the thread and closes every socket before it
 //    returns, so clients waiting on this server see their connection close.
+//
+// Its parts, each a type of its own: the keys and their caps
+// (key_value_table.h), a client's connection (store_connection.h), the
+// read budget (read_budget.h), the job token's handshake
+// (token_handshake.h) and parked requests (waiter_table.h). This class is
+// the loop over the connections and their admission (tcp_store_server.cpp)
+// and what requests do, in dtrain's protocol (tcp_store_server_requests.cpp)
+// and in c10d's (tcp_store_server_c10d.cpp).
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <optional>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "common/socket.h"
-#include "store/auth.h"
 #include "store/c10d_wire.h"
 #include "store/io_buffers.h"
 #include "store/key_value_table.h"
+#include "store/read_budget.h"
+#include "store/store_connection.h"
 #include "store/store_util.h"
 #include "store/waiter_table.h"
 #include "store/wire.h"
@@ -69,7 +76,7 @@ class TcpStoreServer {
  public:
   static constexpr size_t kMaxConnections = 4096;
   static constexpr size_t kMaxPending = 256;
-  static constexpr size_t kMaxPendingOutput = 1 << 20;
+  static constexpr size_t kMaxPendingOutput = store_detail::StoreConnection::kMaxPendingOutput;
   static constexpr size_t kMaxWaitsPerConnection = 64;
   static constexpr size_t kMaxKeysPerRequest = 128 * 1024;
 
@@ -115,30 +122,7 @@ class TcpStoreServer {
  private:
   using Clock = net::Clock;
 
-  struct Connection {
-    explicit Connection(store_detail::IoBudget* budget) : in(budget), out(budget) {}
-    net::Fd fd;
-    std::string peer;               // "addr:port" for log lines
-    Clock::time_point opened;
-    bool established = false;       // has sent a well-formed request (and proved the token)
-    bool authenticated = false;     // has proved the job token
-    bool challenged = false;        // AUTH_HELLO answered; AUTH_PROOF expected
-    store_auth::Nonce client_nonce{}, server_nonce{};
-    store_detail::InputBuffer in;   // bytes received, not yet handled
-    store_detail::OutputQueue out;  // replies not yet sent
-    size_t in_need = 0;             // size the request in `in` has (0: not known yet)
-    c10d_wire::Scan scan;           // how far a c10d request in `in` was looked at
-    Clock::time_point last_progress;  // last byte received or sent
-    bool awaiting_budget = false;   // in budget_queue_: its buffer cannot grow now
-    bool budget_granted = false;    // taken off budget_queue_: its next read may go
-    bool stalled = false;           // in stalled_: requests wait for the budget
-    bool parked = false;            // a GET/WAIT is waiting; hold later requests
-    bool broken = false;            // to be closed at the end of this turn
-    c10d_wire::Dialect dialect = c10d_wire::Dialect::kUnknown;
-    size_t pending_output() const { return out.pending(); }
-    // Requests are neither handled nor read while this is true.
-    bool blocked() const { return parked || pending_output() >= kMaxPendingOutput; }
-  };
+  using Connection = store_detail::StoreConnection;
   using Waiter = store_detail::WaiterTable::Waiter;
 
   void run();
@@ -159,12 +143,7 @@ class TcpStoreServer {
   void reply(Connection& c, std::vector<uint8_t> head, store_detail::SharedValue value);
   void reply_value(Connection& c, uint16_t status, uint32_t request_id,
                    store_detail::SharedValue value);
-  // The budget (tcp_store_server_guard.cpp).
-  bool cover_next_read(Connection& c);
-  bool may_read(uint64_t id, Connection& c);
-  void note_stalled(uint64_t id, Connection& c);
-  void wake_budget_waiters();
-  void close_stalled_holders();
+  void close_stalled_holder();
   template <typename Step>
   void serve(uint64_t id, Step step);
   void close_connection(uint64_t id);
@@ -172,9 +151,6 @@ class TcpStoreServer {
   void park(Waiter w);
   void key_added(const std::string& key);
   bool authenticate(Connection& c, const wire::Header& h, wire::Reader& r);
-  // Why a frame that arrives before the token is proved must be refused
-  // from its header alone (empty: it may be read).
-  std::string pre_auth_problem(const Connection& c, const wire::Header& h) const;
   void refuse(const Connection& c, const std::string& why);
   void expire_waiters();
   void finish_waiter(const Waiter& w, bool timed_out);
@@ -203,11 +179,8 @@ class TcpStoreServer {
 
   // Everything below is touched by the server thread only.
   store_detail::KeyValueTable table_;
-  store_detail::IoBudget budget_;   // before conns_, whose buffers it counts
-  std::unordered_map<uint64_t, Connection> conns_;
-  std::deque<uint64_t> budget_queue_;  // connections whose input waits for the budget
-  std::vector<uint64_t> stalled_;   // connections whose requests wait for the budget
-  Clock::time_point budget_wait_since_{};  // since someone has waited for the budget
+  store_detail::ReadBudget budget_;  // before conns_, whose buffers it counts
+  store_detail::StoreConnections conns_;
   size_t established_ = 0;
   std::map<uint64_t, Clock::time_point> pending_;  // not established: id -> opened
   store_detail::WaiterTable waiters_;

@@ -170,8 +170,8 @@ bool TcpStoreServer::process_c10d(uint64_t id, Connection& c) {
         c.in_need = need;
         break;  // the rest of this request has not arrived yet
       }
-      if (budget_.spent()) {  // handled once replies drain
-        note_stalled(id, c);
+      if (budget_.io().spent()) {  // handled once replies drain
+        budget_.note_stalled(id, c);
         break;
       }
       cw::Reader r(start + 1, size - 1);

@@ -12,6 +12,7 @@
 #include "common/enforce.h"
 #include "core/backend_registry.h"
 #include "diagnostics/error_file.h"
+#include "diagnostics/timeline.h"
 #include "world/companion_group.h"
 #include "world/rendezvous.h"
 #include "dtrain/distributed.h"
@@ -102,6 +103,7 @@ void init_process_group(const InitOptions& options) {
   } else {
     r = rendezvous(options);
   }
+  detail::timeline::set_rank(r.rank);  // names this process's timeline file
   auto group = create_process_group(
       options.backend(), std::make_shared<PrefixStore>("default", r.store), r.rank, r.world_size,
       GroupOptions()

@@ -49,3 +49,11 @@ int peer_leaves(const std::string& backend);
 int recv_from_last(const std::string& backend);
 // checkpoint-crash DIR PHASE and checkpoint-check DIR (rank_worker_checkpoint.cpp).
 int checkpoint_crash(const std::string& dir, const std::string& phase, bool check);
+// page-faults, fsdp-malloc, mismatch, timeline, trace and trace-uncaught
+// (rank_worker_diagnostics.cpp).
+int page_faults(int steps);
+int fsdp_malloc();
+int mismatch();
+int timeline_training();
+int trace_fault(const std::string& backend, const std::string& fault);
+int trace_uncaught();
