@@ -24,10 +24,11 @@ void SerialExecutor::submit(std::function<void()> task) {
   queue_->cv.notify_one();
 }
 
-void SerialExecutor::submit(WorkPtr work, std::function<void()> body) {
-  work->set_waiter_runs([queue = std::weak_ptr<Queue>(queue_), w = work.get()] {
-    if (auto q = queue.lock()) q->run_if_next(w);
-  });
+void SerialExecutor::submit(WorkPtr work, std::function<void()> body, bool waiter_may_run) {
+  if (waiter_may_run)
+    work->set_waiter_runs([queue = std::weak_ptr<Queue>(queue_), w = work.get()] {
+      if (auto q = queue.lock()) q->run_if_next(w);
+    });
   const Work* key = work.get();
   auto run = [this, work = std::move(work), body = std::move(body)] {
     failures_->run(*work, body);

@@ -56,7 +56,8 @@ class SerialExecutor {
   // with its outcome; see the header comment for what breaks the executor.
   // The executor is broken before the failed Work is finished, so a caller
   // woken by that failure already sees error().
-  void submit(WorkPtr work, std::function<void()> body);
+  // With `waiter_may_run`, an untimed wait may run it (see above).
+  void submit(WorkPtr work, std::function<void()> body, bool waiter_may_run = true);
 
   // The first error that broke the executor; null while none has.
   std::exception_ptr error() const { return failures_->error(); }

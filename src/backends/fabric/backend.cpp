@@ -63,6 +63,11 @@ std::vector<const void*> const_pointers(const std::vector<at::Tensor>& ts) {
   for (const auto& t : ts) out.push_back(t.data_ptr());
   return out;
 }
+size_t total_bytes(const std::vector<at::Tensor>& ts) {
+  size_t n = 0;
+  for (const auto& t : ts) n += t.nbytes();
+  return n;
+}
 std::vector<size_t> byte_counts(const std::vector<at::Tensor>& ts) {
   std::vector<size_t> out;
   for (const auto& t : ts) out.push_back(t.nbytes());
@@ -134,8 +139,8 @@ FabricBackend::~FabricBackend() {
 // fails the Work at once; whatever else stops this rank mid-collective
 // fails the transport too, so that peers do not wait for bytes that will
 // never come.
-WorkPtr FabricBackend::enqueue(const Call& call,
-                                    std::function<void(const algorithms::Context&)> body) {
+WorkPtr FabricBackend::enqueue(const Call& call, size_t bytes,
+                               std::function<void(const algorithms::Context&)> body) {
   auto run = [this, call, body = std::move(body)] {
     algorithms::Context ctx{*fabric_.transport, transport::collective_tag(call.seq),
                             transport::Clock::now() + call.timeout, call.description,
@@ -150,26 +155,26 @@ WorkPtr FabricBackend::enqueue(const Call& call,
     return Work::completed(call.description);
   }
   auto work = std::make_shared<Work>(call.description);
-  collectives_.submit(work, std::move(run));
+  collectives_.submit(work, std::move(run), /*waiter_may_run=*/bytes <= kWaiterRunsBytes);
   return work;
 }
 
 WorkPtr FabricBackend::do_all_reduce(const Call& call, at::Tensor tensor, ReduceOp op) {
   check_reducible(call.description, tensor);
-  return enqueue(call, [tensor, op](const algorithms::Context& ctx) {
+  return enqueue(call, tensor.nbytes(), [tensor, op](const algorithms::Context& ctx) {
     algorithms::all_reduce(ctx, tensor.data_ptr(), count_of(tensor), tensor.scalar_type(), op);
   });
 }
 
 WorkPtr FabricBackend::do_broadcast(const Call& call, at::Tensor tensor, int root) {
-  return enqueue(call, [tensor, root](const algorithms::Context& ctx) {
+  return enqueue(call, tensor.nbytes(), [tensor, root](const algorithms::Context& ctx) {
     algorithms::broadcast(ctx, tensor.data_ptr(), count_of(tensor), tensor.scalar_type(), root);
   });
 }
 
 WorkPtr FabricBackend::do_reduce(const Call& call, at::Tensor tensor, int root, ReduceOp op) {
   check_reducible(call.description, tensor);
-  return enqueue(call, [tensor, root, op](const algorithms::Context& ctx) {
+  return enqueue(call, tensor.nbytes(), [tensor, root, op](const algorithms::Context& ctx) {
     algorithms::reduce(ctx, tensor.data_ptr(), count_of(tensor), tensor.scalar_type(), op, root);
   });
 }
@@ -178,7 +183,7 @@ WorkPtr FabricBackend::do_reduce(const Call& call, at::Tensor tensor, int root, 
 // base class's views: the algorithms use contiguous rows in place).
 WorkPtr FabricBackend::do_all_gather(const Call& call, std::vector<at::Tensor> outputs,
                                           at::Tensor input) {
-  return enqueue(call, [outputs, input](const algorithms::Context& ctx) {
+  return enqueue(call, input.nbytes() * outputs.size(), [outputs, input](const algorithms::Context& ctx) {
     algorithms::all_gather(ctx, input.data_ptr(), count_of(input), input.scalar_type(),
                            pointers(outputs));
   });
@@ -186,7 +191,8 @@ WorkPtr FabricBackend::do_all_gather(const Call& call, std::vector<at::Tensor> o
 
 WorkPtr FabricBackend::do_gather(const Call& call, std::vector<at::Tensor> outputs,
                                       at::Tensor input, int root) {
-  return enqueue(call, [outputs, input, root](const algorithms::Context& ctx) {
+  return enqueue(call, input.nbytes() * outputs.size(),
+                 [outputs, input, root](const algorithms::Context& ctx) {
     algorithms::gather(ctx, input.data_ptr(), count_of(input), input.scalar_type(),
                        pointers(outputs), root);
   });
@@ -194,7 +200,8 @@ WorkPtr FabricBackend::do_gather(const Call& call, std::vector<at::Tensor> outpu
 
 WorkPtr FabricBackend::do_scatter(const Call& call, at::Tensor output,
                                        std::vector<at::Tensor> inputs, int root) {
-  return enqueue(call, [output, inputs, root](const algorithms::Context& ctx) {
+  return enqueue(call, output.nbytes() * inputs.size(),
+                 [output, inputs, root](const algorithms::Context& ctx) {
     algorithms::scatter(ctx, const_pointers(inputs), output.data_ptr(), count_of(output),
                         output.scalar_type(), root);
   });
@@ -203,7 +210,8 @@ WorkPtr FabricBackend::do_scatter(const Call& call, at::Tensor output,
 WorkPtr FabricBackend::do_reduce_scatter(const Call& call, at::Tensor output,
                                               std::vector<at::Tensor> inputs, ReduceOp op) {
   check_reducible(call.description, output);
-  return enqueue(call, [output, inputs, op](const algorithms::Context& ctx) {
+  return enqueue(call, output.nbytes() * inputs.size(),
+                 [output, inputs, op](const algorithms::Context& ctx) {
     algorithms::reduce_scatter(ctx, const_pointers(inputs), output.data_ptr(), count_of(output),
                                output.scalar_type(), op);
   });
@@ -211,18 +219,20 @@ WorkPtr FabricBackend::do_reduce_scatter(const Call& call, at::Tensor output,
 
 WorkPtr FabricBackend::do_all_to_all(const Call& call, std::vector<at::Tensor> outputs,
                                           std::vector<at::Tensor> inputs) {
-  return enqueue(call, [outputs, inputs](const algorithms::Context& ctx) {
+  return enqueue(call, total_bytes(inputs) + total_bytes(outputs),
+                 [outputs, inputs](const algorithms::Context& ctx) {
     algorithms::all_to_all(ctx, const_pointers(inputs), byte_counts(inputs), pointers(outputs),
                            byte_counts(outputs), inputs[0].scalar_type());
   });
 }
 
 WorkPtr FabricBackend::do_barrier(const Call& call) {
-  return enqueue(call, [](const algorithms::Context& ctx) { algorithms::barrier(ctx); });
+  return enqueue(call, 0, [](const algorithms::Context& ctx) { algorithms::barrier(ctx); });
 }
 
 WorkPtr FabricBackend::do_monitored_barrier(const Call& call, bool wait_all_ranks) {
-  return enqueue(call, [timeout = call.timeout, wait_all_ranks](const algorithms::Context& ctx) {
+  return enqueue(call, 0,
+                 [timeout = call.timeout, wait_all_ranks](const algorithms::Context& ctx) {
     algorithms::monitored_barrier(ctx, timeout, wait_all_ranks);
   });
 }

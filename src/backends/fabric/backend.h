@@ -59,7 +59,16 @@ class FabricBackend final : public Backend {
  private:
   // Queues `body` on the collective thread (a group of one rank runs it
   // at once); a broken group fails the Work at once, naming the first error.
-  WorkPtr enqueue(const Call& call, std::function<void(const algorithms::Context&)> body);
+  // Queues `body` on the collectives thread. An operation of up to
+  // kWaiterRunsBytes (`bytes`: what this rank's tensors hold) runs on the
+  // thread that waits for it when it is next (core/serial_executor.h): on 2
+  // cores that halves a 4 KiB all_reduce's time on shm and tcp and gains up
+  // to 512 KiB, but 3 tcp ranks lost 5-15% at 1-2 MiB (the caller's
+  // thread, busier than the collectives thread, is woken later by the I/O
+  // threads when the cores are oversubscribed).
+  static constexpr size_t kWaiterRunsBytes = size_t{512} << 10;
+  WorkPtr enqueue(const Call& call, size_t bytes,
+                  std::function<void(const algorithms::Context&)> body);
   WorkPtr post_p2p(const Call& call, at::Tensor tensor, int peer, int tag, bool is_send);
 
   std::string backend_name_;
