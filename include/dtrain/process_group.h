@@ -190,6 +190,9 @@ class ProcessGroup : public detail::OperationHooks {
   uint64_t next_batch_ = 0;
   std::shared_ptr<detail::FlightRecorder> recorder_;
   bool recorder_made_ = false;
+  // " on group 'NAME' (rank R/N, backend B)": every call's description
+  // ends so; made at the first call (backend_name() is virtual).
+  std::string call_suffix_;
   std::shared_ptr<void> timeline_track_;  // diagnostics/timeline.h, created on first use
 };
 

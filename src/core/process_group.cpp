@@ -68,10 +68,15 @@ ProcessGroup::Call ProcessGroup::next_call(const char* op, Timeout timeout, bool
   auto t = timeout.value_or(options_.timeout());
   DTRAIN_CHECK_ARG(t.count() > 0, op, ": timeout must be positive, got ", t.count(), " ms");
   uint64_t seq = collective ? next_seq_++ : next_p2p_++;
-  return Call{op, seq, t,
-              detail::cat(op, " #", seq, " on group '", name(), "' (rank ", rank_, "/", size_,
-                          ", backend ", backend_name(), ")"),
-              collective};
+  if (call_suffix_.empty())
+    call_suffix_ = detail::cat(" on group '", name(), "' (rank ", rank_, "/", size_, ", backend ",
+                               backend_name(), ")");
+  // Built for every call: plain appends, no stream.
+  std::string description = op;
+  description += " #";
+  description += std::to_string(seq);
+  description += call_suffix_;
+  return Call{op, seq, t, std::move(description), collective};
 }
 
 uint64_t ProcessGroup::record(const Call& call, const at::Tensor& tensor, int64_t root,
