@@ -21,6 +21,7 @@
 #include "checkpoint/background.h"
 #include "checkpoint/distributed_files.h"
 #include "checkpoint/save_job.h"
+#include "common/error_text.h"
 #include "common/enforce.h"
 #include "dtrain/distributed.h"
 #include "world/companion_group.h"
@@ -41,27 +42,15 @@ namespace {
 using detail::PendingSave;
 
 // What a saving group keeps between its asynchronous saves.
-struct Slot {
-  std::weak_ptr<ProcessGroup> owner;
+struct Slot : background::SlotBase<PendingSave> {
   std::shared_ptr<ProcessGroup> writers;
   std::map<std::string, at::Tensor> staging;  // by tensor-file name
-  std::shared_ptr<PendingSave> pending;
-  std::thread writer;
-
-  void join() {
-    if (writer.joinable()) writer.join();
-  }
 };
 
-using Registry = background::Registry<Slot>;
-
-Registry& registry() {
-  static Registry r;
-  return r;
-}
+auto& registry() { return background::registry_of<Slot>(); }
 
 using background::lower_this_threads_priority;
-using background::what_of;
+using ::dtrain::detail::error_text;
 
 // The writer group: the user's (checked), the slot's, or a new one.
 std::shared_ptr<ProcessGroup> writers_for(Slot& slot, const std::shared_ptr<ProcessGroup>& group,
@@ -113,7 +102,7 @@ void wait_for_async_save(const std::shared_ptr<ProcessGroup>& group, const std::
   auto pending = registry().pending_of(group);
   if (!pending) return;
   if (auto error = pending->unseen_failure())
-    throw Error(context + ": the asynchronous save to " + pending->dir + " before it failed: " + what_of(error));
+    throw Error(context + ": the asynchronous save to " + pending->dir + " before it failed: " + error_text(error));
 }
 
 }  // namespace files
@@ -191,7 +180,7 @@ AsyncSaveHandle async_save(const std::string& dir, const DistributedState& state
   });
   std::lock_guard<std::mutex> lock(r.mutex);
   slot->pending = pending;
-  slot->writer = std::move(writer);
+  slot->thread = std::move(writer);
   return AsyncSaveHandle(pending);
 }
 

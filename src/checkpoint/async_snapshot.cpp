@@ -6,6 +6,7 @@
 
 #include "checkpoint/background.h"
 #include "checkpoint/snapshot_transfer.h"
+#include "common/error_text.h"
 #include "common/enforce.h"
 #include "world/companion_group.h"
 
@@ -24,22 +25,11 @@ namespace {
 
 using detail::PendingSnapshot;
 
-struct Slot {
-  std::weak_ptr<ProcessGroup> owner;
+struct Slot : background::SlotBase<PendingSnapshot> {
   std::shared_ptr<ProcessGroup> transfers;
-  std::shared_ptr<PendingSnapshot> pending;
-  std::thread thread;
-  void join() {
-    if (thread.joinable()) thread.join();
-  }
 };
 
-using Registry = background::Registry<Slot>;
-
-Registry& registry() {
-  static Registry r;
-  return r;
-}
+auto& registry() { return background::registry_of<Slot>(); }
 
 std::shared_ptr<ProcessGroup> transfers_for(Slot& slot, const snapshot_detail::Context& c,
                                             const SnapshotOptions& options) {
@@ -66,7 +56,7 @@ void wait_for_async_snapshot(const std::shared_ptr<ProcessGroup>& group, const s
   if (!pending) return;
   if (auto error = pending->unseen_failure())
     throw Error(context + ": the snapshot of step " + std::to_string(pending->step) + " before it failed: " +
-                background::what_of(error));
+                ::dtrain::detail::error_text(error));
 }
 
 }  // namespace snapshot_detail

@@ -51,16 +51,6 @@ std::exception_ptr Outcome::unseen_failure() {
   return seen_before ? nullptr : error;
 }
 
-std::string what_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  } catch (...) {
-    return "unknown error";
-  }
-}
-
 void lower_this_threads_priority() {
   const auto tid = static_cast<id_t>(::syscall(SYS_gettid));
   errno = 0;

@@ -36,15 +36,25 @@ struct Outcome {
   std::exception_ptr unseen_failure();
 };
 
-std::string what_of(const std::exception_ptr& e);
-
 // The calling thread's nice value goes 10 up (Linux keeps one per
 // thread): where cores are short, training goes first.
 void lower_this_threads_priority();
 
-// Every group's slot (a `Slot` has `owner`, `pending` and join()). A
-// process that ends waits for the jobs in flight (static destruction joins
-// them).
+// What each group's slot holds at least: the group it is kept for, its job
+// in flight (`Job` has outcome_ready()) and the thread that runs it.
+template <typename Job>
+struct SlotBase {
+  std::weak_ptr<ProcessGroup> owner;
+  std::shared_ptr<Job> pending;
+  std::thread thread;
+
+  void join() {
+    if (thread.joinable()) thread.join();
+  }
+};
+
+// Every group's slot (a SlotBase). A process that ends waits for the jobs
+// in flight (static destruction joins them).
 template <typename Slot>
 struct Registry {
   std::mutex mutex;
@@ -82,5 +92,12 @@ struct Registry {
     return it->second.pending;
   }
 };
+
+// The one registry of slots of type `Slot`.
+template <typename Slot>
+Registry<Slot>& registry_of() {
+  static Registry<Slot> registry;
+  return registry;
+}
 
 }  // namespace dtrain::checkpoint::background

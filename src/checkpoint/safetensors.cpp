@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "checkpoint/distributed_files.h"
+#include "checkpoint/dtype_table.h"
 #include "checkpoint/file_reader.h"
 #include "checkpoint/safetensors_format.h"
 #include "checkpoint/whole_entries.h"
@@ -44,17 +45,15 @@ constexpr std::pair<at::ScalarType, st::DType> kTypes[] = {
 };
 
 st::DType to_file(const std::string& name, at::ScalarType type) {
-  for (const auto& [torch_type, file_type] : kTypes)
-    if (torch_type == type) return file_type;
+  if (const auto file_type = file_type_of(kTypes, type)) return *file_type;
   throw InvalidArgument(::dtrain::detail::cat("export_safetensors: '", name, "' is ", type,
-                                    ", which safetensors files do not hold here"));
+                                              ", which safetensors files do not hold here"));
 }
 
 at::ScalarType to_torch(st::DType type) {
-  for (const auto& [torch_type, file_type] : kTypes)
-    if (file_type == type) return torch_type;
-  DTRAIN_ENFORCE(false);
-  return at::kFloat;
+  const auto torch_type = torch_type_of(kTypes, type);
+  DTRAIN_ENFORCE(torch_type.has_value());
+  return *torch_type;
 }
 
 // add_module's parameters and buffers under their module names; nothing else.

@@ -118,33 +118,6 @@ std::string where(const Entry& e) {
          std::to_string(e.rank);
 }
 
-// A sharded entry's distinct pieces, each with the ranks holding it.
-std::vector<std::vector<Entry>> distinct_pieces(const std::string& name, std::vector<Entry> held) {
-  std::sort(held.begin(), held.end(), [](const Entry& a, const Entry& b) {
-    return std::tie(a.offset, a.length, a.rank) < std::tie(b.offset, b.length, b.rank);
-  });
-  std::vector<std::vector<Entry>> pieces;
-  int64_t covered = 0;
-  for (const auto& e : held) {
-    if (e.length == 0) continue;
-    if (!pieces.empty() && pieces.back()[0].offset == e.offset && pieces.back()[0].length == e.length) {
-      pieces.back().push_back(e);
-      continue;
-    }
-    DTRAIN_CHECK_ARG(e.offset >= covered, "checkpoint::save: the pieces of sharded '", name,
-                     "' overlap: ", where(pieces.empty() ? e : pieces.back()[0]), " and ", where(e),
-                     "; ranks must hold the same piece or disjoint ones");
-    DTRAIN_CHECK_ARG(e.offset == covered, "checkpoint::save: no rank holds elements [", covered, ", ",
-                     e.offset, ") of sharded '", name, "'");
-    pieces.push_back({e});
-    covered = e.offset + e.length;
-  }
-  const int64_t numel = held.front().numel;
-  DTRAIN_CHECK_ARG(covered == numel, "checkpoint::save: no rank holds elements [", covered, ", ",
-                   numel, ") of sharded '", name, "'");
-  return pieces;
-}
-
 bool boxes_overlap(const Entry& a, const Entry& b) {
   for (size_t d = 0; d < a.shape.size(); ++d)
     if (std::max(a.offsets[d], b.offsets[d]) >= std::min(a.offsets[d] + a.sizes[d], b.offsets[d] + b.sizes[d]))
@@ -152,29 +125,47 @@ bool boxes_overlap(const Entry& a, const Entry& b) {
   return true;
 }
 
-// A box entry's distinct pieces, each with the ranks holding it: the same
-// box, or disjoint ones whose elements add up to the whole.
-std::vector<std::vector<Entry>> distinct_boxes(const std::string& name, std::vector<Entry> held) {
-  std::sort(held.begin(), held.end(), [](const Entry& a, const Entry& b) {
-    return std::tie(a.offsets, a.sizes, a.rank) < std::tie(b.offsets, b.sizes, b.rank);
+void check_disjoint(const std::string& name, const Entry& a, const Entry& b, bool disjoint) {
+  DTRAIN_CHECK_ARG(disjoint, "checkpoint::save: the pieces of sharded '", name, "' overlap: ", where(a), " and ",
+                   where(b), "; ranks must hold the same piece or disjoint ones");
+}
+
+// A sharded entry's distinct pieces, each with the ranks holding it: ranks
+// hold the same flat range (or box) or disjoint ones, which together cover
+// the whole.
+std::vector<std::vector<Entry>> distinct_pieces(const std::string& name, std::vector<Entry> held) {
+  const bool flat = held.front().shape.empty();
+  const auto region = [flat](const Entry& e) {
+    return flat ? std::make_pair(std::vector<int64_t>{e.offset}, std::vector<int64_t>{e.length})
+                : std::make_pair(e.offsets, e.sizes);
+  };
+  std::sort(held.begin(), held.end(), [&](const Entry& a, const Entry& b) {
+    return std::make_pair(region(a), a.rank) < std::make_pair(region(b), b.rank);
   });
+  const int64_t numel = held.front().numel;
   std::vector<std::vector<Entry>> pieces;
-  int64_t covered = 0;
+  int64_t covered = 0;  // flat: where the next piece must start; boxes: elements held
   for (const auto& e : held) {
     if (e.length == 0) continue;
-    if (!pieces.empty() && pieces.back()[0].offsets == e.offsets && pieces.back()[0].sizes == e.sizes) {
+    if (!pieces.empty() && region(pieces.back()[0]) == region(e)) {
       pieces.back().push_back(e);
       continue;
     }
-    for (const auto& other : pieces)
-      DTRAIN_CHECK_ARG(!boxes_overlap(other[0], e), "checkpoint::save: the pieces of sharded '", name,
-                       "' overlap: ", where(other[0]), " and ", where(e),
-                       "; ranks must hold the same piece or disjoint ones");
+    if (flat) {  // in offset order, only the last piece can reach past e.offset
+      check_disjoint(name, pieces.empty() ? e : pieces.back()[0], e, e.offset >= covered);
+      DTRAIN_CHECK_ARG(e.offset == covered, "checkpoint::save: no rank holds elements [", covered, ", ",
+                       e.offset, ") of sharded '", name, "'");
+    } else {
+      for (const auto& other : pieces) check_disjoint(name, other[0], e, !boxes_overlap(other[0], e));
+    }
     pieces.push_back({e});
     covered += e.length;
   }
-  DTRAIN_CHECK_ARG(covered == held.front().numel, "checkpoint::save: the ranks hold ", covered, " of the ",
-                   held.front().numel, " elements of sharded '", name, "'");
+  if (flat)
+    DTRAIN_CHECK_ARG(covered == numel, "checkpoint::save: no rank holds elements [", covered, ", ", numel,
+                     ") of sharded '", name, "'");
+  DTRAIN_CHECK_ARG(covered == numel, "checkpoint::save: the ranks hold ", covered, " of the ", numel,
+                   " elements of sharded '", name, "'");
   return pieces;
 }
 
@@ -217,8 +208,7 @@ SavePlan plan_save(const std::shared_ptr<ProcessGroup>& group, const Distributed
     check_agree("sharded", name, held);
     plan.sharded_numel[name] = held.front().numel;
     if (!held.front().shape.empty()) plan.sharded_shape[name] = held.front().shape;
-    const auto pieces = held.front().shape.empty() ? distinct_pieces(name, held) : distinct_boxes(name, held);
-    for (const auto& piece : pieces)
+    for (const auto& piece : distinct_pieces(name, held))
       if (least_loaded(piece) == group->rank()) plan.my_pieces.insert(name);
   }
   return plan;

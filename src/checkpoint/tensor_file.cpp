@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "checkpoint/dtype_table.h"
 #include "checkpoint/file_reader.h"
 #include "checkpoint/tensor_file_format.h"
 #include "common/durable_file.h"
@@ -27,17 +28,15 @@ constexpr std::pair<at::ScalarType, tf::DType> kTypes[] = {
 };
 
 tf::DType to_file(const std::string& name, at::ScalarType type) {
-  for (const auto& [torch_type, file_type] : kTypes)
-    if (torch_type == type) return file_type;
+  if (const auto file_type = file_type_of(kTypes, type)) return *file_type;
   throw InvalidArgument(detail::cat("tensor file: tensor ", name, " has the dtype ", type,
                                     ", which tensor files do not store"));
 }
 
 at::ScalarType to_torch(tf::DType type) {
-  for (const auto& [torch_type, file_type] : kTypes)
-    if (file_type == type) return torch_type;
-  DTRAIN_ENFORCE(false);
-  return at::kFloat;
+  const auto torch_type = torch_type_of(kTypes, type);
+  DTRAIN_ENFORCE(torch_type.has_value());
+  return *torch_type;
 }
 
 // The bytes to write: contiguous and on the CPU (a copy only when needed).

@@ -127,6 +127,20 @@ std::string resolve_error(int rc) {
   return gai_strerror(rc);
 }
 
+// resolve(), or an error "<subject> did not resolve: <why>": a TimeoutError
+// at the deadline, else a `Failure`.
+template <typename Failure>
+AddrList resolve_or_throw(const std::string& subject, const std::string& host,
+                          const std::string& service, int socktype, int flags,
+                          Clock::time_point deadline, const std::function<void()>& check = nullptr) {
+  AddrList list(nullptr, &freeaddrinfo);
+  const int rc = resolve(host, service, socktype, flags, deadline, &list, check);
+  if (rc == kResolveTimedOut)
+    throw TimeoutError(detail::cat(subject, " did not resolve: ", resolve_error(rc)));
+  if (rc != 0) throw Failure(detail::cat(subject, " does not resolve: ", gai_strerror(rc)));
+  return list;
+}
+
 std::string errno_text(int err) { return std::strerror(err); }
 
 // Numeric address of a sockaddr, without the port.
@@ -225,11 +239,7 @@ std::string endpoint(const std::string& host, uint16_t port) {
 }
 
 void check_resolves(const std::string& host, const std::string& what) {
-  AddrList list(nullptr, &freeaddrinfo);
-  const int rc = resolve(host, "", SOCK_STREAM, 0, resolve_deadline(), &list);
-  if (rc == kResolveTimedOut)
-    throw TimeoutError(detail::cat(what, "=", host, " did not resolve: ", resolve_error(rc)));
-  DTRAIN_CHECK_ARG(rc == 0, what, "=", host, " does not resolve: ", gai_strerror(rc));
+  resolve_or_throw<InvalidArgument>(what + "=" + host, host, "", SOCK_STREAM, 0, resolve_deadline());
 }
 
 uint16_t parse_port(const std::string& text, const std::string& what) {
@@ -244,15 +254,9 @@ uint16_t parse_port(const std::string& text, const std::string& what) {
 
 Fd listen_on(const std::string& host, uint16_t port, uint16_t* bound_port) {
   const std::string where = endpoint(host, port);
-  AddrList list(nullptr, &freeaddrinfo);
-  const int rc = resolve(host, std::to_string(port), SOCK_STREAM, AI_PASSIVE, resolve_deadline(),
-                         &list);
-  if (rc == kResolveTimedOut)
-    throw TimeoutError(detail::cat("cannot listen on ", where, ": ", host,
-                                   " did not resolve: ", resolve_error(rc)));
-  if (rc != 0)
-    throw InvalidArgument(detail::cat("cannot listen on ", where, ": ", host,
-                                      " does not resolve: ", gai_strerror(rc)));
+  const AddrList list = resolve_or_throw<InvalidArgument>(
+      "cannot listen on " + where + ": " + host, host, std::to_string(port), SOCK_STREAM,
+      AI_PASSIVE, resolve_deadline());
   int last_err = EADDRNOTAVAIL;
   for (const addrinfo* ai = list.get(); ai != nullptr; ai = ai->ai_next) {
     Fd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
@@ -378,14 +382,9 @@ std::string local_address_towards(const std::string& host, Clock::time_point dea
                                   const std::function<void()>& check) {
   // connect() on a UDP socket only asks the routing table which source
   // address it would use; no packet leaves the machine.
-  AddrList list(nullptr, &freeaddrinfo);
-  const int rc = resolve(host, "9", SOCK_DGRAM, 0, deadline, &list, check);
-  if (rc == kResolveTimedOut)
-    throw TimeoutError(detail::cat("cannot find a local address towards ", host, ": ", host,
-                                   " did not resolve: ", resolve_error(rc)));
-  if (rc != 0)
-    throw NetworkError(detail::cat("cannot find a local address towards ", host, ": ", host,
-                                   " does not resolve: ", gai_strerror(rc)));
+  const AddrList list = resolve_or_throw<NetworkError>(
+      "cannot find a local address towards " + host + ": " + host, host, "9", SOCK_DGRAM, 0,
+      deadline, check);
   int last_err = ENETUNREACH;
   for (const addrinfo* ai = list.get(); ai != nullptr; ai = ai->ai_next) {
     Fd fd(::socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));

@@ -10,6 +10,7 @@
 
 #include "common/end_of_backward.h"
 #include "common/enforce.h"
+#include "common/error_text.h"
 #include "core/control_tensors.h"
 #include "core/storage_alias.h"
 #include "diagnostics/timeline.h"
@@ -347,12 +348,7 @@ void Reducer::abandon_unfinished_backward() {
   if (!rebuilt_ && iteration_ == 0) observed_order_.clear();
   reset_iteration();
   if (!error) return;
-  std::string why = "unknown error";
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    why = e.what();
-  }
+  const std::string why = detail::error_text(error);
   throw NetworkError(detail::cat(
       "DistributedDataParallel: the previous backward ended in an exception after launching ",
       launched, " of ", buckets_.size(), " gradient buckets, and they did not complete (", why,

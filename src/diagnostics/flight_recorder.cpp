@@ -12,6 +12,7 @@
 
 #include "common/durable_file.h"
 #include "common/enforce.h"
+#include "common/error_text.h"
 #include "common/env.h"
 #include "common/json_text.h"
 #include "common/logging.h"
@@ -29,15 +30,6 @@ int64_t now_ns() {
       .count();
 }
 
-std::string recorded_error_text(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown error";
-  }
-}
 
 // Every live recorder of the process.
 struct RecorderRegistry {
@@ -191,7 +183,7 @@ void FlightRecorder::finished(uint64_t id, const std::exception_ptr& error) {
     if (e.id != id) return;  // overwritten: the ring wrapped meanwhile
     e.state = error ? 2 : 1;
     e.finished_ns = now_ns();
-    if (error) e.error = recorded_error_text(error);
+    if (error) e.error = detail::error_text(error);
   }
   if (!error || !env::get(env::kTraceDir)) return;
   // Runs before the failed work's waiters are woken (Work::on_finish): the
@@ -200,7 +192,7 @@ void FlightRecorder::finished(uint64_t id, const std::exception_ptr& error) {
   std::call_once(recorder_registry().failure_dump, [&] {
     try {
       log_warning(
-          cat("flight recorder written to ", dump_all("failure: " + recorded_error_text(error))));
+          cat("flight recorder written to ", dump_all("failure: " + detail::error_text(error))));
     } catch (const std::exception& e) {
       log_warning(cat("flight recorder dump after a failure failed: ", e.what()));
     }

@@ -38,6 +38,30 @@ void check_sequence_options(const ParallelLinearOptions& o, const char* module) 
                    "(its input is this rank's features of the whole sequence)");
 }
 
+// `o` with its group resolved, checked at construction.
+ParallelLinearOptions checked_options(ParallelLinearOptions o, const char* module) {
+  o.group(detail::group_or_default(o.group(), module));
+  check_sequence_options(o, module);
+  return o;
+}
+
+// Registers this rank's part of `full` as `weight` and `bias` of `m`: the
+// weight's rows (dim 0, a column-parallel layer) or columns (dim 1, a
+// row-parallel one), and the bias split with the rows or whole. Without a
+// bias to take, o.bias() turns false.
+void register_shard(torch::nn::Module& m, const torch::nn::Linear& full, int64_t dim,
+                    ParallelLinearOptions& o, at::Tensor& weight, at::Tensor& bias,
+                    const char* module) {
+  const auto& g = *o.group();
+  const int64_t part = shard_size(full->weight.size(dim), g, module, dim == 0 ? "out_features" : "in_features");
+  torch::NoGradGuard no_grad;
+  weight = m.register_parameter("weight", full->weight.narrow(dim, g.rank() * part, part).clone());
+  if (o.bias() && full->bias.defined())
+    bias = m.register_parameter("bias", (dim == 0 ? full->bias.narrow(0, g.rank() * part, part) : full->bias).clone());
+  else
+    o.bias(false);
+}
+
 // options.sequence_dim() for `x`, checked.
 int64_t sequence_dim_of(const at::Tensor& x, const ParallelLinearOptions& o, const char* module) {
   const int64_t d = o.sequence_dim() < 0 ? o.sequence_dim() + x.dim() : o.sequence_dim();
@@ -54,21 +78,14 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t in_features, int64_t 
 
 ColumnParallelLinearImpl::ColumnParallelLinearImpl(const torch::nn::Linear& full,
                                                    const ParallelLinearOptions& options)
-    : options_(options), in_(full->options.in_features()), out_(full->options.out_features()) {
-  options_.group(detail::group_or_default(options.group(), "ColumnParallelLinear"));
-  check_sequence_options(options_, "ColumnParallelLinear");
+    : options_(checked_options(options, "ColumnParallelLinear")),
+      in_(full->options.in_features()),
+      out_(full->options.out_features()) {
   take_shard(full);
 }
 
 void ColumnParallelLinearImpl::take_shard(const torch::nn::Linear& full) {
-  auto& g = *options_.group();
-  const int64_t part = shard_size(out_, g, "ColumnParallelLinear", "out_features");
-  torch::NoGradGuard no_grad;
-  weight = register_parameter("weight", full->weight.narrow(0, g.rank() * part, part).clone());
-  if (options_.bias() && full->bias.defined())
-    bias = register_parameter("bias", full->bias.narrow(0, g.rank() * part, part).clone());
-  else
-    options_.bias(false);
+  register_shard(*this, full, 0, options_, weight, bias, "ColumnParallelLinear");
 }
 
 at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& input) {
@@ -89,21 +106,14 @@ RowParallelLinearImpl::RowParallelLinearImpl(int64_t in_features, int64_t out_fe
 
 RowParallelLinearImpl::RowParallelLinearImpl(const torch::nn::Linear& full,
                                              const ParallelLinearOptions& options)
-    : options_(options), in_(full->options.in_features()), out_(full->options.out_features()) {
-  options_.group(detail::group_or_default(options.group(), "RowParallelLinear"));
-  check_sequence_options(options_, "RowParallelLinear");
+    : options_(checked_options(options, "RowParallelLinear")),
+      in_(full->options.in_features()),
+      out_(full->options.out_features()) {
   take_shard(full);
 }
 
 void RowParallelLinearImpl::take_shard(const torch::nn::Linear& full) {
-  auto& g = *options_.group();
-  const int64_t part = shard_size(in_, g, "RowParallelLinear", "in_features");
-  torch::NoGradGuard no_grad;
-  weight = register_parameter("weight", full->weight.narrow(1, g.rank() * part, part).clone());
-  if (options_.bias() && full->bias.defined())
-    bias = register_parameter("bias", full->bias.clone());
-  else
-    options_.bias(false);
+  register_shard(*this, full, 1, options_, weight, bias, "RowParallelLinear");
 }
 
 std::vector<ParameterPlacement> ColumnParallelLinearImpl::parameter_placements() const {

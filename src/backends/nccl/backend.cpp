@@ -375,32 +375,28 @@ void NcclBackend::recv_from(const at::Tensor& t, int peer, int type) {
              "ncclRecv");
 }
 
-WorkPtr NcclBackend::do_gather(const Call& call, std::vector<at::Tensor> outputs,
-                                    at::Tensor input, int root) {
-  auto keep = checked(call, outputs, input);
-  const auto type = nccl_type(call.op, input.scalar_type(), false);
+WorkPtr NcclBackend::rooted(const Call& call, std::vector<at::Tensor> blocks, at::Tensor own,
+                            int root, bool to_root) {
+  auto keep = checked(call, blocks, own);
+  const auto type = nccl_type(call.op, own.scalar_type(), false);
   return launch(call, std::move(keep), [&] {
     grouped(call, [&] {
-      for (int r = 0; r < size() && rank() == root; ++r)
-        if (r != root) recv_from(outputs[r], r, type);
-      if (rank() != root) send_to(input, root, type);
+      if (rank() != root) return to_root ? send_to(own, root, type) : recv_from(own, root, type);
+      for (int r = 0; r < size(); ++r)
+        if (r != root) to_root ? recv_from(blocks[r], r, type) : send_to(blocks[r], r, type);
     });
-    if (rank() == root) outputs[root].copy_(input);
+    if (rank() == root) (to_root ? blocks[root] : own).copy_(to_root ? own : blocks[root]);
   });
 }
 
+WorkPtr NcclBackend::do_gather(const Call& call, std::vector<at::Tensor> outputs,
+                               at::Tensor input, int root) {
+  return rooted(call, std::move(outputs), std::move(input), root, true);
+}
+
 WorkPtr NcclBackend::do_scatter(const Call& call, at::Tensor output,
-                                     std::vector<at::Tensor> inputs, int root) {
-  auto keep = checked(call, inputs, output);
-  const auto type = nccl_type(call.op, output.scalar_type(), false);
-  return launch(call, std::move(keep), [&] {
-    grouped(call, [&] {
-      for (int r = 0; r < size() && rank() == root; ++r)
-        if (r != root) send_to(inputs[r], r, type);
-      if (rank() != root) recv_from(output, root, type);
-    });
-    if (rank() == root) output.copy_(inputs[root]);
-  });
+                                std::vector<at::Tensor> inputs, int root) {
+  return rooted(call, std::move(inputs), std::move(output), root, false);
 }
 
 WorkPtr NcclBackend::do_all_to_all(const Call& call, std::vector<at::Tensor> outputs,

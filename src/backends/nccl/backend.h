@@ -95,6 +95,10 @@ class NcclBackend final : public Backend {
   // One grouped ncclSend / ncclRecv (type: an ncclDataType_t), skipped when empty.
   void send_to(const at::Tensor& t, int peer, int type);
   void recv_from(const at::Tensor& t, int peer, int type);
+  // gather (to_root: each rank's `own` into the root's blocks) or scatter
+  // (the root's blocks into each rank's `own`), as one NCCL group.
+  WorkPtr rooted(const Call& call, std::vector<at::Tensor> blocks, at::Tensor own, int root,
+                 bool to_root);
   void watch();
   // Breaks the group after a timeout or an NCCL/CUDA error (see the .cpp).
   void break_group(std::exception_ptr error);

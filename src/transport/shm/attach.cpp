@@ -32,6 +32,21 @@ void check_one_node(Store& store, int rank, int n, const std::string& what) {
       "them) or \"tcp\"."));
 }
 
+// Throws InternalError when the segment a rank mapped is not the one its
+// group expects (a different build, a damaged or foreign segment).
+void check_header(const Segment& segment, int n, const SegmentPlan& plan) {
+  const auto& h = header_of(segment);
+  if (h.magic != plan.magic || h.version != plan.version || h.size != static_cast<uint32_t>(n))
+    throw InternalError(detail::cat(plan.what, ": /dev/shm", segment.name(), " is not ", plan.kind,
+                                    " of this group (magic, version or size differ; a different "
+                                    "dtrain build?)"));
+  const uint64_t part = h.part_bytes;
+  if (!plan.part_bytes_valid(part) || plan.total_bytes(static_cast<size_t>(part)) != segment.size())
+    throw InternalError(detail::cat(plan.what, ": /dev/shm", segment.name(), " declares ", plan.parts,
+                                    " of ", part, " bytes, which do not fit its ", segment.size(),
+                                    " bytes for ", n, " ranks (a damaged or foreign segment)"));
+}
+
 }  // namespace
 
 Segment attach_segment(Store& store, int rank, int n, const SegmentPlan& plan) {
@@ -39,8 +54,10 @@ Segment attach_segment(Store& store, int rank, int n, const SegmentPlan& plan) {
   Segment segment;
   if (rank == 0) {
     remove_stale_segments();
-    segment = Segment::create(plan.bytes());
-    plan.init(segment.data());
+    const size_t part = plan.part_bytes();
+    segment = Segment::create(plan.total_bytes(part));
+    *static_cast<SegmentHeader*>(segment.data()) =
+        SegmentHeader{plan.magic, plan.version, static_cast<uint32_t>(n), part};
     segment.lock_slot(0);
     store.set("shm/segment", detail::cat(segment.name(), " ", segment.size()));
   } else {
@@ -48,7 +65,7 @@ Segment attach_segment(Store& store, int rank, int n, const SegmentPlan& plan) {
     const auto space = published.find(' ');
     DTRAIN_ENFORCE(space != std::string::npos);
     segment = Segment::open(published.substr(0, space), std::stoull(published.substr(space + 1)));
-    plan.check(segment);
+    check_header(segment, n, plan);
     segment.lock_slot(rank);
   }
   // Once everyone holds the mapping, the name is no longer needed: rank 0

@@ -15,19 +15,12 @@ namespace {
 constexpr uint64_t kRingMagic = 0x6474726e72696e67ULL;  // "dtrnring"
 constexpr uint32_t kVersion = 1;
 
-struct alignas(64) Header {
-  uint64_t magic;
-  uint32_t version;
-  uint32_t size;
-  uint64_t ring_bytes;
-};
-
 // Header, one doorbell per rank, then a ring per ordered pair of ranks.
 struct Layout {
   size_t bells, rings, stride, total;
   int n;
   Layout(int n_, size_t ring_bytes) : n(n_) {
-    bells = sizeof(Header);
+    bells = sizeof(shm::SegmentHeader);
     rings = (bells + size_t(n) * sizeof(shm::Doorbell) + 4095) / 4096 * 4096;
     stride = sizeof(shm::RingControl) + ring_bytes;
     total = rings + size_t(n) * (n - 1) * stride;
@@ -59,22 +52,13 @@ void add_ring_links(Store& store, int rank, const std::vector<int>& ranks, uint6
   shm::SegmentPlan plan;
   plan.what = detail::cat("shm: setting up the transport of group '", name, "' (rank ", rank,
                           ", ", me, "/", n, " on this machine)");
-  plan.bytes = [&] { return Layout(n, ring_size).total; };
-  plan.init = [&](void* base) {
-    auto* h = static_cast<Header*>(base);
-    h->size = static_cast<uint32_t>(n);
-    h->ring_bytes = ring_size;
-    h->version = kVersion;
-    h->magic = kRingMagic;
-  };
-  plan.check = [&](const shm::Segment& segment) {
-    const auto* h = static_cast<const Header*>(segment.data());
-    if (h->magic != kRingMagic || h->version != kVersion || h->size != static_cast<uint32_t>(n) ||
-        h->ring_bytes != ring_size || Layout(n, ring_size).total != segment.size())
-      throw InternalError(detail::cat(plan.what, ": /dev/shm", segment.name(),
-                                      " is not a ring segment of this group (magic, version, "
-                                      "size or ring size differ; a different dtrain build?)"));
-  };
+  plan.kind = "a ring segment";
+  plan.parts = "rings";
+  plan.magic = kRingMagic;
+  plan.version = kVersion;
+  plan.part_bytes = [&] { return ring_size; };
+  plan.total_bytes = [&](size_t ring) { return Layout(n, ring).total; };
+  plan.part_bytes_valid = [&](uint64_t ring) { return ring == ring_size; };
   auto segment = std::make_shared<shm::Segment>(shm::attach_segment(store, me, n, plan));
 
   const Layout layout(n, ring_size);

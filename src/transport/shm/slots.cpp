@@ -14,13 +14,6 @@ constexpr uint64_t kMagic = 0x64747261696e7368ULL;  // "dtrainsh"
 constexpr uint32_t kVersion = 2;
 constexpr size_t kLine = Slots::kLine;
 
-struct alignas(kLine) Header {
-  uint64_t magic;
-  uint32_t version;
-  uint32_t size;
-  uint64_t half_bytes;
-};
-
 size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
 // Where each part of the segment starts, from the group size and the slot
@@ -28,7 +21,7 @@ size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 struct Layout {
   size_t counters, stamps, tables, data, total;
   Layout(int n, size_t half_bytes) {
-    counters = round_up(sizeof(Header), kLine);
+    counters = round_up(sizeof(SegmentHeader), kLine);
     stamps = counters + n * kLine;
     tables = stamps + 2 * n * Slots::kStampBytes;
     data = round_up(tables + 2 * 2 * size_t(n) * n * sizeof(int64_t), 4096);
@@ -61,36 +54,21 @@ void Slots::attach(Store& store, const std::string& name) {
   const int n = size_;
   SegmentPlan plan;
   plan.what = detail::cat("shm: setting up group '", name, "' (rank ", rank_, "/", n, ")");
-  plan.bytes = [&] {
-    half_bytes_ = chunk_bytes(n);
+  plan.kind = "a dtrain segment";
+  plan.parts = "slots";
+  plan.magic = kMagic;
+  plan.version = kVersion;
+  plan.part_bytes = [&] {
     // At least a cache line per rank and element, so a piece always splits.
-    half_bytes_ = round_up(std::max<size_t>(half_bytes_, size_t(n) * kLine), 4096);
-    return Layout(n, half_bytes_).total;
+    return round_up(std::max<size_t>(chunk_bytes(n), size_t(n) * kLine), 4096);
   };
-  plan.init = [&](void* base) {
-    auto* header = static_cast<Header*>(base);
-    header->size = static_cast<uint32_t>(n);
-    header->half_bytes = half_bytes_;
-    header->version = kVersion;
-    header->magic = kMagic;
-  };
-  plan.check = [&](const Segment& segment) {
-    const auto* header = static_cast<const Header*>(segment.data());
-    if (header->magic != kMagic || header->version != kVersion ||
-        header->size != static_cast<uint32_t>(n))
-      throw InternalError(detail::cat(plan.what, ": /dev/shm", segment.name(),
-                                      " is not a dtrain segment of this group (magic, version "
-                                      "or size differ; a different dtrain build?)"));
-    // Checked against the mapping before anything is placed by it.
-    const uint64_t half = header->half_bytes;
-    if (half < std::max<size_t>(4096, size_t(n) * kLine) || half > (uint64_t{1} << 30) ||
-        half % 4096 != 0 || Layout(n, static_cast<size_t>(half)).total != segment.size())
-      throw InternalError(detail::cat(plan.what, ": /dev/shm", segment.name(), " declares slots of ",
-                                      half, " bytes, which do not fit its ", segment.size(),
-                                      " bytes for ", n, " ranks (a damaged or foreign segment)"));
-    half_bytes_ = static_cast<size_t>(half);
+  plan.total_bytes = [&](size_t half) { return Layout(n, half).total; };
+  plan.part_bytes_valid = [&](uint64_t half) {
+    return half >= std::max<size_t>(4096, size_t(n) * kLine) && half <= (uint64_t{1} << 30) &&
+           half % 4096 == 0;
   };
   segment_ = attach_segment(store, rank_, n, plan);
+  half_bytes_ = static_cast<size_t>(header_of(segment_).part_bytes);
 
   const Layout layout(n, half_bytes_);
   auto* base = static_cast<uint8_t*>(segment_.data());
