@@ -93,7 +93,7 @@ TcpStoreServer::Limits TcpStoreServer::Limits::from_environment() {
 TcpStoreServer::TcpStoreServer(const std::string& host, uint16_t port, Limits limits,
                                std::optional<std::string> token)
     : limits_(limits), token_(std::move(token)), listener_(net::listen_on(host, port, &port_)),
-      table_(limits.max_bytes, limits.max_keys),
+      service_(limits.max_bytes, limits.max_keys, token_.has_value(), *this),
       budget_(limits.io_budget) {
   net::raise_open_file_limit();  // it serves a connection per rank (and agent)
   where_ = net::endpoint(host, port_);
@@ -172,7 +172,7 @@ void TcpStoreServer::run() {
         });
       }
     }
-    expire_waiters();
+    service_.expire(Clock::now());
     close_stale_connections();
     close_stalled_holder();
     budget_.wake(conns_, resume_);
@@ -205,7 +205,7 @@ void TcpStoreServer::serve(uint64_t id, Step step) {
 }
 
 int TcpStoreServer::poll_timeout_ms() const {
-  Clock::time_point next = waiters_.next_deadline();
+  Clock::time_point next = service_.next_deadline();
   if (!pending_.empty()) next = std::min(next, pending_.begin()->second + limits_.handshake_timeout);
   if (Clock::now() < accept_paused_until_) next = std::min(next, accept_paused_until_);
   if (budget_.anyone_waiting())  // look again for stalled holders
@@ -363,7 +363,12 @@ bool TcpStoreServer::process_input(uint64_t id, Connection& c) {
     wire::Reader r(c.in.data() + pos + wire::kHeaderBytes, h.length);
     try {
       const bool must_prove = token_ && !c.authenticated;
-      ok = must_prove ? authenticate(c, h, r) : handle(id, c, h, r);
+      if (must_prove) {
+        ok = authenticate(c, h, r);
+      } else {
+        service_.handle(id, h, r);
+        ok = flush(c);
+      }
       if (ok && (!token_ || c.authenticated)) mark_established(id, c);
     } catch (const wire::Malformed& m) {
       DTRAIN_LOG_INFO("TCP store ", where_, ": dropping client ", c.peer, ": malformed ",
@@ -376,23 +381,77 @@ bool TcpStoreServer::process_input(uint64_t id, Connection& c) {
   return ok;
 }
 
-void TcpStoreServer::reply(Connection& c, std::vector<uint8_t> frame) {
-  c.out.append(std::move(frame));
-  if (c.pending_output() > peak_output_.load()) peak_output_ = c.pending_output();
+// Handles every complete request in the buffer, in order. A request is
+// scanned as its bytes arrive (c10d_wire::scan), and parsed once it is all there.
+bool TcpStoreServer::process_c10d(uint64_t id, Connection& c) {
+  size_t pos = 0;
+  bool ok = true;
+  c.in_need = 0;
+  while (ok && pos < c.in.size() && !c.blocked()) {
+    const uint8_t* start = c.in.data() + pos;
+    const c10d_wire::Op op = c10d_wire::decode_op(c.dialect, *start);
+    try {
+      size_t need = 0;
+      const size_t size = c10d_wire::scan(c.dialect, start, c.in.size() - pos, c.scan, &need);
+      if (size == 0) {
+        c.in_need = need;
+        break;  // the rest of this request has not arrived yet
+      }
+      if (budget_.io().spent()) {  // handled once replies drain
+        budget_.note_stalled(id, c);
+        break;
+      }
+      c10d_wire::Reader r(start + 1, size - 1);
+      ok = service_.handle_c10d(id, op, r);
+      if (!ok)
+        DTRAIN_LOG_INFO("TCP store ", where_, ": dropping c10d client ", c.peer, ": ",
+                        c10d_wire::op_name(op), " is not supported by dtrain's store");
+      mark_established(id, c);
+      pos += size;
+    } catch (const c10d_wire::Incomplete&) {  // a field its scan did not count: refuse, never wait
+      DTRAIN_LOG_INFO("TCP store ", where_, ": dropping c10d client ", c.peer, ": ",
+                      c10d_wire::op_name(op), " request shorter than its fields");
+      return false;
+    } catch (const wire::Malformed& m) {
+      DTRAIN_LOG_INFO("TCP store ", where_, ": dropping c10d client ", c.peer, ": malformed ",
+                      c10d_wire::op_name(op), " request: ", m.what);
+      return false;
+    } catch (const InvalidArgument& e) {  // add() on a non-integer: PyTorch drops it too
+      DTRAIN_LOG_INFO("TCP store ", where_, ": dropping c10d client ", c.peer, ": ",
+                      c10d_wire::op_name(op), ": ", e.what());
+      return false;
+    }
+  }
+  c.in.consume(pos);
+  return ok && flush(c);
 }
 
-void TcpStoreServer::reply(Connection& c, std::vector<uint8_t> head, SharedValue value) {
+void TcpStoreServer::queue_reply(Connection& c, std::vector<uint8_t> head, SharedValue value) {
   c.out.append(std::move(head));
-  c.out.append(std::move(value));
+  if (value) c.out.append(std::move(value));
   if (c.pending_output() > peak_output_.load()) peak_output_ = c.pending_output();
 }
 
-// A dtrain reply whose payload is one byte string: the stored value.
-void TcpStoreServer::reply_value(Connection& c, uint16_t status, uint32_t request_id,
-                                 SharedValue value) {
-  const size_t n = value->size();
-  reply(c, wire::Writer(status, request_id).u32(static_cast<uint32_t>(n)).finish(n),
-        std::move(value));
+// The service's answers. The connection handling a request is flushed by
+// its caller once the request is done.
+void TcpStoreServer::reply(uint64_t id, std::vector<uint8_t> head, SharedValue value) {
+  queue_reply(conns_.at(id), std::move(head), std::move(value));
+}
+
+void TcpStoreServer::park(uint64_t id) { conns_.at(id).parked = true; }
+
+// A parked request's answer, for a connection that may be another than the
+// one whose request is being handled: sent at once, and an unparked
+// connection goes on with its queued requests in this turn (resume_).
+void TcpStoreServer::answer_parked(uint64_t id, std::vector<uint8_t> head, SharedValue value,
+                                   bool unpark) {
+  auto it = conns_.find(id);
+  if (it == conns_.end() || it->second.broken) return;
+  Connection& c = it->second;
+  queue_reply(c, std::move(head), std::move(value));
+  if (unpark) c.parked = false;
+  if (!flush(c)) return doom(id, c);
+  if (unpark) resume_.push_back(id);
 }
 
 bool TcpStoreServer::flush(Connection& c) {
@@ -403,8 +462,7 @@ bool TcpStoreServer::flush(Connection& c) {
 }
 
 void TcpStoreServer::close_connection(uint64_t id) {
-  waiters_.drop_connection(id);
-  parked_count_ = waiters_.size();
+  service_.drop_connection(id);
   auto it = conns_.find(id);
   if (it == conns_.end()) return;
   if (it->second.established) --established_;
@@ -429,7 +487,7 @@ bool TcpStoreServer::authenticate(Connection& c, const wire::Header& h, wire::Re
     if (!step.told.empty()) say_why(c, h.request_id, step.told);
     return false;
   }
-  reply(c, std::move(step.reply));
+  queue_reply(c, std::move(step.reply));
   return flush(c);
 }
 
@@ -480,7 +538,7 @@ void TcpStoreServer::make_room_for_pending() {
 // get none.
 void TcpStoreServer::say_why(Connection& c, uint32_t request_id, const std::string& why) {
   if (c.dialect != c10d_wire::Dialect::kDtrain && c.dialect != c10d_wire::Dialect::kUnknown) return;
-  reply(c, wire::Writer(wire::kRefused, request_id).str(why).finish());
+  queue_reply(c, wire::Writer(wire::kRefused, request_id).str(why).finish());
   flush(c);
 }
 

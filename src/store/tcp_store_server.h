@@ -43,13 +43,13 @@
 //  - The destructor stops the thread and closes every socket before it
 //    returns, so clients waiting on this server see their connection close.
 //
-// Its parts, each a type of its own: the keys and their caps
-// (key_value_table.h), a client's connection (store_connection.h), the
-// read budget (read_budget.h), the job token's handshake
-// (token_handshake.h) and parked requests (waiter_table.h). This class is
-// the loop over the connections and their admission (tcp_store_server.cpp)
-// and what requests do, in dtrain's protocol (tcp_store_server_requests.cpp)
-// and in c10d's (tcp_store_server_c10d.cpp).
+// This class is the loop over the sockets: accepting and admitting
+// connections, reading requests and cutting them into frames in either
+// dialect, the job token's handshake (token_handshake.h), sending replies,
+// and closing connections. What the requests do, and the keys and parked
+// requests they act on, are the store service's (store_service.h). Its
+// other parts: a client's connection (store_connection.h) and the read
+// budget (read_budget.h).
 
 #include <atomic>
 #include <chrono>
@@ -63,22 +63,21 @@
 #include "common/socket.h"
 #include "store/c10d_wire.h"
 #include "store/io_buffers.h"
-#include "store/key_value_table.h"
 #include "store/read_budget.h"
 #include "store/store_connection.h"
+#include "store/store_service.h"
 #include "store/store_util.h"
-#include "store/waiter_table.h"
 #include "store/wire.h"
 
 namespace dtrain {
 
-class TcpStoreServer {
+class TcpStoreServer : private store_detail::StoreService::Connections {
  public:
   static constexpr size_t kMaxConnections = 4096;
   static constexpr size_t kMaxPending = 256;
   static constexpr size_t kMaxPendingOutput = store_detail::StoreConnection::kMaxPendingOutput;
-  static constexpr size_t kMaxWaitsPerConnection = 64;
-  static constexpr size_t kMaxKeysPerRequest = 128 * 1024;
+  static constexpr size_t kMaxWaitsPerConnection = store_detail::StoreService::kMaxWaitsPerConnection;
+  static constexpr size_t kMaxKeysPerRequest = store_detail::StoreService::kMaxKeysPerRequest;
 
   // Caps on what the store holds; the defaults come from
   // DTRAIN_STORE_MAX_BYTES and DTRAIN_STORE_MAX_KEYS.
@@ -102,7 +101,7 @@ class TcpStoreServer {
   TcpStoreServer(const std::string& host, uint16_t port,
                  Limits limits = Limits::from_environment(),
                  std::optional<std::string> token = std::nullopt);
-  ~TcpStoreServer();
+  ~TcpStoreServer() override;
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
 
@@ -112,7 +111,7 @@ class TcpStoreServer {
   std::string bound_address() const;
   // Requests parked right now (GET/WAIT whose keys are missing) and
   // connections open; for tests.
-  size_t parked_requests() const { return parked_count_.load(); }
+  size_t parked_requests() const { return service_.parked(); }
   size_t connections() const { return conn_count_.load(); }
   // The most reply bytes one connection has had waiting to be sent.
   size_t peak_pending_output() const { return peak_output_.load(); }
@@ -123,7 +122,6 @@ class TcpStoreServer {
   using Clock = net::Clock;
 
   using Connection = store_detail::StoreConnection;
-  using Waiter = store_detail::WaiterTable::Waiter;
 
   void run();
   int poll_timeout_ms() const;
@@ -131,38 +129,28 @@ class TcpStoreServer {
   // Each returns false when the connection must be closed.
   bool read_from(uint64_t id, Connection& c);
   bool process_input(uint64_t id, Connection& c);
-  bool handle(uint64_t id, Connection& c, const wire::Header& h, wire::Reader& r);
-  bool handle_lookup(uint64_t id, Connection& c, const wire::Header& h, wire::Reader& r);
   bool process_c10d(uint64_t id, Connection& c);
-  bool handle_c10d(uint64_t id, Connection& c, c10d_wire::Op op, c10d_wire::Reader& r);
-  void c10d_store_values(c10d_wire::Op op, c10d_wire::Reader& r);
-  void c10d_wait(uint64_t id, c10d_wire::Reader& r, c10d_wire::Writer& out);
   bool flush(Connection& c);
-  void reply(Connection& c, std::vector<uint8_t> frame);
-  // A reply whose last bytes are a stored value (sent from the map's copy).
-  void reply(Connection& c, std::vector<uint8_t> head, store_detail::SharedValue value);
-  void reply_value(Connection& c, uint16_t status, uint32_t request_id,
-                   store_detail::SharedValue value);
+  // Queues a reply; `value`, if given, is sent from the table's copy.
+  void queue_reply(Connection& c, std::vector<uint8_t> head,
+                   store_detail::SharedValue value = nullptr);
+  // StoreService::Connections.
+  void reply(uint64_t id, std::vector<uint8_t> head, store_detail::SharedValue value) override;
+  void park(uint64_t id) override;
+  void answer_parked(uint64_t id, std::vector<uint8_t> head, store_detail::SharedValue value,
+                     bool unpark) override;
   void close_stalled_holder();
   template <typename Step>
   void serve(uint64_t id, Step step);
   void close_connection(uint64_t id);
   void say_why(Connection& c, uint32_t request_id, const std::string& why);
-  void park(Waiter w);
-  void key_added(const std::string& key);
   bool authenticate(Connection& c, const wire::Header& h, wire::Reader& r);
   void refuse(const Connection& c, const std::string& why);
-  void expire_waiters();
-  void finish_waiter(const Waiter& w, bool timed_out);
   void doom(uint64_t id, Connection& c);
   void close_stale_connections();
   size_t max_pending() const;
   void make_room_for_pending();
   void mark_established(uint64_t id, Connection& c);
-  int64_t store_add(const std::string& key, int64_t delta);
-  store_detail::SharedValue store_compare_set(const std::string& key,
-                                              const std::vector<uint8_t>& expected,
-                                              const std::vector<uint8_t>& desired);
 
   std::string where_;               // "host:port" for log lines
   uint16_t port_ = 0;
@@ -171,19 +159,17 @@ class TcpStoreServer {
   net::Fd listener_;
   net::Fd wakeup_;                  // eventfd written by the destructor
   std::atomic<bool> stop_{false};
-  std::atomic<size_t> parked_count_{0};
   std::atomic<size_t> conn_count_{0};
   std::atomic<size_t> peak_output_{0};
   std::atomic<size_t> peak_buffered_{0};
   std::thread thread_;
 
   // Everything below is touched by the server thread only.
-  store_detail::KeyValueTable table_;
+  store_detail::StoreService service_;
   store_detail::ReadBudget budget_;  // before conns_, whose buffers it counts
   store_detail::StoreConnections conns_;
   size_t established_ = 0;
   std::map<uint64_t, Clock::time_point> pending_;  // not established: id -> opened
-  store_detail::WaiterTable waiters_;
   std::vector<uint64_t> resume_;    // connections unblocked, with input to process
   std::vector<uint64_t> doomed_;    // connections to close at the end of the turn
   uint64_t next_conn_id_ = 1;

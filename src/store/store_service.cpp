@@ -1,16 +1,14 @@
 // What the TCP store's requests in dtrain's protocol do (store/wire.h):
 // SET, GET, ADD, COMPARE_SET, WAIT, CHECK, DELETE and the rest against the
 // key-value table, and GET and WAIT parked until their keys are stored or
-// their deadline passes (store/waiter_table.h). The c10d dialect's
-// requests come here too, through tcp_store_server_c10d.cpp.
+// their deadline passes (store/waiter_table.h). Parked requests of both
+// dialects are answered here.
+
+#include "store/store_service.h"
 
 #include "common/enforce.h"
-#include "store/store_util.h"
-#include "store/tcp_store_server.h"
 
-namespace dtrain {
-
-using namespace store_detail;
+namespace dtrain::store_detail {
 
 namespace {
 
@@ -22,7 +20,7 @@ void check_key(const std::string& key) {
 // A request's count-prefixed list of keys (WAIT, CHECK).
 std::vector<std::string> read_keys(wire::Reader& r) {
   const uint32_t n = r.count(4);
-  if (n > TcpStoreServer::kMaxKeysPerRequest)
+  if (n > StoreService::kMaxKeysPerRequest)
     throw wire::Malformed{"more than 131072 keys in one request"};
   std::vector<std::string> keys;
   keys.reserve(n);
@@ -30,12 +28,23 @@ std::vector<std::string> read_keys(wire::Reader& r) {
   return keys;
 }
 
+// The head of a dtrain reply whose payload is one byte string of `n` bytes
+// (a stored value, which follows it).
+std::vector<uint8_t> value_head(uint16_t status, uint32_t request_id, size_t n) {
+  return wire::Writer(status, request_id).u32(static_cast<uint32_t>(n)).finish(n);
+}
+
 }  // namespace
 
+void StoreService::reply_value(uint64_t conn, uint16_t status, uint32_t request_id,
+                               SharedValue value) {
+  auto head = value_head(status, request_id, value->size());
+  reply(conn, std::move(head), std::move(value));
+}
+
 // GET and WAIT: answered now when every key is there, else parked until
-// key_added() or expire_waiters() answers them.
-bool TcpStoreServer::handle_lookup(uint64_t id, Connection& c, const wire::Header& h,
-                                   wire::Reader& r) {
+// key_added() or expire() answers them.
+void StoreService::lookup(uint64_t conn, const wire::Header& h, wire::Reader& r) {
   const bool is_get = h.opcode == wire::kGet;
   std::vector<std::string> keys;
   uint32_t timeout_ms = 0;
@@ -49,26 +58,21 @@ bool TcpStoreServer::handle_lookup(uint64_t id, Connection& c, const wire::Heade
   r.expect_end();
   for (const auto& k : keys) check_key(k);
   if (table_.missing(keys).empty()) {
-    if (is_get) reply_value(c, wire::kOk, h.request_id, table_.at(keys[0]));
-    else reply(c, wire::Writer(wire::kOk, h.request_id).finish());
-    return flush(c);
+    if (is_get) reply_value(conn, wire::kOk, h.request_id, table_.at(keys[0]));
+    else reply(conn, wire::Writer(wire::kOk, h.request_id).finish());
+    return;
   }
   Waiter w;
-  w.conn = id;
+  w.conn = conn;
   w.request_id = h.request_id;
   w.kind = is_get ? Waiter::kGet : Waiter::kWait;
   w.keys = std::move(keys);
   w.deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   park(std::move(w));
-  c.parked = true;
-  return true;
+  connections_.park(conn);
 }
 
-// Answers one request. A well-formed request the store must refuse (a key
-// over the size limit, add() on a non-integer) gets an ERROR reply that the
-// client throws as InvalidArgument; a malformed one throws wire::Malformed.
-bool TcpStoreServer::handle(uint64_t id, Connection& c, const wire::Header& h,
-                            wire::Reader& r) {
+void StoreService::handle(uint64_t conn, const wire::Header& h, wire::Reader& r) {
   wire::Writer ok(wire::kOk, h.request_id);
   try {
     switch (h.opcode) {
@@ -83,13 +87,13 @@ bool TcpStoreServer::handle(uint64_t id, Connection& c, const wire::Header& h,
       }
       case wire::kGet:
       case wire::kWait:
-        return handle_lookup(id, c, h, r);
+        return lookup(conn, h, r);
       case wire::kAdd: {
         std::string key = r.str();
         const int64_t delta = r.i64();
         r.expect_end();
         check_key(key);
-        ok.i64(store_add(key, delta));
+        ok.i64(add(key, delta));
         break;
       }
       case wire::kCompareSet: {
@@ -98,8 +102,7 @@ bool TcpStoreServer::handle(uint64_t id, Connection& c, const wire::Header& h,
         auto desired = r.bytes();
         r.expect_end();
         check_key(key);
-        reply_value(c, wire::kOk, h.request_id, store_compare_set(key, expected, desired));
-        return flush(c);
+        return reply_value(conn, wire::kOk, h.request_id, compare_set(key, expected, desired));
       }
       case wire::kCheck: {
         const auto keys = read_keys(r);
@@ -119,31 +122,28 @@ bool TcpStoreServer::handle(uint64_t id, Connection& c, const wire::Header& h,
         break;
       case wire::kAuthHello:
       case wire::kAuthProof:
-        throw InvalidArgument(token_ ? "the job token was already proved on this connection"
-                                     : "this store has no job token (DTRAIN_STORE_TOKEN is not "
-                                       "set where it runs)");
+        throw InvalidArgument(has_token_ ? "the job token was already proved on this connection"
+                                         : "this store has no job token (DTRAIN_STORE_TOKEN is not "
+                                           "set where it runs)");
       default:  // header_problem() has already refused unknown opcodes
-        return false;
+        throw wire::Malformed{"an opcode that is no request"};
     }
   } catch (const InvalidArgument& e) {
-    reply(c, wire::Writer(wire::kError, h.request_id).str(e.what()).finish());
-    return flush(c);
+    return reply(conn, wire::Writer(wire::kError, h.request_id).str(e.what()).finish());
   }
-  reply(c, ok.finish());
-  return flush(c);
+  reply(conn, ok.finish());
 }
 
 // ADD and COMPARE_SET in both dialects: applied to the table, and their
 // waiters told.
-int64_t TcpStoreServer::store_add(const std::string& key, int64_t delta) {
+int64_t StoreService::add(const std::string& key, int64_t delta) {
   const int64_t sum = table_.add(key, delta);
   key_added(key);
   return sum;
 }
 
-SharedValue TcpStoreServer::store_compare_set(const std::string& key,
-                                              const std::vector<uint8_t>& expected,
-                                              const std::vector<uint8_t>& desired) {
+SharedValue StoreService::compare_set(const std::string& key, const Bytes& expected,
+                                      const Bytes& desired) {
   bool changed = false;
   auto now = table_.compare_set(key, expected, desired, &changed);
   if (changed) key_added(key);
@@ -151,55 +151,50 @@ SharedValue TcpStoreServer::store_compare_set(const std::string& key,
 }
 
 // Parks a GET/WAIT whose keys are not all stored.
-void TcpStoreServer::park(Waiter w) {
+void StoreService::park(Waiter w) {
   const auto missing = table_.missing(w.keys);
   waiters_.park(std::move(w), missing);
-  parked_count_ = waiters_.size();
+  count_parked();
 }
 
 // `key` was stored: answer every waiter that now has all of its keys (the
 // table proposes them; a key deleted since it was counted parks it again).
-void TcpStoreServer::key_added(const std::string& key) {
+void StoreService::key_added(const std::string& key) {
   for (auto& w : waiters_.key_set(key)) {
     const auto missing = table_.missing(w.keys);
     if (missing.empty())
-      finish_waiter(w, false);
+      finish(w, false);
     else
       waiters_.park(std::move(w), missing);
   }
-  parked_count_ = waiters_.size();
+  count_parked();
 }
 
-void TcpStoreServer::expire_waiters() {
-  for (const auto& w : waiters_.expire(Clock::now())) finish_waiter(w, true);
-  parked_count_ = waiters_.size();
+void StoreService::expire(Clock::time_point now) {
+  for (const auto& w : waiters_.expire(now)) finish(w, true);
+  count_parked();
 }
 
-// Replies to a waiter taken off the list and lets its connection go on with
-// the requests that queued up behind it.
-void TcpStoreServer::finish_waiter(const Waiter& w, bool timed_out) {
-  auto it = conns_.find(w.conn);
-  if (it == conns_.end()) return;
-  Connection& c = it->second;
-  if (c.broken) return;
-  if (w.kind == Waiter::kC10dWait) {
-    reply(c, c10d_wire::Writer().u8(c10d_wire::kStopWaiting).take());
-    if (!flush(c)) doom(w.conn, c);
-    return;
-  }
-  if (timed_out) {
-    reply(c, wire::Writer(wire::kTimeout, w.request_id).finish());
-  } else if (w.kind == Waiter::kGet) {
-    reply_value(c, wire::kOk, w.request_id, table_.at(w.keys[0]));
-  } else {
-    reply(c, wire::Writer(wire::kOk, w.request_id).finish());
-  }
-  c.parked = false;
-  if (!flush(c)) {
-    doom(w.conn, c);
-    return;
-  }
-  resume_.push_back(w.conn);
+void StoreService::drop_connection(uint64_t conn) {
+  waiters_.drop_connection(conn);
+  count_parked();
 }
 
-}  // namespace dtrain
+// Answers a waiter taken off the table. Its connection goes on with the
+// requests that queued up behind it (a c10d WAIT held none).
+void StoreService::finish(const Waiter& w, bool timed_out) {
+  if (w.kind == Waiter::kC10dWait)
+    return connections_.answer_parked(
+        w.conn, c10d_wire::Writer().u8(c10d_wire::kStopWaiting).take(), nullptr, false);
+  if (timed_out)
+    return connections_.answer_parked(w.conn, wire::Writer(wire::kTimeout, w.request_id).finish(),
+                                      nullptr, true);
+  if (w.kind == Waiter::kWait)
+    return connections_.answer_parked(w.conn, wire::Writer(wire::kOk, w.request_id).finish(),
+                                      nullptr, true);
+  const auto& value = table_.at(w.keys[0]);
+  connections_.answer_parked(w.conn, value_head(wire::kOk, w.request_id, value->size()), value,
+                             true);
+}
+
+}  // namespace dtrain::store_detail
