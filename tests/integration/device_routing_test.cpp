@@ -23,9 +23,15 @@ using namespace std::chrono_literals;
 using testing::RankContext;
 using testing::run_rank_contexts;
 
+// CPU tensors staged through host memory too (copied out and back), so
+// the staging is exercised where no GPU is; CUDA tensors likewise.
 std::shared_ptr<ProcessGroup> staged(RankContext& ctx) {
-  return device_routing::staged_group(ctx.group->backend(c10::DeviceType::CPU),
-                                      GroupOptions().name("routed").timeout(20s));
+  auto cpu = ctx.group->backend(c10::DeviceType::CPU);
+  using device_routing::StagedBackend;
+  return std::make_shared<ProcessGroup>(
+      cpu->rank(), cpu->size(), GroupOptions().name("routed").timeout(20s),
+      DeviceBackends{{c10::DeviceType::CPU, std::make_shared<StagedBackend>(cpu, c10::kCPU)},
+                     {c10::DeviceType::CUDA, std::make_shared<StagedBackend>(cpu, c10::kCUDA)}});
 }
 
 TEST(DeviceRouting, StagedCollectivesGiveExactResults) {

@@ -40,16 +40,22 @@ class MpiBackend : public ::testing::TestWithParam<int> {
     argv.insert(argv.end(), args.begin(), args.end());
     return procs.spawn(argv, {{"OMPI_MCA_plm_rsh_agent", ""}});
   }
+  // mpirun with `args` ends within `limit` with status 0, and each rank R
+  // printed "rank R <said>".
+  void expect_each_rank_says(const std::vector<std::string>& args, const std::string& said,
+                             std::chrono::seconds limit = 120s) {
+    ProcessRanks procs;
+    auto& p = mpirun(procs, args);
+    ASSERT_TRUE(procs.wait(p, Clock::now() + limit)) << "mpirun did not finish: " << p.output();
+    EXPECT_EQ(p.exit_code, 0) << describe(p);
+    for (int r = 0; r < GetParam(); ++r)
+      EXPECT_NE(p.output().find("rank " + std::to_string(r) + " " + said), std::string::npos)
+          << describe(p);
+  }
 };
 
 TEST_P(MpiBackend, EveryCollectiveAndDtypeIsExact) {
-  ProcessRanks procs;
-  auto& p = mpirun(procs, {"matrix", "mpi"});
-  ASSERT_TRUE(procs.wait(p, Clock::now() + 180s)) << "mpirun did not finish: " << p.output();
-  EXPECT_EQ(p.exit_code, 0) << describe(p);
-  for (int r = 0; r < GetParam(); ++r)
-    EXPECT_NE(p.output().find("rank " + std::to_string(r) + " matrix ok on mpi"),
-              std::string::npos) << describe(p);
+  expect_each_rank_says({"matrix", "mpi"}, "matrix ok on mpi", 180s);
 }
 
 // The last rank skips the second monitored_barrier: rank 0 names it and
@@ -75,48 +81,20 @@ TEST_P(MpiBackend, MonitoredBarrierNamesTheMissingRank) {
 // Before, one thread completed p2p requests in posting order: rank 0's send
 // waited behind its earlier receive until the timeout.
 TEST_P(MpiBackend, EachSendAndRecvCompletesOnItsOwn) {
-  ProcessRanks procs;
-  auto& p = mpirun(procs, {"p2p-order", "mpi"});
-  ASSERT_TRUE(procs.wait(p, Clock::now() + 120s)) << "mpirun did not finish: " << p.output();
-  EXPECT_EQ(p.exit_code, 0) << describe(p);
-  for (int r = 0; r < GetParam(); ++r)
-    EXPECT_NE(p.output().find("rank " + std::to_string(r) + " p2p order ok on mpi"),
-              std::string::npos) << describe(p);
+  expect_each_rank_says({"p2p-order", "mpi"}, "p2p order ok on mpi");
 }
 
 TEST_P(MpiBackend, DdpMatchesSingleProcessTraining) {
-  ProcessRanks procs;
-  auto& p = mpirun(procs, {"ddp-equivalence", "mpi"});
-  ASSERT_TRUE(procs.wait(p, Clock::now() + 120s)) << "mpirun did not finish: " << p.output();
-  EXPECT_EQ(p.exit_code, 0) << describe(p);
-  for (int r = 0; r < GetParam(); ++r)
-    EXPECT_NE(p.output().find("rank " + std::to_string(r) +
-                              " ddp matches single-process training on mpi"),
-              std::string::npos) << describe(p);
+  expect_each_rank_says({"ddp-equivalence", "mpi"}, "ddp matches single-process training on mpi");
 }
 
 TEST_P(MpiBackend, FsdpMatchesSingleProcessTraining) {
-  ProcessRanks procs;
-  auto& p = mpirun(procs, {"fsdp-equivalence", "mpi"});
-  ASSERT_TRUE(procs.wait(p, Clock::now() + 120s)) << "mpirun did not finish: " << p.output();
-  EXPECT_EQ(p.exit_code, 0) << describe(p);
-  for (int r = 0; r < GetParam(); ++r)
-    EXPECT_NE(p.output().find("rank " + std::to_string(r) +
-                              " fsdp matches single-process training on mpi"),
-              std::string::npos) << describe(p);
+  expect_each_rank_says({"fsdp-equivalence", "mpi"}, "fsdp matches single-process training on mpi");
 }
 
 TEST_P(MpiBackend, Zero1AndZero2MatchSingleProcessTraining) {
-  for (const std::string name : {"zero1", "zero2"}) {
-    ProcessRanks procs;
-    auto& p = mpirun(procs, {name + "-equivalence", "mpi"});
-    ASSERT_TRUE(procs.wait(p, Clock::now() + 120s)) << "mpirun did not finish: " << p.output();
-    EXPECT_EQ(p.exit_code, 0) << describe(p);
-    for (int r = 0; r < GetParam(); ++r)
-      EXPECT_NE(p.output().find("rank " + std::to_string(r) + " " + name +
-                                " matches single-process training on mpi"),
-                std::string::npos) << describe(p);
-  }
+  for (const std::string name : {"zero1", "zero2"})
+    expect_each_rank_says({name + "-equivalence", "mpi"}, name + " matches single-process training on mpi");
 }
 
 INSTANTIATE_TEST_SUITE_P(World, MpiBackend, ::testing::Values(2, 3, 4));

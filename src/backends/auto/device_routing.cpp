@@ -108,14 +108,6 @@ std::shared_ptr<ProcessGroup> route_by_device(BackendPtr cpu, std::shared_ptr<St
       DeviceBackends{{c10::DeviceType::CPU, std::move(cpu)}, {c10::DeviceType::CUDA, cuda}});
 }
 
-std::shared_ptr<ProcessGroup> staged_group(BackendPtr cpu, const GroupOptions& options) {
-  const int rank = cpu->rank(), size = cpu->size();
-  return std::make_shared<ProcessGroup>(
-      rank, size, options,
-      DeviceBackends{{c10::DeviceType::CPU, std::make_shared<StagedBackend>(cpu, c10::kCPU)},
-                     {c10::DeviceType::CUDA, std::make_shared<StagedBackend>(cpu, c10::kCUDA)}});
-}
-
 StagedBackend::StagedBackend(BackendPtr cpu, c10::DeviceType device)
     : Backend(cpu->rank(), cpu->size(), cpu->options()), cpu_(std::move(cpu)), device_(device) {}
 

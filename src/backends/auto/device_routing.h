@@ -73,10 +73,6 @@ std::string nccl_unusable_reason(int ranks_here);
 std::shared_ptr<ProcessGroup> route_by_device(BackendPtr cpu, std::shared_ptr<Store> store,
                                               int ranks_here, const GroupOptions& options);
 
-// Tests: CPU tensors staged through host memory too (copied out and back),
-// so the staging is exercised where no GPU is; CUDA tensors likewise.
-std::shared_ptr<ProcessGroup> staged_group(BackendPtr cpu, const GroupOptions& options);
-
 // Tests: auto routes by device on this thread even where libtorch has no
 // CUDA, as it does on every CUDA-enabled libtorch.
 void set_thread_routing_forced(bool forced);
