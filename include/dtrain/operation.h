@@ -97,6 +97,10 @@ struct Call {
   std::chrono::milliseconds timeout;
   std::string description;  // "all_reduce #3 on group 'default' (rank 1/4)"
   bool collective = true;   // false for send and recv (numbered apart)
+  // The caller waits for it on its own thread (untimed) right after issuing
+  // it: a call without async_op, on CPU tensors. A backend may leave it to
+  // that wait to run (SerialExecutor::submit) instead of waking its thread.
+  bool blocking = false;
 };
 
 }  // namespace dtrain

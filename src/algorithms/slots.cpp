@@ -124,6 +124,28 @@ class Step {
 
 int dtype_of(c10::ScalarType t) { return static_cast<int>(t); }
 
+// Below this many bytes read by each rank (its data times the ranks), an
+// all_reduce takes one barrier instead of two (one_shot_all_reduce).
+constexpr size_t kOneShotBytes = 64 * 1024;
+
+// Each rank copies its whole data into its slot and, after the barrier,
+// reduces every rank's copy itself, in rank order as the reduce-scatter
+// does, so every rank gets the same bits it would have. The next
+// collective takes the other half; the one after that waits at its first
+// barrier until every rank is past this one, so no rank overwrites a slot
+// half that a peer still reads.
+void one_shot_all_reduce(Step& step, void* data, size_t count, c10::ScalarType dtype,
+                         ReduceOp op) {
+  auto& s = step.slots();
+  const int n = s.size();
+  const int h = step.next_half();
+  copy_bytes(s.slot(s.rank(), h), data, count * c10::elementSize(dtype));
+  step.sync();
+  std::vector<const void*> srcs(n);
+  for (int j = 0; j < n; ++j) srcs[j] = s.slot(j, h);
+  kernels::reduce_into(dtype, op, data, nullptr, srcs.data(), n, count, n);
+}
+
 }  // namespace
 
 void all_reduce(const Call& c, void* data, size_t count, c10::ScalarType dtype, ReduceOp op) {
@@ -131,6 +153,8 @@ void all_reduce(const Call& c, void* data, size_t count, c10::ScalarType dtype, 
   auto& s = step.slots();
   const int n = s.size(), me = s.rank();
   const size_t elem = c10::elementSize(dtype);
+  if (count * elem <= s.half_bytes() && count * elem * n <= kOneShotBytes)
+    return one_shot_all_reduce(step, data, count, dtype, op);
   const size_t align = std::max<size_t>(1, kLine / elem);
   const size_t stride = s.half_bytes() / elem / n / align * align;  // >= align (see Slots)
   const size_t piece = stride * n;

@@ -10,7 +10,10 @@
 // slots: each rank copies in the parts of its piece that others reduce,
 // reduces its own part straight from its buffer, and copies the others'
 // results out; pipelined, so that while piece k is reduced piece k+1 is
-// already copied in. Ranks step through pieces with the phase barrier
+// already copied in. A small one (64 KiB read by each rank at most, its
+// data times the ranks) takes one barrier instead of two: every rank
+// copies its data in whole and reduces all the copies itself, in the same
+// order, so the bits are the same. Ranks step through pieces with the phase barrier
 // (spin, then futex; dead-peer aware).
 //
 // Every collective first checks, at its first barrier and at no extra

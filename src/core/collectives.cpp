@@ -4,6 +4,7 @@
 #include <ATen/core/grad_mode.h>  // at::NoGradGuard (its own header on libtorch 2.x)
 
 #include "common/enforce.h"
+#include "core/blocking_call.h"
 #include "diagnostics/flight_recorder.h"
 #include "dtrain/distributed.h"
 
@@ -44,6 +45,7 @@ at::Tensor scaled(const at::Tensor& t, double factor) {
 }  // namespace
 
 WorkPtr all_reduce(at::Tensor tensor, const AllReduceOptions& o) {
+  const detail::BlockingCall blocking(!o.async_op());
   auto g = pick(o.group());
   if (premul_sum(o, tensor, "all_reduce")) {
     {
@@ -56,6 +58,7 @@ WorkPtr all_reduce(at::Tensor tensor, const AllReduceOptions& o) {
 }
 
 WorkPtr broadcast(at::Tensor tensor, int src, const CollectiveOptions& o) {
+  const detail::BlockingCall blocking(!o.async_op());
   auto g = pick(o.group());
   return finish(g->broadcast(std::move(tensor), to_group_rank(*g, src, "broadcast", "src"),
                              o.timeout()),
@@ -63,6 +66,7 @@ WorkPtr broadcast(at::Tensor tensor, int src, const CollectiveOptions& o) {
 }
 
 WorkPtr reduce(at::Tensor tensor, int dst, const ReduceOptions& o) {
+  const detail::BlockingCall blocking(!o.async_op());
   auto g = pick(o.group());
   if (premul_sum(o, tensor, "reduce")) {
     // Other ranks' tensors stay as they are: reduce a scaled copy.
@@ -79,6 +83,7 @@ WorkPtr reduce(at::Tensor tensor, int dst, const ReduceOptions& o) {
 
 WorkPtr all_gather(const std::vector<at::Tensor>& outputs, at::Tensor input,
                    const CollectiveOptions& o) {
+  const detail::BlockingCall blocking(!o.async_op());
   return finish(pick(o.group())->all_gather(outputs, std::move(input), o.timeout()), o.async_op());
 }
 
@@ -117,12 +122,14 @@ void monitored_barrier(const std::shared_ptr<ProcessGroup>& group, Timeout timeo
 }
 
 WorkPtr all_gather_into_tensor(at::Tensor output, at::Tensor input, const CollectiveOptions& o) {
+  const detail::BlockingCall blocking(!o.async_op());
   return finish(pick(o.group())->all_gather_into_tensor(std::move(output), std::move(input),
                                                         o.timeout()),
                 o.async_op());
 }
 
 WorkPtr reduce_scatter_tensor(at::Tensor output, at::Tensor input, const ReduceScatterOptions& o) {
+  const detail::BlockingCall blocking(!o.async_op());
   if (premul_sum(o, input, "reduce_scatter_tensor")) {
     return finish(pick(o.group())->reduce_scatter_tensor(
                       std::move(output), scaled(input, o.premul_factor()), ReduceOp::SUM,
@@ -189,6 +196,7 @@ std::string dump_flight_recorder(const std::string& dir) {
 }
 
 WorkPtr barrier(const CollectiveOptions& o) {
+  const detail::BlockingCall blocking(!o.async_op());
   return finish(pick(o.group())->barrier(o.timeout()), o.async_op());
 }
 

@@ -18,6 +18,7 @@
 #include "diagnostics/flight_recorder.h"
 #include "diagnostics/op_label.h"
 #include "diagnostics/timeline.h"
+#include "core/blocking_call.h"
 #include "core/internal_tags.h"
 #include "core/tensor_checks.h"
 
@@ -168,6 +169,14 @@ at::Tensor stage_output(const at::Tensor& t, std::vector<std::pair<at::Tensor, a
   auto staged = t.contiguous();
   back.emplace_back(t, staged);
   return staged;
+}
+
+// Whether every tensor of `op` is in host memory.
+bool on_cpu(const Op& op) {
+  for (const auto* list : {&op.inputs, &op.outputs})
+    for (const auto& t : *list)
+      if (t.defined() && !t.is_cpu()) return false;
+  return true;
 }
 
 WorkPtr write_back(WorkPtr work, std::vector<std::pair<at::Tensor, at::Tensor>> back) {
@@ -340,6 +349,8 @@ void ProcessGroup::check_op(const Op& op) const {
 // fingerprint, staging of non-contiguous tensors, then the backend.
 WorkPtr ProcessGroup::issue(Op op, Timeout timeout) {
   check_op(op);
+  // Taken first: a fingerprint check that begin() issues is not blocking.
+  const bool blocking = detail::take_blocking_call();
   const char* name = to_string(op.type);
   const bool collective = is_collective(op.type);
   std::lock_guard<std::mutex> lock(issue_mutex_);
@@ -357,6 +368,7 @@ WorkPtr ProcessGroup::issue(Op op, Timeout timeout) {
   for (auto& t : op.inputs) t = t.contiguous();
   for (auto& t : op.outputs) t = stage_output(t, back);
   const int named_source = op.type == OpType::RECV ? op.root : kAnySource;
+  call.blocking = blocking && collective && op.type != OpType::MONITORED_BARRIER && on_cpu(op);
   auto work = dispatch(call, std::move(op));
   if (named_source != kAnySource) work->set_source_rank(named_source);
   return tracked(id, call, write_back(std::move(work), std::move(back)));

@@ -24,7 +24,8 @@ void SerialExecutor::submit(std::function<void()> task) {
   queue_->cv.notify_one();
 }
 
-void SerialExecutor::submit(WorkPtr work, std::function<void()> body, bool waiter_may_run) {
+void SerialExecutor::submit(WorkPtr work, std::function<void()> body, bool waiter_may_run,
+                            bool announce) {
   if (waiter_may_run)
     work->set_waiter_runs([queue = std::weak_ptr<Queue>(queue_), w = work.get()] {
       if (auto q = queue.lock()) q->run_if_next(w);
@@ -37,28 +38,39 @@ void SerialExecutor::submit(WorkPtr work, std::function<void()> body, bool waite
     std::lock_guard<std::mutex> lock(queue_->mutex);
     queue_->tasks.push_back(Task{key, std::move(run)});
   }
-  queue_->cv.notify_one();
+  if (announce || !waiter_may_run) queue_->cv.notify_one();
 }
 
 void SerialExecutor::Queue::run_if_next(const Work* work) {
   std::function<void()> task;
   {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (running || tasks.empty() || tasks.front().work != work) return;
+    std::unique_lock<std::mutex> lock(mutex);
+    if (running || tasks.empty() || tasks.front().work != work) {
+      // Something else is next, perhaps left unannounced for a waiter that
+      // never came: the executor's thread runs what is ahead.
+      const bool tell = !running && !tasks.empty();
+      lock.unlock();
+      if (tell) cv.notify_one();
+      return;
+    }
     task = std::move(tasks.front().run);
     tasks.pop_front();
     running = true;
   }
   // Tasks do not throw (they report through their Work); the executor's
-  // thread is told even if one did: what was queued meanwhile, or stop.
+  // thread is told even if one did, when there is something for it: what
+  // was queued meanwhile, or stop. Waking it for nothing would cost the
+  // next small collective a context switch.
   struct Done {
     Queue& q;
     ~Done() {
+      bool tell;
       {
         std::lock_guard<std::mutex> lock(q.mutex);
         q.running = false;
+        tell = q.stop || !q.tasks.empty();
       }
-      q.cv.notify_one();
+      if (tell) q.cv.notify_one();
     }
   } done{*this};
   task();

@@ -56,8 +56,12 @@ class SerialExecutor {
   // with its outcome; see the header comment for what breaks the executor.
   // The executor is broken before the failed Work is finished, so a caller
   // woken by that failure already sees error().
-  // With `waiter_may_run`, an untimed wait may run it (see above).
-  void submit(WorkPtr work, std::function<void()> body, bool waiter_may_run = true);
+  // With `waiter_may_run`, an untimed wait may run it (see above). With
+  // `announce` false as well, the executor's thread is not woken for it:
+  // the caller waits for it at once (Call::blocking), so the wait runs it,
+  // or, if something is ahead of it, wakes the executor's thread for that.
+  void submit(WorkPtr work, std::function<void()> body, bool waiter_may_run = true,
+              bool announce = true);
 
   // The first error that broke the executor; null while none has.
   std::exception_ptr error() const { return failures_->error(); }

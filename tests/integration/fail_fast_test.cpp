@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cctype>
+#include <future>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -240,6 +241,42 @@ TEST(SerialExecutor, AWaiterNeverRunsAnOperationOutOfTurnOrUnderATimeout) {
   releaser.join();
   EXPECT_EQ(order, (std::vector<std::string>{"first", "second"}));
   EXPECT_NE(second_on, std::this_thread::get_id());
+}
+
+// A blocking call's operation (Call::blocking) does not wake the
+// executor's thread: it waits for its waiter (before, the executor ran it
+// at once, and woke for it at every small collective). A waiter behind it
+// wakes the executor's thread, which runs both in turn; one of its own
+// runs on the waiting thread.
+TEST(SerialExecutor, AnUnannouncedOperationIsRunByItsWaiterOrWhenAWaiterBehindItComes) {
+  SerialExecutor executor;
+  auto settle = std::make_shared<Work>("settle");
+  executor.submit(settle, [] {}, /*waiter_may_run=*/false);
+  settle->wait();
+  std::this_thread::sleep_for(50ms);  // the executor's thread sleeps, its queue empty
+  std::atomic<bool> first_ran{false};
+  std::thread::id first_on, second_on, third_on;
+  auto first = std::make_shared<Work>("first");
+  executor.submit(first, [&] {
+    first_on = std::this_thread::get_id();
+    first_ran = true;
+  }, true, /*announce=*/false);
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(first_ran) << "the executor's thread was woken for an unannounced operation";
+
+  auto second = std::make_shared<Work>("second");
+  executor.submit(second, [&] { second_on = std::this_thread::get_id(); }, true, false);
+  auto waited = std::async(std::launch::async, [&] { second->wait(); });
+  ASSERT_EQ(waited.wait_for(10s), std::future_status::ready)
+      << "a waiter behind an unannounced operation did not wake the executor";
+  EXPECT_TRUE(first->is_completed());
+  EXPECT_NE(first_on, std::thread::id());
+  EXPECT_NE(second_on, std::thread::id());
+
+  auto third = std::make_shared<Work>("third");
+  executor.submit(third, [&] { third_on = std::this_thread::get_id(); }, true, false);
+  third->wait();
+  EXPECT_EQ(third_on, std::this_thread::get_id());
 }
 
 }  // namespace

@@ -234,5 +234,46 @@ TEST(FailureState, AWatchedSourceAndABackendsOwnInStepErrors) {
             "connection); destroy it and create a new one");
 }
 
+// What a backend is told of how its caller waits (Call::blocking).
+class BlockingSeenBackend final : public Backend {
+ public:
+  BlockingSeenBackend(const GroupOptions& options, std::vector<bool>* seen)
+      : Backend(0, 2, options), seen_(seen) {}
+  std::string backend_name() const override { return "blocking-seen"; }
+  bool supports(c10::DeviceType type) const override { return type == c10::DeviceType::CPU; }
+
+ protected:
+  WorkPtr do_all_reduce(const Call& call, at::Tensor, ReduceOp) override {
+    seen_->push_back(call.blocking);
+    return Work::completed(call.description);
+  }
+  WorkPtr do_all_gather_into_tensor(const Call& call, at::Tensor, at::Tensor) override {
+    seen_->push_back(call.blocking);  // the fingerprint check under DTRAIN_DEBUG=DETAIL
+    return Work::completed(call.description);
+  }
+
+ private:
+  std::vector<bool>* seen_;
+};
+
+// A torch.distributed-style call without async_op is blocking; one with
+// it, a group's own method, and any operation after the first in the
+// same call are not.
+TEST(GroupRuntime, OnlyACallWithoutAsyncOpIsBlocking) {
+  std::vector<bool> seen;
+  register_backend("blocking-seen", {c10::DeviceType::CPU},
+                   [&seen](std::shared_ptr<Store>, int, int, const GroupOptions& options) {
+                     return std::make_shared<BlockingSeenBackend>(options, &seen);
+                   });
+  auto g = create_process_group("blocking-seen", std::make_shared<HashStore>(5s), 0, 2,
+                                GroupOptions().name("blocking"));
+  auto t = at::ones({4});
+  all_reduce(t, AllReduceOptions().group(g));
+  all_reduce(t, AllReduceOptions().group(g).async_op(true))->wait();
+  g->all_reduce(t)->wait();
+  all_reduce(t, AllReduceOptions().group(g));
+  EXPECT_EQ(seen, (std::vector<bool>{true, false, false, true}));
+}
+
 }  // namespace
 }  // namespace dtrain

@@ -155,7 +155,8 @@ WorkPtr FabricBackend::enqueue(const Call& call, size_t bytes,
     return Work::completed(call.description);
   }
   auto work = std::make_shared<Work>(call.description);
-  collectives_.submit(work, std::move(run), /*waiter_may_run=*/bytes <= kWaiterRunsBytes);
+  collectives_.submit(work, std::move(run), /*waiter_may_run=*/bytes <= kWaiterRunsBytes,
+                      /*announce=*/!call.blocking);
   return work;
 }
 
