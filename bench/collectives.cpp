@@ -231,7 +231,10 @@ Row measure(const std::string& op, int64_t bytes, at::ScalarType dt, ReduceOp re
   c.run();
   auto bad = at::tensor({c.check()}, at::kLong);
   all_reduce(bad);
-  if (iters <= 0) iters = static_cast<int>(std::clamp<int64_t>((1LL << 30) / bytes, 5, 1000));
+  // 1 GiB moved per size, within 5 and 20,000 iterations: a small size is
+  // timed over tens of milliseconds, so one stall of the machine (another
+  // process ending) does not make its average.
+  if (iters <= 0) iters = static_cast<int>(std::clamp<int64_t>((1LL << 30) / bytes, 5, 20000));
   for (int i = 0; i < 2; ++i) c.run();
   barrier();
   const auto t0 = Clock::now();
