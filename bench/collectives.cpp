@@ -23,7 +23,9 @@
 // --baseline runs PyTorch's gloo all_reduce (py_allreduce.py) side by side,
 // interleaved --runs times with dtrain on the same sizes, and prints the
 // ratios and the issue's goals, with single-thread memcpy bandwidth measured
-// in the same run.
+// in the same run. Its sizes are fixed (4 KiB to 64 MiB) and each is timed
+// over as many iterations as the table's default gives it: --iters, which
+// would make 64 MiB run that many times too, applies to the table only.
 
 #include "collectives.h"
 
@@ -288,7 +290,7 @@ void compare_with_baseline(const Args& a, at::ScalarType dt, ReduceOp redop) {
   std::vector<double> memcpy_runs, memcpy_big_runs;
   for (int run = 0; run < runs; ++run) {
     std::map<int64_t, Row> ours;
-    for (auto bytes : sizes) ours[bytes] = measure("all_reduce", bytes, dt, redop, a.num("iters", 0));
+    for (auto bytes : sizes) ours[bytes] = measure("all_reduce", bytes, dt, redop, 0);
     memcpy_runs.push_back(memcpy_gbps(16 << 20));
     memcpy_big_runs.push_back(memcpy_gbps(256 << 20));
     const auto base = run_baseline(python_of(a), path, world);
@@ -326,7 +328,9 @@ void compare_with_baseline(const Args& a, at::ScalarType dt, ReduceOp redop) {
     // The goals differ by transport: shared memory against PyTorch's TCP
     // gloo, and dtrain's own TCP against it (the libtorch 2.x issue).
     const bool network = default_group()->backend_name() == "tcp";
-    const double bw_goal = network ? 1.5 : 4, lat_goal = network ? 1 : 20;
+    // The data plane's goals: 4 KiB within 1/200 of gloo's latency on one host, tcp at
+    // 16 MiB at 1.6x gloo.
+    const double bw_goal = network ? 1.6 : 4, lat_goal = network ? 1 : 200;
     std::printf("goal all_reduce busbw at 16 MiB >= %.1fx gloo: %.2fx -> %s\n", bw_goal,
                 median(bw_ratio[big]), median(bw_ratio[big]) >= bw_goal ? "met" : "NOT met");
     if (!network) {
