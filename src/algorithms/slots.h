@@ -13,8 +13,8 @@
 // already copied in. A small one (64 KiB read by each rank at most, its
 // data times the ranks) takes one barrier instead of two: every rank
 // copies its data in whole and reduces all the copies itself, in the same
-// order, so the bits are the same. Ranks step through pieces with the phase barrier
-// (spin, then futex; dead-peer aware).
+// order, so the bits are the same. Ranks step through pieces with the
+// phase barrier (spin, then futex; dead-peer aware).
 //
 // Every collective first checks, at its first barrier and at no extra
 // synchronization, that all ranks called the same operation on the same
