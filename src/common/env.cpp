@@ -82,7 +82,13 @@ const Var kTcpUnexpectedBytes{
     "DTRAIN_TCP_UNEXPECTED_BYTES", "67108864",
     "Memory a rank of a tcp group holds at most for messages that arrive before their receive is "
     "posted, in bytes (at least 65536), shared over its connections (each at least 4 KiB); a "
-    "sender that runs further ahead waits until the receive is posted."};
+    "larger message is announced and sent once its receive is posted."};
+
+const Var kTcpUnexpectedMessages{
+    "DTRAIN_TCP_UNEXPECTED_MESSAGES", "65536",
+    "Announced messages (those beyond DTRAIN_TCP_UNEXPECTED_BYTES) a rank of a tcp group holds "
+    "at most before their receive is posted, over all its connections (about 256 bytes each, "
+    "at least 1024); a peer that announces more fails the group naming this cap."};
 
 const Var kStoreMaxBytes{"DTRAIN_STORE_MAX_BYTES", "1073741824",
                          "Cap on the keys and values a TCP store hosted by this process holds, "
@@ -131,7 +137,7 @@ const std::vector<const Var*>& all() {
       &kRank,      &kWorldSize, &kLocalRank,    &kMasterAddr,   &kMasterPort,
       &kUseAgentStore, &kRestartCount, &kOmpiRank, &kOmpiSize, &kSlurmProcId,
       &kSlurmNTasks, &kSlurmStepNodelist, &kSlurmJobNodelist, &kSlurmJobId, &kSlurmStepId, &kDebug,   &kSocketIfname, &kGlooSocketIfname, &kTimeout, &kTty,
-      &kShmChunkBytes, &kShmDisable, &kHostId, &kAlgo, &kCpuMemory, &kTcpStreams, &kTcpUnexpectedBytes, &kStoreMaxBytes, &kStoreMaxKeys,
+      &kShmChunkBytes, &kShmDisable, &kHostId, &kAlgo, &kCpuMemory, &kTcpStreams, &kTcpUnexpectedBytes, &kTcpUnexpectedMessages, &kStoreMaxBytes, &kStoreMaxKeys,
       &kStoreToken, &kStoreTokenFile, &kLauncher, &kTraceDir, &kTraceBufferSize, &kTimeline, &kErrorFile,
       &kSnapshotSocket, &kSnapshotMemory};
   return vars;

@@ -26,7 +26,7 @@ extern const Var kOmpiRank, kOmpiSize, kSlurmProcId, kSlurmNTasks;
 extern const Var kSlurmStepNodelist, kSlurmJobNodelist, kSlurmJobId, kSlurmStepId;
 // dtrain's own.
 extern const Var kDebug, kSocketIfname, kGlooSocketIfname, kTimeout, kTty;
-extern const Var kShmChunkBytes, kShmDisable, kHostId, kAlgo, kCpuMemory, kTcpStreams, kTcpUnexpectedBytes, kStoreMaxBytes, kStoreMaxKeys,
+extern const Var kShmChunkBytes, kShmDisable, kHostId, kAlgo, kCpuMemory, kTcpStreams, kTcpUnexpectedBytes, kTcpUnexpectedMessages, kStoreMaxBytes, kStoreMaxKeys,
     kStoreToken, kStoreTokenFile, kLauncher, kTraceDir, kTraceBufferSize, kTimeline;
 // Snapshots in memory (checkpoint/snapshot.h, dtrain-run's keeper).
 extern const Var kSnapshotSocket, kSnapshotMemory;

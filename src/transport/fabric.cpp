@@ -109,7 +109,8 @@ Fabric connect(Store& store, int rank, const Topology& topology, const FabricOpt
   }
   fabric.transport = std::make_unique<engine::Engine>(
       std::move(links), rank, size,
-      engine::EngineOptions{options.tcp.timeout, options.tcp.name, options.label});
+      engine::EngineOptions{options.tcp.timeout, options.tcp.name, options.label,
+                            options.tcp.unexpected_messages});
   return fabric;
 }
 

@@ -36,8 +36,9 @@ class Slots;
 namespace dtrain::transport {
 
 struct FabricOptions {
-  // The sockets' options; its name, timeout (setup) and unexpected_bytes
-  // (eager credit, shared over all of a rank's links) serve every carrier.
+  // The sockets' options; its name, timeout (setup), unexpected_bytes
+  // (eager credit, shared over all of a rank's links) and
+  // unexpected_messages serve every carrier.
   TcpOptions tcp;
   // Map the slots of each host that holds several of the group's ranks.
   bool host_slots = false;

@@ -47,9 +47,10 @@ class Poller {
     uint32_t events;
   };
   virtual ~Poller() = default;
-  // Watches `link` for input, and for room to write while `out` is set.
+  // Watches `link` for input (while `in` is set: a thread that reads the
+  // link itself may mute it), and for room to write while `out` is set.
   virtual void add(Link& link, void* key) = 0;
-  virtual void watch(Link& link, void* key, bool out) = 0;
+  virtual void watch(Link& link, void* key, bool in, bool out) = 0;
   virtual void remove(Link& link) = 0;
   // Blocks until some link is ready (fills `ready`; true) or until stop()
   // was called (false, now and at every later call).

@@ -28,11 +28,14 @@
 //    are posted at the same time: which of them gets which message is then
 //    not defined.
 //  - Memory for messages that arrive before their receive is posted is
-//    bounded: a sender runs ahead only within what the receiver granted
-//    (TCP: DTRAIN_TCP_UNEXPECTED_BYTES per group); beyond it a send stays
-//    pending until the receiver posts its receive. So a send of a large
+//    bounded: a sender's payloads run ahead only within what the receiver
+//    granted (DTRAIN_TCP_UNEXPECTED_BYTES per group); beyond it a message
+//    is announced at once and its send stays pending until the receiver
+//    posts its receive, and a receiver holds a bounded count of such
+//    announcements (DTRAIN_TCP_UNEXPECTED_MESSAGES). So a send of a large
 //    message may complete only once its receive is posted: post receives
-//    before waiting on sends that they answer.
+//    before waiting on sends that they answer. No message waits behind an
+//    earlier unmatched one.
 //  - A transport's own threads never call back into the caller, except
 //    for Request::on_done hooks, which must only signal (no transport
 //    call, no blocking).

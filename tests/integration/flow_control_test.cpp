@@ -1,12 +1,14 @@
 // Point-to-point operations each complete on their own (not in posting
 // order), and the memory a receiver holds for messages that arrive before
 // their receive stays within DTRAIN_TCP_UNEXPECTED_BYTES: a sender that
-// runs further ahead waits, losing nothing.
+// runs further ahead announces its messages and sends them once they are
+// asked for, losing nothing and holding up nothing behind them.
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <thread>
@@ -60,6 +62,53 @@ TEST_P(P2pOrder, EachSendAndRecvCompletesOnItsOwn) {
 }
 
 INSTANTIATE_TEST_SUITE_P(CpuBackends, P2pOrder, ::testing::Values("tcp", "shm", "auto"));
+
+// Issue 56: rank 1 isends 300 small tensors that rank 0 receives only after
+// an all_reduce, with 64 KiB of credit (a 1,024-rank job's share of the
+// default). The first hundred or so fit the credit; before, every later
+// message on that connection, the all_reduce's included, waited until rank 0 received
+// them, which it does only after the all_reduce: a hang, ended by the
+// timeout. Now the rest are announced at once and the all_reduce passes.
+// On the group the sends use, or on a second group of the same ranks.
+class SendsAhead : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
+
+TEST_P(SendsAhead, UnmatchedSendsDoNotHoldUpALaterCollective) {
+  ScopedEnv budget("DTRAIN_TCP_UNEXPECTED_BYTES", "65536");
+  const bool second_group = std::get<1>(GetParam());
+  const std::string backend = std::get<0>(GetParam());
+  constexpr int kSends = 300;
+  expect_no_errors(run_rank_contexts(2, [&](testing::RankContext& ctx) {
+    std::shared_ptr<ProcessGroup> group = ctx.group;
+    if (second_group)
+      group = testing::create_test_group(backend, std::make_shared<PrefixStore>("second", ctx.store),
+                                         ctx.rank, 2, GroupOptions().timeout(5s));
+    ProcessGroup& g = *group;
+    auto sum = at::full({16}, float(g.rank() + 1));
+    if (g.rank() == 1) {
+      std::vector<WorkPtr> sends;
+      for (int i = 0; i < kSends; ++i) sends.push_back(g.send(at::full({16}, float(i)), 0, 4));
+      g.all_reduce(sum)->wait();
+      for (auto& s : sends) s->wait();
+    } else {
+      g.all_reduce(sum)->wait();
+      auto in = at::zeros({16});
+      for (int i = 0; i < kSends; ++i) {
+        g.recv(in, 1, 4)->wait();
+        ASSERT_TRUE(at::equal(in, at::full({16}, float(i)))) << "message " << i;
+      }
+    }
+    EXPECT_TRUE(at::equal(sum, at::full({16}, 3.0f)));
+  }, 5s, GroupOptions(), backend));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Backends, SendsAhead,
+    ::testing::Combine(::testing::Values("tcp", "auto", "auto@2"), ::testing::Bool()),
+    [](const auto& info) {
+      auto name = std::get<0>(info.param);
+      std::replace(name.begin(), name.end(), '@', '_');
+      return name + (std::get<1>(info.param) ? "_SecondGroup" : "_DefaultGroup");
+    });
 
 // 40 messages of 4 MiB sent before the receiver posts anything: with a
 // 1 MiB budget the receiver holds at most that; the sends wait for their

@@ -112,9 +112,10 @@ class FakePeer {
 
 // Rank 0's real transport (2 streams) connected to the fake rank 1.
 struct RealAndFake {
-  explicit RealAndFake(size_t unexpected_bytes) : store(10s) {
+  explicit RealAndFake(size_t unexpected_bytes, size_t unexpected_messages = 65536) : store(10s) {
     transport::TcpOptions options;
     options.unexpected_bytes = unexpected_bytes;
+    options.unexpected_messages = unexpected_messages;
     options.streams = 2;
     options.timeout = 10s;
     options.name = "hostile";
@@ -134,8 +135,9 @@ struct RealAndFake {
 // Rank 0's real transport against the fake rank 1; returns what rank 0's
 // receive of 100 bytes throws.
 std::string receive_from_fake(const std::function<void(FakePeer&)>& act,
-                              bool breaks = true, size_t unexpected_bytes = size_t{64} << 20) {
-  RealAndFake ends(unexpected_bytes);
+                              bool breaks = true, size_t unexpected_bytes = size_t{64} << 20,
+                              size_t unexpected_messages = 65536) {
+  RealAndFake ends(unexpected_bytes, unexpected_messages);
   auto& t = ends.t;
   auto& fake = *ends.fake;
   std::vector<uint8_t> buf(100);
@@ -185,11 +187,12 @@ TEST(TcpTransport, APeerThatSendsMoreThanItsCreditFailsTheGroupWithoutAllocating
   EXPECT_TRUE(testing::Contains(what, "bytes ahead of its receives, over the")) << what;
 }
 
-// Announcements and empty messages cost the credit too (256 bytes each):
-// a peer that streams them for a tag nobody receives fails the group once
-// they pass the 64 KiB it was granted (256 of them), instead of making the
+// Empty messages cost the credit (256 bytes each), announcements a count
+// of their own: a peer that streams either for a tag nobody receives fails
+// the group once it passes the 64 KiB it was granted (256 empty messages),
+// or the 1,024 announcements this rank holds, instead of making the
 // receiver hold an entry for each of the 2,000 it sends.
-TEST(TcpTransport, APeerThatStreamsAnnouncementsOrEmptyMessagesIsHeldToItsCredit) {
+TEST(TcpTransport, APeerThatStreamsAnnouncementsOrEmptyMessagesIsHeldToItsBounds) {
   for (const uint64_t kind : {uint64_t{1}, uint64_t{0}}) {  // kRts, then zero-byte kData
     auto what = receive_from_fake(
         [&](FakePeer& p) {
@@ -202,9 +205,9 @@ TEST(TcpTransport, APeerThatStreamsAnnouncementsOrEmptyMessagesIsHeldToItsCredit
           } catch (const std::exception&) {  // rank 0 may close before reading it all
           }
         },
-        /*breaks=*/true, /*unexpected_bytes=*/128 << 10);
-    EXPECT_TRUE(testing::Contains(what, kind == 1 ? "announced messages costing 65792 bytes ahead "
-                                                    "of its receives, over the 65536 bytes"
+        /*breaks=*/true, /*unexpected_bytes=*/128 << 10, /*unexpected_messages=*/1024);
+    EXPECT_TRUE(testing::Contains(what, kind == 1 ? "announced more messages ahead of their "
+                                                    "receives than the 1024 this rank holds"
                                                   : "sent messages costing 65792 bytes ahead of "
                                                     "its receives, over the 65536 bytes"))
         << what;

@@ -64,9 +64,9 @@ TEST(RingLink, BytesCrossARingFarSmallerThanThemExactAndInOrder) {
         continue;
       }
       ASSERT_EQ(errno, EAGAIN);
-      poller.watch(*pair.a, pair.a.get(), true);
+      poller.watch(*pair.a, pair.a.get(), true, true);
       ASSERT_TRUE(poller.wait(ready));
-      poller.watch(*pair.a, pair.a.get(), false);
+      poller.watch(*pair.a, pair.a.get(), true, false);
     }
     pair.a->end_output();
   });

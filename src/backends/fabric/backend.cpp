@@ -90,6 +90,8 @@ BackendPtr make_backend(std::shared_ptr<Store> store, int rank, int size,
   tcp.token = store_auth::token_from_environment().value_or("");
   tcp.unexpected_bytes =
       static_cast<size_t>(*env::get_int(env::kTcpUnexpectedBytes, 65536, int64_t{1} << 50));
+  tcp.unexpected_messages =
+      static_cast<size_t>(*env::get_int(env::kTcpUnexpectedMessages, 1024, int64_t{1} << 32));
   setup.fabric.host_slots = host_slots;
   setup.fabric.label = std::move(label);
   return std::make_shared<FabricBackend>(std::move(store), rank, size, options, std::move(setup));

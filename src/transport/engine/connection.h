@@ -42,11 +42,15 @@ class Engine;
 // kData and kRts carry the message's tag and `total` (its whole size; the
 // part on this stream follows from it, see part_range()) and are matched in
 // arrival order; kCts and kRndvData carry the rendezvous id in `tag`.
-// Each kData and kRts frame costs the credit kHeldEntryCharge besides its
-// payload (what the receiver's entry for it costs when it arrives before
-// its receive): so zero-byte messages and announcements are bounded by the
-// credit too, and a sender out of credit for an announcement holds its
-// further parts back (Connection::blocked) until credit comes back.
+// Each kData frame costs the credit kHeldEntryCharge besides its payload
+// (what the receiver's entry for it costs when it arrives before its
+// receive), so zero-byte messages are bounded by the credit too. A kRts
+// costs no credit: an announcement always goes at once, so that no message
+// ever waits behind an earlier one that its receiver has not asked for yet
+// (a later collective behind unmatched sends would hang). The receiver
+// bounds announcements by count instead: it holds at most
+// EngineOptions::max_announced of them unmatched, over all its links, and
+// closes the group naming that cap when a peer announces more.
 enum FrameKind : uint32_t {
   kData = 0,
   kRts = 1,
@@ -96,6 +100,9 @@ class EngineRequest final : public Request {
     remaining_ = parts;
     peer_.store(peer);
   }
+  // The link a waiter may serve itself while it waits (Engine::poll): the
+  // peer's first stream, for a request of one part; set before posting.
+  void poll_on(Connection* c) { poll_ = c; }
   void part_done();
   void fail(std::exception_ptr error);
   bool failed() const {
@@ -113,6 +120,7 @@ class EngineRequest final : public Request {
   int remaining_;
   std::exception_ptr error_;
   std::function<void()> on_done_;
+  Connection* poll_ = nullptr;
 };
 
 // One stream's share of a request. Queued to send, it is a kData or
@@ -162,6 +170,10 @@ struct Connection {
   size_t send_header_done = 0;
   enum class Writing { kNothing, kControl, kPart } writing = Writing::kNothing;
   bool watching_out = false;  // Poller::kOut requested
+  // Waiters serving this link's input themselves (Engine::poll); while
+  // there are any, the I/O thread's poller does not watch its input.
+  int waiters_polling = 0;
+  bool input_muted = false;
   int output_error = 0;  // errno of a failed write of control frames only (see flush)
 
   // Flow control, this rank as the sender: eager bytes it may still send
@@ -171,10 +183,6 @@ struct Connection {
   uint64_t credit_limit = 0;  // the peer's grant
   uint64_t rts_sent = 0;
   std::unordered_map<uint64_t, Part> awaiting_cts;
-  // Parts with too little credit even to be announced, in order: each
-  // goes (eager or announced) once credit comes back; later ones wait
-  // behind them so that one tag's messages stay in posting order.
-  std::deque<Part> blocked;
   // ... and as the receiver: its own grant, the eager bytes received and
   // not given back yet, those of them consumed (owed back), the kRts frames
   // counted, and the receives whose rendezvous payload is due.
@@ -182,6 +190,7 @@ struct Connection {
   uint64_t eager_in = 0;
   uint64_t owed = 0;
   uint64_t rts_seen = 0;
+  size_t announced = 0;  // kRts entries in `held` (counted in Engine::announced_ too)
   std::unordered_map<uint64_t, Part> awaiting_data;
 
   // Receiving.

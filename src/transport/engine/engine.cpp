@@ -69,11 +69,15 @@ void EngineRequest::on_done(std::function<void()> fn) {
 }
 
 void EngineRequest::wait(Clock::time_point deadline, const std::string& what) {
+  const bool polled = poll_ != nullptr && !done();
+  if (polled && transport_.poll(*this, *poll_, deadline) && !failed()) return;
   std::exception_ptr error;
   {
     std::unique_lock<std::mutex> lock(mutex_);
+    const auto slept_from = Clock::now();
     const bool done =
         cv_.wait_until(lock, deadline, [&] { return remaining_ == 0 || error_ != nullptr; });
+    if (polled) transport_.poll_feedback(Clock::now() - slept_from);
     if (done && !error_) return;
     error = error_;
   }
@@ -89,7 +93,8 @@ void EngineRequest::wait(Clock::time_point deadline, const std::string& what) {
 
 Engine::Engine(Links links, int rank, int size, const EngineOptions& options)
     : rank_(rank), size_(size), options_(options),
-      pollers_(std::move(links.pollers)) {
+      pollers_(std::move(links.pollers)),
+      spin_ns_(std::chrono::nanoseconds(kMinPollSpin).count()) {
   conns_.resize(size);
   for (int p = 0; p < size; ++p) {
     if (p == rank) continue;
@@ -233,7 +238,6 @@ bool Engine::kill(Connection& c, std::exception_ptr error) {
   for (auto& p : c.sendq) fail_part(p);
   for (auto& p : c.recvq) fail_part(p);
   for (auto& [id, p] : c.awaiting_cts) fail_part(p);
-  for (auto& p : c.blocked) fail_part(p);
   for (auto& [id, p] : c.awaiting_data) fail_part(p);
   if (c.in_message && c.current.request) fail_part(c.current);
   for (auto& h : c.held)
@@ -241,7 +245,6 @@ bool Engine::kill(Connection& c, std::exception_ptr error) {
   c.sendq.clear();
   c.recvq.clear();
   c.awaiting_cts.clear();
-  c.blocked.clear();
   c.awaiting_data.clear();
   c.controlq.clear();
   c.writing = Connection::Writing::kNothing;
@@ -251,6 +254,8 @@ bool Engine::kill(Connection& c, std::exception_ptr error) {
   // Complete held messages stay: a receive may still claim them.
   for (auto it = c.held.begin(); it != c.held.end();)
     it = it->complete ? std::next(it) : c.held.erase(it);
+  announced_ -= c.announced;
+  c.announced = 0;
   return pending;
 }
 
@@ -283,6 +288,7 @@ RequestPtr Engine::isend(int peer, uint64_t tag, const void* data, size_t bytes)
   if (auto e = error()) std::rethrow_exception(e);
   check_peer(peer, "isend");
   auto request = std::make_shared<EngineRequest>(*this, peer, parts_for(peer, bytes));
+  if (parts_for(peer, bytes) == 1) request->poll_on(conns_[peer][0].get());
   for (auto& [c, part] : split(peer, tag, static_cast<uint8_t*>(const_cast<void*>(data)), bytes,
                                request, "isend"))
     post_send(*c, std::move(part));
@@ -293,6 +299,7 @@ RequestPtr Engine::irecv(int peer, uint64_t tag, void* data, size_t bytes) {
   if (auto e = error()) std::rethrow_exception(e);
   check_peer(peer, "irecv");
   auto request = std::make_shared<EngineRequest>(*this, peer, parts_for(peer, bytes));
+  if (parts_for(peer, bytes) == 1) request->poll_on(conns_[peer][0].get());
   for (auto& [c, part] : split(peer, tag, static_cast<uint8_t*>(data), bytes, request, "irecv"))
     post_recv(*c, std::move(part));
   return request;
@@ -387,10 +394,10 @@ void Engine::post_deferred(Connection& c) {
 }
 
 // A part that fits the peer's eager credit goes at once; a larger one is
-// announced (kRts) and waits in awaiting_cts for the peer's kCts. Either
-// way the frame keeps its place in the send queue, so that messages of one
-// tag are matched in the order they were posted. With no credit left even
-// for an announcement, it waits in c.blocked (and so does every later one).
+// announced (kRts) at once and waits in awaiting_cts for the peer's kCts.
+// Either way the frame keeps its place in the send queue, so that messages
+// of one tag are matched in the order they were posted, and no message
+// waits for an earlier one's receive.
 void Engine::post_send(Connection& c, Part part) {
   std::exception_ptr broke;
   {
@@ -399,7 +406,7 @@ void Engine::post_send(Connection& c, Part part) {
       part.request->fail(c.dead);
       return;
     }
-    if (!c.blocked.empty() || !queue_part(c, part)) c.blocked.push_back(std::move(part));
+    queue_part(c, std::move(part));
     // Written on the caller's thread while the socket takes it; the I/O
     // thread finishes what does not fit.
     pump(c);
@@ -408,15 +415,13 @@ void Engine::post_send(Connection& c, Part part) {
   if (broke) fail(broke);
 }
 
-bool Engine::queue_part(Connection& c, Part& part) {
+void Engine::queue_part(Connection& c, Part part) {
   if (part.bytes + kHeldEntryCharge <= c.credit) {
     c.credit -= part.bytes + kHeldEntryCharge;
     part.kind = kData;
     c.sendq.push_back(std::move(part));
-    return true;
+    return;
   }
-  if (kHeldEntryCharge > c.credit) return false;
-  c.credit -= kHeldEntryCharge;
   const uint64_t id = c.rts_sent++;
   Part rts;
   rts.kind = kRts;
@@ -427,11 +432,6 @@ bool Engine::queue_part(Connection& c, Part& part) {
   part.rendezvous = id;
   c.awaiting_cts.emplace(id, std::move(part));
   c.sendq.push_back(std::move(rts));
-  return true;
-}
-
-void Engine::release_blocked(Connection& c) {
-  while (!c.blocked.empty() && queue_part(c, c.blocked.front())) c.blocked.pop_front();
 }
 
 void Engine::post_recv(Connection& c, Part part) {
@@ -455,6 +455,7 @@ void Engine::match_recv(Connection& c, Part part) {
     if (it->rendezvous) {
       const uint64_t id = it->id;
       c.held.erase(it);
+      forget_announcement(c);
       answer_rts(c, id, std::move(part));
       pump(c);
       return;

@@ -14,8 +14,8 @@
 // the posted receive buffer, or, when the receive is not posted yet, into a
 // held buffer that the receive later copies from. Held buffers are bounded
 // by flow control: each link's receiver grants its sender eager credit; a
-// part that does not fit is announced and sent only once its receive is
-// posted. Sends are written on the caller's thread while the link takes
+// part that does not fit is announced at once and sent only once its
+// receive is posted; announcements are bounded by count. Sends are written on the caller's thread while the link takes
 // them and finished by the I/O thread. Each request completes on its own;
 // the first failure breaks the whole transport.
 //
@@ -46,14 +46,27 @@ constexpr size_t kMinEagerBytes = 4096;
 // Messages at least this long are split over every link to their peer.
 constexpr size_t kSplitBytes = 256 * 1024;
 
+// How long a waiter serves its link itself before it sleeps (Engine::poll):
+// between these, adapting to how soon messages come.
+constexpr std::chrono::microseconds kMinPollSpin{20};
+constexpr std::chrono::microseconds kMaxPollSpin{320};
+
 }  // namespace dtrain::transport
 
 namespace dtrain::transport::engine {
+
+// The most announcements (kRts) a rank holds before their receives are
+// posted, over all its links, unless set otherwise.
+constexpr size_t kDefaultMaxAnnounced = 65536;
 
 struct EngineOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};  // bounds a close
   std::string name;          // the group's name, for messages
   std::string label = "tcp";  // the first word of its messages (Links::labels per peer)
+  // Announced messages this rank holds unmatched, all links together (each
+  // entry costs about kHeldEntryCharge bytes); a peer that announces more
+  // fails the group naming this cap (DTRAIN_TCP_UNEXPECTED_MESSAGES).
+  size_t max_announced = kDefaultMaxAnnounced;
 };
 
 // The eager credit each of a rank's `connections` grants its sender:
@@ -94,6 +107,19 @@ class Engine final : public Transport {
     std::lock_guard<std::mutex> lock(error_mutex_);
     return error_;
   }
+  // EngineRequest::wait's first phase: serves `c` (input and output) on the
+  // calling thread, with its I/O thread's watch of the input muted, until
+  // `request` is done, the spin budget has passed or `deadline` has; true
+  // when the request is done. Waking the I/O thread and then the waiter
+  // costs two context switches per message, where a small message takes a
+  // few microseconds to cross; MPI's progress engine polls in the caller
+  // the same way.
+  bool poll(EngineRequest& request, Connection& c, Clock::time_point deadline);
+  // A waiter that polled in vain then slept `slept`: the spin budget
+  // doubles when the message came soon after it (up to kMaxPollSpin), and
+  // halves when the peer was busy for long, so that a rank waiting for a
+  // slow peer leaves the CPU to it.
+  void poll_feedback(Clock::duration slept);
   const std::string& peer_name(int peer) const {
     static const std::string any = "any rank";
     return peer < 0 ? any : conns_[peer][0]->name;
@@ -112,11 +138,8 @@ class Engine final : public Transport {
               const std::shared_ptr<EngineRequest>& request, const char* op);
   void post_send(Connection& c, Part part);
   // Queues `part` as kData if its payload and entry fit the credit, else
-  // announces it (kRts) if the announcement's entry does; false when
-  // neither fits (the caller keeps it in c.blocked).
-  bool queue_part(Connection& c, Part& part);
-  // Queues the blocked parts that the credit now allows, in order.
-  void release_blocked(Connection& c);
+  // announces it (kRts), which costs no credit.
+  void queue_part(Connection& c, Part part);
   void post_recv(Connection& c, Part part);
   // post_recv's work under c.mutex.
   void match_recv(Connection& c, Part part);
@@ -132,6 +155,10 @@ class Engine final : public Transport {
   // ---- engine_io.cpp: everything below runs with c.mutex held.
   void serve(int poller);
   void on_event(Connection& c, uint32_t events);
+  // on_event's work with `lock` (of c.mutex) held; releases it.
+  void handle(Connection& c, uint32_t events, std::unique_lock<std::mutex>& lock);
+  // Whether c's I/O thread watches its input (not while a waiter polls).
+  void mute_input(Connection& c, bool muted);
   // Writes what the socket takes; asks for EPOLLOUT while output is left.
   void pump(Connection& c);
   bool flush(Connection& c);            // true when nothing is left to write
@@ -143,8 +170,10 @@ class Engine final : public Transport {
   std::optional<Part> claim_receive(Connection& c, const FrameHeader& h);
   void start_payload(Connection& c, const FrameHeader& h);
   void start_rendezvous(Connection& c, const FrameHeader& h);
+  // A held announcement leaves c.held (matched, or its connection died).
+  void forget_announcement(Connection& c);
   void on_control(Connection& c, const FrameHeader& h);
-  bool charge(Connection& c, uint64_t cost, const char* did);
+  bool charge(Connection& c, uint64_t cost);
   void finish_message(Connection& c);
   // The receive `part` matched the peer's kRts `id`: ask for the payload.
   void answer_rts(Connection& c, uint64_t id, Part part);
@@ -176,6 +205,10 @@ class Engine final : public Transport {
   std::mutex any_mutex_;
   std::list<AnyReceive> any_;
   std::atomic<size_t> any_count_{0};
+  // Announcements held unmatched on every link (Connection::announced).
+  std::atomic<size_t> announced_{0};
+  // How long a waiter polls before it sleeps (poll_feedback adapts it).
+  std::atomic<int64_t> spin_ns_;
 };
 
 }  // namespace dtrain::transport::engine

@@ -50,7 +50,40 @@ void Engine::protocol_error(Connection& c, const Args&... what) {
 void Engine::watch_out(Connection& c, bool on) {
   if (c.watching_out == on || c.dead) return;
   c.watching_out = on;
-  c.poller->watch(*c.link, &c, on);
+  c.poller->watch(*c.link, &c, !c.input_muted, on);
+}
+
+void Engine::mute_input(Connection& c, bool muted) {
+  if (c.input_muted == muted || !c.polled) return;
+  c.input_muted = muted;
+  c.poller->watch(*c.link, &c, !muted, c.watching_out);
+}
+
+bool Engine::poll(EngineRequest& request, Connection& c, Clock::time_point deadline) {
+  {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    if (c.dead) return request.done();
+    if (c.waiters_polling++ == 0) mute_input(c, true);
+  }
+  const auto until = std::min(deadline, Clock::now() + std::chrono::nanoseconds(spin_ns_.load()));
+  bool done = false;
+  for (unsigned i = 0;; ++i) {
+    std::unique_lock<std::mutex> lock(c.mutex, std::try_to_lock);
+    if (lock) handle(c, Poller::kIn, lock);
+    if ((done = request.done())) break;
+    if ((i & 7) == 7 && Clock::now() >= until) break;
+  }
+  std::lock_guard<std::mutex> lock(c.mutex);
+  if (--c.waiters_polling == 0) mute_input(c, false);
+  return done;
+}
+
+void Engine::poll_feedback(Clock::duration slept) {
+  const int64_t spin = spin_ns_.load();
+  const int64_t next = slept < 2 * kMaxPollSpin
+                           ? std::min<int64_t>(spin * 2, std::chrono::nanoseconds(kMaxPollSpin).count())
+                           : std::max<int64_t>(spin / 2, std::chrono::nanoseconds(kMinPollSpin).count());
+  spin_ns_.store(next);
 }
 
 void Engine::serve(int poller) {
@@ -60,10 +93,14 @@ void Engine::serve(int poller) {
 }
 
 void Engine::on_event(Connection& c, uint32_t events) {
+  std::unique_lock<std::mutex> lock(c.mutex);
+  handle(c, events, lock);
+}
+
+void Engine::handle(Connection& c, uint32_t events, std::unique_lock<std::mutex>& lock) {
   std::exception_ptr broke;
   bool deferred = false;
   {
-    std::lock_guard<std::mutex> lock(c.mutex);
     if (c.dead) return;
     try {
       if (events & Poller::kIn) receive(c);
@@ -80,6 +117,7 @@ void Engine::on_event(Connection& c, uint32_t events) {
     if (c.dead && kill(c, c.dead)) broke = c.dead;
     deferred = !c.deferred.empty();
   }
+  lock.unlock();
   if (deferred) post_deferred(c);
   if (broke) fail(broke);
 }
@@ -260,7 +298,7 @@ std::optional<Part> Engine::claim_receive(Connection& c, const FrameHeader& h) {
 void Engine::start_payload(Connection& c, const FrameHeader& h) {
   PartRange range;
   if (!part_of(c, h, streams_of(c.peer), &range)) return;
-  if (!charge(c, range.bytes + kHeldEntryCharge, "sent")) return;
+  if (!charge(c, range.bytes + kHeldEntryCharge)) return;
   if (auto part = claim_receive(c, h)) {
     c.current = std::move(*part);
     c.current.kind = kData;
@@ -279,14 +317,21 @@ void Engine::start_payload(Connection& c, const FrameHeader& h) {
 }
 
 // A kRts: answered at once when its receive is posted, else held (no
-// bytes) until it is.
+// bytes) until it is, within the count of announcements this rank holds.
 void Engine::start_rendezvous(Connection& c, const FrameHeader& h) {
   PartRange range;
   if (!part_of(c, h, streams_of(c.peer), &range)) return;
-  if (!charge(c, kHeldEntryCharge, "announced")) return;
   const uint64_t id = c.rts_seen++;
   if (auto part = claim_receive(c, h)) return answer_rts(c, id, std::move(*part));
   if (c.dead) return;
+  if (announced_.fetch_add(1) >= options_.max_announced) {
+    announced_.fetch_sub(1);
+    protocol_error(c, "announced more messages ahead of their receives than the ",
+                   options_.max_announced, " this rank holds (all peers together; "
+                   "DTRAIN_TCP_UNEXPECTED_MESSAGES); closing the group");
+    return;
+  }
+  ++c.announced;
   Held held;
   held.tag = h.tag;
   held.total = h.total;
@@ -296,11 +341,16 @@ void Engine::start_rendezvous(Connection& c, const FrameHeader& h) {
   c.held.push_back(std::move(held));
 }
 
-// The credit a kData or kRts frame costs (connection.h): refused, and the
-// group closed, when the sender overdraws what this rank granted.
-bool Engine::charge(Connection& c, uint64_t cost, const char* did) {
+void Engine::forget_announcement(Connection& c) {
+  --c.announced;
+  announced_.fetch_sub(1);
+}
+
+// The credit a kData frame costs (connection.h): refused, and the group
+// closed, when the sender overdraws what this rank granted.
+bool Engine::charge(Connection& c, uint64_t cost) {
   if (c.eager_in + cost > c.eager_limit) {
-    protocol_error(c, did, " messages costing ", c.eager_in + cost, " bytes ahead of its "
+    protocol_error(c, "sent messages costing ", c.eager_in + cost, " bytes ahead of its "
                    "receives, over the ", c.eager_limit, " bytes of credit this rank granted "
                    "(each message costs ", kHeldEntryCharge, " bytes besides its payload); "
                    "closing the group");
@@ -310,9 +360,7 @@ bool Engine::charge(Connection& c, uint64_t cost, const char* did) {
   return true;
 }
 
-// The announcement's charge goes back at once: its entry is gone.
 void Engine::answer_rts(Connection& c, uint64_t id, Part part) {
-  give_back(c, kHeldEntryCharge);
   part.kind = kRndvData;
   c.awaiting_data.emplace(id, std::move(part));
   c.controlq.push_back(FrameHeader{kFrameMagic, kCts, id, 0});
@@ -326,7 +374,6 @@ void Engine::on_control(Connection& c, const FrameHeader& h) {
       return;
     }
     c.credit += h.total;
-    release_blocked(c);
     return;
   }
   auto it = c.awaiting_cts.find(h.tag);

@@ -115,19 +115,20 @@ RingPoller::RingPoller(Doorbell* own_bell, std::shared_ptr<const Segment> segmen
 
 void RingPoller::add(Link& link, void* key) {
   std::lock_guard<std::mutex> lock(mutex_);
-  entries_.push_back({&dynamic_cast<RingLink&>(link), key, false});
+  entries_.push_back({&dynamic_cast<RingLink&>(link), key, true, false});
 }
 
-void RingPoller::watch(Link& link, void* key, bool out) {
+void RingPoller::watch(Link& link, void* key, bool in, bool out) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto& e : entries_)
       if (e.link == &link) {
         e.key = key;
+        e.in = in;
         e.out = out;
       }
   }
-  if (out) ring(*own_bell_);  // the I/O thread looks again
+  if (in || out) ring(*own_bell_);  // the I/O thread looks again
 }
 
 void RingPoller::remove(Link& link) {
@@ -140,7 +141,7 @@ void RingPoller::remove(Link& link) {
 void RingPoller::scan(std::vector<Ready>& ready) {
   std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& e : entries_) {
-    uint32_t events = e.link->readable() ? kIn : 0u;
+    uint32_t events = e.in && e.link->readable() ? kIn : 0u;
     if (e.out && e.link->writable()) events |= kOut;
     if (events) ready.push_back({e.key, events});
   }

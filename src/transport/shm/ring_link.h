@@ -83,7 +83,7 @@ class RingPoller final : public transport::Poller {
   // as the transport lives.
   RingPoller(Doorbell* own_bell, std::shared_ptr<const Segment> segment);
   void add(Link& link, void* key) override;
-  void watch(Link& link, void* key, bool out) override;
+  void watch(Link& link, void* key, bool in, bool out) override;
   void remove(Link& link) override;
   bool wait(std::vector<Ready>& ready) override;
   void stop() override;
@@ -92,7 +92,8 @@ class RingPoller final : public transport::Poller {
   struct Entry {
     RingLink* link;
     void* key;
-    bool out;
+    bool in = true;
+    bool out = false;
   };
   // The links that can move bytes now; under mutex_.
   void scan(std::vector<Ready>& ready);

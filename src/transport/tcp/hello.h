@@ -26,7 +26,7 @@
 namespace dtrain::transport::tcp {
 
 constexpr uint32_t kHelloMagic = 0x69485464;  // "dTHi"
-constexpr uint32_t kHelloVersion = 3;
+constexpr uint32_t kHelloVersion = 4;  // 4: announcements cost no credit
 constexpr uint32_t kHelloHasToken = 1;  // flags
 constexpr uint32_t kHelloRefused = 2;
 

@@ -34,6 +34,10 @@ struct TcpOptions {
   // receive is posted, over all its connections (each gets an equal share,
   // at least 4 KiB); see engine/connection.h for the protocol.
   size_t unexpected_bytes = size_t{64} << 20;
+  // Messages announced (too large for the credit left) that this rank holds
+  // before their receive is posted, over all its connections: about 256
+  // bytes each. A peer that announces more fails the group.
+  size_t unexpected_messages = 65536;
 };
 
 }  // namespace dtrain::transport

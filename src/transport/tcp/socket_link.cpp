@@ -65,9 +65,9 @@ void EpollPoller::add(Link& link, void* key) {
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, dynamic_cast<SocketLink&>(link).fd(), &ev);
 }
 
-void EpollPoller::watch(Link& link, void* key, bool out) {
+void EpollPoller::watch(Link& link, void* key, bool in, bool out) {
   epoll_event ev{};
-  ev.events = EPOLLIN | (out ? EPOLLOUT : 0u);
+  ev.events = (in ? EPOLLIN : 0u) | (out ? EPOLLOUT : 0u);
   ev.data.ptr = key;
   epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, dynamic_cast<SocketLink&>(link).fd(), &ev);
 }

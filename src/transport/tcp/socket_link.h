@@ -33,7 +33,7 @@ class EpollPoller final : public Poller {
   EpollPoller& operator=(const EpollPoller&) = delete;
 
   void add(Link& link, void* key) override;
-  void watch(Link& link, void* key, bool out) override;
+  void watch(Link& link, void* key, bool in, bool out) override;
   void remove(Link& link) override;
   bool wait(std::vector<Ready>& ready) override;
   void stop() override;
