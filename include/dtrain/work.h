@@ -10,11 +10,14 @@
 //    called), or throws dtrain::TimeoutError if the operation is still
 //    running when `timeout` passes. With no argument it waits without a
 //    limit of its own; the operation itself always ends, because every
-//    backend runs it under the group's timeout: a collective's counts from
-//    when it was issued, a send's or recv's from when it is first waited
-//    on (a timeout bounds how long a waiter waits for a stalled peer, not
-//    how long a request may stay posted: a pipeline posts its receives
-//    ahead). A send or recv that nobody waits on never times out; it ends
+//    backend runs it under the group's timeout, which bounds a stall, not
+//    the length of healthy work: a collective's counts from when it starts
+//    to run, once the collectives issued before it on its group have
+//    finished (so a long queue of healthy collectives never times out, and
+//    one behind a stalled collective fails as soon as that one times out);
+//    a send's or recv's from when it is first waited on (a pipeline posts
+//    its receives ahead). On nccl, as in PyTorch's ProcessGroupNCCL, a
+//    collective's counts from when it was issued to its stream. A send or recv that nobody waits on never times out; it ends
 //    when its message has gone or arrived, or when its group is destroyed
 //    or breaks. It returns (or rethrows)
 //    only after the work's on_finish callbacks have run, so a failure that

@@ -117,6 +117,32 @@ TEST_P(FailFast, DestroyingAGroupWithQueuedOperationsTakesOneTimeout) {
   });
 }
 
+// work.h's rule: a queued collective's timeout counts from when it starts
+// to run, after those issued before it, so a queue of healthy collectives
+// longer than the timeout completes. Rank 0 issues five at once under a
+// 1.5 s timeout; rank 1 joins each 0.4 s after the one before, so the last
+// ends about 2 s after it was issued, each 0.4 s after it started. Counted
+// from when they were issued (the contract before), the fourth and fifth
+// would time out.
+TEST_P(FailFast, AQueuedCollectivesTimeoutCountsFromWhenItStartsToRun) {
+  double took = 0;
+  expect_no_errors(testing::run_ranks(2, [&](ProcessGroup& g) {
+    std::vector<at::Tensor> ts;
+    for (int i = 0; i < 5; ++i) ts.push_back(at::full({4}, float(i)));
+    g.barrier()->wait();
+    const auto start = Clock::now();
+    std::vector<WorkPtr> works;
+    for (auto& t : ts) {
+      if (g.rank() == 1) std::this_thread::sleep_for(400ms);
+      works.push_back(g.all_reduce(t));
+    }
+    for (auto& w : works) w->wait();
+    for (int i = 0; i < 5; ++i) EXPECT_TRUE(at::equal(ts[i], at::full({4}, 2.0f * i)));
+    if (g.rank() == 0) took = testing::seconds_since(start);
+  }, 1500ms, GroupOptions(), GetParam()));
+  EXPECT_GT(took, 1.5) << "the queue did not outlast the timeout: the test shows nothing";
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, FailFast, ::testing::Values("tcp", "shm", "auto@2"),
                          [](const auto& info) {
                            std::string name = info.param;
