@@ -8,7 +8,8 @@
 //       [--dtype float32|float64|float16|bfloat16|int32|int64|uint8|int8]
 //       [--redop sum|avg|prod|min|max]
 //       [--min-bytes 4] [--max-bytes 268435456] [--iters N]
-//       [--baseline ../shared/baselines/py_allreduce.py] [--runs 3]
+//       [--baseline ../shared/baselines/py_allreduce.py] [--baseline-mpi tcp|shm|both]
+//       [--mpi-program PATH] [--runs 3]
 //
 // One row per size (powers of two): size (bytes of the result buffer, as
 // nccl-tests), count (its elements), dtype, op (the reduction, or "none"),
@@ -23,7 +24,10 @@
 // --baseline runs PyTorch's gloo all_reduce (py_allreduce.py) side by side,
 // interleaved --runs times with dtrain on the same sizes, and prints the
 // ratios and the issue's goals, with single-thread memcpy bandwidth measured
-// in the same run. Its sizes are fixed (4 KiB to 64 MiB) and each is timed
+// in the same run. --baseline-mpi does the same with OpenMPI's MPI_Allreduce
+// (mpi-allreduce-baseline, built beside dtrain-bench where MPI is found;
+// --mpi-program names another): over TCP on loopback (tcp), with mpirun's
+// default shared memory (shm), or both. Its sizes are fixed (4 KiB to 64 MiB) and each is timed
 // over as many iterations as the table's default gives it: --iters, which
 // would make 64 MiB run that many times too, applies to the table only.
 
@@ -266,82 +270,127 @@ double memcpy_gbps(size_t bytes) {
 }
 
 struct Baseline {
-  std::map<int64_t, std::pair<double, double>> by_bytes;  // time_us, busbw
+  std::string name;     // "gloo", "OpenMPI tcp", "OpenMPI shm"
+  std::string command;  // prints "bytes= time_us= busbw_GBps=" lines
+  std::map<int64_t, std::vector<double>> us, busbw;  // by size, one per run
 };
 
-Baseline run_baseline(const std::string& python, const std::string& path, int world) {
-  Baseline b;
+// Runs a baseline on rank 0 (the others wait) and keeps its figures.
+void run_baseline(Baseline& b) {
   if (get_rank() == 0) {
-    const auto out = capture(python + " " + path + " " + std::to_string(world) + " 2>&1");
+    const auto out = capture(b.command + " 2>&1");
     std::regex line("bytes=\\s*([0-9]+)\\s+time_us=\\s*([0-9.]+)\\s+busbw_GBps=\\s*([0-9.]+)");
-    for (std::sregex_iterator it(out.begin(), out.end(), line), end; it != end; ++it)
-      b.by_bytes[std::stoll((*it)[1])] = {std::stod((*it)[2]), std::stod((*it)[3])};
-    if (b.by_bytes.empty()) throw std::runtime_error("no results from " + path + ":\n" + out);
+    bool any = false;
+    for (std::sregex_iterator it(out.begin(), out.end(), line), end; it != end; ++it) {
+      b.us[std::stoll((*it)[1])].push_back(std::stod((*it)[2]));
+      b.busbw[std::stoll((*it)[1])].push_back(std::stod((*it)[3]));
+      any = true;
+    }
+    if (!any) throw std::runtime_error("no results from " + b.command + ":\n" + out);
   }
   barrier();
-  return b;
 }
 
-void compare_with_baseline(const Args& a, at::ScalarType dt, ReduceOp redop) {
-  const std::string path = a.get("baseline", "");
+// OpenMPI's MPI_Allreduce (bench/baselines/mpi_allreduce.cpp, built beside
+// this program as mpi-allreduce-baseline) over TCP only (the ob1 PML with the
+// tcp and self BTLs, on loopback) or as mpirun picks by default on one host
+// (shared memory: vader). Started by rank 0 with the job's variables removed.
+std::string mpi_command(const Args& a, const std::string& transport, int world) {
+  auto program = a.get("mpi-program", "");
+  if (program.empty()) program = self_path().substr(0, self_path().rfind('/')) + "/mpi-allreduce-baseline";
+  if (transport != "tcp" && transport != "shm")
+    throw std::invalid_argument("--baseline-mpi " + transport + " is not one of tcp, shm");
+  return "env -u RANK -u LOCAL_RANK -u WORLD_SIZE -u LOCAL_WORLD_SIZE -u GROUP_RANK "
+         "-u MASTER_ADDR -u MASTER_PORT mpirun --allow-run-as-root --oversubscribe -np " +
+         std::to_string(world) +
+         (transport == "tcp" ? " --mca btl tcp,self --mca pml ob1 --mca btl_tcp_if_include lo" : "") +
+         " " + program;
+}
+
+// Interleaved runs of dtrain and each baseline on the same sizes; medians.
+void compare_with_baselines(const Args& a, at::ScalarType dt, ReduceOp redop) {
   const int runs = a.num("runs", 3), world = get_world_size(), me = get_rank();
+  std::vector<Baseline> bases;
+  if (!a.get("baseline", "").empty())
+    bases.push_back({"gloo", python_of(a) + " " + a.get("baseline", "") + " " + std::to_string(world), {}, {}});
+  for (const std::string& t : {std::string("tcp"), std::string("shm")})
+    if (a.get("baseline-mpi", "") == t || a.get("baseline-mpi", "") == "both")
+      bases.push_back({"OpenMPI " + t, mpi_command(a, t, world), {}, {}});
   const std::vector<int64_t> sizes = {4096, 65536, 1 << 20, 4 << 20, 16 << 20, 64 << 20};
-  std::map<int64_t, std::vector<double>> lat_ratio, bw_ratio, ours_bw, gloo_bw, ours_us, gloo_us;
+  std::map<int64_t, std::vector<double>> ours_bw, ours_us;
   std::vector<double> memcpy_runs, memcpy_big_runs;
   for (int run = 0; run < runs; ++run) {
-    std::map<int64_t, Row> ours;
-    for (auto bytes : sizes) ours[bytes] = measure("all_reduce", bytes, dt, redop, 0);
+    for (auto bytes : sizes) {
+      const Row row = measure("all_reduce", bytes, dt, redop, 0);
+      ours_us[bytes].push_back(row.time_us);
+      ours_bw[bytes].push_back(row.busbw);
+    }
     memcpy_runs.push_back(memcpy_gbps(16 << 20));
     memcpy_big_runs.push_back(memcpy_gbps(256 << 20));
-    const auto base = run_baseline(python_of(a), path, world);
-    if (me != 0) continue;
-    for (auto bytes : sizes) {
-      auto it = base.by_bytes.find(bytes);
-      if (it == base.by_bytes.end()) continue;
-      ours_us[bytes].push_back(ours[bytes].time_us);
-      gloo_us[bytes].push_back(it->second.first);
-      ours_bw[bytes].push_back(ours[bytes].busbw);
-      gloo_bw[bytes].push_back(it->second.second);
-      lat_ratio[bytes].push_back(it->second.first / ours[bytes].time_us);
-      bw_ratio[bytes].push_back(it->second.first / ours[bytes].time_us);  // same bytes
-    }
+    for (auto& b : bases) run_baseline(b);
   }
   if (me != 0) return;
-  std::printf("\n# all_reduce float32, %d ranks: dtrain (%s) vs PyTorch gloo (%s), medians of %d "
-              "interleaved runs\n",
-              world, default_group()->backend_name().c_str(), path.c_str(), runs);
-  std::printf("%12s %12s %12s %10s %12s %12s %10s\n", "size", "dtrain_us", "gloo_us",
-              "speedup", "dtrain_busbw", "gloo_busbw", "bw_ratio");
-  for (auto bytes : sizes) {
-    if (!ours_us.count(bytes)) continue;
-    std::printf("%12lld %12.1f %12.1f %10.2f %12.3f %12.3f %10.2f\n",
-                static_cast<long long>(bytes), median(ours_us[bytes]), median(gloo_us[bytes]),
-                median(lat_ratio[bytes]), median(ours_bw[bytes]), median(gloo_bw[bytes]),
-                median(bw_ratio[bytes]));
+  const std::string backend = default_group()->backend_name();
+  std::printf("\n# all_reduce float32, %d ranks: dtrain (%s) beside", world, backend.c_str());
+  for (const auto& b : bases) std::printf(" %s (%s)", b.name.c_str(), b.command.c_str());
+  std::printf("; medians of %d interleaved runs; ratios are dtrain's speed over the baseline's "
+              "(time_base / time_dtrain: above 1, dtrain is faster)\n", runs);
+  std::printf("%10s %11s %10s", "size", "dtrain_us", "dtrain_bw");
+  for (const auto& b : bases) {
+    const auto n = b.name.substr(b.name.rfind(' ') + 1);
+    std::printf(" %9s %9s %7s", (n + "_us").c_str(), (n + "_bw").c_str(), ("x" + n).c_str());
   }
-  const double mc = median(memcpy_runs);
-  const int64_t big = 16 << 20, small = 4096;
-  if (ours_bw.count(big) && ours_us.count(small)) {
-    std::printf("single-thread memcpy of 16 MiB: %.2f GB/s; of 256 MiB (beyond the caches): %.2f "
-                "GB/s (same run, bytes copied per second)\n",
-                mc, median(memcpy_big_runs));
-    // The goals differ by transport: shared memory against PyTorch's TCP
-    // gloo, and dtrain's own TCP against it (the libtorch 2.x issue).
-    const bool network = default_group()->backend_name() == "tcp";
-    // The data plane's goals: 4 KiB within 1/200 of gloo's latency on one host, tcp at
-    // 16 MiB at 1.6x gloo.
-    const double bw_goal = network ? 1.6 : 4, lat_goal = network ? 1 : 200;
-    std::printf("goal all_reduce busbw at 16 MiB >= %.1fx gloo: %.2fx -> %s\n", bw_goal,
-                median(bw_ratio[big]), median(bw_ratio[big]) >= bw_goal ? "met" : "NOT met");
-    if (!network) {
-      const double big_mc = median(memcpy_big_runs), bw = median(ours_bw[big]);
-      std::printf("goal all_reduce busbw at 16 MiB >= 50%% of memcpy: %.0f%% of the 16 MiB memcpy "
-                  "(cache-hot) -> %s; %.0f%% of the 256 MiB memcpy (memory) -> %s\n",
-                  100 * bw / mc, bw >= 0.5 * mc ? "met" : "NOT met", 100 * bw / big_mc,
-                  bw >= 0.5 * big_mc ? "met" : "NOT met");
+  std::printf("\n");
+  // Ratio per run (same run: the machine's state is shared), then the median.
+  auto ratio = [&](const Baseline& b, int64_t bytes) {
+    std::vector<double> r;
+    const auto& theirs = b.us.at(bytes);
+    for (size_t i = 0; i < std::min(theirs.size(), ours_us[bytes].size()); ++i)
+      r.push_back(theirs[i] / ours_us[bytes][i]);
+    return median(r);
+  };
+  for (auto bytes : sizes) {
+    std::printf("%10lld %11.1f %10.3f", static_cast<long long>(bytes), median(ours_us[bytes]),
+                median(ours_bw[bytes]));
+    for (const auto& b : bases) {
+      if (!b.us.count(bytes)) {
+        std::printf(" %9s %9s %7s", "-", "-", "-");
+        continue;
+      }
+      std::printf(" %9.1f %9.3f %7.2f", median(b.us.at(bytes)), median(b.busbw.at(bytes)),
+                  ratio(b, bytes));
     }
-    std::printf("goal 4 KiB all_reduce latency <= 1/%.0f of gloo: 1/%.1f -> %s\n", lat_goal,
-                median(lat_ratio[small]), median(lat_ratio[small]) >= lat_goal ? "met" : "NOT met");
+    std::printf("\n");
+  }
+  const double mc = median(memcpy_runs), big_mc = median(memcpy_big_runs);
+  const int64_t big = 16 << 20, small = 4096;
+  std::printf("single-thread memcpy of 16 MiB: %.2f GB/s; of 256 MiB (beyond the caches): %.2f "
+              "GB/s (same run, bytes copied per second)\n", mc, big_mc);
+  // The goals (issue 56, the data plane's): dtrain's tcp against OpenMPI
+  // over TCP, auto/shm against OpenMPI's shared memory, both at 1.0x in 4
+  // KiB latency and 16 MiB bandwidth; against gloo, tcp 1.6x at 16 MiB and
+  // shared memory 1/200 of its 4 KiB latency.
+  const bool network = backend == "tcp";
+  for (const auto& b : bases) {
+    if (!b.us.count(big) || !b.us.count(small)) continue;
+    const bool gloo = b.name == "gloo";
+    if (!gloo && (b.name == "OpenMPI tcp") != network) {
+      std::printf("%s: for reference (the goals compare %s with OpenMPI %s)\n", b.name.c_str(),
+                  backend.c_str(), network ? "tcp" : "shm");
+      continue;
+    }
+    const double bw_goal = gloo ? (network ? 1.6 : 4) : 1, lat_goal = gloo ? (network ? 1 : 200) : 1;
+    std::printf("goal all_reduce at 16 MiB >= %.1fx %s: %.2fx -> %s\n", bw_goal, b.name.c_str(),
+                ratio(b, big), ratio(b, big) >= bw_goal ? "met" : "NOT met");
+    std::printf("goal 4 KiB all_reduce latency <= 1/%.0f of %s: %.2fx -> %s\n", lat_goal,
+                b.name.c_str(), ratio(b, small), ratio(b, small) >= lat_goal ? "met" : "NOT met");
+  }
+  if (!network) {
+    const double bw = median(ours_bw[big]);
+    std::printf("goal all_reduce busbw at 16 MiB >= 50%% of memcpy: %.0f%% of the 16 MiB memcpy "
+                "(cache-hot) -> %s; %.0f%% of the 256 MiB memcpy (memory) -> %s\n",
+                100 * bw / mc, bw >= 0.5 * mc ? "met" : "NOT met", 100 * bw / big_mc,
+                bw >= 0.5 * big_mc ? "met" : "NOT met");
   }
 }
 
@@ -357,8 +406,10 @@ int bench_collectives(const Args& a) {
   const int64_t elem = static_cast<int64_t>(c10::elementSize(dt));
   const int64_t min_bytes = std::max<int64_t>(elem, std::stoll(a.get("min-bytes", "4")));
   const int64_t max_bytes = std::stoll(a.get("max-bytes", "268435456"));
-  if (!a.get("baseline", "").empty() && (op != "all_reduce" || dt != at::kFloat))
-    throw std::invalid_argument("--baseline compares all_reduce on float32 (what py_allreduce.py measures)");
+  const bool baselines = !a.get("baseline", "").empty() || !a.get("baseline-mpi", "").empty();
+  if (baselines && (op != "all_reduce" || dt != at::kFloat))
+    throw std::invalid_argument("--baseline and --baseline-mpi compare all_reduce on float32 "
+                                "(what py_allreduce.py and mpi_allreduce.cpp measure)");
   init_process_group(InitOptions().backend(a.get("backend", "auto")));
   const int n = get_world_size();
   // Ops that split the buffer among ranks need at least one element each.
@@ -385,7 +436,7 @@ int bench_collectives(const Args& a) {
       std::fflush(stdout);
     }
   }
-  if (!a.get("baseline", "").empty()) compare_with_baseline(a, dt, redop);
+  if (baselines) compare_with_baselines(a, dt, redop);
   destroy_process_group();
   return total_wrong == 0 ? 0 : 3;
 }

@@ -6,6 +6,12 @@
 # older commit's) runs in turn, RUNS times, in the same namespaces; after
 # each run the bytes that crossed the veth and the run's wall time are
 # printed, so the link's use can be read off.
+# With MPI_PROGRAM set (build/bench/mpi-allreduce-baseline), each run also
+# times OpenMPI's MPI_Allreduce on the same hosts and ranks, at MPI_SIZES
+# (bytes; default 4 and 16 MiB): mpirun in the first namespace starts the
+# second's ranks through an rsh agent that enters that namespace; shared
+# memory inside a host, TCP over the veth between them (mpirun's default
+# BTLs, as dtrain's auto), or TCP only with MPI_BTL=tcp,self.
 # Usage: hosts_collectives.sh RATE PER_HOST RUNS "BENCH..." [collectives flags...]
 #   e.g. hosts_collectives.sh 2gbit 2 3 "build/bench/dtrain-bench /tmp/old/build/bench/dtrain-bench" \
 #          --backend auto --op all_reduce --min-bytes 16777216 --max-bytes 16777216
@@ -24,6 +30,18 @@ fi
 world=$((2 * per_host))
 out=$(mktemp -d)
 trap 'rm -rf "$out"; netns_cleanup' EXIT
+run_mpi() {
+  local agent=$out/rsh-agent
+  # OpenMPI's rsh launcher calls AGENT HOST COMMAND...: run it in HOST's namespace.
+  printf '#!/bin/sh\nhost=$1; shift\nns=%s; [ "$host" = 10.215.0.2 ] && ns=%s\nexec ip netns exec "$ns" sh -c "$*"\n' \
+    "$NS_A" "$NS_B" >"$agent"
+  chmod +x "$agent"
+  echo "== run $run: OpenMPI MPI_Allreduce ($world ranks, $per_host per host, link $rate, btl ${MPI_BTL:-default})"
+  ip netns exec "$NS_A" timeout 600 mpirun --allow-run-as-root --oversubscribe -np "$world" \
+    --host "10.215.0.1:$per_host,10.215.0.2:$per_host" --mca plm_rsh_agent "$agent" \
+    --mca oob_tcp_if_include 10.215.0.0/24 --mca btl_tcp_if_include 10.215.0.0/24 \
+    ${MPI_BTL:+--mca btl "$MPI_BTL" --mca pml ob1} "$MPI_PROGRAM" ${MPI_SIZES:-4194304 16777216}
+}
 port=29641
 for run in $(seq 1 "$runs"); do
   for bench in $benches; do
@@ -46,4 +64,5 @@ for run in $(seq 1 "$runs"); do
     awk -v a="$tx1" -v b="$tx0" -v c="$rx1" -v d="$rx0" -v s="$start" -v e="$end" 'BEGIN {
       printf "link: %.1f MB out, %.1f MB in over %.2f s of run\n", (a-b)/1e6, (c-d)/1e6, e-s }'
   done
+  if [ -n "${MPI_PROGRAM:-}" ]; then run_mpi; fi
 done
