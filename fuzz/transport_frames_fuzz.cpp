@@ -7,8 +7,9 @@
 // to go. The fake then closes; every request must finish (done or failed)
 // at once. A crash, a sanitizer report, a request left pending or memory
 // allocated beyond the credit (ASan's rss limit) fails the run. Every
-// announcement and every empty message counts against the credit too
-// (seeds rts_flood and empty_flood: 2,000 of each, refused after 256).
+// empty message counts against the credit too, and announcements against
+// a count of their own, 1,024 here (seeds rts_flood and empty_flood: 2,000
+// of each, refused after 1,024 and 256).
 
 #include <chrono>
 #include <cstdint>
@@ -58,6 +59,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.timeout = 5s;
   options.name = "fuzz";
   options.unexpected_bytes = 128 << 10;  // 64 KiB per connection
+  options.unexpected_messages = 1024;
   std::unique_ptr<dtrain::transport::Transport> t;
   std::thread real([&] {
     namespace tr = dtrain::transport;

@@ -194,6 +194,8 @@ struct Connection {
   std::unordered_map<uint64_t, Part> awaiting_data;
 
   // Receiving.
+  std::unique_ptr<uint8_t[]> stage;  // kStageBytes, read ahead (engine.h)
+  size_t staged_begin = 0, staged_end = 0;  // its bytes not consumed yet
   std::deque<Part> recvq;  // posted, not yet matched, in order
   std::list<Held> held;    // unmatched arrivals, in order
   FrameHeader recv_header{};

@@ -69,15 +69,13 @@ void EngineRequest::on_done(std::function<void()> fn) {
 }
 
 void EngineRequest::wait(Clock::time_point deadline, const std::string& what) {
-  const bool polled = poll_ != nullptr && !done();
-  if (polled && transport_.poll(*this, *poll_, deadline) && !failed()) return;
+  if (poll_ != nullptr && !done() && transport_.poll(*this, *poll_, deadline) && !failed())
+    return;
   std::exception_ptr error;
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    const auto slept_from = Clock::now();
     const bool done =
         cv_.wait_until(lock, deadline, [&] { return remaining_ == 0 || error_ != nullptr; });
-    if (polled) transport_.poll_feedback(Clock::now() - slept_from);
     if (done && !error_) return;
     error = error_;
   }
@@ -94,7 +92,7 @@ void EngineRequest::wait(Clock::time_point deadline, const std::string& what) {
 Engine::Engine(Links links, int rank, int size, const EngineOptions& options)
     : rank_(rank), size_(size), options_(options),
       pollers_(std::move(links.pollers)),
-      spin_ns_(std::chrono::nanoseconds(kMinPollSpin).count()) {
+      spin_ns_(std::chrono::nanoseconds(4 * kMinPollSpin).count()) {
   conns_.resize(size);
   for (int p = 0; p < size; ++p) {
     if (p == rank) continue;

@@ -46,10 +46,19 @@ constexpr size_t kMinEagerBytes = 4096;
 // Messages at least this long are split over every link to their peer.
 constexpr size_t kSplitBytes = 256 * 1024;
 
+// A link's reads of headers and small payloads go through a stage of
+// kStageBytes; the rest of a payload of at least kDirectBytes is read
+// straight into its destination.
+constexpr size_t kStageBytes = 64 * 1024;
+constexpr size_t kDirectBytes = 16 * 1024;
+
 // How long a waiter serves its link itself before it sleeps (Engine::poll):
-// between these, adapting to how soon messages come.
-constexpr std::chrono::microseconds kMinPollSpin{20};
-constexpr std::chrono::microseconds kMaxPollSpin{320};
+// between these, or not at all, adapting to how often polling pays.
+constexpr std::chrono::microseconds kMinPollSpin{5};
+constexpr std::chrono::microseconds kMaxPollSpin{160};
+// While polling does not pay, one wait in this many still polls (for
+// kMinPollSpin), to find out whether it pays again.
+constexpr uint32_t kPollProbeEvery = 32;
 
 }  // namespace dtrain::transport
 
@@ -113,13 +122,12 @@ class Engine final : public Transport {
   // when the request is done. Waking the I/O thread and then the waiter
   // costs two context switches per message, where a small message takes a
   // few microseconds to cross; MPI's progress engine polls in the caller
-  // the same way.
+  // the same way. The budget adapts: a poll that ends in time keeps it (and
+  // doubles it, up to kMaxPollSpin, if it needed more than half); one that
+  // runs out halves it, down to none below kMinPollSpin, so that a rank
+  // whose peers need the CPU it would spin on (more ranks than cores) leaves
+  // it to them and sleeps at once, probing now and then.
   bool poll(EngineRequest& request, Connection& c, Clock::time_point deadline);
-  // A waiter that polled in vain then slept `slept`: the spin budget
-  // doubles when the message came soon after it (up to kMaxPollSpin), and
-  // halves when the peer was busy for long, so that a rank waiting for a
-  // slow peer leaves the CPU to it.
-  void poll_feedback(Clock::duration slept);
   const std::string& peer_name(int peer) const {
     static const std::string any = "any rank";
     return peer < 0 ? any : conns_[peer][0]->name;
@@ -163,6 +171,11 @@ class Engine final : public Transport {
   void pump(Connection& c);
   bool flush(Connection& c);            // true when nothing is left to write
   bool receive(Connection& c);          // false when the connection broke
+  void consume_staged(Connection& c);
+  // The rest of the payload being read (its bytes in *left), and the step
+  // past `n` more of them (finishing the message once it is whole).
+  uint8_t* payload_at(Connection& c, size_t* left);
+  void advance_payload(Connection& c, size_t n);
   void start_message(Connection& c);
   // The posted receive a kData or kRts header matches: the first for its
   // tag from this peer, else an irecv_any. nullopt when there is none, or
@@ -207,8 +220,10 @@ class Engine final : public Transport {
   std::atomic<size_t> any_count_{0};
   // Announcements held unmatched on every link (Connection::announced).
   std::atomic<size_t> announced_{0};
-  // How long a waiter polls before it sleeps (poll_feedback adapts it).
+  // How long a waiter polls before it sleeps (poll adapts it; 0: not at
+  // all), and the waits that did not poll since the last probe.
   std::atomic<int64_t> spin_ns_;
+  std::atomic<uint32_t> unpolled_{0};
 };
 
 }  // namespace dtrain::transport::engine

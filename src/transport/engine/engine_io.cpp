@@ -60,30 +60,42 @@ void Engine::mute_input(Connection& c, bool muted) {
 }
 
 bool Engine::poll(EngineRequest& request, Connection& c, Clock::time_point deadline) {
+  using std::chrono::nanoseconds;
+  const int64_t min_spin = nanoseconds(kMinPollSpin).count();
+  const int64_t max_spin = nanoseconds(kMaxPollSpin).count();
+  int64_t spin = spin_ns_.load(std::memory_order_relaxed);
+  if (spin == 0) {  // polling has not paid lately: probe now and then
+    if (unpolled_.fetch_add(1, std::memory_order_relaxed) % kPollProbeEvery != 0) return false;
+    spin = min_spin;
+  }
   {
     std::lock_guard<std::mutex> lock(c.mutex);
     if (c.dead) return request.done();
     if (c.waiters_polling++ == 0) mute_input(c, true);
   }
-  const auto until = std::min(deadline, Clock::now() + std::chrono::nanoseconds(spin_ns_.load()));
+  const auto start = Clock::now();
+  const auto until = std::min(deadline, start + nanoseconds(spin));
   bool done = false;
   for (unsigned i = 0;; ++i) {
+    // Input, and output the link takes now (the rest of a send that did
+    // not fit the socket's buffer, say), which the I/O thread would
+    // otherwise write once the poller says there is room.
     std::unique_lock<std::mutex> lock(c.mutex, std::try_to_lock);
-    if (lock) handle(c, Poller::kIn, lock);
+    if (lock) handle(c, Poller::kIn | Poller::kOut, lock);
     if ((done = request.done())) break;
     if ((i & 7) == 7 && Clock::now() >= until) break;
   }
-  std::lock_guard<std::mutex> lock(c.mutex);
-  if (--c.waiters_polling == 0) mute_input(c, false);
+  const int64_t took = nanoseconds(Clock::now() - start).count();
+  {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    if (--c.waiters_polling == 0) mute_input(c, false);
+  }
+  if (done)
+    spin = took > spin / 2 ? std::min(2 * spin, max_spin) : std::max(spin, min_spin);
+  else
+    spin = spin / 2 >= min_spin ? spin / 2 : 0;
+  spin_ns_.store(spin, std::memory_order_relaxed);
   return done;
-}
-
-void Engine::poll_feedback(Clock::duration slept) {
-  const int64_t spin = spin_ns_.load();
-  const int64_t next = slept < 2 * kMaxPollSpin
-                           ? std::min<int64_t>(spin * 2, std::chrono::nanoseconds(kMaxPollSpin).count())
-                           : std::max<int64_t>(spin / 2, std::chrono::nanoseconds(kMinPollSpin).count());
-  spin_ns_.store(next);
 }
 
 void Engine::serve(int poller) {
@@ -192,27 +204,72 @@ bool Engine::flush(Connection& c) {
   }
 }
 
-// Reads what the socket has (up to a budget, so one busy peer does not
-// starve the others on this thread). False when the connection broke.
+// Where the rest of the message being read goes: its posted receive or
+// its held buffer.
+uint8_t* Engine::payload_at(Connection& c, size_t* left) {
+  if (c.current_held) {
+    *left = c.current_held->bytes - c.current_held->done;
+    return c.current_held->data.get() + c.current_held->done;
+  }
+  *left = c.current.bytes - c.current.done;
+  return c.current.data + c.current.done;
+}
+
+void Engine::advance_payload(Connection& c, size_t n) {
+  (c.current_held ? c.current_held->done : c.current.done) += n;
+  size_t left;
+  payload_at(c, &left);
+  if (left == 0) finish_message(c);
+}
+
+// Takes frames out of the stage: headers, and payload bytes copied to
+// where they go.
+void Engine::consume_staged(Connection& c) {
+  while (c.staged_begin < c.staged_end && !c.dead) {
+    const size_t avail = c.staged_end - c.staged_begin;
+    const uint8_t* src = c.stage.get() + c.staged_begin;
+    if (!c.in_message) {
+      const size_t n = std::min(avail, sizeof(FrameHeader) - c.recv_header_done);
+      std::memcpy(reinterpret_cast<uint8_t*>(&c.recv_header) + c.recv_header_done, src, n);
+      c.staged_begin += n;
+      c.recv_header_done += n;
+      if (c.recv_header_done < sizeof(FrameHeader)) continue;
+      start_message(c);
+      if (c.in_message) advance_payload(c, 0);  // an empty payload ends at once
+      continue;
+    }
+    size_t left;
+    uint8_t* dst = payload_at(c, &left);
+    const size_t n = std::min(avail, left);
+    std::memcpy(dst, src, n);
+    c.staged_begin += n;
+    advance_payload(c, n);
+  }
+}
+
+// Reads what the link has, up to a budget (so one busy peer does not
+// starve the others on this thread), until a read comes back short (the
+// link is drained for now: a level-triggered poller calls again when more
+// comes). Headers and small payloads are read into the connection's stage,
+// with whatever follows them, so that a small message takes one read, not
+// one for its header, one for its payload and one to find nothing more;
+// the rest of a payload of at least kDirectBytes is read straight into its
+// destination. False when the connection broke.
 bool Engine::receive(Connection& c) {
   size_t budget = 8u << 20;
   while (budget > 0) {
-    uint8_t* dst;
-    size_t want;
-    if (!c.in_message) {
-      dst = reinterpret_cast<uint8_t*>(&c.recv_header) + c.recv_header_done;
-      want = sizeof(FrameHeader) - c.recv_header_done;
-    } else if (c.current_held) {
-      dst = c.current_held->data.get() + c.current_held->done;
-      want = c.current_held->bytes - c.current_held->done;
-    } else {
-      dst = c.current.data + c.current.done;
-      want = c.current.bytes - c.current.done;
-    }
-    ssize_t got = want ? c.link->read(dst, std::min(want, budget)) : 0;
+    consume_staged(c);
+    if (c.dead) return false;
+    size_t left = 0;
+    uint8_t* payload = c.in_message ? payload_at(c, &left) : nullptr;
+    const bool direct = left >= kDirectBytes;
+    if (!direct && !c.stage) c.stage.reset(new uint8_t[kStageBytes]);
+    uint8_t* dst = direct ? payload : c.stage.get();
+    const size_t want = std::min(direct ? left : kStageBytes, budget);
+    const ssize_t got = c.link->read(dst, want);
     if (got < 0 && errno == EINTR) continue;
     if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
-    if (want && got <= 0) {
+    if (got <= 0) {
       // The peer closed in order (close_in_order): answer with our FIN,
       // which is what lets its close complete.
       if (got == 0) c.link->end_output();
@@ -221,21 +278,20 @@ bool Engine::receive(Connection& c) {
           got == 0 ? "" : strerror(errno), " (the peer may have exited or been killed)")));
       return false;
     }
-    budget -= static_cast<size_t>(std::max<ssize_t>(got, 0));
-    if (!c.in_message) {
-      c.recv_header_done += static_cast<size_t>(got);
-      if (c.recv_header_done == sizeof(FrameHeader)) start_message(c);
-      if (c.dead) return false;
+    budget -= static_cast<size_t>(got);
+    if (direct) {
+      advance_payload(c, static_cast<size_t>(got));
     } else {
-      (c.current_held ? c.current_held->done : c.current.done) += static_cast<size_t>(got);
+      c.staged_begin = 0;
+      c.staged_end = static_cast<size_t>(got);
     }
-    if (c.in_message) {
-      const bool full = c.current_held ? c.current_held->done == c.current_held->bytes
-                                       : c.current.done == c.current.bytes;
-      if (full) finish_message(c);
+    if (static_cast<size_t>(got) < want) {
+      consume_staged(c);
+      return !c.dead;
     }
   }
-  return true;
+  consume_staged(c);
+  return !c.dead;
 }
 
 // A header is in: check it and act on it. Only kData and kRndvData frames
