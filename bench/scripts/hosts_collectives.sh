@@ -33,11 +33,16 @@ trap 'rm -rf "$out"; netns_cleanup' EXIT
 run_mpi() {
   local agent=$out/rsh-agent
   # OpenMPI's rsh launcher calls AGENT HOST COMMAND...: run it in HOST's namespace.
-  printf '#!/bin/sh\nhost=$1; shift\nns=%s; [ "$host" = 10.215.0.2 ] && ns=%s\nexec ip netns exec "$ns" sh -c "$*"\n' \
-    "$NS_A" "$NS_B" >"$agent"
+  # Both namespaces share the machine's hostname and /dev/shm: the second
+  # host's ranks get a hostname of their own (a UTS namespace), so that
+  # OpenMPI does not take them for the first host's, and their
+  # shared-memory segments a folder of their own.
+  mkdir -p "$out/shm-a" "$out/shm-b"
+  printf '#!/bin/sh\nhost=$1; shift\nexec ip netns exec %s unshare --uts env OMPI_MCA_btl_vader_backing_directory=%s sh -c "hostname dtrain-host-b; $*"\n' \
+    "$NS_B" "$out/shm-b" >"$agent"
   chmod +x "$agent"
   echo "== run $run: OpenMPI MPI_Allreduce ($world ranks, $per_host per host, link $rate, btl ${MPI_BTL:-default})"
-  ip netns exec "$NS_A" timeout 600 mpirun --allow-run-as-root --oversubscribe -np "$world" \
+  ip netns exec "$NS_A" env OMPI_MCA_btl_vader_backing_directory="$out/shm-a" timeout 600 mpirun --allow-run-as-root --oversubscribe -np "$world" \
     --host "10.215.0.1:$per_host,10.215.0.2:$per_host" --mca plm_rsh_agent "$agent" \
     --mca oob_tcp_if_include 10.215.0.0/24 --mca btl_tcp_if_include 10.215.0.0/24 \
     ${MPI_BTL:+--mca btl "$MPI_BTL" --mca pml ob1} "$MPI_PROGRAM" ${MPI_SIZES:-4194304 16777216}
