@@ -271,13 +271,19 @@ double memcpy_gbps(size_t bytes) {
 
 struct Baseline {
   std::string name;     // "gloo", "OpenMPI tcp", "OpenMPI shm"
-  std::string command;  // prints "bytes= time_us= busbw_GBps=" lines
+  // Prints "bytes= time_us= busbw_GBps=" lines. Made on rank 0 when first
+  // run: finding the Python interpreter starts one (a fork of this rank),
+  // which must not happen on the ranks before they are measured (it left
+  // auto's small all_reduces 2-7x slower for the rest of the run).
+  std::function<std::string()> make_command;
+  std::string command;
   std::map<int64_t, std::vector<double>> us, busbw;  // by size, one per run
 };
 
 // Runs a baseline on rank 0 (the others wait) and keeps its figures.
 void run_baseline(Baseline& b) {
   if (get_rank() == 0) {
+    if (b.command.empty()) b.command = b.make_command();
     const auto out = capture(b.command + " 2>&1");
     std::regex line("bytes=\\s*([0-9]+)\\s+time_us=\\s*([0-9.]+)\\s+busbw_GBps=\\s*([0-9.]+)");
     bool any = false;
@@ -312,10 +318,11 @@ void compare_with_baselines(const Args& a, at::ScalarType dt, ReduceOp redop) {
   const int runs = a.num("runs", 3), world = get_world_size(), me = get_rank();
   std::vector<Baseline> bases;
   if (!a.get("baseline", "").empty())
-    bases.push_back({"gloo", python_of(a) + " " + a.get("baseline", "") + " " + std::to_string(world), {}, {}});
+    bases.push_back({"gloo", [&] { return python_of(a) + " " + a.get("baseline", "") + " " +
+                                          std::to_string(world); }, "", {}, {}});
   for (const std::string& t : {std::string("tcp"), std::string("shm")})
     if (a.get("baseline-mpi", "") == t || a.get("baseline-mpi", "") == "both")
-      bases.push_back({"OpenMPI " + t, mpi_command(a, t, world), {}, {}});
+      bases.push_back({"OpenMPI " + t, [&a, t, world] { return mpi_command(a, t, world); }, "", {}, {}});
   const std::vector<int64_t> sizes = {4096, 65536, 1 << 20, 4 << 20, 16 << 20, 64 << 20};
   std::map<int64_t, std::vector<double>> ours_bw, ours_us;
   std::vector<double> memcpy_runs, memcpy_big_runs;
