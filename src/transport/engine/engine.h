@@ -56,8 +56,8 @@ constexpr size_t kDirectBytes = 16 * 1024;
 // between these, or not at all, adapting to how often polling pays.
 constexpr std::chrono::microseconds kMinPollSpin{5};
 constexpr std::chrono::microseconds kMaxPollSpin{160};
-// While polling does not pay, one wait in this many still polls (for
-// kMinPollSpin), to find out whether it pays again.
+// While polling does not pay, one wait in this many still polls (for half
+// of kMaxPollSpin), to find out whether it pays again.
 constexpr uint32_t kPollProbeEvery = 32;
 
 }  // namespace dtrain::transport
@@ -122,11 +122,12 @@ class Engine final : public Transport {
   // when the request is done. Waking the I/O thread and then the waiter
   // costs two context switches per message, where a small message takes a
   // few microseconds to cross; MPI's progress engine polls in the caller
-  // the same way. The budget adapts: a poll that ends in time keeps it (and
-  // doubles it, up to kMaxPollSpin, if it needed more than half); one that
-  // runs out halves it, down to none below kMinPollSpin, so that a rank
-  // whose peers need the CPU it would spin on (more ranks than cores) leaves
-  // it to them and sleeps at once, probing now and then.
+  // the same way. The budget adapts: a poll that ends in time keeps it, or
+  // raises it to twice what it took (up to kMaxPollSpin); one that runs out
+  // halves it, down to none below kMinPollSpin, so that a rank whose peers
+  // need the CPU it would spin on (more ranks than cores) leaves it to them
+  // and sleeps at once, probing now and then (after a long wait for a busy
+  // peer too, polling comes back at the first probe that pays).
   bool poll(EngineRequest& request, Connection& c, Clock::time_point deadline);
   const std::string& peer_name(int peer) const {
     static const std::string any = "any rank";

@@ -63,10 +63,11 @@ bool Engine::poll(EngineRequest& request, Connection& c, Clock::time_point deadl
   using std::chrono::nanoseconds;
   const int64_t min_spin = nanoseconds(kMinPollSpin).count();
   const int64_t max_spin = nanoseconds(kMaxPollSpin).count();
-  int64_t spin = spin_ns_.load(std::memory_order_relaxed);
+  const int64_t kept = spin_ns_.load(std::memory_order_relaxed);
+  int64_t spin = kept;
   if (spin == 0) {  // polling has not paid lately: probe now and then
     if (unpolled_.fetch_add(1, std::memory_order_relaxed) % kPollProbeEvery != 0) return false;
-    spin = min_spin;
+    spin = max_spin / 2;
   }
   {
     std::lock_guard<std::mutex> lock(c.mutex);
@@ -90,10 +91,13 @@ bool Engine::poll(EngineRequest& request, Connection& c, Clock::time_point deadl
     std::lock_guard<std::mutex> lock(c.mutex);
     if (--c.waiters_polling == 0) mute_input(c, false);
   }
+  // A probe that pays sets the budget from what it took, not from its own
+  // length: where the message was simply there already (a peer that ran
+  // while this rank slept), polling has shown nothing.
   if (done)
-    spin = took > spin / 2 ? std::min(2 * spin, max_spin) : std::max(spin, min_spin);
+    spin = std::clamp<int64_t>(std::max(kept, 2 * took), min_spin, max_spin);
   else
-    spin = spin / 2 >= min_spin ? spin / 2 : 0;
+    spin = kept / 2 >= min_spin ? kept / 2 : 0;
   spin_ns_.store(spin, std::memory_order_relaxed);
   return done;
 }
