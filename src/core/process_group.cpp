@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
+#include <cstring>
 #include <limits>
 #include <numeric>
 
@@ -72,11 +74,13 @@ ProcessGroup::Call ProcessGroup::next_call(const char* op, Timeout timeout, bool
   if (call_suffix_.empty())
     call_suffix_ = detail::cat(" on group '", name(), "' (rank ", rank_, "/", size_, ", backend ",
                                backend_name(), ")");
-  // Built for every call: plain appends, no stream.
-  std::string description = op;
-  description += " #";
-  description += std::to_string(seq);
-  description += call_suffix_;
+  // Built for every call: one allocation of the right size, no stream.
+  char number[24];
+  const auto end = std::to_chars(number, number + sizeof(number), seq).ptr;
+  const size_t op_len = std::strlen(op);
+  std::string description;
+  description.reserve(op_len + 2 + static_cast<size_t>(end - number) + call_suffix_.size());
+  description.append(op, op_len).append(" #").append(number, end).append(call_suffix_);
   return Call{op, seq, t, std::move(description), collective};
 }
 
