@@ -332,6 +332,9 @@ void compare_with_baselines(const Args& a, at::ScalarType dt, ReduceOp redop) {
       ours_us[bytes].push_back(row.time_us);
       ours_bw[bytes].push_back(row.busbw);
     }
+    if (me == 0)
+      std::printf("run %d of %d: dtrain %.1f us at 4 KiB, %.1f us at 16 MiB\n", run + 1, runs,
+                  ours_us[4096].back(), ours_us[16 << 20].back());
     memcpy_runs.push_back(memcpy_gbps(16 << 20));
     memcpy_big_runs.push_back(memcpy_gbps(256 << 20));
     for (auto& b : bases) run_baseline(b);
