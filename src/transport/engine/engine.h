@@ -15,9 +15,10 @@
 // held buffer that the receive later copies from. Held buffers are bounded
 // by flow control: each link's receiver grants its sender eager credit; a
 // part that does not fit is announced at once and sent only once its
-// receive is posted; announcements are bounded by count. Sends are written on the caller's thread while the link takes
-// them and finished by the I/O thread. Each request completes on its own;
-// the first failure breaks the whole transport.
+// receive is posted; announcements are bounded by count. Sends are written
+// on the caller's thread while the link takes them and finished by the I/O
+// thread, or by a waiter that polls its link. Each request completes on its
+// own; the first failure breaks the whole transport.
 //
 // Posting and teardown in engine.cpp, the I/O threads and the wire protocol
 // in engine_io.cpp. Private to src/transport/.
@@ -36,6 +37,7 @@
 #include "dtrain/errors.h"
 #include "transport/engine/connection.h"
 #include "transport/link.h"
+#include "transport/tcp/options.h"
 #include "transport/transport.h"
 
 namespace dtrain::transport {
@@ -45,6 +47,10 @@ constexpr size_t kMinEagerBytes = 4096;
 
 // Messages at least this long are split over every link to their peer.
 constexpr size_t kSplitBytes = 256 * 1024;
+
+}  // namespace dtrain::transport
+
+namespace dtrain::transport::engine {
 
 // A link's reads of headers and small payloads go through a stage of
 // kStageBytes; the rest of a payload of at least kDirectBytes is read
@@ -60,14 +66,6 @@ constexpr std::chrono::microseconds kMaxPollSpin{160};
 // of kMaxPollSpin), to find out whether it pays again.
 constexpr uint32_t kPollProbeEvery = 32;
 
-}  // namespace dtrain::transport
-
-namespace dtrain::transport::engine {
-
-// The most announcements (kRts) a rank holds before their receives are
-// posted, over all its links, unless set otherwise.
-constexpr size_t kDefaultMaxAnnounced = 65536;
-
 struct EngineOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};  // bounds a close
   std::string name;          // the group's name, for messages
@@ -75,7 +73,7 @@ struct EngineOptions {
   // Announced messages this rank holds unmatched, all links together (each
   // entry costs about kHeldEntryCharge bytes); a peer that announces more
   // fails the group naming this cap (DTRAIN_TCP_UNEXPECTED_MESSAGES).
-  size_t max_announced = kDefaultMaxAnnounced;
+  size_t max_announced = TcpOptions().unexpected_messages;
 };
 
 // The eager credit each of a rank's `connections` grants its sender:

@@ -114,25 +114,22 @@ void Engine::on_event(Connection& c, uint32_t events) {
 }
 
 void Engine::handle(Connection& c, uint32_t events, std::unique_lock<std::mutex>& lock) {
-  std::exception_ptr broke;
-  bool deferred = false;
-  {
-    if (c.dead) return;
-    try {
-      if (events & Poller::kIn) receive(c);
-      // Output: what the link takes now, and control frames the input queued.
-      if (!c.dead && ((events & Poller::kOut) || !c.watching_out)) {
-        if (flush(c)) watch_out(c, false);
-        else watch_out(c, true);
-      }
-    } catch (const std::bad_alloc&) {
-      protocol_error(c, ": this rank ran out of memory receiving from it");
-    } catch (const std::exception& e) {
-      protocol_error(c, ": ", e.what());
+  if (c.dead) return;  // `lock` releases the mutex
+  try {
+    if (events & Poller::kIn) receive(c);
+    // Output: what the link takes now, and control frames the input queued.
+    if (!c.dead && ((events & Poller::kOut) || !c.watching_out)) {
+      if (flush(c)) watch_out(c, false);
+      else watch_out(c, true);
     }
-    if (c.dead && kill(c, c.dead)) broke = c.dead;
-    deferred = !c.deferred.empty();
+  } catch (const std::bad_alloc&) {
+    protocol_error(c, ": this rank ran out of memory receiving from it");
+  } catch (const std::exception& e) {
+    protocol_error(c, ": ", e.what());
   }
+  std::exception_ptr broke;
+  if (c.dead && kill(c, c.dead)) broke = c.dead;
+  const bool deferred = !c.deferred.empty();
   lock.unlock();
   if (deferred) post_deferred(c);
   if (broke) fail(broke);
