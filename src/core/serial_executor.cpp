@@ -34,11 +34,12 @@ void SerialExecutor::submit(WorkPtr work, std::function<void()> body, bool waite
   auto run = [this, work = std::move(work), body = std::move(body)] {
     failures_->run(*work, body);
   };
+  const bool for_waiter = waiter_may_run && !announce;
   {
     std::lock_guard<std::mutex> lock(queue_->mutex);
-    queue_->tasks.push_back(Task{key, std::move(run)});
+    queue_->tasks.push_back(Task{key, std::move(run), for_waiter});
   }
-  if (announce || !waiter_may_run) queue_->cv.notify_one();
+  if (!for_waiter) queue_->cv.notify_one();
 }
 
 void SerialExecutor::Queue::run_if_next(const Work* work) {
@@ -46,8 +47,9 @@ void SerialExecutor::Queue::run_if_next(const Work* work) {
   {
     std::unique_lock<std::mutex> lock(mutex);
     if (running || tasks.empty() || tasks.front().work != work) {
-      // Something else is next, perhaps left unannounced for a waiter that
-      // never came: the executor's thread runs what is ahead.
+      // Something else is next or runs: the executor's thread runs what is
+      // ahead, and then this waiter's task, without waiting for waiters.
+      for (auto& t : tasks) t.for_waiter = false;
       const bool tell = !running && !tasks.empty();
       lock.unlock();
       if (tell) cv.notify_one();
@@ -76,6 +78,18 @@ void SerialExecutor::Queue::run_if_next(const Work* work) {
   task();
 }
 
+bool SerialExecutor::Queue::waiter_did_not_come(std::unique_lock<std::mutex>& lock) {
+  const Work* front = tasks.front().work;
+  const bool moved = cv.wait_for(lock, kWaiterGrace, [&] {
+    return stop || running || tasks.empty() || tasks.front().work != front ||
+           !tasks.front().for_waiter;
+  });
+  if (!moved) return true;
+  // Given up by its waiter (it found something ahead), or stopping: take it
+  // now. Taken by the waiter, or another is next: look again.
+  return !running && !tasks.empty() && tasks.front().work == front;
+}
+
 // Ends once stopped with nothing queued and nothing running (a waiter's
 // task included: the group's state must outlive it).
 void SerialExecutor::loop() {
@@ -86,6 +100,7 @@ void SerialExecutor::loop() {
       std::unique_lock<std::mutex> lock(q.mutex);
       q.cv.wait(lock, [&] { return !q.running && (q.stop || !q.tasks.empty()); });
       if (q.tasks.empty()) return;  // stopped and drained
+      if (q.tasks.front().for_waiter && !q.stop && !q.waiter_did_not_come(lock)) continue;
       task = std::move(q.tasks.front().run);
       q.tasks.pop_front();
       q.running = true;
