@@ -30,20 +30,25 @@ using detail::placements_in;
 
 namespace {
 
-// All of a unit's flat `slice`s over its group: [slice numel x group size].
-at::Tensor gathered(const at::Tensor& slice, ProcessGroup& group) {
+// All of a unit's flat `slice`s over its group, into `flat` ([slice numel
+// x group size]).
+void gather_into(const at::Tensor& flat, const at::Tensor& slice, ProcessGroup& group) {
   at::NoGradGuard no_grad;
-  auto flat = at::empty({slice.numel() * group.size()}, slice.options().requires_grad(false));
   group.all_gather_into_tensor(flat, slice.detach().reshape({-1}))->wait();
-  return flat;
 }
 
 // The unit's parameters (or one field of their optimizer state) from its
 // gathered flat tensor, each under base + name + suffix, placed as the TP
-// layer says; after the load, this rank's slice goes back into `slice`.
+// layer says. The entries are views of that one buffer, gathered again
+// before every save (a state built once saves the values of each save, not
+// of when it was built); after a load, this rank's slice goes back into
+// `slice`.
 void add_unit_tensors(DistributedState& state, const FSDPShard& s, const Placements& placed,
                       const at::Tensor& slice, const std::string& base, const std::string& suffix) {
-  const at::Tensor flat = gathered(slice, *s.group);
+  const at::Tensor flat =
+      at::empty({slice.numel() * s.group->size()}, slice.options().requires_grad(false));
+  gather_into(flat, slice, *s.group);
+  state.before_save.push_back([flat, slice, group = s.group] { gather_into(flat, slice, *group); });
   for (size_t i = 0; i < s.param_names.size(); ++i) {
     int64_t n = 1;
     for (int64_t d : s.param_shapes[i]) n *= d;

@@ -230,6 +230,7 @@ void export_safetensors(const std::string& dir, const DistributedState& state, c
   for (const auto& [name, s] : state.sharded)
     if (!rename(name).empty()) chosen.sharded[name] = s;
   chosen.metadata = state.metadata;
+  chosen.before_save = state.before_save;  // gathers of FSDP's shards: the values of now
   const std::string context = "export_safetensors " + dir;
   auto together = [&](const std::string& error) {
     try {

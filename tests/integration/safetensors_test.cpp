@@ -211,6 +211,40 @@ TEST(Safetensors, TheLlamaModelFromPipelineTimesFsdpEqualsOneProcessAndImportsIn
   });
 }
 
+// FSDP's parameters by name (add_fsdp_parameters), the state built once and
+// exported twice, the weights changed in place between the exports as an
+// optimizer's step changes them: the second export holds the new values.
+// Before, the state gathered the shards once, when built, and export ran
+// none of its before_save hooks: both exports held the first values.
+TEST(Safetensors, AnFsdpStateBuiltOnceExportsTheValuesOfEachExport) {
+  testing::TempDir dir;
+  const std::string out = dir.path() + "/hf";
+  std::mutex mu;
+  Tensors live;
+  testing::expect_no_errors(testing::run_rank_contexts(2, [&](RankContext& ctx) {
+    torch::nn::Linear linear(6, 5);
+    FullyShardedDataParallel<torch::nn::LinearImpl> fsdp(linear.ptr(), FSDPOptions().process_group(ctx.group));
+    ckpt::DistributedState state;
+    ckpt::add_fsdp_parameters(state, fsdp);
+    const auto options = ckpt::SafetensorsOptions().process_group(ctx.group);
+    ckpt::export_safetensors(out, state, options);
+    {
+      at::NoGradGuard no_grad;
+      for (auto& p : fsdp.parameters()) p.mul_(2).add_(1);
+    }
+    ckpt::export_safetensors(out, state, options);
+    auto values = fsdp.full_state_dict();
+    std::lock_guard<std::mutex> lock(mu);
+    if (ctx.rank == 0) live = values;
+  }));
+  const Tensors exported = read_by_the_spec(out + "/model.safetensors");
+  ASSERT_EQ(exported.size(), 2u);
+  for (const auto& [name, value] : live) {
+    ASSERT_TRUE(exported.count(name)) << name;
+    EXPECT_TRUE(at::equal(exported.at(name), value)) << name << " as of the second export";
+  }
+}
+
 TEST(Safetensors, DamagedFilesAndMismatchesAreNamed) {
   testing::TempDir dir;
   const std::string out = dir.path() + "/hf";

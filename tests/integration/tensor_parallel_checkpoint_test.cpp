@@ -232,6 +232,61 @@ TEST(TensorParallelCheckpoint, FsdpOverTpLayersSavesTheWholeLayersAndLoadsThemBa
   });
 }
 
+// The state built once, before training, as a training loop builds it, and
+// saved after each of two steps: each checkpoint holds the values of its
+// save (every parameter, moment and step count: the one process that loads
+// the second takes the third step as TP 2 x FSDP 2 does). Before, add_fsdp
+// gathered the TP layers' parameters and moments once, at build: both
+// checkpoints held the initial weights and zero moments.
+TEST(TensorParallelCheckpoint, FsdpOverTpStateBuiltOnceSavesTheValuesOfEachSave) {
+  testing::TempDir first, second;
+  std::vector<at::Tensor> xs, ys;
+  for (int step = 0; step < 3; ++step) {
+    xs.push_back(torch::randn({4, kCkptSeq, kCkptHidden}));
+    ys.push_back(torch::randn({4, kCkptSeq, kCkptHidden}));
+  }
+  std::mutex mu;
+  std::map<int, Params> at_first, at_second, after_third;  // by TP rank (both DP ranks agree)
+  run_fsdp_over_tp(testing::initial_block(kCkptHidden, kCkptInner), xs, ys, [&](auto& world, int t, auto& fsdp, auto& adam, auto& step) {
+    ckpt::DistributedState state;
+    ckpt::add_fsdp(state, fsdp, adam);
+    const auto options = ckpt::SaveOptions().process_group(world);
+    step(0);
+    ckpt::save(first.path(), state, options);
+    auto one = fsdp.full_state_dict();
+    step(1);
+    ckpt::save(second.path(), state, options);
+    auto two = fsdp.full_state_dict();
+    step(2);
+    auto three = fsdp.full_state_dict();
+    std::lock_guard<std::mutex> lock(mu);
+    at_first[t] = std::move(one);
+    at_second[t] = std::move(two);
+    after_third[t] = std::move(three);
+  });
+  ASSERT_EQ(at_first.size(), 2u);
+  for (const auto* dir : {&first, &second}) {
+    testing::PlainBlock whole(testing::initial_block(kCkptHidden, kCkptInner, 99));
+    auto whole_adam = testing::kAdam(whole->parameters());
+    auto whole_state = block_state(*whole, *whole_adam);
+    ckpt::load(dir->path(), whole_state);
+    const bool is_first = dir == &first;
+    const Params loaded = params_of(*whole);
+    for (int t = 0; t < 2; ++t)
+      expect_shards_of(loaded, is_first ? at_first[t] : at_second[t], t, 2,
+                       std::string(is_first ? "the first" : "the second") + " save, TP rank " + std::to_string(t));
+    if (is_first) continue;
+    whole_adam->zero_grad();
+    torch::mse_loss(whole(xs[2]), ys[2]).backward();
+    whole_adam->step();
+    const Params after = params_of(*whole);
+    for (int t = 0; t < 2; ++t)
+      for (const auto& [name, value] : after_third[t])
+        testing::expect_close(value, testing::block_shard(after, name, t, 2),
+                              name + " one step after loading the second save");
+  }
+}
+
 }  // namespace
 }  // namespace dtrain
 

@@ -151,9 +151,10 @@ void add_zero(DistributedState& state, ZeroRedundancyOptimizer& optimizer,
 // one TP rank to the next, instead the entries add_module and
 // add_optimizer write ("<prefix>param/<name>", "<prefix>optim/<name>/<field>"):
 // each parameter and its state gathered whole over the FSDP group (a
-// collective; memory for one whole copy of them while the state lives),
-// its TP box of the whole layer; load() puts this rank's slice back into
-// the flat shards. Such a checkpoint loads at any TP and DP size, under
+// collective, here and again at every save, snapshot and export of the
+// state, so a state built once saves the values of that moment; memory
+// for one whole copy of them while the state lives), its TP box of the
+// whole layer; load() puts this rank's slice back into the flat shards. Such a checkpoint loads at any TP and DP size, under
 // FSDP, DDP or in one process.
 void add_fsdp_shards(DistributedState& state, const std::vector<FSDPShard>& shards,
                      torch::optim::Optimizer& optimizer, torch::nn::Module& module,
@@ -166,8 +167,9 @@ void add_fsdp(DistributedState& state, FullyShardedDataParallel<ModuleType>& fsd
 
 // FSDP's parameters by name, as add_module writes them ("<prefix>param/<name>",
 // replicated, or a TP layer's box) and its buffers: each parameter gathered
-// whole over the FSDP group (a collective; one whole copy in memory while
-// the state lives); load() and import_safetensors put this rank's slice back
+// whole over the FSDP group (a collective, here and again at every save and
+// export; one whole copy in memory while the state lives); load() and
+// import_safetensors put this rank's slice back
 // into the flat shards. For weights that leave the job (export_safetensors)
 // or come in without optimizer state.
 void add_fsdp_parameter_shards(DistributedState& state, const std::vector<FSDPShard>& shards,
