@@ -9,17 +9,22 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <random>
 #include <set>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "checkpoint/distributed_files.h"
 #include "checkpoint/dtype_table.h"
+#include "checkpoint/export_seam.h"
 #include "checkpoint/file_reader.h"
+#include "checkpoint/rank0_step.h"
 #include "checkpoint/safetensors_format.h"
 #include "checkpoint/whole_entries.h"
 #include "common/durable_file.h"
@@ -93,9 +98,44 @@ struct Planned {
   uint64_t bytes = 0;
 };
 
+// The test seams (checkpoint/export_seam.h).
+std::atomic<int> fail_after_files{-1};
+std::atomic<int64_t> sleep_per_file_ms{0};
+
+// The files' names for `count` files: "model.safetensors" alone, or Hugging
+// Face's "model-00001-of-00003.safetensors" ... unless a file of the earlier
+// export has one of those names: then "model-<id>-00001-of-00003...", so
+// that no file the earlier index names changes before the new index is in.
+std::vector<std::string> file_names(const std::string& dir, size_t count) {
+  if (count == 1) return {"model.safetensors"};
+  auto names_with = [&](const std::string& id) {
+    std::vector<std::string> out;
+    for (size_t k = 0; k < count; ++k) {
+      char name[64];
+      std::snprintf(name, sizeof(name), "-%05zu-of-%05zu.safetensors", k + 1, count);
+      out.push_back("model" + id + name);
+    }
+    return out;
+  };
+  auto names = names_with("");
+  const bool taken = std::any_of(names.begin(), names.end(),
+                                 [&](const std::string& n) { return paths::exists(paths::join(dir, n)); });
+  if (!taken) return names;
+  std::random_device random;
+  char id[16];
+  std::snprintf(id, sizeof(id), "-%08x", static_cast<unsigned>(random()));
+  return names_with(id);
+}
+
 // Rank 0: the staged checkpoint's entries, whole, into files of at most
 // `max_bytes` of tensors each, the index beside them when there are
 // several; then the earlier export's other files and the staging removed.
+// The set changes at one rename: a single file replaces "model.safetensors"
+// atomically, and several are written under names no earlier file has,
+// then the index that names them replaces the earlier index. A crash
+// before that leaves the earlier export as its index names it (Hugging
+// Face's loaders read that; import_safetensors, reading every file, names
+// the tensor that two files hold).
 void write_files(const std::string& dir, const std::string& staging, const Rename& rename, int64_t max_bytes) {
   detail::WholeEntries saved(staging);
   std::vector<std::vector<Planned>> files(1);
@@ -122,10 +162,12 @@ void write_files(const std::string& dir, const std::string& staging, const Renam
     if (key.rfind("u/", 0) == 0 && key != "u/format") metadata.emplace_back(key.substr(2), value);
   std::set<std::string> written;
   std::string weight_map;
+  const auto file_of = file_names(dir, files.size());
   for (size_t k = 0; k < files.size(); ++k) {
-    char name[64];
-    std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", k + 1, files.size());
-    const std::string file = files.size() == 1 ? "model.safetensors" : name;
+    std::this_thread::sleep_for(std::chrono::milliseconds(sleep_per_file_ms.load()));
+    if (fail_after_files.load() == static_cast<int>(k))
+      throw Error(dtrain::detail::cat("export_safetensors: stopped after ", k, " files (the test seam)"));
+    const std::string& file = file_of[k];
     std::vector<st::Entry> entries;
     std::vector<at::Tensor> values;
     for (const auto& p : files[k]) {
@@ -167,7 +209,8 @@ class Files {
         const auto& t = f->layout.tensors[i];
         const auto [at, fresh] = where_.emplace(t.name, std::make_pair(opened_.size(), i));
         DTRAIN_CHECK_ARG(fresh, "import_safetensors ", dir, ": tensor '", t.name, "' is in both ",
-                         opened_[at->second.first]->path, " and ", f->path);
+                         opened_[at->second.first]->path, " and ", f->path,
+                         " (files of two exports: was one interrupted? export again)");
       }
       opened_.push_back(std::move(f));
     }
@@ -242,9 +285,17 @@ void export_safetensors(const std::string& dir, const DistributedState& state, c
   together(group->rank() == 0 ? error_of([&] { make_dirs(dir); }) : "");
   const std::string staging = paths::join(dir, ".dtrain-export");
   save(staging, chosen, SaveOptions().process_group(group));
-  together(group->rank() == 0 ? error_of([&] { write_files(dir, staging, rename, options.max_shard_bytes()); })
-                              : "");
+  // The others wait for rank 0's word, not under a deadline on the whole
+  // conversion (checkpoint/rank0_step.h).
+  together(detail::run_on_rank0(*group, context, [&] {
+    return error_of([&] { write_files(dir, staging, rename, options.max_shard_bytes()); });
+  }));
 }
+
+namespace detail {
+void stop_export_after_files(int files) { fail_after_files = files; }
+void slow_export_files(std::chrono::milliseconds each) { sleep_per_file_ms = each.count(); }
+}  // namespace detail
 
 void import_safetensors(const std::string& dir, DistributedState& state, const SafetensorsOptions& options) {
   const Rename rename = options.rename() ? options.rename() : Rename(default_rename);

@@ -103,9 +103,10 @@ Runner::Runner(ScheduleKind kind, std::vector<PipelineStage> stages, int n_micro
   // then one per stage, direction and microbatch.
   tag_base_ = group_->internal_tags_from();
   const int64_t top = int64_t{tag_base_} + num_stages + 2 * num_stages * m_ - 1;
-  DTRAIN_CHECK_ARG(top <= group_->max_tag(), name, ": ", num_stages, " stages x ", m_,
+  const int64_t most = int64_t{group_->max_tag()} - dtrain::detail::kTagsAtTheTop;
+  DTRAIN_CHECK_ARG(top <= most, name, ": ", num_stages, " stages x ", m_,
                    " microbatches need point-to-point tags up to ", top, ", over the ",
-                   group_->max_tag(), " that group '", group_->name(), "' takes (backend ",
+                   most, " that group '", group_->name(), "' takes (backend ",
                    group_->backend_name(), "); use fewer microbatches or stages");
   stages_ = std::move(stages);
   order_ = order_of(kind, rank_, ranks_, v, m_);

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <string>
 
+#include "checkpoint/export_seam.h"
 #include "common/paths.h"
 #include "dtrain/checkpoint/safetensors.h"
 #include "dtrain/ddp.h"
@@ -243,6 +244,81 @@ TEST(Safetensors, AnFsdpStateBuiltOnceExportsTheValuesOfEachExport) {
     ASSERT_TRUE(exported.count(name)) << name;
     EXPECT_TRUE(at::equal(exported.at(name), value)) << name << " as of the second export";
   }
+}
+
+// Rank 0 of a 3-file export stops before its second file (the seam: what a
+// crash there leaves). The directory still holds the earlier export as its
+// index names it, and import_safetensors, which reads every file, names a
+// tensor that two files hold. The next export goes through and leaves no
+// other file. Before, files were replaced one by one under their fixed
+// names: the earlier index named the new first file beside old others,
+// one silently mixed model.
+TEST(Safetensors, AnExportInterruptedAfterItsFirstFileLeavesTheEarlierOneAsItsIndexNamesIt) {
+  testing::TempDir dir;
+  Net net;
+  const std::string out = dir.path() + "/hf";
+  auto export_now = [&] {
+    std::string error;
+    one_rank([&](const auto& group) {
+      ckpt::DistributedState state;
+      ckpt::add_module(state, *net);
+      try {
+        ckpt::export_safetensors(out, state, ckpt::SafetensorsOptions().process_group(group).max_shard_bytes(64));
+      } catch (const Error& e) {
+        error = e.what();
+      }
+    });
+    return error;
+  };
+  auto through_the_index = [&] {
+    const auto index = nlohmann::json::parse(bytes_of(out + "/model.safetensors.index.json"));
+    Tensors all;
+    for (const auto& [name, file] : index.at("weight_map").items())
+      all[name] = read_by_the_spec(out + "/" + file.get<std::string>()).at(name);
+    return all;
+  };
+  EXPECT_EQ(export_now(), "");
+  const Tensors first = state_dict_of(*net);
+  const size_t files = paths::list(out).size();
+  ASSERT_GE(files, 4u) << "three files or more, and the index";
+  {
+    at::NoGradGuard no_grad;
+    for (auto& p : net->parameters()) p.add_(1);
+    for (auto& b : net->buffers()) b.add_(1);
+  }
+  ckpt::detail::stop_export_after_files(1);
+  EXPECT_EQ(export_now(), "export_safetensors " + out +
+                              ": rank 0: export_safetensors: stopped after 1 files (the test seam)");
+  ckpt::detail::stop_export_after_files(-1);
+  expect_equal(through_the_index(), first, "the earlier export, through its index");
+  Net other;
+  ckpt::DistributedState into;
+  ckpt::add_module(into, *other);
+  const auto refused = testing::what_thrown<InvalidArgument>([&] { ckpt::import_safetensors(out, into); });
+  EXPECT_NE(refused.find("' is in both "), std::string::npos) << refused;
+  EXPECT_NE(refused.find("(files of two exports: was one interrupted? export again)"), std::string::npos) << refused;
+  EXPECT_EQ(export_now(), "");
+  expect_equal(through_the_index(), state_dict_of(*net), "the next export, through its index");
+  EXPECT_EQ(paths::list(out).size(), files) << "the interrupted export's file is gone";
+}
+
+// The others wait for rank 0's conversion under a group timeout shorter
+// than it (one file, written after 1 s; a 250 ms timeout): rank 0's word
+// every quarter of the timeout keeps them waiting. Before, they waited in a
+// collective, and the export failed with a timeout on every rank.
+TEST(Safetensors, AnExportOutlastsAGroupTimeoutShorterThanItsConversion) {
+  testing::TempDir dir;
+  const std::string out = dir.path() + "/hf";
+  ckpt::detail::slow_export_files(std::chrono::seconds(1));
+  const auto errors = testing::run_rank_contexts(2, [&](RankContext& ctx) {
+    Net net;
+    ckpt::DistributedState state;
+    if (ctx.rank == 0) ckpt::add_module(state, *net);
+    ckpt::export_safetensors(out, state, ckpt::SafetensorsOptions().process_group(ctx.group));
+  }, std::chrono::milliseconds(250));
+  ckpt::detail::slow_export_files(std::chrono::milliseconds(0));
+  testing::expect_no_errors(errors);
+  EXPECT_TRUE(paths::exists(out + "/model.safetensors"));
 }
 
 TEST(Safetensors, DamagedFilesAndMismatchesAreNamed) {

@@ -45,10 +45,15 @@ struct SafetensorsOptions {
 // if missing; every rank must see it, as for save): they go through a
 // distributed checkpoint in dir/.dtrain-export, which rank 0 then reads
 // whole, one file's tensors at a time, writes each file atomically, and
-// removes. Entries saved as flat ranges (add_fsdp's units without tensor
-// parallelism, add_zero) have no shape: InvalidArgument (use
-// add_fsdp_parameters). state.metadata goes into each file's
-// __metadata__. A failure on any rank throws on every rank.
+// removes; the others wait for rank 0's word (every quarter of the group's
+// timeout: the timeout bounds a stall, not the conversion). The set is
+// replaced at one rename: several files go under names no earlier file
+// has, then their index replaces the earlier one (a crash before leaves
+// the earlier export whole through its index). Entries saved as flat
+// ranges (add_fsdp's units without tensor parallelism, add_zero) have no
+// shape: InvalidArgument (use add_fsdp_parameters). state.metadata goes
+// into each file's __metadata__. A failure on any rank throws on every
+// rank.
 void export_safetensors(const std::string& dir, const DistributedState& state,
                         const SafetensorsOptions& options = SafetensorsOptions());
 
