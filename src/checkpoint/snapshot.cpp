@@ -5,6 +5,7 @@
 #include "dtrain/checkpoint/snapshot.h"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <set>
@@ -13,9 +14,11 @@
 #include <ATen/core/grad_mode.h>
 
 #include "checkpoint/snapshot_part.h"
+#include "checkpoint/snapshot_seam.h"
 #include "checkpoint/snapshot_transfer.h"
 #include "common/enforce.h"
 #include "common/env.h"
+#include "core/internal_tags.h"
 #include "checkpoint/save_plan.h"
 #include "world/companion_group.h"
 #include "dtrain/distributed.h"
@@ -38,6 +41,31 @@ std::shared_ptr<ProcessGroup> bytes_group(const std::shared_ptr<ProcessGroup>& g
   return entry.second;
 }
 
+// The group's name (at most 256 bytes of it) and its global ranks, run
+// lengths of consecutive ranks: "default:0-7", "dp:0,2,4,6" (at most
+// 64 runs, then a hash of all): two groups on one host's keeper never
+// share a snapshot.
+std::string group_key(const ProcessGroup& group) {
+  std::string key = group.name().substr(0, 256) + ":";
+  const auto& ranks = group.global_ranks();
+  std::vector<std::pair<int, int>> runs;
+  for (int i = 0; i < group.size(); ++i) {
+    const int r = ranks.empty() ? i : ranks[i];
+    if (!runs.empty() && runs.back().second + 1 == r) runs.back().second = r;
+    else runs.emplace_back(r, r);
+  }
+  if (runs.size() > 64) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the ranks
+    for (const auto& [a, b] : runs)
+      for (int r = a; r <= b; ++r) h = (h ^ static_cast<uint64_t>(r)) * 1099511628211ull;
+    return key + std::to_string(group.size()) + " ranks #" + std::to_string(h);
+  }
+  for (size_t i = 0; i < runs.size(); ++i)
+    key += (i ? "," : "") + std::to_string(runs[i].first) +
+           (runs[i].second > runs[i].first ? "-" + std::to_string(runs[i].second) : "");
+  return key;
+}
+
 }  // namespace
 
 Context context_of(const SnapshotOptions& o, const std::string& what) {
@@ -51,6 +79,7 @@ Context context_of(const SnapshotOptions& o, const std::string& what) {
   c.bytes = bytes_group(c.group);
   c.rank = c.group->rank();
   c.world = c.group->size();
+  c.key = group_key(*c.group);
   return c;
 }
 
@@ -86,10 +115,20 @@ void agree(const Context& c, const std::string& mine) {
     if (!all[r].empty()) throw E(c.what + ": rank " + std::to_string(r) + ": " + all[r]);
 }
 
+std::atomic<int> commit_refused_on{-1};  // the test seam (checkpoint/snapshot_seam.h)
+
+// The parts travel on a tag of dtrain's own (core/internal_tags.h), issued
+// under InternalTraffic: a receive that the user posted ahead on the same
+// group cannot take them, nor they the user's messages.
+P2POptions part_options(const Context& c) {
+  return P2POptions().group(c.bytes).tag(c.bytes->max_tag() - dtrain::detail::kSnapshotTagFromTop);
+}
+
 // Sends this rank's part to `to` and receives the parts of `from`, all
 // posted at once; sizes first.
 std::vector<std::string> exchange(const Context& c, std::string& part, int to, const std::vector<int>& from) {
-  const P2POptions opts = P2POptions().group(c.bytes);
+  const dtrain::detail::InternalTraffic own;
+  const P2POptions opts = part_options(c);
   at::Tensor size_out = at::full({1}, static_cast<int64_t>(part.size()), at::kLong);
   std::vector<at::Tensor> sizes_in;
   std::vector<WorkPtr> works;
@@ -150,7 +189,8 @@ uint64_t part_size(const wire::Listing& l, int r) {
 // `failure`; the bytes are still sent (zeros), so that nobody waits.
 std::string fetch_part(const Context& c, const std::vector<wire::Listing>& listings, int64_t step,
                        const std::vector<int>& holders, std::string& failure) {
-  const P2POptions opts = P2POptions().group(c.bytes);
+  const dtrain::detail::InternalTraffic own;
+  const P2POptions opts = part_options(c);
   std::vector<std::string> served;
   served.reserve(c.world);  // as_bytes views them while they are sent
   std::string mine;
@@ -225,7 +265,8 @@ void share_replicated(const Context& c, const DistributedState& state, snapshot_
                 std::to_string(it->second.first) + "'s part): restore needs the snapshot's layout";
   }
   agree<InvalidArgument>(c, failure);
-  const P2POptions opts = P2POptions().group(c.bytes);
+  const dtrain::detail::InternalTraffic own;
+  const P2POptions opts = part_options(c);
   std::vector<WorkPtr> works;
   for (int q = 0; q < c.world; ++q)
     for (const auto& name : needs[q])
@@ -288,11 +329,25 @@ SnapshotInfo transfer(const Context& c, Staged staged) {
   keep(c.rank, std::move(part));
   for (size_t i = 0; i < from.size(); ++i) keep(from[i], std::move(received[i]));
   agree<Error>(c, failure);
-  c.ask(wire::Op::Commit, step, c.rank);
+  // Agreed too: a keeper that refuses or cannot be reached makes every
+  // rank throw, as snapshot.h says.
+  std::string committed;
+  try {
+    if (commit_refused_on.load() == c.rank)
+      throw Error(c.what + ": this host's keeper refused the commit (the test seam)");
+    c.ask(wire::Op::Commit, step, c.rank);
+  } catch (const Error& e) {
+    committed = e.what();
+  }
+  agree<Error>(c, committed);
   return info;
 }
 
 }  // namespace snapshot_detail
+
+namespace detail {
+void refuse_snapshot_commit_on(int rank) { snapshot_detail::commit_refused_on = rank; }
+}  // namespace detail
 
 using namespace snapshot_detail;
 

@@ -25,10 +25,6 @@ namespace {
 using snapshot_wire::Op;
 using snapshot_wire::Request;
 
-// A worker has this long for one request (a part of a few GiB over a Unix
-// socket takes seconds); a stalled one is dropped, the keeper goes on.
-constexpr auto kRequestTimeout = std::chrono::minutes(5);
-
 std::string errno_text(const std::string& what) { return what + ": " + std::strerror(errno); }
 
 uint64_t host_memory() {
@@ -89,6 +85,12 @@ Keeper::~Keeper() {
   const char c = 0;
   (void)!::write(wake_[1], &c, 1);
   if (server_.joinable()) server_.join();
+  {
+    // Connections still served end at once; their threads then finish.
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (int fd : open_) ::shutdown(fd, SHUT_RDWR);
+    all_closed_.wait(lock, [&] { return open_.empty(); });
+  }
   ::close(listen_fd_);
   ::close(wake_[0]);
   ::close(wake_[1]);
@@ -98,92 +100,156 @@ Keeper::~Keeper() {
 
 uint64_t Keeper::bytes_held() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return (complete_ ? complete_->bytes : 0) + (writing_ ? writing_->bytes : 0);
+  return bytes_;
 }
 
-// One connection at a time: the workers of one host, each request bounded
-// by kRequestTimeout.
+// Each connection on a thread of its own, at most kMaxConnections at once
+// (past that a connection is closed unanswered: the worker's call fails).
 void Keeper::serve() {
   while (!stopping_) {
     pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
     if (::poll(fds, 2, -1) < 0) continue;
     if (fds[1].revents) break;
     if (!(fds[0].revents & POLLIN)) continue;
-    net::Fd fd(::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC));
-    if (fd) serve_one(fd.get());
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (open_.size() >= static_cast<size_t>(kMaxConnections)) {
+        ::close(fd);
+        continue;
+      }
+      open_.insert(fd);
+    }
+    std::thread([this, fd] {
+      serve_one(fd);
+      std::lock_guard<std::mutex> lock(mutex_);
+      open_.erase(fd);
+      ::close(fd);  // under the mutex: the destructor never shuts down a reused number
+      all_closed_.notify_all();
+    }).detach();
   }
 }
 
 void Keeper::serve_one(int fd) {
-  const auto deadline = snapshot_wire::Clock::now() + kRequestTimeout;
   try {
-    uint64_t room;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      // A part may replace the one being written: its bytes count as room.
-      room = memory_limit_ - std::min(memory_limit_, complete_ ? complete_->bytes : 0);
-    }
-    std::pair<bool, std::string> reply;
+    Reply reply;
+    uint64_t reservation = 0;
     try {
-      reply = handle(snapshot_wire::read_request(fd, room, deadline));
+      auto head = snapshot_wire::read_head(fd);
+      if (head.op == Op::Put) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        const std::string refused = over_limit(head, reserved_);
+        if (!refused.empty()) {
+          snapshot_wire::write_reply(fd, false, refused);  // its payload unread
+          return;
+        }
+        reservation = head.payload_bytes;
+        reserved_ += reservation;
+      }
+      reply = respond(snapshot_wire::read_payload(fd, std::move(head)), reservation);
+      reservation = 0;  // respond() gave it back
     } catch (const InvalidArgument& e) {
-      reply = {false, e.what()};
+      reply = {false, std::make_shared<const std::string>(e.what())};
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      reserved_ -= reservation;
+      throw;
     }
-    snapshot_wire::write_reply(fd, reply.first, reply.second, deadline);
+    snapshot_wire::write_reply(fd, reply.ok, *reply.body);
   } catch (const Error&) {
     // The worker went away or stalled: its request did nothing.
   }
 }
 
-snapshot_wire::Listing Keeper::listing() const {
+snapshot_wire::Listing Keeper::listing(const std::string& group) const {
   snapshot_wire::Listing l;
   l.keeper = id_;
-  if (complete_) {
-    l.step = complete_->step;
-    l.world = complete_->world;
-    for (const auto& [rank, part] : complete_->parts) l.parts.emplace_back(rank, part.size());
+  const auto it = kept_.find(group);
+  if (it != kept_.end() && it->second.complete) {
+    const auto& c = *it->second.complete;
+    l.step = c.step;
+    l.world = c.world;
+    for (const auto& [rank, part] : c.parts) l.parts.emplace_back(rank, part->size());
   }
   return l;
 }
 
+uint64_t Keeper::freed_by(const snapshot_wire::Head& h) const {
+  const auto it = kept_.find(h.group);
+  if (it == kept_.end() || !it->second.writing) return 0;
+  const auto& w = *it->second.writing;
+  if (w.step != h.step || w.world != h.world) return w.bytes;  // never completed: dropped
+  const auto part = w.parts.find(h.rank);
+  return part == w.parts.end() ? 0 : part->second->size();
+}
+
+std::string Keeper::over_limit(const snapshot_wire::Head& h, uint64_t reserved) const {
+  const uint64_t would = bytes_ - freed_by(h) + reserved + h.payload_bytes;
+  if (would <= memory_limit_ && would >= h.payload_bytes) return "";
+  return "this host's snapshot keeper would hold " + std::to_string(would) + " bytes with rank " +
+         std::to_string(h.rank) + "'s part, over its limit of " + std::to_string(memory_limit_) + " (" +
+         env::kSnapshotMemory.name + ")";
+}
+
 std::pair<bool, std::string> Keeper::handle(Request r) {
+  const Reply reply = respond(std::move(r), 0);
+  return {reply.ok, *reply.body};
+}
+
+Keeper::Reply Keeper::respond(Request r, uint64_t reservation) {
+  auto text = [](bool ok, std::string t) { return Reply{ok, std::make_shared<const std::string>(std::move(t))}; };
   std::lock_guard<std::mutex> lock(mutex_);
+  reserved_ -= reservation;
   const std::string of = "snapshot of step " + std::to_string(r.step);
+  if (r.op == Op::List) return text(true, snapshot_wire::encode_listing(listing(r.group)));
+  auto found = kept_.find(r.group);
+  if (found == kept_.end()) {
+    if (r.op != Op::Put) return text(false, "this host's keeper holds no snapshot of this group");
+    if (kept_.size() >= kMaxGroups)
+      return text(false, "this host's keeper already keeps the snapshots of " + std::to_string(kMaxGroups) +
+                             " groups");
+    found = kept_.emplace(r.group, Kept{}).first;
+  }
+  Kept& kept = found->second;
   switch (r.op) {
     case Op::List:
-      return {true, snapshot_wire::encode_listing(listing())};
+      break;
     case Op::Get: {
-      if (!complete_ || complete_->step != r.step || complete_->world != r.world)
-        return {false, "this host's keeper holds no complete " + of + " of " + std::to_string(r.world) + " ranks"};
-      auto it = complete_->parts.find(r.rank);
-      if (it == complete_->parts.end())
-        return {false, "this host's keeper holds no part of rank " + std::to_string(r.rank) + " of the " + of};
-      return {true, it->second};
+      if (!kept.complete || kept.complete->step != r.step || kept.complete->world != r.world)
+        return text(false, "this host's keeper holds no complete " + of + " of " + std::to_string(r.world) + " ranks");
+      auto it = kept.complete->parts.find(r.rank);
+      if (it == kept.complete->parts.end())
+        return text(false, "this host's keeper holds no part of rank " + std::to_string(r.rank) + " of the " + of);
+      return {true, it->second};  // sent from where it is kept
     }
     case Op::Put: {
-      if (writing_ && (writing_->step != r.step || writing_->world != r.world)) writing_.reset();  // never completed
-      if (!writing_) writing_ = Snapshot{r.step, r.world, {}, 0};
-      auto& parts = writing_->parts;
-      const uint64_t replaced = parts.count(r.rank) ? parts[r.rank].size() : 0;
-      const uint64_t held = (complete_ ? complete_->bytes : 0) + writing_->bytes - replaced;
-      if (held + r.payload.size() > memory_limit_)
-        return {false, "this host's snapshot keeper would hold " + std::to_string(held + r.payload.size()) +
-                           " bytes with rank " + std::to_string(r.rank) + "'s part, over its limit of " +
-                           std::to_string(memory_limit_) + " (" + env::kSnapshotMemory.name + ")"};
-      writing_->bytes = writing_->bytes - replaced + r.payload.size();
-      parts[r.rank] = std::move(r.payload);
-      return {true, ""};
+      const snapshot_wire::Head head{r.op, r.step, r.rank, r.world, r.group, r.payload.size()};
+      const std::string refused = over_limit(head, reserved_);
+      if (!refused.empty()) return text(false, refused);
+      bytes_ -= freed_by(head);
+      if (kept.writing && (kept.writing->step != r.step || kept.writing->world != r.world)) kept.writing.reset();
+      if (!kept.writing) kept.writing = Snapshot{r.step, r.world, {}, 0};
+      auto& w = *kept.writing;
+      const auto old = w.parts.find(r.rank);
+      if (old != w.parts.end()) w.bytes -= old->second->size();
+      w.bytes += r.payload.size();
+      bytes_ += r.payload.size();
+      w.parts[r.rank] = std::make_shared<const std::string>(std::move(r.payload));
+      return text(true, "");
     }
     case Op::Commit:
-      if (writing_ && writing_->step == r.step && writing_->world == r.world) {
-        complete_ = std::move(writing_);
-        writing_.reset();
-        return {true, ""};
+      if (kept.writing && kept.writing->step == r.step && kept.writing->world == r.world) {
+        if (kept.complete) bytes_ -= kept.complete->bytes;
+        kept.complete = std::move(kept.writing);
+        kept.writing.reset();
+        return text(true, "");
       }
-      if (complete_ && complete_->step == r.step && complete_->world == r.world) return {true, ""};  // said before
-      return {false, "this host's keeper has no " + of + " being written"};
+      if (kept.complete && kept.complete->step == r.step && kept.complete->world == r.world)
+        return text(true, "");  // said before
+      return text(false, "this host's keeper has no " + of + " being written");
   }
-  return {false, "unknown operation"};
+  return text(false, "unknown operation");
 }
 
 }  // namespace dtrain::snapshot

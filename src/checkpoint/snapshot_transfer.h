@@ -23,6 +23,7 @@ struct Context {
   std::shared_ptr<ProcessGroup> group;  // the caller's; `bytes` carries the parts (CPU tensors)
   std::shared_ptr<ProcessGroup> bytes;
   std::string socket, what;
+  std::string key;  // the group's in its keepers: its name and ranks (snapshot_wire.h)
   int rank = 0, world = 0;
 
   int global(int group_rank) const {
@@ -30,7 +31,7 @@ struct Context {
     return g.empty() ? group_rank : g[group_rank];
   }
   std::string ask(wire::Op op, int64_t step, int part_rank, std::string payload = {}, uint64_t max_answer = 0) const {
-    wire::Request r{op, step, static_cast<uint32_t>(part_rank), static_cast<uint32_t>(world), std::move(payload)};
+    wire::Request r{op, step, static_cast<uint32_t>(part_rank), static_cast<uint32_t>(world), std::move(payload), key};
     return wire::call(socket, r, max_answer, wire::Clock::now() + kKeeperTimeout, what);
   }
   wire::Listing listing() const {

@@ -15,7 +15,7 @@ namespace dtrain::snapshot_wire {
 namespace {
 
 constexpr char kMagic[4] = {'D', 'T', 'S', 'N'};
-constexpr size_t kRequestHead = 4 + 4 + 8 + 4 + 4 + 8;
+constexpr size_t kRequestHead = 4 + 4 + 8 + 4 + 4 + 4 + 8;
 constexpr size_t kReplyHead = 4 + 8;
 
 template <typename T>
@@ -43,6 +43,22 @@ struct Cursor {
     return v;
   }
 };
+
+// n bytes, each chunk within kStall: a stall is bounded, a long transfer not.
+void recv_chunks(int fd, char* data, size_t n, const std::string& peer) {
+  for (size_t at = 0; at < n;) {
+    const size_t len = std::min(kChunk, n - at);
+    net::recv_all(fd, data + at, len, Clock::now() + kStall, peer);
+    at += len;
+  }
+}
+void send_chunks(int fd, const char* data, size_t n, const std::string& peer) {
+  for (size_t at = 0; at < n;) {
+    const size_t len = std::min(kChunk, n - at);
+    net::send_all(fd, data + at, len, Clock::now() + kStall, peer);
+    at += len;
+  }
+}
 
 net::Fd connect_unix(const std::string& path, const std::string& context) {
   sockaddr_un addr{};
@@ -101,10 +117,17 @@ std::string call(const std::string& socket_path, const Request& r, uint64_t max_
   put<int64_t>(head, r.step);
   put<uint32_t>(head, r.rank);
   put<uint32_t>(head, r.world);
+  put<uint32_t>(head, static_cast<uint32_t>(r.group.size()));
   put<uint64_t>(head, r.payload.size());
+  head += r.group;
   try {
     net::send_all(fd.get(), head.data(), head.size(), deadline, peer);
-    net::send_all(fd.get(), r.payload.data(), r.payload.size(), deadline, peer);
+    try {
+      net::send_all(fd.get(), r.payload.data(), r.payload.size(), deadline, peer);
+    } catch (const NetworkError&) {
+      // A keeper that refuses a part unread answers and closes: its answer
+      // is still there to read. None there: the send's error stands.
+    }
     char reply[kReplyHead];
     net::recv_all(fd.get(), reply, sizeof(reply), deadline, peer);
     const auto status = get<uint32_t>(reply);
@@ -122,36 +145,50 @@ std::string call(const std::string& socket_path, const Request& r, uint64_t max_
   }
 }
 
-Request read_request(int fd, uint64_t max_payload, Clock::time_point deadline) {
+Head read_head(int fd) {
   const std::string peer = "a worker";
   char head[kRequestHead];
-  net::recv_all(fd, head, sizeof(head), deadline, peer);
+  recv_chunks(fd, head, sizeof(head), peer);
   DTRAIN_CHECK_ARG(std::memcmp(head, kMagic, 4) == 0, "snapshot keeper: a request without the protocol's magic");
-  Request r;
+  Head h;
   const auto op = get<uint32_t>(head + 4);
   DTRAIN_CHECK_ARG(op >= 1 && op <= kLastOp, "snapshot keeper: unknown operation ", op);
-  r.op = static_cast<Op>(op);
-  r.step = get<int64_t>(head + 8);
-  r.rank = get<uint32_t>(head + 16);
-  r.world = get<uint32_t>(head + 20);
-  const auto n = get<uint64_t>(head + 24);
-  DTRAIN_CHECK_ARG(r.world <= kMaxWorld, "snapshot keeper: a world of ", r.world, " ranks (at most ", kMaxWorld, ")");
-  DTRAIN_CHECK_ARG(r.op == Op::List || r.rank < r.world, "snapshot keeper: rank ", r.rank,
-                   " is not below the world size ", r.world);
-  DTRAIN_CHECK_ARG(n <= max_payload, "snapshot keeper: a part of ", n, " bytes is over the ", max_payload,
-                   " bytes this keeper may still hold");
-  DTRAIN_CHECK_ARG(r.op == Op::Put || n == 0, "snapshot keeper: operation ", op, " carries no payload");
-  r.payload.resize(n);
-  net::recv_all(fd, r.payload.data(), n, deadline, peer);
+  h.op = static_cast<Op>(op);
+  h.step = get<int64_t>(head + 8);
+  h.rank = get<uint32_t>(head + 16);
+  h.world = get<uint32_t>(head + 20);
+  const auto g = get<uint32_t>(head + 24);
+  h.payload_bytes = get<uint64_t>(head + 28);
+  DTRAIN_CHECK_ARG(h.world <= kMaxWorld, "snapshot keeper: a world of ", h.world, " ranks (at most ", kMaxWorld, ")");
+  DTRAIN_CHECK_ARG(h.op == Op::List || h.rank < h.world, "snapshot keeper: rank ", h.rank,
+                   " is not below the world size ", h.world);
+  DTRAIN_CHECK_ARG(g <= kMaxGroupKey, "snapshot keeper: a group key of ", g, " bytes (at most ", kMaxGroupKey, ")");
+  DTRAIN_CHECK_ARG(h.op == Op::Put || h.payload_bytes == 0, "snapshot keeper: operation ", op, " carries no payload");
+  h.group.resize(g);
+  recv_chunks(fd, h.group.data(), g, peer);
+  return h;
+}
+
+Request read_payload(int fd, Head h) {
+  Request r{h.op, h.step, h.rank, h.world, {}, std::move(h.group)};
+  r.payload.resize(h.payload_bytes);
+  recv_chunks(fd, r.payload.data(), r.payload.size(), "a worker");
   return r;
 }
 
-void write_reply(int fd, bool ok, const std::string& body, Clock::time_point deadline) {
+Request read_request(int fd, uint64_t max_payload) {
+  Head h = read_head(fd);
+  DTRAIN_CHECK_ARG(h.payload_bytes <= max_payload, "snapshot keeper: a part of ", h.payload_bytes,
+                   " bytes is over the ", max_payload, " bytes this keeper may still hold");
+  return read_payload(fd, std::move(h));
+}
+
+void write_reply(int fd, bool ok, const std::string& body) {
   std::string head;
   put<uint32_t>(head, ok ? 0u : 1u);
   put<uint64_t>(head, body.size());
-  net::send_all(fd, head.data(), head.size(), deadline, "a worker");
-  net::send_all(fd, body.data(), body.size(), deadline, "a worker");
+  send_chunks(fd, head.data(), head.size(), "a worker");
+  send_chunks(fd, body.data(), body.size(), "a worker");
 }
 
 }  // namespace dtrain::snapshot_wire

@@ -4,11 +4,16 @@
 // (snapshot_keeper.h), over a Unix socket; torch-free. One request and
 // one reply per connection. All integers little-endian.
 //
-//   request: "DTSN" | u32 op | i64 step | u32 rank | u32 world | u64 n | n payload bytes
+//   request: "DTSN" | u32 op | i64 step | u32 rank | u32 world | u32 g | u64 n
+//            | g bytes of group key | n payload bytes
 //   reply:   u32 status (0 ok, 1 refused) | u64 n | n bytes (the answer, or why refused)
 //
-// Both ends check what they read before allocating for it: a payload over
-// the reader's limit is refused without being read.
+// The group key names the group whose snapshot a request is about (its
+// name and ranks: snapshot.cpp), so that groups sharing a host's keeper
+// keep their snapshots apart. Both ends check what they read before
+// allocating for it: a payload over the reader's limit is refused without
+// being read. The keeper bounds a stall, not a transfer: each chunk of a
+// request or reply must move within kStall.
 
 #include <chrono>
 #include <cstdint>
@@ -28,12 +33,27 @@ enum class Op : uint32_t {
 };
 inline constexpr uint32_t kLastOp = 4;
 inline constexpr uint32_t kMaxWorld = 1u << 20;
+inline constexpr uint32_t kMaxGroupKey = 2048;
+// The keeper's bound on a stalled peer: every chunk (at most kChunk bytes)
+// of a request or reply moves within it, however long the whole takes.
+inline constexpr auto kStall = std::chrono::seconds(60);
+inline constexpr size_t kChunk = size_t{4} << 20;
 
 struct Request {
   Op op = Op::List;
   int64_t step = 0;
   uint32_t rank = 0, world = 0;
   std::string payload;
+  std::string group;  // the group key
+};
+
+// A request's fixed part and group key, read before its payload.
+struct Head {
+  Op op = Op::List;
+  int64_t step = 0;
+  uint32_t rank = 0, world = 0;
+  std::string group;
+  uint64_t payload_bytes = 0;
 };
 
 // What a keeper holds: its complete snapshot (step -1: none) and the size
@@ -56,10 +76,14 @@ Listing decode_listing(const std::string& bytes, const std::string& what);
 std::string call(const std::string& socket_path, const Request& request, uint64_t max_answer,
                  Clock::time_point deadline, const std::string& context);
 
-// The keeper's side. read_request throws InvalidArgument for a malformed
-// request (bad magic, unknown op, rank not below world, a payload over
-// `max_payload` bytes: not read).
-Request read_request(int fd, uint64_t max_payload, Clock::time_point deadline);
-void write_reply(int fd, bool ok, const std::string& body, Clock::time_point deadline);
+// The keeper's side. read_head throws InvalidArgument for a malformed
+// request (bad magic, unknown op, rank not below world, a group key over
+// kMaxGroupKey, a payload on an operation without one), each chunk under
+// kStall; read_payload reads the payload the head announced.
+// read_request is both, refusing a payload over `max_payload` unread.
+Head read_head(int fd);
+Request read_payload(int fd, Head head);
+Request read_request(int fd, uint64_t max_payload);
+void write_reply(int fd, bool ok, const std::string& body);
 
 }  // namespace dtrain::snapshot_wire

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "checkpoint/snapshot_keeper.h"
+#include "checkpoint/snapshot_seam.h"
 #include "dtrain/checkpoint/snapshot.h"
 #include "dtrain/dtrain.h"
 #include "harness/assertions.h"
@@ -228,6 +229,78 @@ TEST_F(Snapshot, AKeeperOverItsLimitFailsTheSnapshotEverywhereAndKeepsThePreviou
     }
     EXPECT_EQ(ckpt::restore_snapshot(t.state, -1, on_host(ctx)).value_or(-1), 0);
   }, 120s);
+  testing::expect_no_errors(errors);
+}
+
+// Every rank has a receive from the rank on the other host posted on the
+// group ahead of a snapshot (tag 0, the shape of the snapshot's size
+// messages), as a user's overlapped exchange would. The snapshot goes
+// through, and each receive gets the user's own message sent after it.
+// Before, the parts travelled on tag 0 of the same group: the user's
+// receives took the snapshot's size messages, and the snapshot waited for
+// its own until the group's timeout.
+TEST_F(Snapshot, AReceivePostedAheadOnTheGroupTakesNothingOfTheSnapshot) {
+  auto models = snap_models(1);
+  auto errors = run_rank_contexts(kSnapWorld, [&](RankContext& ctx) {
+    Trainer t(models[ctx.rank], ctx);
+    t.train(0, 1);
+    const int peer = (ctx.rank + 2) % kSnapWorld;
+    at::Tensor got = at::zeros({1}, at::kLong);
+    auto pending = irecv(got, peer, P2POptions().group(ctx.group));
+    const auto info = ckpt::snapshot(0, t.state, on_host(ctx));
+    EXPECT_GT(info.part_bytes, 0u);
+    send(at::full({1}, int64_t{1000 + ctx.rank}, at::kLong), peer, P2POptions().group(ctx.group));
+    pending->wait();
+    EXPECT_EQ(got.item<int64_t>(), 1000 + peer) << "rank " << ctx.rank << "'s own receive";
+  }, 20s);
+  testing::expect_no_errors(errors);
+}
+
+// Rank 2's keeper refuses the commit once every part is kept (the seam):
+// every rank throws the same Error naming rank 2, as snapshot.h says.
+// Before, the commit was not agreed: rank 2 threw, the others returned.
+TEST_F(Snapshot, ACommitRefusedOnOneRankFailsEveryRankAlike) {
+  auto models = snap_models(1);
+  std::vector<std::string> thrown(kSnapWorld);
+  ckpt::detail::refuse_snapshot_commit_on(2);
+  auto errors = run_rank_contexts(kSnapWorld, [&](RankContext& ctx) {
+    Trainer t(models[ctx.rank], ctx);
+    t.train(0, 1);
+    try {
+      ckpt::snapshot(0, t.state, on_host(ctx));
+    } catch (const Error& e) {
+      thrown[ctx.rank] = e.what();
+    }
+  }, 20s);
+  ckpt::detail::refuse_snapshot_commit_on(-1);
+  testing::expect_no_errors(errors);
+  for (int r = 0; r < kSnapWorld; ++r)
+    EXPECT_EQ(thrown[r], "checkpoint::snapshot of step 0: rank 2: checkpoint::snapshot of step 0: this host's "
+                         "keeper refused the commit (the test seam)") << "rank " << r;
+}
+
+// Two groups of the same ranks (the default one and "second") snapshot the
+// same step on the same keepers, each its own values of one tensor: each
+// restores its own. Before, a keeper told parts apart by step, world and
+// rank only: the second group's snapshot replaced the first's, and the
+// first group restored the second's values without a word.
+TEST_F(Snapshot, TwoGroupsOfTheSameRanksKeepTheirSnapshotsApart) {
+  auto errors = run_rank_contexts(kSnapWorld, [&](RankContext& ctx) {
+    auto second = create_process_group("tcp", std::make_shared<PrefixStore>("second", ctx.store), ctx.rank,
+                                       kSnapWorld, GroupOptions().name("second").timeout(20s));
+    auto state_of = [](float value) {
+      ckpt::DistributedState s;
+      s.replicated["w"] = at::full({4}, value);
+      return s;
+    };
+    ckpt::snapshot(0, state_of(1), on_host(ctx));
+    ckpt::snapshot(0, state_of(2), on_host(ctx).process_group(second));
+    auto mine = state_of(0), theirs = state_of(0);
+    EXPECT_EQ(ckpt::restore_snapshot(mine, -1, on_host(ctx)), std::optional<int64_t>(0));
+    EXPECT_EQ(ckpt::restore_snapshot(theirs, -1, on_host(ctx).process_group(second)), std::optional<int64_t>(0));
+    EXPECT_TRUE(at::equal(mine.replicated["w"], at::full({4}, 1.0f))) << "rank " << ctx.rank << ": " << mine.replicated["w"];
+    EXPECT_TRUE(at::equal(theirs.replicated["w"], at::full({4}, 2.0f))) << "rank " << ctx.rank;
+  }, 20s);
   testing::expect_no_errors(errors);
 }
 

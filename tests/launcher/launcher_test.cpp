@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -46,6 +47,18 @@ TEST(Launcher, GivesEveryWorkerTorchrunsEnvironment) {
     if (rank == 0) run_id = m[1];
     EXPECT_EQ(m[1], run_id);
   }
+}
+
+// Workers are the kernel's first choice under memory pressure, before
+// dtrain-run (which holds the host's snapshot keeper): their oom_score_adj
+// is the launcher's plus 500. Before, they had the launcher's.
+TEST(Launcher, WorkersAreTheOomKillersFirstChoiceBeforeTheLauncher) {
+  std::ifstream in("/proc/self/oom_score_adj");
+  int mine = 0;
+  ASSERT_TRUE(in >> mine);
+  auto r = launch({"--nproc-per-node", "1", "--standalone", "/bin/cat", "/proc/self/oom_score_adj"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "[0]:" + std::to_string(std::min(1000, mine + 500)) + "\n")) << r.output;
 }
 
 TEST(Launcher, ReadsFlagsFromPetVariablesAndUnderscoreSpellings) {

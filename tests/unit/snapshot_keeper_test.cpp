@@ -2,11 +2,14 @@
 // what it keeps, its memory bound, and hostile requests on its socket.
 
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "checkpoint/snapshot_keeper.h"
 #include "dtrain/errors.h"
@@ -88,14 +91,17 @@ std::pair<uint32_t, std::string> raw(const std::string& path, const std::string&
   return {status, reply.substr(12)};
 }
 
-std::string head(const char* magic, uint32_t op, int64_t step, uint32_t rank, uint32_t world, uint64_t n) {
+std::string head(const char* magic, uint32_t op, int64_t step, uint32_t rank, uint32_t world, uint64_t n,
+                 const std::string& group = "") {
   std::string h(magic, 4);
+  const auto g = static_cast<uint32_t>(group.size());
   h.append(reinterpret_cast<const char*>(&op), 4);
   h.append(reinterpret_cast<const char*>(&step), 8);
   h.append(reinterpret_cast<const char*>(&rank), 4);
   h.append(reinterpret_cast<const char*>(&world), 4);
+  h.append(reinterpret_cast<const char*>(&g), 4);
   h.append(reinterpret_cast<const char*>(&n), 8);
-  return h;
+  return h + group;
 }
 
 TEST(SnapshotKeeper, HostileRequestsAreRefusedUnreadAndTheKeeperServesOn) {
@@ -106,7 +112,8 @@ TEST(SnapshotKeeper, HostileRequestsAreRefusedUnreadAndTheKeeperServesOn) {
   EXPECT_EQ(bad_magic.second, "snapshot keeper: a request without the protocol's magic");
   auto huge = raw(path, head("DTSN", 1, 0, 0, 4, uint64_t{1} << 60));
   EXPECT_EQ(huge.first, 1u);
-  EXPECT_NE(huge.second.find("a part of 1152921504606846976 bytes is over the 1048576 bytes"), std::string::npos)
+  EXPECT_NE(huge.second.find("would hold 1152921504606846976 bytes with rank 0's part, over its limit of 1048576"),
+            std::string::npos)
       << huge.second;
   EXPECT_EQ(raw(path, head("DTSN", 9, 0, 0, 4, 0)).second, "snapshot keeper: unknown operation 9");
   EXPECT_EQ(raw(path, head("DTSN", 1, 0, 7, 4, 0)).second, "snapshot keeper: rank 7 is not below the world size 4");
@@ -116,6 +123,92 @@ TEST(SnapshotKeeper, HostileRequestsAreRefusedUnreadAndTheKeeperServesOn) {
   const auto body = snapshot_wire::call(path, {Op::List, 0, 0, 0, {}}, 1 << 16,
                                         snapshot_wire::Clock::now() + std::chrono::seconds(5), "test");
   EXPECT_EQ(snapshot_wire::decode_listing(body, "test").step, -1);
+}
+
+// A connection left open after `bytes` (a worker mid-request, or stalled).
+int open_with(const std::string& path, const std::string& bytes) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  EXPECT_EQ(::write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  return fd;
+}
+
+// The reply on `fd` within `wait` (status 99: none came).
+std::pair<uint32_t, std::string> reply_within(int fd, std::chrono::milliseconds wait) {
+  std::string reply;
+  char buf[4096];
+  const auto until = std::chrono::steady_clock::now() + wait;
+  while (std::chrono::steady_clock::now() < until) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 50) <= 0) continue;
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n <= 0) break;
+    reply.append(buf, static_cast<size_t>(n));
+  }
+  if (reply.size() < 12) return {99, reply};
+  uint32_t status;
+  std::memcpy(&status, reply.data(), 4);
+  return {status, reply.substr(12)};
+}
+
+// Admission counts the snapshot being written and the parts still being
+// read, before a payload is read: with 600 bytes being written and a part
+// of 300 admitted (its worker still sending), a part of 200 is refused
+// unread under a limit of 1,000. Before, the keeper compared a payload with
+// the room beside its complete snapshot only, after reading it (up to about
+// twice its limit), and served one connection at a time: the second Put
+// waited behind the first.
+TEST(SnapshotKeeper, APartIsAdmittedCountingWhatIsWrittenAndBeingReadBeforeItsPayloadIsRead) {
+  Keeper k("/tmp", 1000);
+  EXPECT_TRUE(k.handle(put(0, 0, 600)).first);
+  const int sending = open_with(k.socket_path(), head("DTSN", 1, 0, 1, 4, 300));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // admitted, its payload awaited
+  const int refused = open_with(k.socket_path(), head("DTSN", 1, 0, 2, 4, 200));
+  const auto answer = reply_within(refused, std::chrono::seconds(5));
+  EXPECT_EQ(answer.first, 1u);
+  EXPECT_EQ(answer.second, "this host's snapshot keeper would hold 1100 bytes with rank 2's part, over its limit "
+                           "of 1000 (DTRAIN_SNAPSHOT_MEMORY)");
+  EXPECT_EQ(::write(sending, std::string(300, 'y').data(), 300), 300);
+  EXPECT_EQ(reply_within(sending, std::chrono::seconds(5)).first, 0u);
+  EXPECT_EQ(k.bytes_held(), 900u);
+  ::close(sending);
+  ::close(refused);
+}
+
+// A worker that connects and stalls holds up no other: a listing on a
+// second connection is answered at once. Before, the keeper served one
+// connection at a time, each for up to 5 minutes.
+TEST(SnapshotKeeper, AStalledConnectionHoldsUpNoOther) {
+  Keeper k("/tmp", 1 << 20);
+  const int stalled = open_with(k.socket_path(), "DT");
+  const auto start = std::chrono::steady_clock::now();
+  const auto body = snapshot_wire::call(k.socket_path(), {Op::List, 0, 0, 0, {}}, 1 << 16,
+                                        snapshot_wire::Clock::now() + std::chrono::seconds(5), "test");
+  EXPECT_EQ(snapshot_wire::decode_listing(body, "test").step, -1);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  ::close(stalled);
+}
+
+// Parts of two groups (their keys) of the same step and ranks are kept
+// apart: each group gets back its own.
+TEST(SnapshotKeeper, TwoGroupsKeepTheirSnapshotsApart) {
+  Keeper k("/tmp", 1 << 20);
+  for (const char* g : {"default:0-3", "second:0-3"}) {
+    Request p = put(0, 0, 10, g[0]);
+    p.group = g;
+    EXPECT_TRUE(k.handle(std::move(p)).first);
+    EXPECT_TRUE(k.handle({Op::Commit, 0, 0, 4, {}, g}).first);
+  }
+  for (const char* g : {"default:0-3", "second:0-3"}) {
+    auto got = k.handle({Op::Get, 0, 0, 4, {}, g});
+    EXPECT_TRUE(got.first);
+    EXPECT_EQ(got.second, std::string(10, g[0])) << g;
+  }
+  EXPECT_EQ(k.bytes_held(), 20u);
+  EXPECT_EQ(k.handle({Op::Get, 0, 0, 4, {}, "third:0-3"}).second, "this host's keeper holds no snapshot of this group");
 }
 
 TEST(SnapshotKeeper, ListingsThatDoNotAddUpAreRefused) {
