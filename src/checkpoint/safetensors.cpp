@@ -21,10 +21,9 @@
 #include <vector>
 
 #include "checkpoint/distributed_files.h"
-#include "checkpoint/dtype_table.h"
 #include "checkpoint/export_seam.h"
-#include "checkpoint/file_reader.h"
 #include "checkpoint/rank0_step.h"
+#include "checkpoint/safetensors_reader.h"
 #include "checkpoint/safetensors_format.h"
 #include "checkpoint/whole_entries.h"
 #include "common/durable_file.h"
@@ -42,24 +41,7 @@ namespace st = safetensors;
 using Rename = std::function<std::string(const std::string&)>;
 using files::error_of;
 
-constexpr std::pair<at::ScalarType, st::DType> kTypes[] = {
-    {at::kBool, st::DType::Bool},       {at::kByte, st::DType::UInt8},     {at::kChar, st::DType::Int8},
-    {at::kShort, st::DType::Int16},     {at::kInt, st::DType::Int32},      {at::kLong, st::DType::Int64},
-    {at::kHalf, st::DType::Float16},    {at::kBFloat16, st::DType::BFloat16},
-    {at::kFloat, st::DType::Float32},   {at::kDouble, st::DType::Float64},
-};
-
-st::DType to_file(const std::string& name, at::ScalarType type) {
-  if (const auto file_type = file_type_of(kTypes, type)) return *file_type;
-  throw InvalidArgument(::dtrain::detail::cat("export_safetensors: '", name, "' is ", type,
-                                              ", which safetensors files do not hold here"));
-}
-
-at::ScalarType to_torch(st::DType type) {
-  const auto torch_type = torch_type_of(kTypes, type);
-  DTRAIN_ENFORCE(torch_type.has_value());
-  return *torch_type;
-}
+st::DType to_file(const std::string& name, at::ScalarType type) { return detail::file_type(name, type); }
 
 // add_module's parameters and buffers under their module names; nothing else.
 std::string default_rename(const std::string& entry) {
@@ -195,70 +177,6 @@ void write_files(const std::string& dir, const std::string& staging, const Renam
   paths::remove_all(staging);
 }
 
-// The .safetensors files of a directory, their headers read and checked,
-// and which holds each tensor.
-class Files {
- public:
-  explicit Files(const std::string& dir) : dir_(dir) {
-    std::vector<std::string> names = paths::list(dir);
-    std::sort(names.begin(), names.end());
-    for (const auto& name : names) {
-      if (name.size() < 12 || name.compare(name.size() - 12, 12, ".safetensors") != 0) continue;
-      auto f = std::make_unique<Opened>(paths::join(dir, name));
-      for (size_t i = 0; i < f->layout.tensors.size(); ++i) {
-        const auto& t = f->layout.tensors[i];
-        const auto [at, fresh] = where_.emplace(t.name, std::make_pair(opened_.size(), i));
-        DTRAIN_CHECK_ARG(fresh, "import_safetensors ", dir, ": tensor '", t.name, "' is in both ",
-                         opened_[at->second.first]->path, " and ", f->path,
-                         " (files of two exports: was one interrupted? export again)");
-      }
-      opened_.push_back(std::move(f));
-    }
-    DTRAIN_CHECK_ARG(!opened_.empty(), "import_safetensors: no .safetensors file in ", dir);
-  }
-
-  // The shape tensor `name` has in its file.
-  const std::vector<int64_t>& shape(const std::string& name, const std::string& entry) {
-    return find(name, entry).second.shape;
-  }
-
-  // Tensor `name` whole, checked against the entry's dtype and whole shape.
-  at::Tensor read(const std::string& name, const std::string& entry, at::ScalarType dtype,
-                  const std::vector<int64_t>& shape) {
-    auto [file, e] = find(name, entry);
-    auto& f = file;
-    DTRAIN_CHECK_ARG(to_torch(e.dtype) == dtype, "import_safetensors ", f.path, ": tensor '", name, "' is ",
-                     st::dtype_name(e.dtype), " in the file but ", dtype, " here");
-    DTRAIN_CHECK_ARG(e.shape == shape, "import_safetensors ", f.path, ": tensor '", name, "' has shape ",
-                     at::IntArrayRef(e.shape), " in the file but ", at::IntArrayRef(shape), " here");
-    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype));
-    DTRAIN_ENFORCE_EQ(t.nbytes(), e.end - e.begin);
-    if (t.nbytes() > 0) f.in.read(f.layout.data_start + e.begin, t.nbytes(), t.data_ptr());
-    return t;
-  }
-
- private:
-  struct Opened;
-  std::pair<Opened&, const st::Entry&> find(const std::string& name, const std::string& entry) {
-    const auto it = where_.find(name);
-    DTRAIN_CHECK_ARG(it != where_.end(), "import_safetensors ", dir_, ": no file has tensor '", name,
-                     "' (for entry '", entry, "')");
-    Opened& f = *opened_[it->second.first];
-    return {f, f.layout.tensors[it->second.second]};
-  }
-  struct Opened {
-    std::string path;
-    tensor_file_io::File in;
-    st::Layout layout;
-    explicit Opened(const std::string& p) : path(p), in("safetensors " + p, p) {
-      layout = st::read_layout(p, in.size(), [&](uint64_t offset, size_t n, void* out) { in.read(offset, n, out); });
-    }
-  };
-  std::string dir_;
-  std::vector<std::unique_ptr<Opened>> opened_;
-  std::map<std::string, std::pair<size_t, size_t>> where_;
-};
-
 }  // namespace
 
 void export_safetensors(const std::string& dir, const DistributedState& state, const SafetensorsOptions& options) {
@@ -299,28 +217,25 @@ void slow_export_files(std::chrono::milliseconds each) { sleep_per_file_ms = eac
 
 void import_safetensors(const std::string& dir, DistributedState& state, const SafetensorsOptions& options) {
   const Rename rename = options.rename() ? options.rename() : Rename(default_rename);
-  Files files(dir);
-  // Everything is read and checked before any entry changes.
+  detail::SafetensorsFiles files(dir);
+  // Everything is read and checked before any entry changes; each entry
+  // reads only its own part of its tensor.
   std::vector<std::pair<at::Tensor, at::Tensor>> fills;  // {destination, values}
   for (auto& [name, t] : state.replicated) {
     const std::string in_file = rename(name);
-    if (!in_file.empty()) fills.emplace_back(t, files.read(in_file, name, t.scalar_type(), t.sizes().vec()));
+    if (in_file.empty()) continue;
+    const auto shape = t.sizes().vec();
+    fills.emplace_back(t, files.read_box(in_file, name, t.scalar_type(), shape, std::vector<int64_t>(shape.size(), 0),
+                                         t.sizes()));
   }
   for (auto& [name, s] : state.sharded) {
     const std::string in_file = rename(name);
     if (in_file.empty()) continue;
-    if (s.is_box()) {
-      at::Tensor whole = files.read(in_file, name, s.local.scalar_type(), s.shape);
-      for (size_t d = 0; d < s.shape.size(); ++d) whole = whole.narrow(static_cast<int64_t>(d), s.offsets[d], s.local.size(d));
-      fills.emplace_back(s.local, whole);
-    } else {
-      // A flat range of a tensor of unknown shape: the file's says.
-      const auto shape = files.shape(in_file, name);
-      at::Tensor whole = files.read(in_file, name, s.local.scalar_type(), shape).reshape({-1});
-      DTRAIN_CHECK_ARG(whole.numel() == s.numel, "import_safetensors ", dir, ": tensor '", in_file, "' has ",
-                       whole.numel(), " elements in the file but ", s.numel, " here");
-      fills.emplace_back(s.local, whole.narrow(0, s.offset, s.local.numel()));
-    }
+    if (s.is_box())
+      fills.emplace_back(s.local, files.read_box(in_file, name, s.local.scalar_type(), s.shape, s.offsets, s.local.sizes()));
+    else  // a flat range of a tensor whose shape the file gives
+      fills.emplace_back(s.local, files.read_range(in_file, name, s.local.scalar_type(), s.numel, s.offset,
+                                                   s.local.numel()));
   }
   {
     at::NoGradGuard no_grad;

@@ -17,11 +17,13 @@
 #include <string>
 
 #include "checkpoint/export_seam.h"
+#include "checkpoint/safetensors_reader.h"
 #include "common/paths.h"
 #include "dtrain/checkpoint/safetensors.h"
 #include "dtrain/ddp.h"
 #include "dtrain/device_mesh.h"
 #include "dtrain/fsdp.h"
+#include "dtrain/tensor_parallel.h"
 #include "harness/assertions.h"
 #include "harness/temp_dir.h"
 #include "harness/thread_ranks.h"
@@ -319,6 +321,39 @@ TEST(Safetensors, AnExportOutlastsAGroupTimeoutShorterThanItsConversion) {
   ckpt::detail::slow_export_files(std::chrono::milliseconds(0));
   testing::expect_no_errors(errors);
   EXPECT_TRUE(paths::exists(out + "/model.safetensors"));
+}
+
+// Tensor parallelism: 4 ranks import a whole layer's weights into a
+// RowParallelLinear, each reading only its box of the file (its 8 columns
+// of each row of the weight) and the whole bias, which every rank holds.
+// Before, each rank read every tensor whole (4 times the file's weight
+// between them) and kept it alive through the narrowed view until the end.
+TEST(Safetensors, EachTensorParallelRankReadsOnlyItsBoxOfTheFile) {
+  testing::TempDir dir;
+  const std::string out = dir.path() + "/hf";
+  torch::manual_seed(5);
+  torch::nn::Linear whole(32, 16);
+  one_rank([&](const auto& group) {
+    ckpt::DistributedState state;
+    ckpt::add_module(state, *whole);
+    ckpt::export_safetensors(out, state, ckpt::SafetensorsOptions().process_group(group));
+  });
+  const uint64_t before = ckpt::detail::safetensors_bytes_read();
+  std::vector<Tensors> got(4);
+  testing::expect_no_errors(testing::run_rank_contexts(4, [&](RankContext& ctx) {
+    tensor_parallel::RowParallelLinear layer(32, 16, tensor_parallel::ParallelLinearOptions().group(ctx.group));
+    ckpt::DistributedState state;
+    ckpt::add_module(state, *layer);
+    ckpt::import_safetensors(out, state);
+    got[ctx.rank] = state_dict_of(*layer);
+  }));
+  const uint64_t read = ckpt::detail::safetensors_bytes_read() - before;
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_TRUE(at::equal(got[r].at("weight"), whole->weight.detach().narrow(1, 8 * r, 8))) << "rank " << r;
+    EXPECT_TRUE(at::equal(got[r].at("bias"), whole->bias.detach())) << "rank " << r;
+  }
+  EXPECT_EQ(read, whole->weight.nbytes() + 4 * whole->bias.nbytes())
+      << "each rank reads its columns of the weight, and the bias it holds whole";
 }
 
 TEST(Safetensors, DamagedFilesAndMismatchesAreNamed) {
