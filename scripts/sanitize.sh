@@ -18,8 +18,9 @@
 #                                 from nothing (most of it compiling), 4
 #                                 with ccache.
 #   scripts/sanitize.sh thread    ThreadSanitizer over the store suites (server
-#                                 thread, many clients, waiters, limits) and
-#                                 the shm segments and rings. Not over libtorch: a
+#                                 thread, many clients, waiters, limits), the
+#                                 shm segments and rings, and the snapshot
+#                                 keeper (a thread per connection). Not over libtorch: a
 #                                 process that loads Debian's uninstrumented
 #                                 libtorch 1.13 built with -fsanitize=thread
 #                                 dies in the dynamic loader (a relocation in
@@ -34,7 +35,7 @@ shift
 case $mode in
   # CpuMemory.* measures glibc malloc, which AddressSanitizer replaces.
   address) flags=address,undefined dir=build-asan filter='-CpuMemory.*' ;;
-  thread) flags=thread dir=build-tsan filter='AllStores/*:TcpStore*:C10dStore*:FileStore*:PrefixStore*:StoreLimits*:StoreToken*:StoreScale*:ShmSegment*:RingLink*:Topology*' ;;
+  thread) flags=thread dir=build-tsan filter='AllStores/*:TcpStore*:C10dStore*:FileStore*:PrefixStore*:StoreLimits*:StoreToken*:StoreScale*:ShmSegment*:RingLink*:Topology*:SnapshotKeeper*' ;;
   # The every-dtype matrix at world sizes 2 and 3 (4 and 5 take the same
   # code paths and most of the time: CI's budget).
   address-torch) flags=address,undefined dir=build-asan filter='-*_world4_*:*_world5_*' ;;
