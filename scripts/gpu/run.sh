@@ -33,7 +33,7 @@ for stage in "$@"; do
     bash .gpu/build.sh -DDTRAIN_WITH_NCCL=ON -DDTRAIN_UNITY_BUILD=OFF || exit 1
     grep -E "nccl backend" "$OUT/configure.log" ;;
   gpu)
-    for t in "nccl_test:*" "ddp_test:DeviceRouting.*" "data_parallel_test:*Cuda*" \
+    for t in "nccl_test:*" "ddp_test:DeviceRouting.*:*OnCuda" "data_parallel_test:*Cuda*" \
              "process_test:*CudaLaunched*"; do
       bin=${t%%:*} filter=${t#*:}
       [ -x $B/tests/$bin ] || { echo "$bin: not built"; continue; }

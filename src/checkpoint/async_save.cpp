@@ -15,8 +15,12 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <ATen/core/grad_mode.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include "checkpoint/background.h"
 #include "checkpoint/distributed_files.h"
@@ -93,6 +97,38 @@ void stage(TensorFile& file, Slot& slot, bool reuse, bool die_half_way) {
   slot.staging = reuse ? std::move(staged) : std::map<std::string, at::Tensor>();
 }
 
+// What training has queued on the caller's streams when async_save is
+// called: the background copies wait for it (an event per device, recorded
+// on that device's current stream at the call and waited on by the writer
+// thread's stream before its first copy). Without it, a copy on the
+// writer's default stream could read a tensor that a kernel queued on a
+// side stream has not written yet. Nothing for CPU tensors.
+class CallersStreams {
+ public:
+  explicit CallersStreams(const TensorFile& file) {
+    for (const auto& [name, t] : file.tensors) {
+      if (t.device().is_cpu() || seen(t.device())) continue;
+      const auto* impl = c10::impl::getDeviceGuardImpl(t.device().type());
+      auto event = std::make_shared<c10::Event>(t.device().type());
+      event->record(impl->getStream(t.device()));
+      events_.emplace_back(t.device(), std::move(event));
+    }
+  }
+  // On the writer's thread, before it copies: its streams wait.
+  void order_this_thread() const {
+    for (const auto& [device, event] : events_)
+      event->block(c10::impl::getDeviceGuardImpl(device.type())->getStream(device));
+  }
+
+ private:
+  bool seen(const c10::Device& d) const {
+    for (const auto& [device, event] : events_)
+      if (device == d) return true;
+    return false;
+  }
+  std::vector<std::pair<c10::Device, std::shared_ptr<c10::Event>>> events_;
+};
+
 }  // namespace
 
 namespace files {
@@ -161,11 +197,14 @@ AsyncSaveHandle async_save(const std::string& dir, const DistributedState& state
   };
   const bool in_background = options.stage_in_background();
   std::string staging_error = in_background ? std::string() : stage_part(job);
+  auto order = in_background ? std::make_shared<CallersStreams>(job.mine) : nullptr;
   auto pending = std::make_shared<PendingSave>();
   pending->dir = dir;
   if (!in_background) pending->mark_staged();
-  std::thread writer([job = std::move(job), writers, pending, staging_error, in_background, stage_part]() mutable {
+  std::thread writer([job = std::move(job), writers, pending, staging_error, in_background, stage_part,
+                      order]() mutable {
     if (in_background) {  // at training's priority: its next step waits for it
+      order->order_this_thread();
       staging_error = stage_part(job);
       pending->mark_staged();
     }

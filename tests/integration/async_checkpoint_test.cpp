@@ -5,6 +5,8 @@
 // CheckpointCrash.)
 
 #include <gtest/gtest.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/torch.h>
 
 #include <cerrno>
@@ -256,6 +258,38 @@ TEST(AsyncSave, WrongWriterGroupsAndEmptyHandlesAreNamed) {
     }
     EXPECT_FALSE(ckpt::AsyncSaveHandle().done());
   }, 30s);
+  testing::expect_no_errors(errors);
+}
+
+// CUDA: a tensor written by a kernel queued on a side stream (the caller's
+// current stream at the call) is staged in the background with the
+// kernel's values: the writer thread's stream waits on an event recorded on
+// the caller's stream at the call. Without the event its copy could run on
+// the default stream before the kernel, and stage zeros. Needs a GPU (the
+// GPU visit runs it); the rest of this file is its CPU side.
+TEST(AsyncSave, BackgroundStagingWaitsForTheCallersStreamOnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  testing::TempDir dir;
+  auto errors = run_rank_contexts(1, [&](RankContext& ctx) {
+    const c10::Device gpu(c10::DeviceType::CUDA, 0);
+    const auto* impl = c10::impl::getDeviceGuardImpl(gpu.type());
+    at::Tensor w = at::zeros({1024, 1024}, at::TensorOptions().device(gpu));
+    ckpt::DistributedState state;
+    state.replicated["w"] = w;
+    {
+      const c10::StreamGuard side(impl->getStreamFromGlobalPool(gpu));
+      at::Tensor a = at::randn({4096, 4096}, at::TensorOptions().device(gpu));
+      for (int i = 0; i < 8; ++i) a = a.matmul(a).div_(4096);  // tens of milliseconds queued ahead
+      w.fill_(7);
+      auto pending = ckpt::async_save(dir.path(), state, ckpt::AsyncSaveOptions().process_group(ctx.group)
+                                                             .stage_in_background(true));
+      pending.wait();
+    }
+    ckpt::DistributedState back;
+    back.replicated["w"] = at::zeros({1024, 1024});
+    ckpt::load(dir.path(), back);
+    EXPECT_TRUE(at::equal(back.replicated["w"], at::full({1024, 1024}, 7.0f)));
+  }, 60s);
   testing::expect_no_errors(errors);
 }
 
