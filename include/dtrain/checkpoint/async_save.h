@@ -55,6 +55,8 @@ struct AsyncSaveOptions {
   // The state must not change before the handle's wait_staged() returns:
   // call it before the optimizer's next step (and before a forward that
   // updates buffers in the state, as BatchNorm's running statistics).
+  // CUDA tensors: the copies wait for what was queued on the caller's
+  // current streams when async_save was called (an event per device).
   DTRAIN_ARG(bool, stage_in_background) = false;
   // Test hooks: this rank dies (SIGKILL) half way through staging, or in
   // the background writer (SaveOptions' faults and die_before_commit).
