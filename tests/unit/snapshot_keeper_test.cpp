@@ -72,14 +72,20 @@ TEST(SnapshotKeeper, APartPastTheMemoryLimitIsRefusedNamingTheVariable) {
   EXPECT_EQ(k.bytes_held(), 1000u);
 }
 
-// Raw bytes on the keeper's socket: the reply's status and text.
-std::pair<uint32_t, std::string> raw(const std::string& path, const std::string& bytes) {
+// A connection left open after `bytes` (a worker mid-request, or stalled).
+int open_with(const std::string& path, const std::string& bytes) {
   int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.data(), path.size());
   EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
   EXPECT_EQ(::write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  return fd;
+}
+
+// Raw bytes on the keeper's socket: the reply's status and text.
+std::pair<uint32_t, std::string> raw(const std::string& path, const std::string& bytes) {
+  const int fd = open_with(path, bytes);
   ::shutdown(fd, SHUT_WR);
   std::string reply;
   char buf[4096];
@@ -123,17 +129,6 @@ TEST(SnapshotKeeper, HostileRequestsAreRefusedUnreadAndTheKeeperServesOn) {
   const auto body = snapshot_wire::call(path, {Op::List, 0, 0, 0, {}}, 1 << 16,
                                         snapshot_wire::Clock::now() + std::chrono::seconds(5), "test");
   EXPECT_EQ(snapshot_wire::decode_listing(body, "test").step, -1);
-}
-
-// A connection left open after `bytes` (a worker mid-request, or stalled).
-int open_with(const std::string& path, const std::string& bytes) {
-  int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.data(), path.size());
-  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  EXPECT_EQ(::write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
-  return fd;
 }
 
 // The reply on `fd` within `wait` (status 99: none came).
