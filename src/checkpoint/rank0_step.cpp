@@ -44,16 +44,18 @@ class Heartbeat {
   explicit Heartbeat(ProcessGroup& group) : group_(group), every_(interval_of(group)) {
     thread_ = std::thread([this] { beat(); });
   }
-  ~Heartbeat() {
+  ~Heartbeat() { (void)stop(); }
+  // Stops the beats and joins their thread; what stopped them early (a
+  // peer gone), read only after the join.
+  std::exception_ptr stop() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stop_ = true;
     }
     cv_.notify_one();
-    thread_.join();
+    if (thread_.joinable()) thread_.join();
+    return error_;
   }
-  // What stopped the beats early (a peer gone): rethrown by the step's end.
-  std::exception_ptr error() const { return error_; }
 
  private:
   void beat() {
@@ -84,14 +86,9 @@ std::string run_on_rank0(ProcessGroup& group, const std::string& what,
                          const std::function<std::string()>& step) {
   if (group.size() == 1) return step();
   if (group.rank() == 0) {
-    std::string outcome;
-    std::exception_ptr beats;
-    {
-      Heartbeat heartbeat(group);
-      outcome = step();
-      beats = heartbeat.error();
-    }
-    if (beats) std::rethrow_exception(beats);
+    Heartbeat heartbeat(group);
+    const std::string outcome = step();
+    if (auto beats = heartbeat.stop()) std::rethrow_exception(beats);
     tell_all(group, kDone);
     return outcome;
   }

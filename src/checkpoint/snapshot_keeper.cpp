@@ -157,8 +157,10 @@ void Keeper::serve_one(int fd) {
       throw;
     }
     snapshot_wire::write_reply(fd, reply.ok, *reply.body);
-  } catch (const Error&) {
-    // The worker went away or stalled: its request did nothing.
+  } catch (const std::exception&) {
+    // The worker went away or stalled, or its part could not be allocated:
+    // its request did nothing (and on a thread of its own, nothing may
+    // escape: it would end dtrain-run).
   }
 }
 
