@@ -11,7 +11,7 @@
 #include <cstring>
 #include <string>
 
-#include "checkpoint/safetensors_format.h"
+#include "checkpoint/formats/safetensors_format.h"
 #include "dtrain/errors.h"
 
 namespace st = dtrain::safetensors;

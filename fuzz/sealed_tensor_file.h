@@ -9,7 +9,7 @@
 #include <cstring>
 #include <string>
 
-#include "checkpoint/tensor_file_format.h"
+#include "checkpoint/formats/tensor_file_format.h"
 #include "dtrain/errors.h"
 
 namespace fuzz {

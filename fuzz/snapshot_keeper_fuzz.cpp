@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <string>
 
-#include "checkpoint/snapshot_keeper.h"
+#include "checkpoint/storage/keepers/keeper.h"
 #include "dtrain/errors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/tensor_file_format.h"
+#include "checkpoint/formats/tensor_file_format.h"
 #include "dtrain/errors.h"
 
 namespace tf = dtrain::tensor_file;

@@ -19,4 +19,16 @@ inline std::string error_text(const std::exception_ptr& error) {
   }
 }
 
+// Runs `step`, turning what it throws into its error text ("" when it
+// succeeds): a rank's outcome for dtrain::fail_together.
+template <typename Step>
+std::string error_of(Step&& step) {
+  try {
+    step();
+    return "";
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
 }  // namespace dtrain::detail

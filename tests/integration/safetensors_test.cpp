@@ -16,8 +16,8 @@
 #include <sstream>
 #include <string>
 
-#include "checkpoint/export_seam.h"
-#include "checkpoint/safetensors_reader.h"
+#include "checkpoint/storage/safetensors/export_seam.h"
+#include "checkpoint/storage/safetensors/reader.h"
 #include "common/paths.h"
 #include "dtrain/checkpoint/safetensors.h"
 #include "dtrain/ddp.h"

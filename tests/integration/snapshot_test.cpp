@@ -8,8 +8,8 @@
 
 #include <optional>
 
-#include "checkpoint/snapshot_keeper.h"
-#include "checkpoint/snapshot_seam.h"
+#include "checkpoint/storage/keepers/keeper.h"
+#include "checkpoint/storage/keepers/seam.h"
 #include "dtrain/checkpoint/snapshot.h"
 #include "dtrain/dtrain.h"
 #include "harness/assertions.h"

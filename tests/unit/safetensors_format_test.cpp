@@ -12,7 +12,7 @@
 #include <cstring>
 #include <string>
 
-#include "checkpoint/safetensors_format.h"
+#include "checkpoint/formats/safetensors_format.h"
 #include "dtrain/errors.h"
 #include "harness/assertions.h"
 

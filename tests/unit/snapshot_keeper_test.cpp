@@ -11,7 +11,7 @@
 #include <cstring>
 #include <thread>
 
-#include "checkpoint/snapshot_keeper.h"
+#include "checkpoint/storage/keepers/keeper.h"
 #include "dtrain/errors.h"
 
 namespace dtrain::snapshot {

@@ -10,7 +10,7 @@
 #include <cstring>
 #include <string>
 
-#include "checkpoint/tensor_file_format.h"
+#include "checkpoint/formats/tensor_file_format.h"
 #include "dtrain/errors.h"
 #include "harness/assertions.h"
 

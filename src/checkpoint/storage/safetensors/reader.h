@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "checkpoint/safetensors_format.h"
+#include "checkpoint/formats/safetensors_format.h"
 
 namespace dtrain::checkpoint::detail {
 

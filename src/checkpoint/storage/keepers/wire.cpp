@@ -1,4 +1,4 @@
-#include "checkpoint/snapshot_wire.h"
+#include "checkpoint/storage/keepers/wire.h"
 
 #include <sys/socket.h>
 #include <sys/un.h>

@@ -1,4 +1,4 @@
-#include "checkpoint/tensor_file_format.h"
+#include "checkpoint/formats/tensor_file_format.h"
 
 #include <zlib.h>
 

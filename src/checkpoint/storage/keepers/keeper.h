@@ -31,7 +31,7 @@
 #include <string>
 #include <thread>
 
-#include "checkpoint/snapshot_wire.h"
+#include "checkpoint/storage/keepers/wire.h"
 
 namespace dtrain::snapshot {
 

@@ -1,4 +1,4 @@
-#include "checkpoint/snapshot_keeper.h"
+#include "checkpoint/storage/keepers/keeper.h"
 #include "dtrain/checkpoint/snapshot_keeper.h"
 
 #include <fcntl.h>

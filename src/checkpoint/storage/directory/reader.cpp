@@ -1,6 +1,7 @@
-// Loading a distributed checkpoint at any world size: the metadata file,
-// then only the pieces that overlap what this rank holds
-// (distributed_files.h has the layout). Torch's ops only; no process
+// The directory storage's readers: a distributed checkpoint loaded at any
+// world size (the metadata file, then only the pieces that overlap what
+// this rank holds), or read whole an entry at a time (layout.h has the
+// files). Torch's ops only; no process
 // group.
 
 #include <ATen/ATen.h>
@@ -12,8 +13,8 @@
 #include <utility>
 #include <vector>
 
-#include "checkpoint/distributed_files.h"
-#include "checkpoint/whole_entries.h"
+#include "checkpoint/storage/directory/layout.h"
+#include "checkpoint/storage/directory/directory.h"
 #include "common/enforce.h"
 #include "dtrain/checkpoint/distributed.h"
 
@@ -87,8 +88,6 @@ std::string box_text(const std::vector<int64_t>& offsets, at::IntArrayRef sizes)
 
 }  // namespace
 
-// Not in the anonymous namespace: detail::WholeEntries holds one (gcc warns
-// of a field of internal linkage once this file is part of a unity batch).
 namespace load_files {
 
 struct Saved {
@@ -246,8 +245,8 @@ struct Saved {
 
   // An entry's whole shape and dtype, without reading its values; flat
   // ranges (FSDP's and ZeRO's shards) have no shape and are refused.
-  detail::EntryInfo info_of(const std::string& name) {
-    detail::EntryInfo e{name, at::kFloat, {}};
+  storage::EntryInfo info_of(const std::string& name) {
+    storage::EntryInfo e{name, at::kFloat, {}};
     if (auto it = meta.find("replicated/" + name); it != meta.end()) {
       const int64_t r = files::parse_count(what + ": the rank of '" + name + "'", it->second);
       DTRAIN_CHECK_ARG(r < world, what, ": '", name, "' is in rank ", r, "'s file, beyond world size ", world);
@@ -268,7 +267,7 @@ struct Saved {
     throw InvalidArgument(what + ": no rank's file holds a piece of '" + name + "'");
   }
 
-  at::Tensor whole_of(const detail::EntryInfo& e) {
+  at::Tensor whole_of(const storage::EntryInfo& e) {
     const at::Tensor like = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
     return read_whole(e.name, like);
   }
@@ -283,52 +282,59 @@ struct Saved {
 
 using load_files::Saved;
 
-void load(const std::string& dir, DistributedState& state) {
-  check_local(state);
-  Saved saved(dir);
-  // Everything is read and checked before any tensor of `state` changes.
-  std::vector<std::pair<at::Tensor, at::Tensor>> fills;  // {destination, saved}
-  for (auto& [name, t] : state.replicated) fills.emplace_back(t, saved.read_whole(name, t));
-  for (auto& [name, s] : state.sharded) {
-    auto from = saved.read_piece(name, s);
-    fills.emplace_back(s.local.view({-1}), from.reshape({-1}));
-  }
-  {
-    at::NoGradGuard no_grad;
-    for (auto& [to, from] : fills) to.detach().copy_(from);
-  }
-  state.metadata.clear();
-  for (const auto& [key, value] : saved.meta)
-    if (key.rfind("u/", 0) == 0) state.metadata[key.substr(2)] = value;
-  for (const auto& hook : state.after_load) hook();
-}
+namespace storage::directory {
+namespace {
 
-namespace detail {
+class DirectoryReader final : public Reader {
+ public:
+  explicit DirectoryReader(const std::string& dir) : dir_(dir) {}
 
-struct WholeEntries::Impl {
-  Saved saved;
-  explicit Impl(const std::string& dir) : saved(dir) {}
+  std::optional<Loaded> read(const DistributedState& state) override {
+    check_local(state);
+    Saved saved(dir_);
+    Loaded out;
+    for (auto& [name, t] : state.replicated) out.fills.emplace_back(t, saved.read_whole(name, t));
+    for (auto& [name, s] : state.sharded) out.fills.emplace_back(s.local, saved.read_piece(name, s));
+    out.metadata.emplace();
+    for (const auto& [key, value] : saved.meta)
+      if (key.rfind("u/", 0) == 0) (*out.metadata)[key.substr(2)] = value;
+    return out;
+  }
+
+ private:
+  std::string dir_;
 };
 
-WholeEntries::WholeEntries(const std::string& dir) : impl_(std::make_unique<Impl>(dir)) {}
-WholeEntries::~WholeEntries() = default;
+class WholeDirectory final : public WholeEntries {
+ public:
+  explicit WholeDirectory(const std::string& dir) : saved_(dir) {}
 
-std::vector<EntryInfo> WholeEntries::entries() {
-  std::vector<EntryInfo> out;
-  for (const auto& [key, value] : impl_->saved.meta) {
-    if (key.rfind("replicated/", 0) == 0) out.push_back(impl_->saved.info_of(key.substr(11)));
-    if (key.rfind("sharded/", 0) == 0) out.push_back(impl_->saved.info_of(key.substr(8)));
+  std::vector<EntryInfo> entries() override {
+    std::vector<EntryInfo> out;
+    for (const auto& [key, value] : saved_.meta) {
+      if (key.rfind("replicated/", 0) == 0) out.push_back(saved_.info_of(key.substr(11)));
+      if (key.rfind("sharded/", 0) == 0) out.push_back(saved_.info_of(key.substr(8)));
+    }
+    return out;
   }
-  return out;
-}
+  at::Tensor read(const EntryInfo& entry) override { return saved_.whole_of(entry); }
+  std::map<std::string, std::string> metadata() override {
+    std::map<std::string, std::string> user;
+    for (const auto& [key, value] : saved_.meta)
+      if (key.rfind("u/", 0) == 0) user[key.substr(2)] = value;
+    return user;
+  }
 
-at::Tensor WholeEntries::read(const EntryInfo& entry) { return impl_->saved.whole_of(entry); }
+ private:
+  Saved saved_;
+};
 
-const std::map<std::string, std::string>& WholeEntries::user_metadata() const {
-  return impl_->saved.meta;
-}
+}  // namespace
 
-}  // namespace detail
+std::unique_ptr<Reader> reader(const std::string& dir) { return std::make_unique<DirectoryReader>(dir); }
+std::unique_ptr<WholeEntries> whole_entries(const std::string& dir) { return std::make_unique<WholeDirectory>(dir); }
+
+}  // namespace storage::directory
 
 CheckpointInfo inspect(const std::string& dir) {
   Saved saved(dir);

@@ -7,7 +7,7 @@
 #include <memory>
 
 #include "optim/optimizer_state.h"
-#include "checkpoint/state_entries.h"
+#include "checkpoint/state/state_entries.h"
 #include "dtrain/checkpoint/distributed.h"
 #include "dtrain/optim/zero_redundancy_optimizer.h"
 

@@ -7,8 +7,8 @@
 #include <map>
 #include <string>
 
-#include "checkpoint/placements.h"
-#include "checkpoint/state_entries.h"
+#include "checkpoint/state/placements.h"
+#include "checkpoint/state/state_entries.h"
 #include "common/enforce.h"
 #include "dtrain/checkpoint/distributed.h"
 #include "optim/optimizer_state.h"

@@ -3,7 +3,7 @@
 // given to one of the ranks holding it, the one with the fewest bytes so
 // far (in name order, so every rank computes the same plan).
 
-#include "checkpoint/save_plan.h"
+#include "checkpoint/plan/save_plan.h"
 
 #include <ATen/ATen.h>
 

@@ -1,7 +1,7 @@
 // The safetensors header (safetensors_format.h): a strict reader of the
 // JSON it allows, and its writer.
 
-#include "checkpoint/safetensors_format.h"
+#include "checkpoint/formats/safetensors_format.h"
 
 #include <algorithm>
 #include <limits>

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/placements.h"
-#include "checkpoint/state_entries.h"
+#include "checkpoint/state/placements.h"
+#include "checkpoint/state/state_entries.h"
 #include "common/enforce.h"
 #include "dtrain/checkpoint/distributed.h"
 #include "dtrain/fsdp.h"

@@ -1,25 +1,24 @@
 #pragma once
 
-// One rank's part of a snapshot (snapshot.h): the rank's tensors and the
+// One rank's part of a snapshot (dtrain/checkpoint/snapshot.h): the rank's tensors and the
 // state's metadata as a tensor file in memory, and its way back into a
 // state of the same layout.
 
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "checkpoint/storage/storage.h"
 #include "dtrain/checkpoint/distributed.h"
 
 namespace dtrain::checkpoint::snapshot_part {
 
-// The part holds the replicated entries named in `owned` (each is kept by
-// one rank only: save()'s plan) and every sharded piece of the state.
-std::string encode(const DistributedState& state, const std::set<std::string>& owned, int64_t step, int rank,
-                   int world);
+// The part holds its replicated entries (each is kept by one rank only:
+// the plan's owner) and every sharded piece of the rank's state.
+std::string encode(const storage::Part& part, int64_t step, int rank, int world);
 
 using Fills = std::vector<std::pair<at::Tensor, at::Tensor>>;  // {destination, value}
 struct Decoded {

@@ -1,9 +1,9 @@
-#include "checkpoint/safetensors_reader.h"
+#include "checkpoint/storage/safetensors/reader.h"
 
 #include <algorithm>
 
-#include "checkpoint/dtype_table.h"
-#include "checkpoint/file_reader.h"
+#include "checkpoint/formats/dtype_table.h"
+#include "checkpoint/formats/file_reader.h"
 #include "common/enforce.h"
 #include "common/paths.h"
 #include "dtrain/errors.h"

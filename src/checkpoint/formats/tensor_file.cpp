@@ -7,9 +7,9 @@
 #include <cerrno>
 #include <cstring>
 
-#include "checkpoint/dtype_table.h"
-#include "checkpoint/file_reader.h"
-#include "checkpoint/tensor_file_format.h"
+#include "checkpoint/formats/dtype_table.h"
+#include "checkpoint/formats/file_reader.h"
+#include "checkpoint/formats/tensor_file_format.h"
 #include "common/durable_file.h"
 #include "common/enforce.h"
 
@@ -29,7 +29,7 @@ constexpr std::pair<at::ScalarType, tf::DType> kTypes[] = {
 
 tf::DType to_file(const std::string& name, at::ScalarType type) {
   if (const auto file_type = file_type_of(kTypes, type)) return *file_type;
-  throw InvalidArgument(detail::cat("tensor file: tensor ", name, " has the dtype ", type,
+  throw InvalidArgument(::dtrain::detail::cat("tensor file: tensor ", name, " has the dtype ", type,
                                     ", which tensor files do not store"));
 }
 
@@ -101,11 +101,11 @@ void save_tensor_file(const std::string& path, const TensorFile& file, const Wri
   tf::Header header;
   const uint64_t data_bytes = build_header(file, header);
   const std::string prefix = tf::encode_prefix(header, data_bytes);
-  files::WriteFaults hooks;
+  ::dtrain::files::WriteFaults hooks;
   hooks.die_while_writing = faults.die_while_writing;
   hooks.fsync_errno = faults.fsync_errno;
   try {
-    files::replace_durably(path, prefix.size() + data_bytes, [&](files::Sink& out) {
+    ::dtrain::files::replace_durably(path, prefix.size() + data_bytes, [&](::dtrain::files::Sink& out) {
       out.write(prefix.data(), prefix.size());
       for (const auto& [name, tensor] : file.tensors) {
         const at::Tensor bytes = host_bytes(name, tensor);

@@ -1,4 +1,4 @@
-#include "checkpoint/snapshot_part.h"
+#include "checkpoint/storage/keepers/part.h"
 
 #include <sstream>
 
@@ -34,16 +34,14 @@ void expect_fits(const at::Tensor& saved, const at::Tensor& into, const std::str
 
 }  // namespace
 
-std::string encode(const DistributedState& state, const std::set<std::string>& owned, int64_t step, int rank,
-                   int world) {
+std::string encode(const storage::Part& part, int64_t step, int rank, int world) {
   TensorFile f;
-  for (const auto& [name, t] : state.replicated)
-    if (owned.count(name)) f.tensors["r/" + name] = t;
-  for (const auto& [name, s] : state.sharded) {
+  for (const auto& [name, t] : part.replicated) f.tensors["r/" + name] = t;
+  for (const auto& [name, s] : part.sharded) {
     f.tensors["s/" + name] = s.local;
     f.metadata["g/" + name] = geometry(s);
   }
-  for (const auto& [key, value] : state.metadata) f.metadata["u/" + key] = value;
+  for (const auto& [key, value] : part.metadata) f.metadata["u/" + key] = value;
   f.metadata[kStep] = std::to_string(step);
   f.metadata[kRank] = std::to_string(rank);
   f.metadata[kWorld] = std::to_string(world);
