@@ -27,11 +27,13 @@
 #include <functional>
 #include <cstdio>
 #include <memory>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "dtrain/dtrain.h"
+#include "bench_util.h"
 #include "models.h"
 #include "ranks.h"
 
@@ -158,6 +160,37 @@ void report_figures(const Figures& f) {
                 v(0), v(1), v(2), v(3), v(4), v(5), v(6), v(7), v(8), v(9), v(10));
 }
 
+// FSDP's weights exported whole, then imported into a fresh state of the
+// same FSDP layout: each rank's peak resident memory during the import
+// over what it had before (its peak reset first: /proc/self/clear_refs),
+// beside its shard and the model. The slowest rank's.
+template <typename Fsdp>
+void report_import(const Args& a, Fsdp& fsdp, int64_t model_bytes) {
+  const std::string out = a.get("dir", "/tmp/dtrain-bench-checkpoint") + "/hf";
+  {
+    checkpoint::DistributedState weights;
+    checkpoint::add_fsdp_parameters(weights, fsdp);
+    checkpoint::export_safetensors(out, weights);
+  }
+  int64_t shard = 0;
+  for (const auto& s : fsdp.shard_layout()) shard += s.shard.nbytes();
+  checkpoint::DistributedState into;
+  checkpoint::add_fsdp_parameters(into, fsdp);
+  barrier();
+  std::ofstream("/proc/self/clear_refs") << "5";
+  const int64_t resting = vm_status_bytes("VmRSS:");
+  const auto t0 = Clock::now();
+  checkpoint::import_safetensors(out, into);
+  const double seconds = since(t0);
+  auto all = at::tensor({static_cast<double>(vm_status_bytes("VmHWM:") - resting), static_cast<double>(shard),
+                         seconds},
+                        at::kDouble);
+  all_reduce(all, AllReduceOptions().op(ReduceOp::MAX));
+  if (get_rank() == 0)
+    std::printf("result import_peak=%.0f shard=%.0f model=%.0f import_s=%.4f\n", all[0].item<double>(),
+                all[1].item<double>(), static_cast<double>(model_bytes), all[2].item<double>());
+}
+
 }  // namespace
 
 bool is_checkpoint_mode(const std::string& mode) { return mode.rfind("ckpt-", 0) == 0; }
@@ -198,6 +231,12 @@ int checkpoint_rank_main(const std::string& mode, const Args& a) {
       before_update();
       opt.step();
     });
+    report_figures(f);
+    int64_t model_bytes = 0;
+    for (const auto& item : fsdp.full_state_dict(/*rank0_only=*/false)) model_bytes += item.second.nbytes();
+    report_import(a, fsdp, model_bytes);
+    destroy_process_group();
+    return 0;
   }
   report_figures(f);
   destroy_process_group();
@@ -230,6 +269,12 @@ int bench_checkpoint(const Args& a) {
               "save_s", "1st_stall_s", "stall_s", "write_s", "step_during", "xsave", "xstep", "steps_during",
               "snap_s", "xsnap", "asnap_s", "xasnap", "sent_MiB");
   const std::string modes = a.get("modes", "ddp,fsdp");
+  std::string imported;
+  auto mib = [](double bytes) {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%.1f", bytes / (1 << 20));
+    return std::string(text);
+  };
   for (const std::string mode : {"ddp", "fsdp"}) {
     if (("," + modes + ",").find("," + mode + ",") == std::string::npos) continue;
     capture("rm -rf '" + dir + "' && mkdir -p '" + dir + "'");
@@ -241,8 +286,14 @@ int bench_checkpoint(const Args& a) {
                 mode.c_str(), field(out, "state_bytes") / (1 << 20), step, save, field(out, "first_stall"), stall,
                 field(out, "write"), during, stall / save, during / step, field(out, "steps_during"), snap,
                 snap / save, asnap, asnap / save, field(out, "snapshot_sent") / (1 << 20));
+    if (mode == "fsdp")
+      imported = "import of its weights from safetensors (FSDP " + std::to_string(world) + "): peak RSS " +
+                 mib(field(out, "import_peak")) + " MiB per rank over its resting memory, beside its shard of " +
+                 mib(field(out, "shard")) + " MiB and the model's " + mib(field(out, "model")) + " MiB; " +
+                 std::to_string(static_cast<int>(field(out, "import_s") * 1000)) + " ms\n";
     std::fflush(stdout);
   }
+  std::printf("%s", imported.c_str());
   capture("rm -rf '" + dir + "'");
   std::printf("xsave: the stall of async_save over save's time (goal <= 0.15); xstep: a step while the "
               "writer runs over one without (goal <= 1.1); snap_s: a snapshot() in a peer's memory (ranks "

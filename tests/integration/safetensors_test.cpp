@@ -33,6 +33,7 @@ namespace dtrain {
 namespace {
 
 namespace ckpt = checkpoint;
+using namespace std::chrono_literals;
 using Tensors = std::map<std::string, at::Tensor>;
 using testing::RankContext;
 
@@ -354,6 +355,44 @@ TEST(Safetensors, EachTensorParallelRankReadsOnlyItsBoxOfTheFile) {
   }
   EXPECT_EQ(read, whole->weight.nbytes() + 4 * whole->bias.nbytes())
       << "each rank reads its columns of the weight, and the bias it holds whole";
+}
+
+// FSDP at 8 ranks imports a model exported whole: each rank reads only
+// the elements of each parameter its shard holds (with the one bias both
+// of its neighbours may split), not the model. Before, each parameter
+// entry was the whole parameter on every rank: 8 reads of the model.
+TEST(Safetensors, EachFsdpRankReadsOnlyItsRangeOfTheFile) {
+  testing::TempDir dir;
+  const std::string out = dir.path() + "/hf";
+  torch::manual_seed(6);
+  torch::nn::Sequential whole(torch::nn::Linear(64, 48), torch::nn::Linear(48, 40));
+  one_rank([&](const auto& group) {
+    ckpt::DistributedState state;
+    ckpt::add_module(state, *whole);
+    ckpt::export_safetensors(out, state, ckpt::SafetensorsOptions().process_group(group));
+  });
+  int64_t model_bytes = 0;
+  for (const auto& p : whole->parameters()) model_bytes += p.nbytes();
+  constexpr int kRanks = 8;
+  const uint64_t before = ckpt::detail::safetensors_bytes_read();
+  std::vector<Tensors> got(kRanks);
+  std::vector<int64_t> shard_bytes(kRanks);
+  testing::expect_no_errors(testing::run_rank_contexts(kRanks, [&](RankContext& ctx) {
+    torch::nn::Sequential model(torch::nn::Linear(64, 48), torch::nn::Linear(48, 40));
+    FullyShardedDataParallel<torch::nn::SequentialImpl> fsdp(model.ptr(), FSDPOptions().process_group(ctx.group));
+    for (const auto& s : fsdp.shard_layout()) shard_bytes[ctx.rank] += s.shard.nbytes();
+    ckpt::DistributedState state;
+    ckpt::add_fsdp_parameters(state, fsdp);
+    ckpt::import_safetensors(out, state);
+    got[ctx.rank] = fsdp.full_state_dict();
+  }, 60s));
+  const uint64_t read = ckpt::detail::safetensors_bytes_read() - before;
+  for (int r = 0; r < kRanks; ++r)
+    for (const auto& item : whole->named_parameters())
+      EXPECT_TRUE(at::equal(got[r].at(item.key()), item.value().detach())) << "rank " << r << " " << item.key();
+  // The ranks' ranges tile each parameter: together they read the model once.
+  EXPECT_EQ(read, static_cast<uint64_t>(model_bytes));
+  EXPECT_LT(shard_bytes[0], model_bytes / 4) << "a shard is an eighth of the model (and its padding)";
 }
 
 TEST(Safetensors, DamagedFilesAndMismatchesAreNamed) {

@@ -49,6 +49,10 @@ namespace dtrain::checkpoint {
 //   (contiguous, shape.size() dimensions) is [offsets[d], offsets[d] +
 //   local.size(d)) in each dimension d of a whole of `shape` (tensor
 //   parallelism's shards: ShardedTensor::box).
+// A flat range may also say its whole's shape (`flat_shape`, its product
+// `numel`): add_fsdp_parameters' pieces of each parameter do, so that the
+// entry can be read whole (export_safetensors, a replicated or TP state)
+// while each rank saves and loads only its range.
 // The pieces of different ranks are either the same piece (replicas:
 // saved once) or disjoint. A box entry loads as boxes of any other split,
 // and as a replicated tensor of its whole shape; a replicated entry loads
@@ -59,11 +63,12 @@ struct ShardedTensor {
   int64_t numel = 0;
   std::vector<int64_t> shape = {};
   std::vector<int64_t> offsets = {};
+  std::vector<int64_t> flat_shape = {};
 
   static ShardedTensor box(at::Tensor local, std::vector<int64_t> shape, std::vector<int64_t> offsets) {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
-    return ShardedTensor{std::move(local), 0, n, std::move(shape), std::move(offsets)};
+    return ShardedTensor{std::move(local), 0, n, std::move(shape), std::move(offsets), {}};
   }
   bool is_box() const { return !shape.empty(); }
 };
@@ -165,13 +170,18 @@ void add_fsdp(DistributedState& state, FullyShardedDataParallel<ModuleType>& fsd
   add_fsdp_shards(state, fsdp.shard_layout(), optimizer, *fsdp.module(), prefix);
 }
 
-// FSDP's parameters by name, as add_module writes them ("<prefix>param/<name>",
-// replicated, or a TP layer's box) and its buffers: each parameter gathered
-// whole over the FSDP group (a collective, here and again at every save and
-// export; one whole copy in memory while the state lives); load() and
-// import_safetensors put this rank's slice back
-// into the flat shards. For weights that leave the job (export_safetensors)
-// or come in without optimizer state.
+// FSDP's parameters by name ("<prefix>param/<name>", as add_module names
+// them) and its buffers: each parameter as the flat range of it that this
+// rank's shard holds, with the parameter's shape (views of the shard: no
+// collective, no copy); a checkpoint of them loads into add_module's
+// state and into any FSDP size, and export_safetensors writes each whole
+// while import_safetensors reads into each rank only its range. For a
+// module of tensor-parallel layers, each parameter is instead its TP box
+// of the whole layer, gathered over the FSDP group (a collective, here and
+// again at every save and export; one whole copy in memory while the
+// state lives), and load() puts this rank's slice back into the flat
+// shards. For weights that leave the job (export_safetensors) or come in
+// without optimizer state.
 void add_fsdp_parameter_shards(DistributedState& state, const std::vector<FSDPShard>& shards,
                                torch::nn::Module& module, const std::string& prefix);
 template <typename ModuleType>

@@ -4,6 +4,7 @@
 // far (in name order, so every rank computes the same plan).
 
 #include "checkpoint/plan/save_plan.h"
+#include "checkpoint/state/check.h"
 
 #include <ATen/ATen.h>
 
@@ -23,6 +24,7 @@ struct Entry {
   int64_t numel = 0, offset = 0, length = 0, bytes = 0;
   std::string dtype;
   std::vector<int64_t> shape, offsets, sizes;  // a box's (shape empty: a flat range)
+  std::vector<int64_t> flat_shape;             // a flat range's whole, where it says it
 };
 
 struct Described {
@@ -30,7 +32,8 @@ struct Described {
 };
 
 // One line per entry, the name last: "r numel bytes dtype name",
-// "s numel offset length bytes dtype name" or, for a box of n dimensions,
+// "s numel offset length k dims... bytes dtype name" (k: the flat range's
+// whole shape's dimensions, 0 when it says none) or, for a box of n dimensions,
 // "b numel n shape... offsets... sizes... bytes dtype name"; or, for a name that cannot be
 // saved, "!" and the error, so that every rank throws it (not only this
 // one, leaving the others in the all-gather).
@@ -49,7 +52,8 @@ std::string describe(const DistributedState& state) {
         for (int64_t x : *v) out << ' ' << x;
       for (int64_t x : s.local.sizes()) out << ' ' << x;
     } else {
-      out << "s " << s.numel << ' ' << s.offset << ' ' << s.local.numel();
+      out << "s " << s.numel << ' ' << s.offset << ' ' << s.local.numel() << ' ' << s.flat_shape.size();
+      for (int64_t x : s.flat_shape) out << ' ' << x;
     }
     out << ' ' << s.local.nbytes() << ' ' << s.local.scalar_type() << ' ' << name << '\n';
   }
@@ -57,6 +61,18 @@ std::string describe(const DistributedState& state) {
 }
 
 void read_box(std::istream& in, Entry& e);
+
+// A flat range's offset, length and whole shape (at most 64 dimensions).
+void read_flat(std::istream& in, Entry& e) {
+  size_t n = 0;
+  in >> e.offset >> e.length >> n;
+  if (!in || n > 64) {
+    in.setstate(std::ios::failbit);
+    return;
+  }
+  e.flat_shape.resize(n);
+  for (auto& x : e.flat_shape) in >> x;
+}
 
 Described parse(const std::vector<std::string>& texts) {
   Described all;
@@ -71,7 +87,7 @@ Described parse(const std::vector<std::string>& texts) {
       Entry e;
       e.rank = rank;
       in >> kind >> e.numel;
-      if (kind == 's') in >> e.offset >> e.length;
+      if (kind == 's') read_flat(in, e);
       if (kind == 'b') read_box(in, e);
       in >> e.bytes >> e.dtype;
       in.get();
@@ -181,6 +197,10 @@ void check_agree(const std::string& kind, const std::string& name, const std::ve
                      first.shape.empty() ? "a flat range" : "a box", " on rank ", first.rank, " but ",
                      e.shape.empty() ? "a flat range" : "a box", " on rank ", e.rank,
                      " (or boxes of different wholes); the ranks describe different states");
+    DTRAIN_CHECK_ARG(e.flat_shape == first.flat_shape, "checkpoint::save: sharded '", name,
+                     "' is a flat range of shape ", state_checks::shape_text(first.flat_shape), " on rank ",
+                     first.rank, " but of shape ", state_checks::shape_text(e.flat_shape), " on rank ", e.rank,
+                     "; the ranks describe different states");
   }
 }
 
@@ -208,6 +228,7 @@ SavePlan plan_save(const std::shared_ptr<ProcessGroup>& group, const Distributed
     check_agree("sharded", name, held);
     plan.sharded_numel[name] = held.front().numel;
     if (!held.front().shape.empty()) plan.sharded_shape[name] = held.front().shape;
+    if (!held.front().flat_shape.empty()) plan.flat_shape[name] = held.front().flat_shape;
     for (const auto& piece : distinct_pieces(name, held))
       if (least_loaded(piece) == group->rank()) plan.my_pieces.insert(name);
   }

@@ -20,6 +20,7 @@ struct SavePlan {
   std::map<std::string, int> replicated_owner;   // each replicated entry's writer
   std::map<std::string, int64_t> sharded_numel;  // each sharded entry's size
   std::map<std::string, std::vector<int64_t>> sharded_shape;  // a box entry's whole shape
+  std::map<std::string, std::vector<int64_t>> flat_shape;     // a flat entry's, where it says it
   std::set<std::string> my_pieces;               // the sharded entries whose piece this rank writes
 };
 

@@ -49,6 +49,11 @@ inline void check_local(const DistributedState& state) {
     DTRAIN_CHECK_ARG(s.offset >= 0 && s.offset + s.local.numel() <= s.numel, "checkpoint: sharded '",
                      name, "' holds elements [", s.offset, ", ", s.offset + s.local.numel(),
                      ") of ", s.numel);
+    if (s.flat_shape.empty()) continue;
+    int64_t numel = 1;
+    for (int64_t d : s.flat_shape) numel *= d;
+    DTRAIN_CHECK_ARG(numel == s.numel, "checkpoint: sharded '", name, "' says ", s.numel,
+                     " elements, but its whole's shape ", shape_text(s.flat_shape), " has ", numel);
   }
 }
 

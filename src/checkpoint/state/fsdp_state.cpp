@@ -7,6 +7,7 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -79,6 +80,23 @@ void add_fsdp_gathered(DistributedState& state, const std::vector<FSDPShard>& sh
   }
 }
 
+// Each parameter of the unit as the flat range of it that this rank's
+// slice holds (views of the slice: nothing gathered, nothing copied), with
+// the parameter's shape, so that the entry reads whole elsewhere.
+void add_parameter_ranges(DistributedState& state, const FSDPShard& s, const std::string& base) {
+  const at::Tensor flat = s.shard.detach().view({-1});
+  const int64_t lo = s.offset, hi = s.offset + flat.numel();
+  for (size_t i = 0; i < s.param_names.size(); ++i) {
+    int64_t n = 1;
+    for (int64_t d : s.param_shapes[i]) n *= d;
+    const int64_t begin = s.param_offsets[i], end = begin + n;
+    const int64_t a = std::min(std::max(lo, begin), end), b = std::max(a, std::min(hi, end));
+    ShardedTensor piece{flat.narrow(0, std::clamp<int64_t>(a - lo, 0, flat.numel()), b - a), a - begin, n, {}, {},
+                        s.param_shapes[i]};
+    add_sharded(state, base + s.param_names[i], std::move(piece));
+  }
+}
+
 }  // namespace
 
 void add_fsdp_parameter_shards(DistributedState& state, const std::vector<FSDPShard>& shards,
@@ -86,7 +104,10 @@ void add_fsdp_parameter_shards(DistributedState& state, const std::vector<FSDPSh
   const auto placed = placements_in(module);
   for (const auto& s : shards) {
     DTRAIN_ENFORCE(s.group != nullptr);
-    add_unit_tensors(state, s, placed, s.shard, prefix + "param/", "");
+    if (placed.of.empty())
+      add_parameter_ranges(state, s, prefix + "param/");
+    else  // a TP layer's box of its whole: gathered over the FSDP group
+      add_unit_tensors(state, s, placed, s.shard, prefix + "param/", "");
   }
   add_buffers(state, module, prefix);
 }

@@ -10,7 +10,9 @@
 //   <dir>/metadata.dtt              written last, atomically, by rank 0:
 //                                   the token, the world size, where each
 //                                   replicated entry is, each sharded
-//                                   entry's size, the user's metadata ("u/")
+//                                   entry's size (and whole shape: "shape/"
+//                                   of boxes, "flat_shape/" of flat ranges
+//                                   that say theirs), the user's metadata ("u/")
 
 #include <string>
 #include <vector>

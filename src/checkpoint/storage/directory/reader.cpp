@@ -235,7 +235,14 @@ struct Saved {
   }
 
   // This rank's piece: flat, or a box of an entry saved as boxes or whole.
+  // A flat range that says its whole's shape reads from an entry saved
+  // whole or as boxes too (the whole read, then its range kept).
   at::Tensor read_piece(const std::string& name, const ShardedTensor& out) {
+    if (!out.is_box() && !out.flat_shape.empty() && (meta.count("replicated/" + name) || meta.count("shape/" + name)))
+      return read_whole(name, at::empty(out.flat_shape, out.local.options().device(at::kCPU)))
+          .reshape({-1})
+          .narrow(0, out.offset, out.local.numel())
+          .clone();
     if (!out.is_box()) return read_sharded(name, out);
     if (meta.count("sharded/" + name)) return read_box(name, out.shape, out.offsets, out.local.sizes(), out.local);
     at::Tensor whole = read_replicated(name, at::empty(out.shape, out.local.options().device(at::kCPU)));
@@ -244,7 +251,8 @@ struct Saved {
   }
 
   // An entry's whole shape and dtype, without reading its values; flat
-  // ranges (FSDP's and ZeRO's shards) have no shape and are refused.
+  // ranges that do not say their whole's shape (FSDP's and ZeRO's shards)
+  // are refused.
   storage::EntryInfo info_of(const std::string& name) {
     storage::EntryInfo e{name, at::kFloat, {}};
     if (auto it = meta.find("replicated/" + name); it != meta.end()) {
@@ -255,6 +263,15 @@ struct Saved {
       return e;
     }
     DTRAIN_CHECK_ARG(meta.count("sharded/" + name), what, ": has no entry '", name, "'");
+    if (auto flat = meta.find("flat_shape/" + name); flat != meta.end()) {
+      e.shape = files::parse_counts(what + ": the shape of '" + name + "'", flat->second);
+      for (int r = 0; r < world; ++r)
+        if (reader(r).metadata().count("offset/" + name)) {
+          e.dtype = reader(r).dtype("s/" + name);
+          return e;
+        }
+      throw InvalidArgument(what + ": no rank's file holds a piece of '" + name + "'");
+    }
     DTRAIN_CHECK_ARG(meta.count("shape/" + name), what, ": '", name, "' was saved as flat ranges (FSDP's or "
                      "ZeRO's shards), which are no tensor of a shape; save parameters by name "
                      "(add_module, add_fsdp_parameters)");

@@ -81,6 +81,7 @@ TensorFile metadata_of(const SavePlan& plan, const std::string& token, int world
   for (const auto& [name, r] : plan.replicated_owner) meta.metadata["replicated/" + name] = std::to_string(r);
   for (const auto& [name, n] : plan.sharded_numel) meta.metadata["sharded/" + name] = std::to_string(n);
   for (const auto& [name, shape] : plan.sharded_shape) meta.metadata["shape/" + name] = join_counts(shape);
+  for (const auto& [name, shape] : plan.flat_shape) meta.metadata["flat_shape/" + name] = join_counts(shape);
   for (const auto& [key, value] : user) meta.metadata["u/" + key] = value;
   return meta;
 }
