@@ -308,6 +308,55 @@ TEST_F(DistributedCheckpoint, Zero2StateLoadsIntoZero1AndZero2AtThreeRanks) {
   }
 }
 
+// add_fsdp_parameters saves each rank's ranges of each parameter, with
+// its shape: the checkpoint loads whole into one process (add_module), and
+// one process's loads into FSDP's ranges, at another FSDP size.
+TEST_F(DistributedCheckpoint, FsdpParametersByNameLoadIntoOneProcessAndBackAtAnotherSize) {
+  testing::TempDir by_fsdp, by_one;
+  torch::manual_seed(11);
+  torch::nn::Sequential reference(torch::nn::Linear(7, 5), torch::nn::Linear(5, 3));
+  auto copy_of = [&] {
+    torch::nn::Sequential m(torch::nn::Linear(7, 5), torch::nn::Linear(5, 3));
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < m->parameters().size(); ++i) m->parameters()[i].copy_(reference->parameters()[i]);
+    return m;
+  };
+  auto zeroed = [] {
+    torch::nn::Sequential m(torch::nn::Linear(7, 5), torch::nn::Linear(5, 3));
+    torch::NoGradGuard no_grad;
+    for (auto& p : m->parameters()) p.zero_();
+    return m;
+  };
+  testing::expect_no_errors(run_rank_contexts(3, [&](RankContext& ctx) {
+    auto model = copy_of();
+    FullyShardedDataParallel<torch::nn::SequentialImpl> fsdp(model.ptr(), FSDPOptions().process_group(ctx.group));
+    ckpt::DistributedState state;
+    ckpt::add_fsdp_parameters(state, fsdp);
+    ckpt::save(by_fsdp.path(), state, ckpt::SaveOptions().process_group(ctx.group));
+  }, 30s));
+  auto one = zeroed();
+  ckpt::DistributedState whole;
+  ckpt::add_module(whole, *one);
+  ckpt::load(by_fsdp.path(), whole);
+  for (size_t i = 0; i < one->parameters().size(); ++i)
+    EXPECT_TRUE(at::equal(one->parameters()[i], reference->parameters()[i])) << "parameter " << i;
+  testing::expect_no_errors(run_rank_contexts(1, [&](RankContext& ctx) {
+    ckpt::save(by_one.path(), whole, ckpt::SaveOptions().process_group(ctx.group));
+  }, 30s));
+  std::vector<std::map<std::string, at::Tensor>> got(2);
+  testing::expect_no_errors(run_rank_contexts(2, [&](RankContext& ctx) {
+    auto model = zeroed();
+    FullyShardedDataParallel<torch::nn::SequentialImpl> fsdp(model.ptr(), FSDPOptions().process_group(ctx.group));
+    ckpt::DistributedState state;
+    ckpt::add_fsdp_parameters(state, fsdp);
+    ckpt::load(by_one.path(), state);
+    got[ctx.rank] = fsdp.full_state_dict();
+  }, 30s));
+  for (int r = 0; r < 2; ++r)
+    for (const auto& item : reference->named_parameters())
+      EXPECT_TRUE(at::equal(got[r].at(item.key()), item.value().detach())) << "rank " << r << " " << item.key();
+}
+
 TEST_F(DistributedCheckpoint, MistakesAreNamed) {
   testing::TempDir dir;
   auto nets = stacks(2, 0);
@@ -332,6 +381,15 @@ TEST_F(DistributedCheckpoint, MistakesAreNamed) {
     bad = state;
     bad.sharded["piece"] = {torch::zeros({4}), 6 * ctx.rank, 10};
     EXPECT_EQ(refusal(bad), "checkpoint::save: no rank holds elements [4, 6) of sharded 'piece'");
+    // A flat range that says its whole's shape: the same on every rank, and
+    // the shape's size its element count.
+    bad = state;
+    bad.sharded["piece"] = {torch::zeros({6}), 6 * ctx.rank, 12, {}, {},
+                            ctx.rank == 0 ? std::vector<int64_t>{4, 3} : std::vector<int64_t>{12}};
+    EXPECT_EQ(refusal(bad), "checkpoint::save: sharded 'piece' is a flat range of shape [4, 3] on rank 0 but of "
+                            "shape [12] on rank 1; the ranks describe different states");
+    bad.sharded["piece"].flat_shape = {5, 3};
+    EXPECT_EQ(refusal(bad), "checkpoint: sharded 'piece' says 12 elements, but its whole's shape [5, 3] has 15");
     // A name only rank 1 gets wrong: both ranks throw (none waits for it).
     bad = state;
     if (ctx.rank == 1) bad.replicated[""] = torch::zeros({1});
