@@ -1,5 +1,5 @@
 // libFuzzer harness: the safetensors header reader (Hugging Face's format,
-// src/checkpoint/safetensors_format.h) on files it did not write. Each
+// src/checkpoint/formats/safetensors_format.h) on files it did not write. Each
 // input is a whole file. A file it accepts must hold every tensor inside
 // its data, packed without holes or overlaps, and its header must encode
 // back to a file the reader accepts with the same tensors. A refused file

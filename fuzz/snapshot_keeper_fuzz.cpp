@@ -1,6 +1,6 @@
 // libFuzzer harness: the snapshot keeper dtrain-run runs per host, on
-// requests it did not get from a worker (checkpoint/snapshot_keeper.h,
-// snapshot_wire.h). Each input is the byte stream of one connection: the
+// requests it did not get from a worker (checkpoint/storage/keepers/keeper.h,
+// wire.h). Each input is the byte stream of one connection: the
 // keeper reads request after request from it and handles each, as its
 // socket would, then the input is read as a keeper's listing. A malformed
 // request or listing is an InvalidArgument; a crash, a sanitizer report, a

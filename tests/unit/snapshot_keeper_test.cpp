@@ -1,4 +1,4 @@
-// The snapshot keeper dtrain-run runs per host (checkpoint/snapshot_keeper.h):
+// The snapshot keeper dtrain-run runs per host (checkpoint/storage/keepers/keeper.h):
 // what it keeps, its memory bound, and hostile requests on its socket.
 
 #include <gtest/gtest.h>
@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "checkpoint/storage/keepers/keeper.h"
@@ -171,6 +172,52 @@ TEST(SnapshotKeeper, APartIsAdmittedCountingWhatIsWrittenAndBeingReadBeforeItsPa
   EXPECT_EQ(k.bytes_held(), 900u);
   ::close(sending);
   ::close(refused);
+}
+
+// This process's resident memory ("VmRSS:") or its peak ("VmHWM:"), in bytes.
+uint64_t status_bytes(const std::string& key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(key, 0) == 0) return std::stoull(line.substr(key.size())) * 1024;
+  return 0;
+}
+
+// What a part costs the keeper, measured (its peak resident memory, reset
+// before each request, over what it held before): a part within the limit
+// costs its size once (read in chunks into the buffer it is kept in, not
+// read and then copied), and a part past what is left costs nothing (refused
+// unread). Before, the keeper read a part of up to limit - complete bytes
+// before comparing it with the limit: close to twice the limit in all.
+TEST(SnapshotKeeper, APartCostsItsSizeOnceAndAPartPastTheLimitNothing) {
+  constexpr uint64_t kPart = uint64_t{64} << 20, kSlack = uint64_t{12} << 20;
+  Keeper k("/tmp", uint64_t{100} << 20);
+  auto request = [&](uint32_t rank) {
+    Request r{Op::Put, 0, rank, 2, std::string(kPart, 'p'), "default:0-1"};
+    return r;
+  };
+  auto peak_growth = [&](const Request& r, std::string& error) {
+    std::ofstream("/proc/self/clear_refs") << "5";
+    const uint64_t before = status_bytes("VmRSS:");
+    try {
+      snapshot_wire::call(k.socket_path(), r, 1 << 16, snapshot_wire::Clock::now() + std::chrono::seconds(30), "test");
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    return status_bytes("VmHWM:") - before;
+  };
+  const Request first = request(0), second = request(1);  // the client's bytes, touched before measuring
+  std::string error;
+  const uint64_t kept = peak_growth(first, error);
+  EXPECT_EQ(error, "");
+  EXPECT_GE(kept, kPart / 2) << "the keeper holds the part";
+  EXPECT_LE(kept, kPart + kSlack) << "the part is read into its buffer once";
+  const uint64_t refused = peak_growth(second, error);
+  EXPECT_NE(error.find("over its limit of 104857600 (DTRAIN_SNAPSHOT_MEMORY)"), std::string::npos) << error;
+  EXPECT_LE(refused, kSlack) << "a part past the limit is refused unread";
+  EXPECT_EQ(k.bytes_held(), kPart);
+  RecordProperty("kept_peak_bytes", std::to_string(kept));
+  RecordProperty("refused_peak_bytes", std::to_string(refused));
 }
 
 // A worker that connects and stalls holds up no other: a listing on a

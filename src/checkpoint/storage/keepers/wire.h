@@ -1,7 +1,7 @@
 #pragma once
 
 // The protocol between a worker and the snapshot keeper of its host
-// (snapshot_keeper.h), over a Unix socket; torch-free. One request and
+// (keeper.h), over a Unix socket; torch-free. One request and
 // one reply per connection. All integers little-endian.
 //
 //   request: "DTSN" | u32 op | i64 step | u32 rank | u32 world | u32 g | u64 n
@@ -9,7 +9,7 @@
 //   reply:   u32 status (0 ok, 1 refused) | u64 n | n bytes (the answer, or why refused)
 //
 // The group key names the group whose snapshot a request is about (its
-// name and ranks: snapshot.cpp), so that groups sharing a host's keeper
+// name and ranks: keepers.cpp), so that groups sharing a host's keeper
 // keep their snapshots apart. Both ends check what they read before
 // allocating for it: a payload over the reader's limit is refused without
 // being read. The keeper bounds a stall, not a transfer: each chunk of a
