@@ -90,9 +90,10 @@ class AsyncSnapshot {
 };
 
 // Collective. As snapshot(), but training stops only while this rank's
-// part is read and encoded (a copy of it); a background thread (nice 10
-// more than the process) sends and keeps the parts and completes the
-// snapshot over `transfer_group`. At most one snapshot of a group is in
+// part is copied into staging buffers (kept for the group's next
+// snapshot: one copy of the part stays in host memory between them); a
+// background thread (nice 10 more than the process) encodes, sends and
+// keeps the parts and completes the snapshot over `transfer_group`. At most one snapshot of a group is in
 // flight: the next snapshot call (and restore_snapshot) waits for it, and
 // throws its failure when no wait() saw it.
 AsyncSnapshot async_snapshot(int64_t step, const DistributedState& state,
