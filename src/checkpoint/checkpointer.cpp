@@ -30,8 +30,9 @@ struct Checkpointer::Lane {
 namespace {
 
 // Every group's Checkpointer: the only registry. One of a destroyed group
-// goes at the next lookup once its jobs are done; at the process's end the
-// registry's destruction waits for the jobs in flight.
+// goes at a later lookup once its jobs are done (never joined under the
+// registry's lock while one runs); at the process's end the registry's
+// destruction waits for the jobs in flight.
 struct Registry {
   std::mutex mutex;
   std::map<const ProcessGroup*, std::pair<std::weak_ptr<ProcessGroup>, std::shared_ptr<Checkpointer>>> of;
@@ -49,8 +50,9 @@ std::shared_ptr<Checkpointer> Checkpointer::of(const std::shared_ptr<ProcessGrou
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   for (auto it = r.of.begin(); it != r.of.end();)
-    it = it->first != group.get() && it->second.first.expired() && it->second.second.use_count() == 1
-             ? r.of.erase(it)  // joins its threads
+    it = it->first != group.get() && it->second.first.expired() && it->second.second.use_count() == 1 &&
+                 !it->second.second->busy()
+             ? r.of.erase(it)  // joins its finished threads
              : std::next(it);
   auto& entry = r.of[group.get()];
   if (entry.first.lock() != group || !entry.second) entry = {group, std::make_shared<Checkpointer>(group)};
@@ -67,6 +69,12 @@ std::shared_ptr<ProcessGroup> Checkpointer::group() const {
   auto g = group_.lock();
   DTRAIN_ENFORCE(g != nullptr);  // the caller holds the group
   return g;
+}
+
+bool Checkpointer::busy() const {
+  for (const auto& [name, l] : lanes_)
+    if (l->pending && !l->pending->outcome_ready()) return true;
+  return false;
 }
 
 Checkpointer::Lane& Checkpointer::lane(const std::string& name) {

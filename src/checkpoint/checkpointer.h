@@ -83,6 +83,8 @@ class Checkpointer {
 
   // The group's (the caller holds it during every call).
   std::shared_ptr<ProcessGroup> group() const;
+  // Whether a lane's job is still running.
+  bool busy() const;
 
  private:
   struct Lane;
