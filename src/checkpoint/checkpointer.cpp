@@ -97,9 +97,7 @@ void Checkpointer::wait_for(const std::string& name, const std::string& context)
 std::shared_ptr<ProcessGroup> Checkpointer::cpu_group(const std::string& name) {
   auto g = group();
   if (g->backend_name() != "nccl") return g;
-  Lane& l = lane(name);
-  if (!l.companion) l.companion = dtrain::detail::new_companion_group(*g, name, "checkpoint::" + name);
-  return l.companion;
+  return companion(lane(name), BackgroundOptions(), "checkpoint::" + name);
 }
 
 std::shared_ptr<ProcessGroup> Checkpointer::companion(Lane& l, const BackgroundOptions& options,

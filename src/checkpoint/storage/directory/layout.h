@@ -26,7 +26,6 @@
 namespace dtrain::checkpoint::files {
 
 using dtrain::detail::error_of;
-using state_checks::check_box;
 using state_checks::check_local;
 using state_checks::shape_text;
 
