@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
 harnesses=(store_server_fuzz c10d_scan_fuzz file_store_fuzz launcher_options_fuzz tensor_file_fuzz safetensors_fuzz idx_reader_fuzz checkpoint_fuzz trace_dump_fuzz
-           distributed_checkpoint_fuzz error_file_fuzz transport_frames_fuzz snapshot_keeper_fuzz)
+           distributed_checkpoint_fuzz error_file_fuzz transport_frames_fuzz snapshot_keeper_fuzz ft_protocol_fuzz)
 bash scripts/setup.sh main clang libclang-rt-14-dev  # clang and its libFuzzer
 echo "fuzz: configuring ./build-fuzz (clang, -fsanitize=fuzzer,address,undefined)"
 CC=clang CXX=clang++ bash scripts/configure.sh build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \

@@ -15,6 +15,8 @@
 #include "dtrain/distributed.h"
 #include "dtrain/errors.h"
 #include "dtrain/fsdp.h"
+#include "dtrain/ft/lighthouse.h"
+#include "dtrain/ft/manager.h"
 #include "dtrain/launch_env.h"
 #include "dtrain/objects.h"
 #include "dtrain/pipelining.h"

@@ -131,6 +131,12 @@ const Var kSnapshotSocket{"DTRAIN_SNAPSHOT_SOCKET", nullptr,
 const Var kSnapshotMemory{"DTRAIN_SNAPSHOT_MEMORY", nullptr,
                           "Bytes (K, M, G suffixes) dtrain-run's snapshot keeper holds at most; "
                           "unset: half of the host's memory."};
+const Var kFtLighthouse{"DTRAIN_FT_LIGHTHOUSE", nullptr,
+                        "host:port of the fault-tolerant job's lighthouse, where ft::Manager "
+                        "asks for each step's quorum (torchft's TORCHFT_LIGHTHOUSE)."};
+const Var kFtReplicaId{"DTRAIN_FT_REPLICA_ID", nullptr,
+                       "This replica group's id in a fault-tolerant job, the same on each of its "
+                       "ranks and across its restarts (torchft's REPLICA_GROUP_ID)."};
 
 const std::vector<const Var*>& all() {
   static const std::vector<const Var*> vars{
@@ -139,7 +145,7 @@ const std::vector<const Var*>& all() {
       &kSlurmNTasks, &kSlurmStepNodelist, &kSlurmJobNodelist, &kSlurmJobId, &kSlurmStepId, &kDebug,   &kSocketIfname, &kGlooSocketIfname, &kTimeout, &kTty,
       &kShmChunkBytes, &kShmDisable, &kHostId, &kAlgo, &kCpuMemory, &kTcpStreams, &kTcpUnexpectedBytes, &kTcpUnexpectedMessages, &kStoreMaxBytes, &kStoreMaxKeys,
       &kStoreToken, &kStoreTokenFile, &kLauncher, &kTraceDir, &kTraceBufferSize, &kTimeline, &kErrorFile,
-      &kSnapshotSocket, &kSnapshotMemory};
+      &kSnapshotSocket, &kSnapshotMemory, &kFtLighthouse, &kFtReplicaId};
   return vars;
 }
 

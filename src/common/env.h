@@ -30,6 +30,8 @@ extern const Var kShmChunkBytes, kShmDisable, kHostId, kAlgo, kCpuMemory, kTcpSt
     kStoreToken, kStoreTokenFile, kLauncher, kTraceDir, kTraceBufferSize, kTimeline;
 // Snapshots in memory (checkpoint/snapshot.h, dtrain-run's keeper).
 extern const Var kSnapshotSocket, kSnapshotMemory;
+// Fault tolerance (ft/manager.h).
+extern const Var kFtLighthouse, kFtReplicaId;
 
 const std::vector<const Var*>& all();
 

@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "checkpoint/storage/keepers/keepers.h"
-#include "checkpoint/storage/keepers/part.h"
+#include "checkpoint/storage/part.h"
 #include "common/enforce.h"
 #include "core/internal_tags.h"
 #include "dtrain/objects.h"

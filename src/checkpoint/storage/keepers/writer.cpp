@@ -5,7 +5,7 @@
 #include <atomic>
 
 #include "checkpoint/storage/keepers/keepers.h"
-#include "checkpoint/storage/keepers/part.h"
+#include "checkpoint/storage/part.h"
 #include "checkpoint/storage/keepers/seam.h"
 #include "common/enforce.h"
 #include "core/internal_tags.h"

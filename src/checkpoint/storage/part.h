@@ -1,8 +1,9 @@
 #pragma once
 
-// One rank's part of a snapshot (dtrain/checkpoint/snapshot.h): the rank's tensors and the
-// state's metadata as a tensor file in memory, and its way back into a
-// state of the same layout.
+// One rank's part of a snapshot (dtrain/checkpoint/snapshot.h) or of a
+// live peer's state (peer/): the rank's tensors and the state's metadata
+// as a tensor file in memory, checksummed, and its way back into a state
+// of the same layout. Shared by the storages that move parts whole.
 
 #include <cstdint>
 #include <functional>

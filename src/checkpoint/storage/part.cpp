@@ -1,4 +1,4 @@
-#include "checkpoint/storage/keepers/part.h"
+#include "checkpoint/storage/part.h"
 
 #include <sstream>
 

@@ -1,0 +1,107 @@
+#include "ft/lighthouse_link.h"
+
+#include <algorithm>
+
+#include "common/enforce.h"
+#include "common/socket.h"
+
+namespace dtrain::ft {
+
+std::string LighthouseAddress::text() const { return net::endpoint(host, port); }
+
+LighthouseAddress parse_lighthouse_address(const std::string& text, const std::string& what) {
+  const size_t colon = text.rfind(':');
+  DTRAIN_CHECK_ARG(colon != std::string::npos && colon > 0, what, ": '", text, "' is not host:port");
+  std::string host = text.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  DTRAIN_CHECK_ARG(!host.empty(), what, ": '", text, "' has no host");
+  return LighthouseAddress{host, net::parse_port(text.substr(colon + 1), what)};
+}
+
+LighthouseLink::LighthouseLink(LighthouseAddress address, std::string token, std::chrono::milliseconds timeout)
+    : address_(std::move(address)), token_(std::move(token)), timeout_(timeout) {}
+
+std::shared_ptr<TcpStore> LighthouseLink::store(std::chrono::milliseconds connect_timeout) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (store_) return store_;
+  std::shared_ptr<TcpStore> s;
+  try {
+    s = std::make_shared<TcpStore>(TcpStoreOptions()
+                                       .host(address_.host)
+                                       .port(address_.port)
+                                       .timeout(connect_timeout)
+                                       .token(token_));
+    const bool lighthouse = s->check({protocol::kIncarnationKey});
+    DTRAIN_CHECK_ARG(lighthouse, "the store at ", address_.text(),
+                     " is not a dtrain lighthouse (it has no '", protocol::kIncarnationKey, "' key)");
+  } catch (const NetworkError& e) {
+    throw NetworkError(detail::cat("the lighthouse at ", address_.text(), " is unreachable: ", e.what()));
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(detail::cat("the lighthouse at ", address_.text(), " is unreachable: ", e.what()));
+  }
+  s->set_timeout(timeout_);
+  store_ = s;
+  return s;
+}
+
+void LighthouseLink::reset() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  store_.reset();
+}
+
+protocol::Answer LighthouseLink::ask(const protocol::Request& request, std::chrono::milliseconds connect_timeout,
+                                     std::chrono::milliseconds quorum_timeout) {
+  auto s = store(connect_timeout);
+  const int64_t n = s->add(protocol::kRequestsKey, 1);
+  s->set(protocol::request_key(n), protocol::encode(request));
+  const std::string key = protocol::answer_key(n);
+  try {
+    s->wait({key}, quorum_timeout);
+  } catch (const TimeoutError&) {
+    throw TimeoutError(detail::cat("no quorum from the lighthouse at ", address_.text(), " within ",
+                                   quorum_timeout.count(), " ms"));
+  }
+  const std::string text = s->get_string(key);
+  s->delete_key(key);
+  return protocol::parse_answer(text);
+}
+
+Heartbeat::Heartbeat(LighthouseAddress address, std::string token, std::string replica,
+                     std::chrono::milliseconds interval)
+    : link_(std::move(address), std::move(token), std::max(interval * 10, std::chrono::milliseconds(1000))),
+      replica_(replica),
+      key_(protocol::heartbeat_key(replica)),
+      interval_(interval),
+      thread_([this] { run(); }) {}
+
+Heartbeat::~Heartbeat() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void Heartbeat::run() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  bool registered = false;  // with this connection's lighthouse
+  while (!stop_) {
+    lock.unlock();
+    try {
+      auto store = link_.store(std::max(interval_ * 10, std::chrono::milliseconds(1000)));
+      store->add(key_, 1);
+      if (!registered) {
+        store->set(protocol::registration_key(store->add(protocol::kRegistrationsKey, 1)), replica_);
+        registered = true;
+      }
+    } catch (const std::exception&) {
+      registered = false;
+      link_.reset();  // the lighthouse is away: the quorum requests say so; beat again later
+    }
+    lock.lock();
+    wake_.wait_for(lock, interval_, [this] { return stop_; });
+  }
+}
+
+}  // namespace dtrain::ft

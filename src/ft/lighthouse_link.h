@@ -1,0 +1,76 @@
+#pragma once
+
+// A replica's side of the lighthouse (dtrain/ft/lighthouse.h): its store
+// connection (requests; the cross-replica groups' rendezvous), made again
+// after a failure, and the heartbeats of the replica's first rank.
+// Torch-free.
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "dtrain/store/tcp_store.h"
+#include "ft/protocol.h"
+
+namespace dtrain::ft {
+
+struct LighthouseAddress {
+  std::string host;
+  uint16_t port = 0;
+  std::string text() const;
+};
+// "host:port" or "[v6]:port"; InvalidArgument naming `what` otherwise.
+LighthouseAddress parse_lighthouse_address(const std::string& text, const std::string& what);
+
+class LighthouseLink {
+ public:
+  LighthouseLink(LighthouseAddress address, std::string token, std::chrono::milliseconds timeout);
+
+  // The connection, made now if there is none. Throws NetworkError /
+  // TimeoutError "the lighthouse at H:P is unreachable: ..." or
+  // InvalidArgument when what answers is not a lighthouse.
+  std::shared_ptr<TcpStore> store(std::chrono::milliseconds connect_timeout);
+  // Forgets the connection (after an error on it): the next call makes one.
+  void reset();
+  // One request and its answer, waiting at most `quorum_timeout`.
+  protocol::Answer ask(const protocol::Request& request, std::chrono::milliseconds connect_timeout,
+                       std::chrono::milliseconds quorum_timeout);
+  const LighthouseAddress& address() const { return address_; }
+
+ private:
+  LighthouseAddress address_;
+  std::string token_;
+  std::chrono::milliseconds timeout_;
+  std::mutex mutex_;
+  std::shared_ptr<TcpStore> store_;
+};
+
+// Registers the replica with the lighthouse (so that a quorum waits for
+// it before it first asks), then adds to its heartbeat counter every
+// `interval` on a thread of its own, over a connection of its own (a request waiting for its quorum
+// never holds a heartbeat back); a failed beat drops the connection and
+// the next one connects again.
+class Heartbeat {
+ public:
+  Heartbeat(LighthouseAddress address, std::string token, std::string replica,
+            std::chrono::milliseconds interval);
+  ~Heartbeat();
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+
+ private:
+  void run();
+  LighthouseLink link_;
+  std::string replica_;
+  std::string key_;
+  std::chrono::milliseconds interval_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace dtrain::ft

@@ -1,0 +1,142 @@
+#include "ft/protocol.h"
+
+#include <sstream>
+
+#include "common/enforce.h"
+
+namespace dtrain::ft::protocol {
+namespace {
+
+// The lines of `text`, each "<word> <rest>"; InvalidArgument on a text
+// that is too long or holds a byte outside printable ASCII.
+std::vector<std::pair<std::string, std::string>> lines_of(const std::string& text,
+                                                          const char* what) {
+  DTRAIN_CHECK_ARG(text.size() <= kMaxText, what, ": ", text.size(), " bytes (at most ", kMaxText, ")");
+  std::vector<std::pair<std::string, std::string>> out;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(at, end - at);
+    at = end + 1;
+    for (unsigned char c : line)
+      DTRAIN_CHECK_ARG(c >= 0x20 && c < 0x7f, what, ": byte ", static_cast<int>(c), " is not printable");
+    const size_t space = line.find(' ');
+    out.emplace_back(line.substr(0, space), space == std::string::npos ? "" : line.substr(space + 1));
+  }
+  return out;
+}
+
+int64_t number(const std::string& s, int64_t lo, int64_t hi, const char* what, const char* field) {
+  DTRAIN_CHECK_ARG(!s.empty() && s.size() <= 19 && s.find_first_not_of("0123456789") == std::string::npos,
+                   what, ": ", field, " '", s, "' is not a number");
+  const long long v = std::stoll(s);
+  DTRAIN_CHECK_ARG(v >= lo && v <= hi, what, ": ", field, " ", v, " is outside [", lo, ", ", hi, "]");
+  return v;
+}
+
+bool hex_word(const std::string& s, size_t max) {
+  return s.size() <= max && s.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
+}  // namespace
+
+std::string request_key(int64_t n) { return "ft/request/" + std::to_string(n); }
+std::string registration_key(int64_t n) { return "ft/registration/" + std::to_string(n); }
+std::string answer_key(int64_t n) { return "ft/answer/" + std::to_string(n); }
+std::string heartbeat_key(const std::string& replica) { return "ft/heartbeat/" + replica; }
+
+void check_replica_id(const std::string& id, const std::string& what) {
+  DTRAIN_CHECK_ARG(!id.empty() && id.size() <= 64 &&
+                       id.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") ==
+                           std::string::npos,
+                   what, ": replica id '", id, "' is not 1 to 64 of A-Z a-z 0-9 . _ -");
+}
+
+std::string encode(const Request& r) {
+  return detail::cat("replica ", r.replica, "\nstep ", r.step, "\nworld ", r.world, "\nlayout ", r.layout,
+                     "\nrebuild ", r.rebuild ? 1 : 0,
+                     "\nincarnation ", r.incarnation);
+}
+
+Request parse_request(const std::string& text) {
+  const char* what = "lighthouse request";
+  Request r;
+  int seen = 0;
+  for (const auto& [word, rest] : lines_of(text, what)) {
+    if (word == "replica") {
+      check_replica_id(rest, what);
+      r.replica = rest;
+      seen |= 1;
+    } else if (word == "step") {
+      r.step = number(rest, 0, INT64_MAX / 2, what, "step");
+      seen |= 2;
+    } else if (word == "world") {
+      r.world = static_cast<int>(number(rest, 1, 1 << 24, what, "world"));
+      seen |= 4;
+    } else if (word == "layout") {
+      DTRAIN_CHECK_ARG(hex_word(rest, 64), what, ": layout '", rest, "' is not at most 64 hex digits");
+      r.layout = rest;
+      seen |= 8;
+    } else if (word == "rebuild") {
+      r.rebuild = number(rest, 0, 1, what, "rebuild") == 1;
+    } else if (word == "incarnation") {
+      DTRAIN_CHECK_ARG(!rest.empty() && hex_word(rest, 32), what, ": incarnation '", rest,
+                       "' is not 1 to 32 hex digits");
+      r.incarnation = rest;
+      seen |= 16;
+    } else {
+      throw InvalidArgument(detail::cat(what, ": unknown field '", word, "'"));
+    }
+  }
+  DTRAIN_CHECK_ARG(seen == 31, what, ": replica, step, world, layout and incarnation are each required");
+  return r;
+}
+
+std::string encode(const Answer& a) {
+  if (!a.error.empty()) {
+    std::string one_line = a.error;
+    for (char& c : one_line)
+      if (c < 0x20 || c >= 0x7f) c = ' ';
+    return "error " + one_line;
+  }
+  std::ostringstream out;
+  out << "quorum " << a.quorum_id;
+  for (const auto& m : a.members) out << "\nmember " << m.replica << " " << m.step;
+  return out.str();
+}
+
+Answer parse_answer(const std::string& text) {
+  const char* what = "lighthouse answer";
+  Answer a;
+  bool quorum = false;
+  for (const auto& [word, rest] : lines_of(text, what)) {
+    if (word == "error") {
+      DTRAIN_CHECK_ARG(!quorum && a.error.empty(), what, ": an error and a quorum at once");
+      a.error = rest.empty() ? "(no reason given)" : rest;
+    } else if (word == "quorum") {
+      DTRAIN_CHECK_ARG(!quorum && a.error.empty() && !rest.empty() && rest.size() <= 64 &&
+                           rest.find_first_of(" ") == std::string::npos,
+                       what, ": quorum id '", rest, "' is not one word of at most 64");
+      a.quorum_id = rest;
+      quorum = true;
+    } else if (word == "member") {
+      DTRAIN_CHECK_ARG(quorum, what, ": a member before the quorum line");
+      DTRAIN_CHECK_ARG(a.members.size() < kMaxMembers, what, ": more than ", kMaxMembers, " members");
+      const size_t space = rest.find(' ');
+      DTRAIN_CHECK_ARG(space != std::string::npos, what, ": member '", rest, "' has no step");
+      Member m{rest.substr(0, space), number(rest.substr(space + 1), 0, INT64_MAX / 2, what, "step")};
+      check_replica_id(m.replica, what);
+      DTRAIN_CHECK_ARG(a.members.empty() || a.members.back().replica < m.replica, what, ": member '", m.replica,
+                       "' is out of order or repeated");
+      a.members.push_back(std::move(m));
+    } else {
+      throw InvalidArgument(detail::cat(what, ": unknown field '", word, "'"));
+    }
+  }
+  DTRAIN_CHECK_ARG(!a.error.empty() || (quorum && !a.members.empty()), what,
+                   ": neither an error nor a quorum with members");
+  return a;
+}
+
+}  // namespace dtrain::ft::protocol

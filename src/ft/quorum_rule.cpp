@@ -1,0 +1,46 @@
+#include "ft/quorum_rule.h"
+
+#include <algorithm>
+
+#include "common/enforce.h"
+
+namespace dtrain::ft {
+
+std::optional<std::set<std::string>> decide_quorum(const QuorumInputs& in) {
+  if (static_cast<int>(in.asking.size()) < std::max(in.min_replicas, 1)) return std::nullopt;
+  auto asks = [&](const std::string& r) { return in.asking.count(r) > 0; };
+  const bool previous_all_ask =
+      !in.previous.empty() && std::all_of(in.previous.begin(), in.previous.end(), asks);
+  const bool live_all_ask = std::all_of(in.live.begin(), in.live.end(), asks);
+  if (previous_all_ask || live_all_ask || in.now - in.first_asked >= in.join_timeout) return in.asking;
+  return std::nullopt;
+}
+
+QuorumView view_of(const protocol::Answer& answer, const std::string& me, bool init_sync,
+                   bool async_quorum) {
+  const auto& members = answer.members;
+  DTRAIN_CHECK_ARG(!members.empty(), "quorum ", answer.quorum_id, " has no members");
+  QuorumView v;
+  v.quorum_id = answer.quorum_id;
+  v.replica_world = static_cast<int>(members.size());
+  v.replica_rank = -1;
+  for (int i = 0; i < v.replica_world; ++i) {
+    if (members[i].replica == me) v.replica_rank = i;
+    v.max_step = std::max(v.max_step, members[i].step);
+  }
+  DTRAIN_CHECK_ARG(v.replica_rank >= 0, "quorum ", answer.quorum_id, " does not hold replica '", me, "'");
+  std::vector<int> up, behind;
+  for (int i = 0; i < v.replica_world; ++i) {
+    const bool first_at_zero = init_sync && v.max_step == 0 && i > 0;
+    (members[i].step == v.max_step && !first_at_zero ? up : behind).push_back(i);
+  }
+  for (size_t j = 0; j < behind.size(); ++j) {
+    const int source = up[j % up.size()];
+    if (behind[j] == v.replica_rank) v.heal_source = source;
+    if (source == v.replica_rank) v.heal_targets.push_back(behind[j]);
+  }
+  v.participants = async_quorum ? static_cast<int>(up.size()) : v.replica_world;
+  return v;
+}
+
+}  // namespace dtrain::ft
