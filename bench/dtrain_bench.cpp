@@ -47,6 +47,9 @@
 //   dtrain-bench cuda     [--world 1] [--layers 8] [--width 4096] [--batch 256] [--steps 50]
 //       DDP on CUDA tensors beside PyTorch's DDP: its overhead over the plain
 //       model at world 1 (nccl), samples/s of ranks sharing a GPU; cuda.cpp.
+//   dtrain-bench ft       [--replicas 2] [--ranks 2] [--steps 60] [--batch 64] [--runs 3]
+//       FT-DDP (replica groups around a lighthouse) against plain DDP over the
+//       same ranks, nothing failing: fault tolerance's step-time cost; ft.cpp.
 //   dtrain-bench collectives [--backend auto] [--op all_reduce] ... (run under dtrain-run)
 //       nccl-tests-style sweep of one collective; see collectives.cpp.
 //
@@ -380,6 +383,7 @@ int main(int argc, char** argv) {
       return pipeline_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2 && is_tp_mode(argv[2])) return tp_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2 && is_cuda_mode(argv[2])) return cuda_rank_main(argv[2], parse(argc, argv, 3));
+    if (cmd == "rank" && argc > 2 && is_ft_mode(argv[2])) return ft_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2 && is_checkpoint_mode(argv[2]))
       return checkpoint_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2) return rank_main(argv[2], parse(argc, argv, 3));
@@ -387,6 +391,7 @@ int main(int argc, char** argv) {
     if (cmd != "rank" && cmd != "collectives") std::printf("%s\n", build_line().c_str());
     if (cmd == "memory") return bench_memory(parse(argc, argv, 2));
     if (cmd == "cuda") return bench_cuda(parse(argc, argv, 2));
+    if (cmd == "ft") return bench_ft(parse(argc, argv, 2));
     if (cmd == "pipeline") return bench_pipeline(parse(argc, argv, 2));
     if (cmd == "tp") return bench_tp(parse(argc, argv, 2));
     if (cmd == "checkpoint") return bench_checkpoint(parse(argc, argv, 2));
@@ -400,6 +405,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dtrain-bench: %s\n", e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: dtrain-bench ddp|overlap|dp|syncbn|memory|pipeline|tp|checkpoint|composed|cuda|collectives [--flag value ...] (see the source header)\n");
+  std::fprintf(stderr, "usage: dtrain-bench ddp|overlap|dp|syncbn|memory|pipeline|tp|checkpoint|composed|cuda|ft|collectives [--flag value ...] (see the source header)\n");
   return 2;
 }

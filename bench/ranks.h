@@ -41,6 +41,11 @@ class ShapedLink {
 std::string run_ranks(int world, const std::string& mode, const Args& a,
                       const ShapedLink* link = nullptr, const std::string& env = "");
 
+// dtrain-bench ft (ft.cpp).
+bool is_ft_mode(const std::string& mode);
+int ft_rank_main(const std::string& mode, const Args& a);
+int bench_ft(const Args& a);
+
 // dtrain-bench cuda (cuda.cpp).
 bool is_cuda_mode(const std::string& mode);
 int cuda_rank_main(const std::string& mode, const Args& a);

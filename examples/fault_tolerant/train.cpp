@@ -5,7 +5,7 @@
 //   dtrain-lighthouse --port 29510 &
 //   for k in 0 1 2; do
 //     dtrain-run --nproc-per-node 2 --max-restarts 3 --master-port $((29600 + k))
-//       dtrain-ft-fashion-mnist --replicas 3 --replica-index $k --lighthouse 127.0.0.1:29510 &
+//       dtrain-ft-fashion-mnist --replica-index $k --lighthouse 127.0.0.1:29510 &
 //   done
 // (one command per replica; docs/fault-tolerance.md has it whole)
 //
@@ -61,13 +61,11 @@ std::string members_text(const std::vector<std::string>& members) {
 
 int main(int argc, char** argv) {
   CLI::App app{"Fashion-MNIST trained by fault-tolerant replica groups (run each replica under dtrain-run)"};
-  int replicas = 1, replica_index = 0, batch = 32, log_every = 50, step_ms = 0;
+  int replica_index = 0, batch = 32, log_every = 50, step_ms = 0;
   int64_t steps = 300, die_at_step = -1;
   std::string lighthouse, commit_log, data = dtrain::FashionMNIST::kDefaultRoot;
   double lr = 0.05;
-  app.add_option("--replicas", replicas, "replica groups the job was started with (they share each step's data)")
-      ->check(CLI::Range(1, 1 << 16));
-  app.add_option("--replica-index", replica_index, "this replica's share of each step's data (0..replicas-1)");
+  app.add_option("--replica-index", replica_index, "this replica's number: its id is replica-<k>, its seed k");
   app.add_option("--lighthouse", lighthouse, "host:port of dtrain-lighthouse (default: DTRAIN_FT_LIGHTHOUSE)");
   app.add_option("--steps", steps, "steps to commit")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   app.add_option("--batch", batch, "samples per rank and step")->check(CLI::Range(1, 1 << 16));
@@ -78,16 +76,13 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 60000));
   app.add_option("--log-every", log_every, "a progress line every this many steps")->check(CLI::Range(1, 1 << 30));
   app.add_option("--commit-log", commit_log,
-                 "append '<step> <state hash> <unix ms> <members>' here at each commit (rank 0)");
+                 "append '<step> <state hash> <unix ms> <first sample> <samples> <members>' here at each commit "
+                 "(rank 0)");
   app.add_option("--data", data, "Fashion-MNIST's directory");
   CLI11_PARSE(app, argc, argv);
-  if (replica_index < 0 || replica_index >= replicas) {
-    std::cerr << "--replica-index " << replica_index << " is outside 0.." << replicas - 1 << std::endl;
-    return 2;
-  }
   try {
     dtrain::init_process_group();
-    const int rank = dtrain::get_rank(), world = dtrain::get_world_size();
+    const int rank = dtrain::get_rank();
     const std::string replica =
         std::getenv("DTRAIN_FT_REPLICA_ID") ? std::getenv("DTRAIN_FT_REPLICA_ID") : "replica-" + std::to_string(replica_index);
     const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT");
@@ -100,20 +95,23 @@ int main(int argc, char** argv) {
     dtrain::checkpoint::DistributedState state;
     dtrain::checkpoint::add_module(state, *net);
     dtrain::checkpoint::add_optimizer(state, opt, *net);
-    dtrain::ft::Manager manager(state, dtrain::ft::ManagerOptions().lighthouse(lighthouse).replica_id(replica));
+    // A synchronous quorum: a replica that heals does so before its forward,
+    // so every member trains its share and each sample is trained once.
+    dtrain::ft::Manager manager(
+        state, dtrain::ft::ManagerOptions().lighthouse(lighthouse).replica_id(replica).async_quorum(false));
     dtrain::DistributedDataParallel ddp(net);
     ddp.register_comm_hook(dtrain::ft::allreduce_hook(manager));
 
-    // Step s's samples: a seeded order of each epoch, cut into global
-    // batches of replicas x world x batch; this rank takes its share.
-    const int64_t n = dtrain::FashionMNIST::kTrainSize, global = int64_t{replicas} * world * batch;
+    // Sample i of the job is sample order_e[i mod N] of epoch e = i / N, in
+    // a seeded order that every replica draws alike; the manager hands each
+    // rank its share of each step, every sample in one committed step.
+    const int64_t n = dtrain::FashionMNIST::kTrainSize;
     int64_t order_epoch = -1;
     torch::Tensor order;
-    auto batch_of = [&](int64_t step) {
-      const int64_t first = step * global + (int64_t{replica_index} * world + rank) * batch;
+    auto batch_of = [&](const dtrain::ft::StepSamples& s) {
       std::vector<int64_t> idx;
-      for (int64_t i = first; i < first + batch; ++i) {
-        if (i / n != order_epoch) {  // the same order on every replica
+      for (int64_t i = s.first; i < s.first + s.count; ++i) {
+        if (i / n != order_epoch) {
           order_epoch = i / n;
           torch::manual_seed(1000 + order_epoch);
           order = torch::randperm(n, torch::kLong);
@@ -135,7 +133,8 @@ int main(int argc, char** argv) {
         std::raise(SIGKILL);
       }
       manager.start_quorum();
-      auto [x, y] = batch_of(step);
+      const auto samples = manager.step_samples(batch);
+      auto [x, y] = batch_of(samples);
       opt.zero_grad();
       auto loss = torch::cross_entropy_loss(ddp.forward(x), y);
       loss.backward();
@@ -150,7 +149,7 @@ int main(int argc, char** argv) {
               << std::chrono::duration_cast<std::chrono::milliseconds>(
                      std::chrono::system_clock::now().time_since_epoch())
                      .count()
-              << " " << members_text(q.members) << std::endl;
+              << " " << samples.step_first << " " << samples.step_count << " " << members_text(q.members) << std::endl;
         }
         if (rank == 0 && (manager.current_step() % log_every == 0 || q.healing)) {
           std::cout << replica << ": step " << manager.current_step() << " committed, quorum of "

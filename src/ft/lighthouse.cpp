@@ -206,6 +206,9 @@ struct Lighthouse::Impl {
     if (auto members = decide_quorum(in)) form(*members);
   }
 
+  // Ticks every options.tick, and at once when the next request arrives
+  // (a server-side wait on its key): a quorum is answered within a round
+  // trip of its last request, not a tick.
   void run() {
     while (!stop.load()) {
       try {
@@ -213,7 +216,12 @@ struct Lighthouse::Impl {
       } catch (const std::exception& e) {
         log_warning(detail::cat("dtrain lighthouse: ", e.what()));
       }
-      std::this_thread::sleep_for(options.tick());
+      try {
+        store->wait({protocol::request_key(requests.next)}, options.tick());
+      } catch (const TimeoutError&) {
+      } catch (const std::exception&) {
+        std::this_thread::sleep_for(options.tick());
+      }
     }
   }
 };

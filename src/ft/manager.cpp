@@ -33,6 +33,8 @@ namespace {
 // What the replica's first rank hands to the others for a round: "ok\n"
 // and the lighthouse's answer, or "failed <why>" when it got none.
 constexpr char kOk[] = "ok\n";
+// The manager's own entry in a healing part's metadata.
+constexpr char kSamplesKey[] = "dtrain_ft/committed_samples";
 constexpr char kFailed[] = "failed ";
 
 int64_t random_nonce() {
@@ -58,6 +60,8 @@ struct Manager::Impl {
   std::string local_address;
 
   int64_t step = 0;
+  int64_t samples = 0;       // committed (step_samples' blocks)
+  int64_t step_block = 0;    // this step's block, added to `samples` on a commit
   int64_t round = 0;
   bool rebuild = false;  // the last step did not commit
   std::shared_future<void> round_done;
@@ -135,8 +139,12 @@ struct Manager::Impl {
 
   // Heals from, or for, the quorum's members (tag 0 of the cross group).
   void heal(const QuorumView& v, ProcessGroup& g) {
-    for (int target : v.heal_targets)
-      checkpoint::storage::peer::send_state(state, step, rank, world, g, target, 0);
+    if (!v.heal_targets.empty()) {
+      auto sent = state;  // the same tensors, and the manager's own count
+      sent.metadata[kSamplesKey] = std::to_string(samples);
+      for (int target : v.heal_targets)
+        checkpoint::storage::peer::send_state(sent, step, rank, world, g, target, 0);
+    }
     if (!v.healing()) return;
     checkpoint::storage::peer::Reader reader(
         g, v.heal_source, 0, v.max_step, rank, world,
@@ -181,9 +189,17 @@ struct Manager::Impl {
         return std::move(value);
       }
     } ready;
+    int64_t taken_samples = 0;
+    if (loaded->metadata) {
+      auto it = loaded->metadata->find(kSamplesKey);
+      DTRAIN_CHECK_ARG(it != loaded->metadata->end(), what("the healing part has no "), kSamplesKey);
+      taken_samples = std::stoll(it->second);
+      loaded->metadata->erase(it);
+    }
     ready.value = std::move(loaded);
     checkpoint::load_state(ready, state);
     step = to_step;
+    samples = taken_samples;
   }
 
   void wait_round() {
@@ -318,10 +334,38 @@ bool Manager::should_commit() {
     }
   }
   if (m.group && m.world > 1) ok = Impl::vote(*m.group, ok);  // ... and every place of this replica
-  if (ok) ++m.step;
+  if (ok) {
+    ++m.step;
+    m.samples += m.step_block;
+  }
+  m.step_block = 0;
   m.rebuild = !ok;
   return ok;
 }
+
+StepSamples Manager::step_samples(int64_t per_rank) {
+  auto& m = *impl_;
+  DTRAIN_CHECK_ARG(!m.options.async_quorum(),
+                   m.what("step_samples needs ManagerOptions().async_quorum(false): with an asynchronous quorum a "
+                          "healing replica's share of a step is not trained"));
+  DTRAIN_CHECK_ARG(per_rank > 0, m.what("step_samples: per_rank is "), per_rank, " (at least 1)");
+  m.wait_round();
+  int members = 1, replica_rank = 0;
+  {
+    std::lock_guard<std::mutex> lock(m.mutex);
+    if (m.view && !m.error) members = m.view->replica_world, replica_rank = m.view->replica_rank;
+  }
+  // Without a quorum the step will not commit: any block will do.
+  StepSamples s;
+  s.step_first = m.samples;
+  s.step_count = per_rank * m.world * members;
+  s.first = m.samples + per_rank * (static_cast<int64_t>(replica_rank) * m.world + m.rank);
+  s.count = per_rank;
+  m.step_block = s.step_count;
+  return s;
+}
+
+int64_t Manager::committed_samples() const { return impl_->samples; }
 
 void Manager::report_error(std::exception_ptr error) { impl_->report(std::move(error)); }
 

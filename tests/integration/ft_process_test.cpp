@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -17,17 +19,21 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// "<step> <hash> <members>" lines of a replica's commit log (a line cut by
-// a kill is dropped).
-std::map<int64_t, std::string> commits_of(const std::string& path) {
-  std::map<int64_t, std::string> out;
+// "<step> <hash> <unix ms> <first sample> <samples> <members>" lines of a
+// replica's commit log (a line cut by a kill is dropped).
+struct Commit {
+  std::string hash;
+  int64_t ms = 0, first = 0, count = 0;
+};
+std::map<int64_t, Commit> commits_of(const std::string& path) {
+  std::map<int64_t, Commit> out;
   std::ifstream in(path);
   std::string line;
   while (std::getline(in, line)) {
     std::istringstream fields(line);
     int64_t step;
-    std::string hash;
-    if (fields >> step >> hash && hash.size() == 16) out[step] = hash;
+    Commit c;
+    if (fields >> step >> c.hash >> c.ms >> c.first >> c.count && c.hash.size() == 16) out[step] = c;
   }
   return out;
 }
@@ -45,7 +51,7 @@ TEST(FaultToleranceProcesses, AReplicaKilledWholeIsRestartedHealsAndTheOthersNev
   for (int k = 0; k < 3; ++k) {
     std::vector<std::string> argv{DTRAIN_RUN_EXECUTABLE, "--nproc-per-node", "2", "--max-restarts", "2",
                                   "--master-port", std::to_string(free_port()), DTRAIN_FT_EXAMPLE,
-                                  "--replicas", "3", "--replica-index", std::to_string(k),
+                                  "--replica-index", std::to_string(k),
                                   "--lighthouse", "127.0.0.1:" + std::to_string(lighthouse_port),
                                   "--steps", std::to_string(kSteps), "--step-ms", "20", "--log-every", "50",
                                   "--commit-log", dir.path() + "/replica-" + std::to_string(k) + ".log"};
@@ -56,7 +62,7 @@ TEST(FaultToleranceProcesses, AReplicaKilledWholeIsRestartedHealsAndTheOthersNev
     ASSERT_TRUE(procs.wait(*run, std::chrono::steady_clock::now() + 240s)) << describe(*run);
     EXPECT_EQ(run->exit_code, 0) << describe(*run);
   }
-  std::vector<std::map<int64_t, std::string>> logs;
+  std::vector<std::map<int64_t, Commit>> logs;
   for (int k = 0; k < 3; ++k) logs.push_back(commits_of(dir.path() + "/replica-" + std::to_string(k) + ".log"));
   for (int k = 0; k < 2; ++k) {  // (a replica that started late healed into the job first)
     ASSERT_FALSE(logs[k].empty()) << k;
@@ -65,13 +71,32 @@ TEST(FaultToleranceProcesses, AReplicaKilledWholeIsRestartedHealsAndTheOthersNev
     EXPECT_EQ(logs[k].size(), static_cast<size_t>(kSteps - first + 1))
         << "replica " << k << " committed every step from its first to the end: it never stopped";
   }
-  // After every committed step, every replica that committed it holds the same state.
-  for (const auto& [step, hash] : logs[0]) {
-    for (int k = 1; k < 3; ++k) {
-      auto it = logs[k].find(step);
-      if (it != logs[k].end()) EXPECT_EQ(it->second, hash) << "step " << step << ", replica " << k;
+  // After every committed step, every replica that committed it holds the
+  // same state, and took the same block of samples.
+  std::map<int64_t, Commit> all;
+  for (const auto& log : logs)
+    for (const auto& [step, commit] : log) {
+      auto [it, first] = all.emplace(step, commit);
+      if (first) continue;
+      EXPECT_EQ(commit.hash, it->second.hash) << "step " << step;
+      EXPECT_EQ(commit.first, it->second.first) << "step " << step;
+      EXPECT_EQ(commit.count, it->second.count) << "step " << step;
     }
+  // Each sample exactly once: the committed steps' blocks follow each
+  // other with no gap and no overlap from sample 0 on.
+  int64_t next_sample = 0;
+  for (const auto& [step, commit] : all) {
+    EXPECT_EQ(commit.first, next_sample) << "step " << step;
+    next_sample = commit.first + commit.count;
   }
+  EXPECT_EQ(all.size(), static_cast<size_t>(kSteps));
+  // What a death cost the survivors: the longest wait between two of their
+  // commits (the steps themselves take --step-ms 20).
+  int64_t longest = 0;
+  for (int k = 0; k < 2; ++k)
+    for (auto it = std::next(logs[k].begin()); it != logs[k].end(); ++it)
+      longest = std::max(longest, it->second.ms - std::prev(it)->second.ms);
+  std::printf("survivors' longest wait between commits: %lld ms\n", static_cast<long long>(longest));
   // The killed replica: its first life up to the step it died in; its
   // second, restarted by dtrain-run at step 0, healed from a live replica
   // (at once, or after a gap when the survivors went on without it) and

@@ -5,8 +5,14 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <dirent.h>
+
+#include <algorithm>
+#include <array>
+#include <fstream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "dtrain/dtrain.h"
@@ -247,6 +253,152 @@ TEST(FaultTolerance, BadInputIsRefusedByNameAndTheJobGoesOn) {
   a.start_quorum();
   EXPECT_TRUE(a.should_commit()) << "a goes on";
   EXPECT_EQ(a.current_step(), 2);
+}
+
+// step_samples under a synchronous quorum: a replica dies mid-step (its
+// share trained, its gradients never sent) and comes back; every block of
+// samples is trained in exactly one committed step, cut among the step's
+// members without gap or overlap.
+TEST(FaultTolerance, EachSampleIsTrainedInExactlyOneCommittedStepAcrossADeathAndAReturn) {
+  constexpr int64_t kDieAt = 15, kPerRank = 3, kAfterReturn = 10;
+  std::vector<std::shared_ptr<MLPImpl>> nets{make_model<MLPImpl>(0), make_model<MLPImpl>(1),
+                                             make_model<MLPImpl>(2), make_model<MLPImpl>(3)};
+  ft::Lighthouse lighthouse(ft::LighthouseOptions().port(0).heartbeat_timeout(500ms));
+  struct Slice {
+    int64_t first, count, step_first, step_count;
+  };
+  std::mutex mutex;
+  std::map<int64_t, std::map<std::string, Slice>> committed;  // step -> replica -> its samples
+  std::map<int64_t, std::map<std::string, at::Tensor>> params;
+  std::atomic<int> returned_commits{0};
+  const std::vector<std::string> ids{"a", "b", "c"};
+  auto life = [&](int replica, std::shared_ptr<MLPImpl> net, int64_t die_at, const std::function<bool()>& done) {
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05));
+    checkpoint::DistributedState state;
+    checkpoint::add_module(state, *net);
+    ft::Manager m(state, ft::ManagerOptions()
+                             .lighthouse(lighthouse.address())
+                             .replica_id(ids[replica])
+                             .async_quorum(false)
+                             .heartbeat_interval(50ms)
+                             .timeout(10s));
+    while (!done()) {
+      m.start_quorum();
+      const auto s = m.step_samples(kPerRank);
+      auto x = torch::arange(s.first, s.first + s.count, torch::kFloat).unsqueeze(1).expand({s.count, 10}) / 1000;
+      opt.zero_grad();
+      net->forward(x).pow(2).mean().backward();
+      if (m.current_step() == die_at) return;  // dies with its gradients unsent
+      for (auto& p : net->parameters()) m.allreduce(p.mutable_grad());
+      if (!m.should_commit()) continue;
+      opt.step();
+      std::lock_guard<std::mutex> lock(mutex);
+      committed[m.current_step()][ids[replica]] = Slice{s.first, s.count, s.step_first, s.step_count};
+      params[m.current_step()][ids[replica]] = flat_parameters(*net);
+      if (die_at < 0 && replica == 2) ++returned_commits;
+    }
+  };
+  run_threads(3, [&](int replica) {
+    auto back = [&] { return returned_commits >= kAfterReturn; };
+    if (replica < 2) return life(replica, nets[replica], -1, back);
+    life(2, nets[2], kDieAt, [] { return false; });
+    std::this_thread::sleep_for(800ms);
+    life(2, nets[3], -1, back);
+  });
+
+  int64_t next = 0;
+  for (const auto& [step, slices] : committed) {
+    const auto& any = slices.begin()->second;
+    EXPECT_EQ(any.step_first, next) << "step " << step << " starts where the committed ones end";
+    std::vector<std::pair<int64_t, int64_t>> parts;
+    for (const auto& [id, s] : slices) {
+      EXPECT_EQ(s.step_first, any.step_first) << "step " << step << ", " << id;
+      EXPECT_EQ(s.step_count, any.step_count) << "step " << step << ", " << id;
+      parts.emplace_back(s.first, s.count);
+    }
+    std::sort(parts.begin(), parts.end());
+    int64_t at = any.step_first;
+    for (const auto& [first, count] : parts) {
+      EXPECT_EQ(first, at) << "step " << step << ": a gap or an overlap";
+      at = first + count;
+    }
+    EXPECT_EQ(at, any.step_first + any.step_count) << "step " << step << ": every member's share committed";
+    next = any.step_first + any.step_count;
+    for (const auto& [id, p] : params.at(step))
+      EXPECT_TRUE(torch::equal(p, params.at(step).begin()->second)) << "step " << step << ", " << id;
+  }
+  EXPECT_EQ(committed.at(1).begin()->second.step_count, 3 * kPerRank) << "three members at the start";
+  int64_t shrank_at = 0, grew_at = 0;  // (the last steps may have fewer: the replicas stop apart)
+  for (const auto& [step, slices] : committed) {
+    const int64_t n = slices.begin()->second.step_count;
+    if (n == 2 * kPerRank && shrank_at == 0) shrank_at = step;
+    if (n == 3 * kPerRank && shrank_at > 0 && grew_at == 0) grew_at = step;
+  }
+  EXPECT_GT(shrank_at, kDieAt) << "while c was away the steps had two members";
+  EXPECT_GT(grew_at, shrank_at) << "and three again once it was back";
+}
+
+int64_t open_files() {  // (no std::filesystem: libtorch 2.x exports its own)
+  int64_t n = 0;
+  DIR* dir = opendir("/proc/self/fd");
+  while (dir && readdir(dir)) ++n;
+  if (dir) closedir(dir);
+  return n;
+}
+
+int64_t resident_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  return 0;
+}
+
+// Every step that does not commit gives the next quorum a new id, and so
+// new cross-replica groups: a thousand of them in a row must leave no file
+// descriptor and no memory behind.
+TEST(FaultTolerance, AThousandGroupRebuildsLeaveFileDescriptorsAndMemoryAsTheyWere) {
+  ft::Lighthouse lighthouse(ft::LighthouseOptions().port(0).min_replicas(2).tick(1ms));
+  auto net_a = make_model<MLPImpl>(0), net_b = make_model<MLPImpl>(0);
+  checkpoint::DistributedState state_a, state_b;
+  checkpoint::add_module(state_a, *net_a);
+  checkpoint::add_module(state_b, *net_b);
+  constexpr int kWarmUp = 50, kCycles = 1000;
+  std::atomic<int64_t> fds_before{0}, rss_before{0}, fds_after{0}, rss_after{0};
+  std::array<std::atomic<int>, 2> arrived{};
+  std::set<std::string> ids;
+  std::mutex ids_mutex;
+  run_threads(2, [&](int t) {
+    ft::Manager m(t == 0 ? state_a : state_b, ft::ManagerOptions()
+                                                  .lighthouse(lighthouse.address())
+                                                  .replica_id(t == 0 ? "a" : "b")
+                                                  .init_sync(false)
+                                                  .timeout(20s));
+    auto grad = torch::ones({1024});
+    for (int i = 0; i < kWarmUp + kCycles; ++i) {
+      if (i == kWarmUp || i == kWarmUp + kCycles - 1) {  // both threads between steps: measure
+        auto& gate = arrived[i == kWarmUp ? 0 : 1];
+        ++gate;
+        while (gate < 2) std::this_thread::yield();
+        if (t == 0) {
+          (i == kWarmUp ? fds_before : fds_after) = open_files();
+          (i == kWarmUp ? rss_before : rss_after) = resident_bytes();
+        }
+        ++gate;
+        while (gate < 4) std::this_thread::yield();
+      }
+      m.start_quorum();
+      m.allreduce(grad);
+      if (t == 0) m.report_error(std::make_exception_ptr(Error("a step that fails on purpose")));
+      EXPECT_FALSE(m.should_commit());
+      std::lock_guard<std::mutex> lock(ids_mutex);
+      ids.insert(m.quorum().id);
+    }
+  });
+  EXPECT_GE(ids.size(), static_cast<size_t>(kWarmUp + kCycles - 1)) << "a new quorum, and new groups, every step";
+  EXPECT_EQ(fds_after.load(), fds_before.load()) << "file descriptors";
+  EXPECT_LE(rss_after.load() - rss_before.load(), 1 << 20)
+      << "resident memory grew by " << (rss_after.load() - rss_before.load()) << " bytes";
 }
 
 }  // namespace

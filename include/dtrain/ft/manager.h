@@ -115,6 +115,17 @@ struct ManagerOptions {
   DTRAIN_ARG(std::string, token) = "";
 };
 
+// A rank's samples of a step (Manager::step_samples): global sample
+// indices [first, first + count) of the job's order of the data (index i
+// is sample order[i mod N] of epoch i / N, in an order of your choosing,
+// the same on every replica).
+struct StepSamples {
+  int64_t first = 0;
+  int64_t count = 0;
+  int64_t step_first = 0;  // the whole step's: [step_first, step_first + step_count)
+  int64_t step_count = 0;
+};
+
 // The quorum of the current step, as this rank sees it.
 struct QuorumInfo {
   std::string id;
@@ -137,6 +148,17 @@ class Manager {
   Manager& operator=(const Manager&) = delete;
 
   void start_quorum();
+  // This rank's samples of the step, each sample trained in exactly one
+  // committed step across failures: the step's block starts where the
+  // committed ones end (a number the manager keeps and a healing replica
+  // takes from its peer), is `per_rank` x the replica's ranks x the
+  // quorum's members long, and is cut in that order (member, then rank).
+  // A step that does not commit leaves its block to the next. Needs
+  // async_quorum(false), so that every member, a healed one included, trains
+  // its share (InvalidArgument otherwise); call it after start_quorum().
+  StepSamples step_samples(int64_t per_rank);
+  // Samples committed so far (step_samples' blocks).
+  int64_t committed_samples() const;
   // Averages `tensor` (a CPU tensor) over the participants, in place; on an
   // error marks the step and leaves the tensor as it was.
   void allreduce(at::Tensor tensor);
