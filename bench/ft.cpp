@@ -80,8 +80,8 @@ int ft_rank_main(const std::string& mode, const Args& a) {
   barrier();
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   if (rank == 0) {
-    std::printf("step_ms %.4f\n", 1000 * seconds / steps);
-    if (manager) std::printf("committed %lld\n", static_cast<long long>(manager->current_step()));
+    std::printf("step_ms=%.4f\n", 1000 * seconds / steps);
+    if (manager) std::printf("committed=%lld\n", static_cast<long long>(manager->current_step()));
   }
   destroy_process_group();
   return 0;

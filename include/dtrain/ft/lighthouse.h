@@ -52,8 +52,9 @@ struct LighthouseOptions {
   DTRAIN_ARG(std::chrono::milliseconds, join_timeout) = std::chrono::seconds(60);
   // A replica whose heartbeats stop for this long is dead to the quorum.
   DTRAIN_ARG(std::chrono::milliseconds, heartbeat_timeout) = std::chrono::seconds(5);
-  // How often the requests and heartbeats are read.
-  DTRAIN_ARG(std::chrono::milliseconds, tick) = std::chrono::milliseconds(10);
+  // How often heartbeats and registrations are read and the quorum rule
+  // applied (a request is read the moment it arrives).
+  DTRAIN_ARG(std::chrono::milliseconds, tick) = std::chrono::milliseconds(100);
   // The job token (TcpStoreOptions::token): empty, DTRAIN_STORE_TOKEN or
   // DTRAIN_STORE_TOKEN_FILE.
   DTRAIN_ARG(std::string, token) = "";
