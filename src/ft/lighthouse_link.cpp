@@ -35,9 +35,9 @@ std::shared_ptr<TcpStore> LighthouseLink::store(std::chrono::milliseconds connec
     DTRAIN_CHECK_ARG(lighthouse, "the store at ", address_.text(),
                      " is not a dtrain lighthouse (it has no '", protocol::kIncarnationKey, "' key)");
   } catch (const NetworkError& e) {
-    throw NetworkError(detail::cat("the lighthouse at ", address_.text(), " is unreachable: ", e.what()));
+    throw NetworkError(detail::cat("the lighthouse at ", address_.text(), " is unreachable or refused this replica: ", e.what()));
   } catch (const TimeoutError& e) {
-    throw TimeoutError(detail::cat("the lighthouse at ", address_.text(), " is unreachable: ", e.what()));
+    throw TimeoutError(detail::cat("the lighthouse at ", address_.text(), " is unreachable or refused this replica: ", e.what()));
   }
   s->set_timeout(timeout_);
   store_ = s;

@@ -30,7 +30,8 @@ class LighthouseLink {
   LighthouseLink(LighthouseAddress address, std::string token, std::chrono::milliseconds timeout);
 
   // The connection, made now if there is none. Throws NetworkError /
-  // TimeoutError "the lighthouse at H:P is unreachable: ..." or
+  // TimeoutError "the lighthouse at H:P is unreachable or refused this
+  // replica: ..." (the job token among the reasons) or
   // InvalidArgument when what answers is not a lighthouse.
   std::shared_ptr<TcpStore> store(std::chrono::milliseconds connect_timeout);
   // Forgets the connection (after an error on it): the next call makes one.

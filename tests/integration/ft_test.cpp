@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "dtrain/dtrain.h"
+#include "harness/assertions.h"
 #include "harness/scoped_env.h"
 #include "harness/thread_ranks.h"
 #include "harness/training.h"
@@ -30,16 +31,6 @@ at::Tensor flat_parameters(torch::nn::Module& m) {
   std::vector<at::Tensor> ps;
   for (auto& p : m.parameters()) ps.push_back(p.detach().flatten());
   return torch::cat(ps).clone();
-}
-
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 // The replicas' first lives start training together, once every manager
@@ -255,17 +246,17 @@ TEST(FaultTolerance, BadInputIsRefusedByNameAndTheJobGoesOn) {
     TcpStore probe(TcpStoreOptions().port(0).is_server(true).wait_workers(false));
     return probe.port();
   }();
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(what_thrown<Error>([&] {
               ft::Manager m(state, ft::ManagerOptions()
                                        .lighthouse("127.0.0.1:" + std::to_string(port))
                                        .replica_id("a")
                                        .connect_timeout(500ms));
             }).find("the lighthouse at 127.0.0.1:" + std::to_string(port) + " is unreachable"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { ft::Manager m(state, ft::ManagerOptions().lighthouse("127.0.0.1:1")); })
+  EXPECT_NE(what_thrown<Error>([&] { ft::Manager m(state, ft::ManagerOptions().lighthouse("127.0.0.1:1")); })
                 .find("no replica id (set ManagerOptions::replica_id or DTRAIN_FT_REPLICA_ID)"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { ft::Manager m(state, ft::ManagerOptions().lighthouse("nowhere").replica_id("a")); })
+  EXPECT_NE(what_thrown<Error>([&] { ft::Manager m(state, ft::ManagerOptions().lighthouse("nowhere").replica_id("a")); })
                 .find("'nowhere' is not host:port"),
             std::string::npos);
 
@@ -279,7 +270,7 @@ TEST(FaultTolerance, BadInputIsRefusedByNameAndTheJobGoesOn) {
   checkpoint::add_module(other_state, *other);
   ft::Manager b(other_state,
                 ft::ManagerOptions().lighthouse(lighthouse.address()).replica_id("b").async_quorum(false));
-  const std::string e = error_of([&] { b.start_quorum(); });
+  const std::string e = what_thrown<Error>([&] { b.start_quorum(); });
   EXPECT_NE(e.find("ft::Manager (replica 'b', rank 0/1): the lighthouse refused this replica: replica 'b' has 1 "
                    "ranks and state fingerprint"),
             std::string::npos)

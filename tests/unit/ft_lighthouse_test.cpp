@@ -11,21 +11,13 @@
 #include "ft/lighthouse_link.h"
 #include "ft/protocol.h"
 #include "ft/quorum_rule.h"
+#include "harness/assertions.h"
 
 namespace dtrain::ft {
 namespace {
 
 using namespace std::chrono_literals;
-
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using dtrain::testing::what_thrown;
 
 TEST(FtProtocol, RequestsAndAnswersSurviveTheirRoundTripAndHostileTextIsRefusedByName) {
   protocol::Request r{"replica-1.a_b", 42, 8, "00ff", true, "0123abcd"};
@@ -45,23 +37,23 @@ TEST(FtProtocol, RequestsAndAnswersSurviveTheirRoundTripAndHostileTextIsRefusedB
   EXPECT_EQ(answer.members[1].step, 7);
   EXPECT_EQ(protocol::parse_answer(protocol::encode(protocol::Answer{"bad\nthing", "", {}})).error, "bad thing");
 
-  EXPECT_NE(error_of([] { protocol::parse_request("replica a\nstep -1\nworld 1\nlayout 00\nincarnation 1"); })
+  EXPECT_NE(what_thrown<Error>([] { protocol::parse_request("replica a\nstep -1\nworld 1\nlayout 00\nincarnation 1"); })
                 .find("step '-1' is not a number"),
             std::string::npos);
-  EXPECT_NE(error_of([] { protocol::parse_request("replica a/b\nstep 1\nworld 1\nlayout 00\nincarnation 1"); })
+  EXPECT_NE(what_thrown<Error>([] { protocol::parse_request("replica a/b\nstep 1\nworld 1\nlayout 00\nincarnation 1"); })
                 .find("replica id 'a/b' is not"),
             std::string::npos);
-  EXPECT_NE(error_of([] { protocol::parse_request("replica a\nstep 1\nworld 0\nlayout 00\nincarnation 1"); }).find("world 0 is outside"),
+  EXPECT_NE(what_thrown<Error>([] { protocol::parse_request("replica a\nstep 1\nworld 0\nlayout 00\nincarnation 1"); }).find("world 0 is outside"),
             std::string::npos);
-  EXPECT_NE(error_of([] { protocol::parse_request("replica a\nstep 1"); }).find("each required"), std::string::npos);
-  EXPECT_NE(error_of([] { protocol::parse_request(std::string("replica a\x01")); }).find("byte 1 is not printable"),
+  EXPECT_NE(what_thrown<Error>([] { protocol::parse_request("replica a\nstep 1"); }).find("each required"), std::string::npos);
+  EXPECT_NE(what_thrown<Error>([] { protocol::parse_request(std::string("replica a\x01")); }).find("byte 1 is not printable"),
             std::string::npos);
-  EXPECT_NE(error_of([] { protocol::parse_answer("quorum q\nmember b 1\nmember a 1"); }).find("out of order"),
+  EXPECT_NE(what_thrown<Error>([] { protocol::parse_answer("quorum q\nmember b 1\nmember a 1"); }).find("out of order"),
             std::string::npos);
-  EXPECT_NE(error_of([] { protocol::parse_answer("member a 1"); }).find("before the quorum"), std::string::npos);
-  EXPECT_NE(error_of([] { protocol::parse_answer("quorum q"); }).find("neither an error nor a quorum"),
+  EXPECT_NE(what_thrown<Error>([] { protocol::parse_answer("member a 1"); }).find("before the quorum"), std::string::npos);
+  EXPECT_NE(what_thrown<Error>([] { protocol::parse_answer("quorum q"); }).find("neither an error nor a quorum"),
             std::string::npos);
-  EXPECT_NE(error_of([] { protocol::parse_answer(std::string(protocol::kMaxText + 1, 'x')); }).find("at most"),
+  EXPECT_NE(what_thrown<Error>([] { protocol::parse_answer(std::string(protocol::kMaxText + 1, 'x')); }).find("at most"),
             std::string::npos);
 }
 
@@ -105,7 +97,7 @@ TEST(FtQuorumRule, ReplicasBehindHealFromOnesAtTheHighestStepAndInitSyncTakesThe
   protocol::Answer start{"", "q0", {{"a", 0}, {"b", 0}}};
   EXPECT_EQ(view_of(start, "b", true, true).heal_source, 0);
   EXPECT_FALSE(view_of(start, "b", false, true).healing()) << "without init_sync step 0 is taken as equal";
-  EXPECT_NE(error_of([&] { view_of(start, "z", true, true); }).find("does not hold replica 'z'"), std::string::npos);
+  EXPECT_NE(what_thrown<Error>([&] { view_of(start, "z", true, true); }).find("does not hold replica 'z'"), std::string::npos);
 }
 
 // A replica as the lighthouse sees it: requests on one connection,
@@ -222,16 +214,18 @@ TEST(FtLighthouse, AReplicaWithAnotherLayoutIsRefusedByNameAndTheOthersGoOn) {
 TEST(FtLighthouse, ReplicasAreRefusedWithoutTheJobTokenAndAStrangerIsNotALighthouse) {
   Lighthouse lighthouse(LighthouseOptions().port(0).token("job-secret"));
   LighthouseLink no_token({lighthouse.host(), lighthouse.port()}, "", 2s);
-  const std::string e = error_of([&] { no_token.store(2s); });
-  EXPECT_NE(e.find("the lighthouse at 127.0.0.1:" + std::to_string(lighthouse.port()) + " is unreachable"),
+  const std::string e = what_thrown<Error>([&] { no_token.store(2s); });
+  EXPECT_NE(e.find("the lighthouse at 127.0.0.1:" + std::to_string(lighthouse.port()) +
+                   " is unreachable or refused this replica: TCP store"),
             std::string::npos)
       << e;
+  EXPECT_NE(e.find("token"), std::string::npos) << "the refusal says why: " << e;
   LighthouseLink with_token({lighthouse.host(), lighthouse.port()}, "job-secret", 2s);
   EXPECT_NO_THROW(with_token.store(2s));
 
   TcpStore plain(TcpStoreOptions().port(0).is_server(true).wait_workers(false));
   LighthouseLink stranger({"127.0.0.1", plain.port()}, "", 2s);
-  EXPECT_NE(error_of([&] { stranger.store(2s); }).find("is not a dtrain lighthouse"), std::string::npos);
+  EXPECT_NE(what_thrown<Error>([&] { stranger.store(2s); }).find("is not a dtrain lighthouse"), std::string::npos);
 }
 
 TEST(FtLighthouse, AReplicaOutlivesItsLighthouseAndANewOneAtTheSameAddressFormsQuorumsAgain) {
@@ -242,7 +236,7 @@ TEST(FtLighthouse, AReplicaOutlivesItsLighthouseAndANewOneAtTheSameAddressFormsQ
   FakeReplica a(*lighthouse, "a");
   first_id = a.ask(0).quorum_id;
   lighthouse.reset();
-  EXPECT_NE(error_of([&] { a.ask(1, 500ms); }), "(no error)") << "no lighthouse: the request fails, it does not hang";
+  EXPECT_FALSE(what_thrown<Error>([&] { a.ask(1, 500ms); }).empty()) << "no lighthouse: the request fails, it does not hang";
   a.link.reset();
   lighthouse = std::make_unique<Lighthouse>(LighthouseOptions().port(port));
   auto q = a.ask(1);
