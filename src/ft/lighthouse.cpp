@@ -140,16 +140,29 @@ struct Lighthouse::Impl {
     drain(requests, now, [&](int64_t n, const std::string& text) { take(n, text, now); });
   }
 
+  // Live: a heartbeat within the timeout. A replica silent for ten
+  // timeouts that is neither asking nor in the last quorum is forgotten
+  // (its counter key too): replicas that come and go under new ids (a
+  // pod's name) cost the lighthouse nothing once gone.
   std::set<std::string> read_heartbeats(Clock::time_point now) {
     std::set<std::string> live;
-    for (auto& [id, k] : known) {
+    for (auto it = known.begin(); it != known.end();) {
+      auto& [id, k] = *it;
       const int64_t beats = store->add(protocol::heartbeat_key(id), 0);
       if (beats != k.beats) {
         k.beats = beats;
         k.last_change = now;
       }
       if (now - k.last_change < options.heartbeat_timeout()) live.insert(id);
+      if (now - k.last_change >= 10 * options.heartbeat_timeout() && !asking.count(id) && !previous.count(id)) {
+        store->delete_key(protocol::heartbeat_key(id));
+        it = known.erase(it);
+        continue;
+      }
+      ++it;
     }
+    std::lock_guard<std::mutex> lock(status_mutex);
+    status.replicas = static_cast<int64_t>(known.size());
     return live;
   }
 

@@ -196,6 +196,29 @@ TEST(FtLighthouse, AReplicaRestartedWithTheSameIdGetsANewQuorumIdAndSoNewGroups)
   EXPECT_NE(a.link.ask(rebuild, 5s, 5s).quorum_id, after.quorum_id) << "a step that did not commit: new groups";
 }
 
+// Replicas that come and go under new ids (a pod's name): once silent for
+// ten heartbeat timeouts the lighthouse forgets them, so its work per tick
+// and its keys stay those of the job's live replicas.
+TEST(FtLighthouse, ReplicasGoneForTenHeartbeatTimeoutsAreForgotten) {
+  Lighthouse lighthouse(LighthouseOptions().port(0).heartbeat_timeout(30ms).tick(5ms));
+  FakeReplica a(lighthouse, "a");
+  a.register_now();
+  a.start_beating();
+  for (int i = 0; i < 50; ++i) FakeReplica(lighthouse, "gone-" + std::to_string(i)).register_now();
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  int64_t followed = 0;
+  bool saw_all = false;
+  while (std::chrono::steady_clock::now() < deadline) {
+    followed = lighthouse.status().replicas;
+    saw_all |= followed == 51;
+    if (saw_all && followed == 1) break;
+    std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_TRUE(saw_all) << "every registration was followed";
+  EXPECT_EQ(followed, 1) << "only the live replica is left";
+  EXPECT_EQ(a.ask(0).members.size(), 1u);
+}
+
 TEST(FtLighthouse, AReplicaWithAnotherLayoutIsRefusedByNameAndTheOthersGoOn) {
   Lighthouse lighthouse(LighthouseOptions().port(0).join_timeout(30s));
   FakeReplica a(lighthouse, "a", 2, "aa"), wrong_world(lighthouse, "w", 3, "aa"), wrong_model(lighthouse, "m", 2, "bb");

@@ -66,6 +66,7 @@ struct LighthouseStatus {
   std::vector<std::string> members;  // its replicas, in id order
   int64_t quorums = 0;               // answers given (one per member per quorum)
   int64_t refused = 0;               // requests answered with an error
+  int64_t replicas = 0;              // replicas it follows (live, or silent for under ten heartbeat timeouts)
 };
 
 class Lighthouse {
