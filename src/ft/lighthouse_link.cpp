@@ -25,20 +25,25 @@ std::shared_ptr<TcpStore> LighthouseLink::store(std::chrono::milliseconds connec
   std::lock_guard<std::mutex> lock(mutex_);
   if (store_) return store_;
   std::shared_ptr<TcpStore> s;
+  bool lighthouse = false;
   try {
     s = std::make_shared<TcpStore>(TcpStoreOptions()
                                        .host(address_.host)
                                        .port(address_.port)
                                        .timeout(connect_timeout)
                                        .token(token_));
-    const bool lighthouse = s->check({protocol::kIncarnationKey});
-    DTRAIN_CHECK_ARG(lighthouse, "the store at ", address_.text(),
-                     " is not a dtrain lighthouse (it has no '", protocol::kIncarnationKey, "' key)");
+    lighthouse = s->check({protocol::kIncarnationKey});
   } catch (const NetworkError& e) {
-    throw NetworkError(detail::cat("the lighthouse at ", address_.text(), " is unreachable or refused this replica: ", e.what()));
+    throw NetworkError(detail::cat("the lighthouse at ", address_.text(), " is unreachable or refused this replica: ",
+                                   e.what()));
   } catch (const TimeoutError& e) {
-    throw TimeoutError(detail::cat("the lighthouse at ", address_.text(), " is unreachable or refused this replica: ", e.what()));
+    throw TimeoutError(detail::cat("the lighthouse at ", address_.text(), " is unreachable or refused this replica: ",
+                                   e.what()));
+  } catch (const InvalidArgument& e) {  // the job token: set here and not there, or unreadable
+    throw InvalidArgument(detail::cat("the lighthouse at ", address_.text(), ": ", e.what()));
   }
+  DTRAIN_CHECK_ARG(lighthouse, "the store at ", address_.text(), " is not a dtrain lighthouse (it has no '",
+                   protocol::kIncarnationKey, "' key)");
   s->set_timeout(timeout_);
   store_ = s;
   return s;

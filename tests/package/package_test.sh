@@ -49,7 +49,8 @@ check installed "$work/installed"
 (
   unset LD_LIBRARY_PATH
   cd "$work"
-  for tool in dtrain-run dtrain-trace dtrain-bench dtrain-fashion-mnist collectives_demo; do
+  for tool in dtrain-run dtrain-trace dtrain-bench dtrain-fashion-mnist collectives_demo dtrain-lighthouse \
+      dtrain-ft-fashion-mnist; do
     test -x "moved-prefix/bin/$tool" || { echo "package: $tool was not installed"; exit 1; }
   done
   moved-prefix/bin/dtrain-run --standalone --nproc-per-node 2 moved-prefix/bin/collectives_demo \
@@ -61,6 +62,26 @@ check installed "$work/installed"
   grep -q "usage: dtrain-trace analyze DIR" <<<"$usage" || { echo "package: dtrain-trace: $usage"; exit 1; }
 )
 echo "package: installed dtrain-run with an installed example ok"
+
+# Fault tolerance as installed: the lighthouse on a free port, one replica
+# of two ranks under the installed dtrain-run, sharing the job token (with
+# none, --standalone would make the replica one the lighthouse lacks).
+(
+  unset LD_LIBRARY_PATH
+  cd "$work"
+  export DTRAIN_STORE_TOKEN=package-test-job-token
+  moved-prefix/bin/dtrain-lighthouse --port 0 >"$work/lighthouse.out" 2>&1 &
+  lighthouse=$!
+  trap 'kill $lighthouse 2>/dev/null || true' EXIT
+  for _ in $(seq 100); do grep -q "serving on" "$work/lighthouse.out" && break; sleep 0.1; done
+  address=$(sed -n 's/^dtrain-lighthouse: serving on \([^ ]*\) .*/\1/p' "$work/lighthouse.out")
+  [ -n "$address" ] || { cat "$work/lighthouse.out"; echo "package: the installed lighthouse did not start"; exit 1; }
+  timeout 120 moved-prefix/bin/dtrain-run --standalone --nproc-per-node 2 moved-prefix/bin/dtrain-ft-fashion-mnist \
+    --lighthouse "$address" --steps 5 --log-every 5 >"$work/ft.out" 2>&1 ||
+    { cat "$work/ft.out"; echo "package: the installed fault-tolerant example failed"; exit 1; }
+  grep -q "replica-0: done, 5 steps committed" "$work/ft.out" || { cat "$work/ft.out"; exit 1; }
+)
+echo "package: installed dtrain-lighthouse and a fault-tolerant replica ok"
 
 # The nccl plug-in (when built) is found beside the moved libdtrain and
 # loaded on demand. Without a GPU the group then says why it cannot run -

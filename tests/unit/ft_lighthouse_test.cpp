@@ -200,7 +200,7 @@ TEST(FtLighthouse, AReplicaRestartedWithTheSameIdGetsANewQuorumIdAndSoNewGroups)
 // ten heartbeat timeouts the lighthouse forgets them, so its work per tick
 // and its keys stay those of the job's live replicas.
 TEST(FtLighthouse, ReplicasGoneForTenHeartbeatTimeoutsAreForgotten) {
-  Lighthouse lighthouse(LighthouseOptions().port(0).heartbeat_timeout(30ms).tick(5ms));
+  Lighthouse lighthouse(LighthouseOptions().port(0).heartbeat_timeout(150ms).tick(10ms));  // (a beats every 50 ms)
   FakeReplica a(lighthouse, "a");
   a.register_now();
   a.start_beating();
