@@ -22,7 +22,7 @@
 #include "common/socket.h"
 #include "dtrain/checkpoint/distributed.h"
 #include "dtrain/distributed.h"
-#include "dtrain/store/prefix_store.h"
+#include "dtrain/store/tcp_store.h"
 #include "ft/lighthouse_link.h"
 #include "ft/quorum_rule.h"
 #include "ft/state_fingerprint.h"
@@ -72,7 +72,9 @@ struct Manager::Impl {
   std::optional<QuorumView> view;
   std::vector<std::string> members;
   std::shared_ptr<ProcessGroup> peers;
+  std::shared_ptr<Store> peers_store;  // its rendezvous store (served here by the place's first member)
   std::string peers_quorum;
+  std::string published;  // the lighthouse's key of a rendezvous store being served
   std::optional<checkpoint::storage::Loaded> healed;  // to load before committing
 
   void report(std::exception_ptr e) {
@@ -117,22 +119,55 @@ struct Manager::Impl {
 
   // This rank's cross-replica group of the quorum `v`: kept while the
   // quorum's id is the same, else built anew in the lighthouse's store.
+  // Where a cross-replica group of `v` rendezvous: a store the place's
+  // first member serves for as long as the group lives, its address in the
+  // lighthouse's store under one key (deleted once the group is built), so
+  // that the lighthouse keeps nothing of a group after it (a thousand
+  // rebuilds leave its memory as it was).
+  std::shared_ptr<Store> rendezvous_store(const QuorumView& v) {
+    auto lighthouse = link->store(options.connect_timeout());
+    const std::string key = detail::cat("ft/group/", v.quorum_id, "/", rank);
+    if (v.replica_rank == 0) {
+      const std::string host = local_address.empty() ? net::interface_address(*env::get(env::kSocketIfname))
+                                                     : local_address;
+      auto server = std::make_shared<TcpStore>(TcpStoreOptions()
+                                                   .host(host)
+                                                   .port(0)
+                                                   .is_server(true)
+                                                   .wait_workers(false)
+                                                   .timeout(options.timeout())
+                                                   .token(options.token()));
+      lighthouse->set(key, net::endpoint(host, server->port()));
+      published = key;
+      return server;
+    }
+    lighthouse->wait({key}, options.timeout());
+    const auto at = parse_lighthouse_address(lighthouse->get_string(key), "the group's rendezvous store");
+    return std::make_shared<TcpStore>(
+        TcpStoreOptions().host(at.host).port(at.port).timeout(options.timeout()).token(options.token()));
+  }
+
   std::shared_ptr<ProcessGroup> peers_of(const QuorumView& v) {
     {
       std::lock_guard<std::mutex> lock(mutex);
       if (peers && peers_quorum == v.quorum_id) return peers;
       peers.reset();  // the old group's sockets close before new ones open
+      peers_store.reset();
       peers_quorum.clear();
     }
-    auto store = std::make_shared<PrefixStore>(detail::cat("ft/group/", v.quorum_id, "/", rank, "/"),
-                                               link->store(options.connect_timeout()));
+    auto store = rendezvous_store(v);
     auto g = create_process_group(options.backend(), store, v.replica_rank, v.replica_world,
                                   GroupOptions()
                                       .name(detail::cat("ft/", rank, "@", v.quorum_id))
                                       .timeout(options.timeout())
                                       .local_address(local_address));
+    if (!published.empty()) {  // every member has joined: the address is not needed any more
+      link->store(options.connect_timeout())->delete_key(published);
+      published.clear();
+    }
     std::lock_guard<std::mutex> lock(mutex);
     peers = g;
+    peers_store = store;
     peers_quorum = v.quorum_id;
     return g;
   }

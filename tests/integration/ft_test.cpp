@@ -299,7 +299,8 @@ TEST(FaultTolerance, EachSampleIsTrainedInExactlyOneCommittedStepAcrossADeathAnd
   std::atomic<int> returned_commits{0};
   const std::vector<std::string> ids{"a", "b", "c"};
   StartLine all_started(3);
-  auto life = [&](int replica, std::shared_ptr<MLPImpl> net, int64_t die_at, const std::function<bool()>& done) {
+  auto life = [&](int replica, const std::string& name, std::shared_ptr<MLPImpl> net, int64_t die_at,
+                  const std::function<bool()>& done) {
     torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05));
     checkpoint::DistributedState state;
     checkpoint::add_module(state, *net);
@@ -310,7 +311,7 @@ TEST(FaultTolerance, EachSampleIsTrainedInExactlyOneCommittedStepAcrossADeathAnd
                              .heartbeat_interval(50ms)
                              .timeout(10s));
     if (die_at >= 0 || replica < 2) all_started.arrive_and_wait();
-    while (!done() && m.current_step() < 3000) {  // (a cap, should c never come back)
+    while (!done() && m.current_step() < 30000) {  // (a cap, should c never come back)
       m.start_quorum();
       const auto s = m.step_samples(kPerRank);
       auto x = torch::arange(s.first, s.first + s.count, torch::kFloat).unsqueeze(1).expand({s.count, 10}) / 1000;
@@ -321,17 +322,17 @@ TEST(FaultTolerance, EachSampleIsTrainedInExactlyOneCommittedStepAcrossADeathAnd
       if (!m.should_commit()) continue;
       opt.step();
       std::lock_guard<std::mutex> lock(mutex);
-      committed[m.current_step()][ids[replica]] = Slice{s.first, s.count, s.step_first, s.step_count};
-      params[m.current_step()][ids[replica]] = flat_parameters(*net);
+      committed[m.current_step()][name] = Slice{s.first, s.count, s.step_first, s.step_count};
+      params[m.current_step()][name] = flat_parameters(*net);
       if (die_at < 0 && replica == 2) ++returned_commits;
     }
   };
   run_threads(3, [&](int replica) {
     auto back = [&] { return returned_commits >= kAfterReturn; };
-    if (replica < 2) return life(replica, nets[replica], -1, back);
-    life(2, nets[2], kDieAt, [] { return false; });
+    if (replica < 2) return life(replica, ids[replica], nets[replica], -1, back);
+    life(2, "c", nets[2], kDieAt, [] { return false; });
     std::this_thread::sleep_for(800ms);
-    life(2, nets[3], -1, back);
+    life(2, "c-returned", nets[3], -1, back);
   });
 
   int64_t next = 0;
