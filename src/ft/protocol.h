@@ -13,7 +13,8 @@
 //   ft/heartbeat/<id>    counter a live replica adds to
 //   ft/registrations     counter: a replica's first heartbeat takes the next
 //   ft/registration/<n>  its id (the lighthouse learns of it before it asks)
-//   ft/group/<quorum>/   the cross-replica groups' rendezvous
+//   ft/group/<quorum>/<place>  where the place's cross-replica group
+//                        rendezvous (deleted once the group is built)
 
 #include <cstdint>
 #include <string>

@@ -33,10 +33,11 @@
 //  - start_quorum() asks the lighthouse (through the replica's first rank)
 //    for the step's quorum on a thread of its own and returns at once
 //    (async_quorum; else once the quorum is formed and this replica
-//    healed). When the quorum's members changed, each rank's cross-replica
+//    healed). When the quorum's id changed (its members, a member's
+//    restart, or a step that did not commit), each rank's cross-replica
 //    group — the ranks of the same place in every member replica — is
-//    built anew over the lighthouse's store (named "ft/<place>@<quorum>",
-//    which the flight recorder records).
+//    built anew, its rendezvous in a store the place's first member serves
+//    (named "ft/<place>@<quorum>", which the flight recorder records).
 //  - A member behind the quorum's highest committed step heals: the rank of
 //    its place in a member at that step sends its whole state
 //    (checkpoint/distributed.h's DistributedState: parameters, optimizer
