@@ -108,6 +108,9 @@ class Backend : public detail::OperationHooks {
   // hands it SUM and divides the result by the group's size (truncating
   // integers).
   virtual bool averages(c10::ScalarType dtype) const;
+  // Breaks the group with `error` (ProcessGroup::abort); BackendUnavailable
+  // where the backend cannot (mpi).
+  virtual void abort(std::exception_ptr error);
 
   // One validated operation (see OperationHooks::post).
   WorkPtr post(const Call& call, Op op) override { return OperationHooks::post(call, std::move(op)); }

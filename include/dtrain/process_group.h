@@ -143,6 +143,13 @@ class ProcessGroup : public detail::OperationHooks {
   virtual c10::Device control_device() const;
   // The backend of `type`'s tensors (c10d's _get_backend); null when none.
   BackendPtr backend(c10::DeviceType type) const;
+  // Breaks the group at once, from any thread (c10d's abort, torchcomms'
+  // abort()): every operation in flight and every later one fails with
+  // NetworkError "group 'NAME' was aborted: <reason>", and the connections
+  // close, so that the peers' operations fail at once too instead of
+  // waiting out their timeouts. Destroy the group and make a new one.
+  // BackendUnavailable on a backend that cannot (mpi).
+  void abort(const std::string& reason);
 
  protected:
   // For a backend written before Backend existed (backend_hooks.h): a

@@ -117,6 +117,11 @@ int Backend::max_tag() const { return std::numeric_limits<int>::max(); }
 
 bool Backend::averages(c10::ScalarType) const { return false; }
 
+void Backend::abort(std::exception_ptr) {
+  throw BackendUnavailable(detail::cat("the ", backend_name(), " backend of group '", name(),
+                                       "' cannot abort a group (only the whole job, through the launcher)"));
+}
+
 std::string Backend::hooks_owner() const {
   return detail::cat("backend '", backend_name(), "' (group '", name(), "')");
 }

@@ -43,6 +43,13 @@ std::string ProcessGroup::backend_name() const {
   return backends_name_;
 }
 
+void ProcessGroup::abort(const std::string& reason) {
+  DTRAIN_CHECK_ARG(default_backend_ != nullptr, "ProcessGroup::abort: group '", name(),
+                   "' is its own backend (backend_hooks.h), which cannot abort");
+  const auto error = std::make_exception_ptr(NetworkError(detail::cat("group '", name(), "' was aborted: ", reason)));
+  for (auto& [type, backend] : backends_) backend->abort(error);
+}
+
 bool ProcessGroup::supports(c10::DeviceType type) const { return backends_.count(type) != 0; }
 
 c10::Device ProcessGroup::control_device() const {

@@ -147,6 +147,53 @@ TEST_P(FailFast, AQueuedCollectivesTimeoutCountsFromWhenItStartsToRun) {
   EXPECT_GT(took, 1.5) << "the queue did not outlast the timeout: the test shows nothing";
 }
 
+// ProcessGroup::abort from another thread (what ft::Manager does on the
+// lighthouse's verdict): rank 0's all_reduce, waiting on a silent rank 1
+// under a 30 s timeout, fails at once naming the reason; rank 1, woken
+// later, finds rank 0 gone (its connections closed, its shared-memory slot
+// let go) and fails at once too; rank 0's later calls say the group is
+// broken by the abort.
+TEST_P(FailFast, AnAbortFailsTheOperationInFlightAtOnceAndThePeersToo) {
+  std::atomic<bool> rank0_failed{false};
+  expect_no_errors(testing::run_rank_contexts(2, [&](testing::RankContext& ctx) {
+    auto group = make_group(GetParam(), std::make_shared<PrefixStore>("aborted", ctx.store), ctx.rank, 2,
+                            GroupOptions().timeout(30s));
+    ProcessGroup& g = *group;
+    auto t = at::ones({1000});
+    g.barrier()->wait();
+    if (g.rank() == 0) {
+      std::thread aborter([&] {
+        std::this_thread::sleep_for(200ms);
+        g.abort("the lighthouse said so");
+      });
+      const auto start = Clock::now();
+      const auto what = what_thrown<NetworkError>([&] { g.all_reduce(t)->wait(); });
+      aborter.join();
+      EXPECT_LT(testing::seconds_since(start), 2.0);
+      EXPECT_TRUE(Contains(what, "group 'default' was aborted: the lighthouse said so")) << what;
+      const auto later = what_thrown<NetworkError>([&] { g.all_reduce(t)->wait(); });
+      EXPECT_TRUE(Contains(later, "cannot run: the group is broken by an earlier error (")) << later;
+      EXPECT_TRUE(Contains(later, "was aborted: the lighthouse said so")) << later;
+      rank0_failed = true;
+    } else {
+      while (!rank0_failed) std::this_thread::sleep_for(10ms);
+      // The collective rank 0 had joined may complete here (in shared
+      // memory its data was in place before it aborted); the next cannot.
+      const auto start = Clock::now();
+      bool failed = false;
+      for (int i = 0; i < 2 && !failed; ++i) {
+        try {
+          g.all_reduce(t)->wait();
+        } catch (const Error&) {
+          failed = true;
+        }
+      }
+      EXPECT_TRUE(failed);
+      EXPECT_LT(testing::seconds_since(start), 5.0) << "the peer's side closed: no 30 s timeout";
+    }
+  }, 60s, GroupOptions(), GetParam()));
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, FailFast, ::testing::Values("tcp", "shm", "auto@2"),
                          [](const auto& info) {
                            std::string name = info.param;

@@ -133,8 +133,19 @@ NcclOnFirstUse::NcclOnFirstUse(std::shared_ptr<Store> store, int rank, int size,
 
 bool NcclOnFirstUse::averages(c10::ScalarType dtype) const { return at::isFloatingType(dtype); }
 
+void NcclOnFirstUse::abort(std::exception_ptr error) {
+  BackendPtr made;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!aborted_) aborted_ = error;
+    made = nccl_;
+  }
+  if (made) made->abort(std::move(error));
+}
+
 Backend& NcclOnFirstUse::nccl(bool collective) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (aborted_ && !nccl_) std::rethrow_exception(aborted_);
   if (!nccl_) {
     DTRAIN_CHECK_ARG(collective, "group '", name(), "' (auto): the first operation on CUDA tensors "
                      "must be a collective: NCCL's communicator is created by every rank at once");

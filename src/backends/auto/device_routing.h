@@ -39,6 +39,7 @@ class StagedBackend final : public Backend {
   bool supports(c10::DeviceType type) const override { return type == device_; }
   int max_tag() const override { return cpu_->max_tag(); }
   bool averages(c10::ScalarType dtype) const override { return cpu_->averages(dtype); }
+  void abort(std::exception_ptr error) override { cpu_->abort(std::move(error)); }
   WorkPtr post(const Call& call, Op op) override;
 
  private:
@@ -54,6 +55,8 @@ class NcclOnFirstUse final : public Backend {
   bool supports(c10::DeviceType type) const override { return type == c10::DeviceType::CUDA; }
   // NCCL averages floating types itself (ncclAvg).
   bool averages(c10::ScalarType dtype) const override;
+  // The communicator's, once made; before that, later uses fail.
+  void abort(std::exception_ptr error) override;
   WorkPtr post(const Call& call, Op op) override;
   std::vector<WorkPtr> post_batch(const std::vector<Call>& calls, std::vector<Op> ops) override;
 
@@ -63,6 +66,7 @@ class NcclOnFirstUse final : public Backend {
   std::shared_ptr<Store> store_;
   std::mutex mutex_;
   BackendPtr nccl_;
+  std::exception_ptr aborted_;  // abort() before the communicator was made
 };
 
 // Whether this rank could run NCCL with `ranks_here` ranks on its machine;

@@ -137,6 +137,19 @@ FabricBackend::~FabricBackend() {
       detail::cat("group '", name(), "' was destroyed while this operation was pending"))));
 }
 
+void FabricBackend::abort(std::exception_ptr error) {
+  if (fabric_.host_slots) {  // a collective waiting in shared memory, and the host's peers
+    std::string why = "the group was aborted";
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    fabric_.host_slots->abort(why);
+  }
+  failures_->break_with(error);
+}
+
 // Under the group's failure policy (core/failure_state.h): a broken group
 // fails the Work at once; whatever else stops this rank mid-collective
 // fails the transport too, so that peers do not wait for bytes that will

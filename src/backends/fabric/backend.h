@@ -52,6 +52,9 @@ class FabricBackend final : public Backend {
   bool supports(c10::DeviceType type) const override { return type == c10::DeviceType::CPU; }
   // Every reduction divides AVG itself (in the reduction, in shared memory).
   bool averages(c10::ScalarType) const override { return true; }
+  // Breaks the group: the transport fails what is in flight and closes its
+  // connections (the peers see them close).
+  void abort(std::exception_ptr error) override;
 
  protected:
   DTRAIN_PROCESS_GROUP_HOOKS

@@ -119,6 +119,11 @@ NcclBackend::~NcclBackend() {
 
 bool NcclBackend::averages(c10::ScalarType dtype) const { return at::isFloatingType(dtype); }
 
+void NcclBackend::abort(std::exception_ptr error) {
+  std::lock_guard<std::mutex> lock(issue_mutex_);
+  if (!failures_.error()) break_group(std::move(error));
+}
+
 c10::Device NcclBackend::control_device() const {
   return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device_));
 }

@@ -69,6 +69,8 @@ class NcclBackend final : public Backend {
   c10::Device control_device() const override;
   // ncclAvg is for floating types; the front door sums integers and divides.
   bool averages(c10::ScalarType dtype) const override;
+  // Breaks the group as a timeout does (NCCL's communicator aborted).
+  void abort(std::exception_ptr error) override;
 
  protected:
   DTRAIN_PROCESS_GROUP_HOOKS

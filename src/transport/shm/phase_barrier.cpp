@@ -62,10 +62,24 @@ void PhaseBarrier::wait_for(int peer, uint32_t target, Clock::time_point deadlin
     spin_ = std::max(spin_ / 2, kMinSpin);
 }
 
+void PhaseBarrier::abort(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    if (aborted_.load()) return;
+    abort_why_ = why;
+  }
+  aborted_.store(true);
+  for (int peer = 0; peer < size_; ++peer) futex_wake_all(counters_[peer].phase);  // this rank's sleep, if any
+}
+
 void PhaseBarrier::sleep_until_reached(int peer, uint32_t target, Clock::time_point deadline,
                                        const std::string& what) {
   auto& theirs = counters_[peer];
   while (!reached(theirs.phase, target)) {
+    if (aborted_.load()) {
+      std::lock_guard<std::mutex> lock(abort_mutex_);
+      throw NetworkError(detail::cat(what, " failed: ", abort_why_));
+    }
     const auto now = Clock::now();
     if (now >= deadline)
       throw TimeoutError(detail::cat(

@@ -20,6 +20,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <mutex>
 #include <string>
 
 namespace dtrain::shm {
@@ -41,6 +42,9 @@ class PhaseBarrier {
 
   // `what` names the operation in errors ("all_reduce #3 on group ...").
   void arrive_and_wait(Clock::time_point deadline, const std::string& what);
+  // From any thread: a wait in progress, and every later one, fails with
+  // NetworkError "<what> failed: <why>" (within a liveness check).
+  void abort(const std::string& why);
 
  private:
   void wait_for(int peer, uint32_t target, Clock::time_point deadline, const std::string& what);
@@ -53,6 +57,9 @@ class PhaseBarrier {
   const Segment& segment_;
   uint32_t phase_;
   std::chrono::nanoseconds spin_;  // how long to spin before sleeping (adapts)
+  std::atomic<bool> aborted_{false};
+  std::mutex abort_mutex_;
+  std::string abort_why_;  // set once, before aborted_
 };
 
 }  // namespace dtrain::shm

@@ -139,6 +139,15 @@ void Segment::lock_slot(int slot) {
 
 bool Segment::slot_locked_by_other(int slot) const { return probe_lock(fd_, slot, 1) != F_UNLCK; }
 
+void Segment::unlock_slot(int slot) {
+  struct flock fl {};
+  fl.l_type = F_UNLCK;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = slot;
+  fl.l_len = 1;
+  ::fcntl(fd_, F_OFD_SETLK, &fl);  // nothing to do about a failure: closing drops it too
+}
+
 int remove_stale_segments() {
   DIR* dir = ::opendir("/dev/shm");
   if (!dir) return 0;

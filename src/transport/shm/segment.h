@@ -45,6 +45,9 @@ class Segment {
   void lock_slot(int slot);
   // True while some other open description holds the lock of `slot`.
   bool slot_locked_by_other(int slot) const;
+  // Drops this rank's liveness lock of `slot`: its peers then take it for
+  // gone (an aborted group).
+  void unlock_slot(int slot);
 
   void* data() const { return data_; }
   size_t size() const { return size_; }

@@ -78,4 +78,9 @@ void Slots::attach(Store& store, const std::string& name) {
   data_ = base + layout.data;
 }
 
+void Slots::abort(const std::string& why) {
+  barrier_->abort(why);
+  segment_.unlock_slot(rank_);
+}
+
 }  // namespace dtrain::shm

@@ -54,6 +54,9 @@ class Slots {
     return tables_ + (index % 2) * 2 * n * n;
   }
   PhaseBarrier& barrier() { return *barrier_; }
+  // The group was aborted: a wait in the barrier fails with `why`, and this
+  // rank's slot is let go, so that its peers' waits fail too.
+  void abort(const std::string& why);
   const Segment& segment() const { return segment_; }
 
   // Where the ranks are in the sequence of collectives, the same on every
