@@ -1,7 +1,7 @@
 // libFuzzer harness: what fault tolerance's lighthouse and replicas read
 // from the lighthouse's store (src/ft/protocol.h), which any holder of the
-// job token could have written. The first byte picks a request or an
-// answer; the rest is its text. Text that does not parse is an
+// job token could have written. The first byte picks a request, an answer
+// or a verdict (its value mod 3); the rest is its text. Text that does not parse is an
 // InvalidArgument; text that does must encode back to text that parses to
 // the same fields, and an answer's quorum must be readable by each of its
 // members (quorum_rule.h). A crash, a sanitizer report, an allocation
@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "dtrain/errors.h"
 #include "ft/protocol.h"
@@ -49,14 +50,34 @@ void check_answer(const std::string& text) {
   }
 }
 
+void check_verdict(const std::string& text) {
+  std::vector<protocol::Death> d;
+  try {
+    d = protocol::parse_deaths(text);
+  } catch (const dtrain::InvalidArgument&) {
+    return;
+  }
+  auto back = protocol::parse_deaths(protocol::encode(d));
+  if (d.empty() || back.size() != d.size()) std::abort();
+  for (size_t i = 0; i < d.size(); ++i)
+    if (back[i].replica != d[i].replica || back[i].silent_ms != d[i].silent_ms) std::abort();
+  if (protocol::describe(d).empty()) std::abort();
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::string text(reinterpret_cast<const char*>(data) + 1, size - 1);
-  if (data[0] & 1)
-    check_answer(text);
-  else
-    check_request(text);
+  switch (data[0] % 3) {
+    case 0:
+      check_request(text);
+      break;
+    case 1:
+      check_answer(text);
+      break;
+    default:
+      check_verdict(text);
+  }
   return 0;
 }

@@ -11,7 +11,11 @@
 //
 // A replica's workers may be killed (--die-at-step: all of them, by
 // SIGKILL, in its first life): its dtrain-run restarts them, they heal from
-// a live replica and commit again; the others never stop.
+// a live replica and commit again; the others never stop. Or they may go
+// silent mid-step (--stop-at-step: SIGSTOP, as a lost host leaves its
+// connections open): the lighthouse declares the replica dead after its
+// heartbeat timeout and the others go on; a SIGCONT lets it heal and
+// rejoin.
 
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
@@ -61,8 +65,9 @@ std::string members_text(const std::vector<std::string>& members) {
 
 int main(int argc, char** argv) {
   CLI::App app{"Fashion-MNIST trained by fault-tolerant replica groups (run each replica under dtrain-run)"};
-  int replica_index = 0, batch = 32, log_every = 50, step_ms = 0;
-  int64_t steps = 300, die_at_step = -1;
+  int replica_index = 0, batch = 32, log_every = 50, step_ms = 0, min_replicas = 1;
+  bool fixed_batch = false;
+  int64_t steps = 300, die_at_step = -1, stop_at_step = -1;
   std::string lighthouse, commit_log, data = dtrain::FashionMNIST::kDefaultRoot;
   double lr = 0.05;
   app.add_option("--replica-index", replica_index, "this replica's number: its id is replica-<k>, its seed k");
@@ -70,8 +75,16 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "steps to commit")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   app.add_option("--batch", batch, "samples per rank and step")->check(CLI::Range(1, 1 << 16));
   app.add_option("--lr", lr, "SGD learning rate (momentum 0.9)");
+  app.add_option("--min-replicas", min_replicas, "steps commit only with at least this many replicas")
+      ->check(CLI::Range(1, 1 << 16));
+  app.add_flag("--fixed-batch", fixed_batch,
+               "exactly --min-replicas replicas train each step (a fixed global batch); the others are spares that "
+               "stand in when one dies (torchft's FIXED_WITH_SPARES)");
   app.add_option("--die-at-step", die_at_step,
                  "fault injection: every worker of this replica kills itself (SIGKILL) at this step, in its first life");
+  app.add_option("--stop-at-step", stop_at_step,
+                 "fault injection: every worker of this replica stops itself (SIGSTOP) at this step once its quorum "
+                 "formed, once; SIGCONT resumes it");
   app.add_option("--step-ms", step_ms, "pad each step to at least this many milliseconds (to watch it live)")
       ->check(CLI::Range(0, 60000));
   app.add_option("--log-every", log_every, "a progress line every this many steps")->check(CLI::Range(1, 1 << 30));
@@ -97,8 +110,13 @@ int main(int argc, char** argv) {
     dtrain::checkpoint::add_optimizer(state, opt, *net);
     // A synchronous quorum: a replica that heals does so before its forward,
     // so every member trains its share and each sample is trained once.
-    dtrain::ft::Manager manager(
-        state, dtrain::ft::ManagerOptions().lighthouse(lighthouse).replica_id(replica).async_quorum(false));
+    dtrain::ft::Manager manager(state, dtrain::ft::ManagerOptions()
+                                           .lighthouse(lighthouse)
+                                           .replica_id(replica)
+                                           .async_quorum(false)
+                                           .min_replicas(min_replicas)
+                                           .world_size_mode(fixed_batch ? dtrain::ft::WorldSizeMode::kFixedWithSpares
+                                                                        : dtrain::ft::WorldSizeMode::kDynamic));
     dtrain::DistributedDataParallel ddp(net);
     ddp.register_comm_hook(dtrain::ft::allreduce_hook(manager));
 
@@ -133,8 +151,16 @@ int main(int argc, char** argv) {
         std::raise(SIGKILL);
       }
       manager.start_quorum();
+      if (step == stop_at_step) {
+        stop_at_step = -1;
+        std::cout << replica << " rank " << rank << ": going silent at step " << step << " (--stop-at-step)"
+                  << std::endl;
+        std::raise(SIGSTOP);
+      }
       const auto samples = manager.step_samples(batch);
-      auto [x, y] = batch_of(samples);
+      auto share = samples;
+      if (share.count == 0) share.count = batch;  // a spare: its gradients count as zeros, any batch will do
+      auto [x, y] = batch_of(share);
       opt.zero_grad();
       auto loss = torch::cross_entropy_loss(ddp.forward(x), y);
       loss.backward();
@@ -154,6 +180,7 @@ int main(int argc, char** argv) {
         if (rank == 0 && (manager.current_step() % log_every == 0 || q.healing)) {
           std::cout << replica << ": step " << manager.current_step() << " committed, quorum of "
                     << q.members.size() << " (" << members_text(q.members) << ")" << (q.healing ? ", healed" : "")
+                    << (q.participating ? "" : ", spare")
                     << ", loss " << loss_sum / loss_count << ", " << uncommitted << " not committed so far"
                     << std::endl;
           loss_sum = 0;

@@ -57,6 +57,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -92,6 +93,19 @@ struct FSDPOptions {
   // all-reduced across replicas, so only 1/shard-size of them crosses
   // between replicas, and all-gathers stay inside.
   DTRAIN_ARG(c10::optional<DeviceMesh>, mesh) = c10::nullopt;
+  // HSDP's average across replicas, done by another: the parameters are
+  // sharded over process_group (one replica) as usual, and each unit's
+  // reduce-scattered gradient shard, averaged over that group, is handed
+  // to this function, which averages it across the replicas in place and
+  // returns a Work that finishes once it has. FSDP goes on meanwhile (the
+  // overlap stays) and waits on it before setting the shard's gradient; a
+  // Work that fails fails the backward, as a failed collective does.
+  // Fault tolerance's is ft::replicate_average(manager): the replicas live
+  // in this step, the average recorded and never thrown on an error
+  // (torchft's HSDP over its managed process group). No broadcast at
+  // construction (the manager's init_sync does that). Not with a mesh.
+  using ReplicaAverage = std::function<WorkPtr(at::Tensor)>;
+  DTRAIN_ARG(ReplicaAverage, replicate_average) = nullptr;
   // Free a unit's full parameters after its forward (ZeRO-3); false keeps
   // them until its gradients are reduced (SHARD_GRAD_OP, ZeRO-2-like).
   DTRAIN_ARG(bool, reshard_after_forward) = true;

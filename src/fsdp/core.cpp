@@ -85,6 +85,7 @@ void FSDPCore::Impl::build_units(torch::nn::Module& model, FSDPCore* core) {
                     : std::make_shared<fsdp::FlatUnit>(owner, std::move(params), std::move(names), *group);
     unit->configure(options.mixed_precision(), on_grad);
     if (replicate) unit->replicate_over(*replicate);
+    if (options.replicate_average()) unit->replicate_with(options.replicate_average());
     units.push_back(std::move(unit));
   }
 }
@@ -116,6 +117,8 @@ void FSDPCore::Impl::resolve_groups() {
   const DeviceMesh& mesh = *options.mesh();
   DTRAIN_CHECK_ARG(!options.process_group(), "FullyShardedDataParallel: give FSDPOptions a "
                    "process_group or a mesh, not both");
+  DTRAIN_CHECK_ARG(!options.replicate_average(), "FullyShardedDataParallel: give FSDPOptions a "
+                   "replicate_average with the process_group of one replica, not with a mesh");
   std::string shape;
   for (int n : mesh.shape()) shape += (shape.empty() ? "" : " x ") + std::to_string(n);
   DTRAIN_CHECK_ARG(mesh.ndim() == 1 || mesh.ndim() == 2, "FullyShardedDataParallel: a mesh of ",

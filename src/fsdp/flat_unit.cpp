@@ -201,10 +201,16 @@ void FlatUnit::replicate_over(ProcessGroup& replicas) {
   replicas.broadcast(values, 0)->wait();
 }
 
+void FlatUnit::replicate_with(std::function<WorkPtr(at::Tensor)> average) { replica_average_ = std::move(average); }
+
 void FlatUnit::start_replica_reduce() {
-  if (replicas_ && replicas_->size() > 1 && !replica_work_) {
+  if (replica_work_) return;
+  if (replicas_ && replicas_->size() > 1) {
     reduce_input_ = at::Tensor();  // the reduce-scatter is done with it
     replica_work_ = replicas_->all_reduce(reduce_output_, ReduceOp::SUM);
+  } else if (replica_average_) {
+    reduce_input_ = at::Tensor();
+    replica_work_ = replica_average_(reduce_output_);
   }
 }
 
@@ -219,11 +225,10 @@ void FlatUnit::finish_reduce() {
   if (!reduce_work_) return;
   auto work = std::move(reduce_work_);
   reduce_work_ = nullptr;
+  work->wait();
+  start_replica_reduce();  // unless reduce_complete() started it
   auto replica = std::move(replica_work_);
   replica_work_ = nullptr;
-  work->wait();
-  if (!replica && replicas_ && replicas_->size() > 1)
-    replica = replicas_->all_reduce(reduce_output_, ReduceOp::SUM);
   if (replica) replica->wait();
   at::NoGradGuard no_grad;
   auto average = reduce_output_.to(shard_.scalar_type());

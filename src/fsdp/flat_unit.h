@@ -38,6 +38,10 @@ class FlatUnit {
   // other replicas): broadcasts replica 0's shard, and from now on each
   // reduce-scattered gradient is also all-reduced over them.
   void replicate_over(ProcessGroup& replicas);
+  // HSDP with the average across replicas done by `average`
+  // (FSDPOptions::replicate_average): each reduce-scattered gradient,
+  // averaged over the group, is handed to it.
+  void replicate_with(std::function<WorkPtr(at::Tensor)> average);
   ~FlatUnit();
   FlatUnit(const FlatUnit&) = delete;
   FlatUnit& operator=(const FlatUnit&) = delete;
@@ -115,7 +119,8 @@ class FlatUnit {
   bool reduced_ = false;
   WorkPtr reduce_work_;
   ProcessGroup* replicas_ = nullptr;  // HSDP
-  WorkPtr replica_work_;              // the all-reduce across replicas
+  std::function<WorkPtr(at::Tensor)> replica_average_;  // HSDP by another (replicate_with)
+  WorkPtr replica_work_;              // the average across replicas
   void start_replica_reduce();
   at::Tensor reduce_input_, reduce_output_;
   at::Tensor unsynced_;  // flat gradients accumulated under no_sync

@@ -54,6 +54,7 @@ struct Lighthouse::Impl {
   std::set<std::string> previous;
   std::map<std::string, std::string> previous_incarnations;
   std::string previous_id;
+  std::map<std::string, int64_t> declared;  // members of previous_id declared dead: ms silent
   int64_t formed = 0;
   std::optional<protocol::Request> job_layout;  // the first request's
 
@@ -190,6 +191,10 @@ struct Lighthouse::Impl {
       answer(asking.at(m).n, a);
       asking.erase(m);
     }
+    if (id != previous_id && !declared.empty()) {  // whoever waited on that verdict has asked since
+      store->delete_key(protocol::dead_key(previous_id));
+      declared.clear();
+    }
     previous = members;
     previous_incarnations = std::move(incarnations);
     previous_id = id;
@@ -198,10 +203,34 @@ struct Lighthouse::Impl {
     status.members.assign(members.begin(), members.end());
   }
 
+  // Members of the newest quorum whose heartbeats stopped: named under its
+  // verdict key, which every rank of the other members watches (their
+  // cross-replica groups of that quorum are aborted). A verdict stands
+  // (a member that beats again is still out of that quorum).
+  void declare_deaths(const std::set<std::string>& live, Clock::time_point now) {
+    if (previous_id.empty()) return;
+    int64_t news = 0;
+    for (const auto& m : previous) {
+      if (live.count(m) || declared.count(m)) continue;
+      const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - known[m].last_change);
+      declared[m] = silent.count();
+      ++news;
+      log_warning(detail::cat("dtrain lighthouse: quorum ", previous_id, ": replica '", m, "' sent no heartbeat for ",
+                              silent.count(), " ms: declared dead"));
+    }
+    if (news == 0) return;
+    std::vector<protocol::Death> deaths;
+    for (const auto& [m, silent_ms] : declared) deaths.push_back({m, silent_ms});
+    store->set(protocol::dead_key(previous_id), protocol::encode(deaths));
+    std::lock_guard<std::mutex> lock(status_mutex);
+    status.deaths += news;
+  }
+
   void tick() {
     const auto now = Clock::now();
     read_queues(now);
     const auto live = read_heartbeats(now);
+    declare_deaths(live, now);
     for (auto it = asking.begin(); it != asking.end();)  // died while asking
       it = live.count(it->first) ? std::next(it) : asking.erase(it);
     if (asking.empty()) return;

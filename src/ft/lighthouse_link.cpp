@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/enforce.h"
+#include "common/logging.h"
 #include "common/socket.h"
 
 namespace dtrain::ft {
@@ -104,6 +105,59 @@ void Heartbeat::run() {
       registered = false;
       link_.reset();  // the lighthouse is away: the quorum requests say so; beat again later
     }
+    lock.lock();
+    wake_.wait_for(lock, interval_, [this] { return stop_; });
+  }
+}
+
+DeathWatch::DeathWatch(LighthouseAddress address, std::string token, std::chrono::milliseconds interval,
+                       OnDeaths on_deaths)
+    : link_(std::move(address), std::move(token), std::max(interval * 10, std::chrono::milliseconds(1000))),
+      interval_(interval),
+      on_deaths_(std::move(on_deaths)),
+      thread_([this] { run(); }) {}
+
+DeathWatch::~DeathWatch() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void DeathWatch::watch(const std::string& quorum_id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  quorum_ = quorum_id;
+}
+
+void DeathWatch::look(const std::string& quorum_id) {
+  std::vector<protocol::Death> deaths;
+  try {
+    auto store = link_.store(std::max(interval_ * 10, std::chrono::milliseconds(1000)));
+    const std::string key = protocol::dead_key(quorum_id);
+    if (!store->check({key})) return;
+    deaths = protocol::parse_deaths(store->get_string(key));
+  } catch (const InvalidArgument& e) {
+    log_warning(detail::cat("dtrain ft: the lighthouse's verdict on quorum ", quorum_id, " is ignored: ", e.what()));
+  } catch (const std::exception&) {
+    link_.reset();  // the lighthouse is away: look again later
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (quorum_ != quorum_id) return;
+    quorum_.clear();  // one verdict per quorum
+  }
+  if (!deaths.empty()) on_deaths_(quorum_id, deaths);
+}
+
+void DeathWatch::run() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stop_) {
+    const std::string quorum = quorum_;
+    lock.unlock();
+    if (!quorum.empty()) look(quorum);
     lock.lock();
     wake_.wait_for(lock, interval_, [this] { return stop_; });
   }

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -70,6 +71,35 @@ class Heartbeat {
   std::chrono::milliseconds interval_;
   std::mutex mutex_;
   std::condition_variable wake_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// Watches for the lighthouse's verdict on one quorum (protocol::dead_key)
+// every `interval`, on a thread of its own over a connection of its own,
+// and calls `on_deaths` once per quorum that has one, on that thread. A
+// verdict that does not parse is logged and ignored; a lighthouse that is
+// away is tried again at the next look.
+class DeathWatch {
+ public:
+  using OnDeaths = std::function<void(const std::string& quorum_id, const std::vector<protocol::Death>&)>;
+  DeathWatch(LighthouseAddress address, std::string token, std::chrono::milliseconds interval, OnDeaths on_deaths);
+  ~DeathWatch();
+  DeathWatch(const DeathWatch&) = delete;
+  DeathWatch& operator=(const DeathWatch&) = delete;
+
+  // Watch this quorum from now on (in place of the one before).
+  void watch(const std::string& quorum_id);
+
+ private:
+  void run();
+  void look(const std::string& quorum_id);
+  LighthouseLink link_;
+  std::chrono::milliseconds interval_;
+  OnDeaths on_deaths_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::string quorum_;  // empty: nothing to watch
   bool stop_ = false;
   std::thread thread_;
 };

@@ -23,6 +23,7 @@
 #include "dtrain/checkpoint/distributed.h"
 #include "dtrain/distributed.h"
 #include "dtrain/store/tcp_store.h"
+#include "ft/abandonable_store.h"
 #include "ft/lighthouse_link.h"
 #include "ft/quorum_rule.h"
 #include "ft/state_fingerprint.h"
@@ -76,10 +77,40 @@ struct Manager::Impl {
   std::string peers_quorum;
   std::string published;  // the lighthouse's key of a rendezvous store being served
   std::optional<checkpoint::storage::Loaded> healed;  // to load before committing
+  // The lighthouse's verdict: members of this quorum are dead (its groups
+  // aborted, its rendezvous given up), and why.
+  std::string doomed_quorum, doomed_reason;
+  bool aborted = false;  // a group was aborted since the last request: ask for new ones
+  // Declared last, so destroyed first: its thread calls on_deaths.
+  std::unique_ptr<DeathWatch> watch;
 
   void report(std::exception_ptr e) {
     std::lock_guard<std::mutex> lock(mutex);
     if (!error) error = std::move(e);
+  }
+
+  // The lighthouse declared members of quorum `q` dead: this rank's group
+  // of it is aborted (its operations in flight fail now, not at their
+  // timeout) and a rendezvous for it is given up.
+  void on_deaths(const std::string& q, const std::vector<protocol::Death>& deaths) {
+    const std::string why = detail::cat("the lighthouse declared ", protocol::describe(deaths), " dead in quorum ", q);
+    std::shared_ptr<ProcessGroup> g;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      doomed_quorum = q;
+      doomed_reason = why;
+      if (peers && peers_quorum == q) {
+        g = peers;
+        aborted = true;
+      }
+      if (view && view->quorum_id == q && !error) error = std::make_exception_ptr(NetworkError(what(why.c_str())));
+    }
+    if (g) g->abort(why);
+  }
+
+  std::string abandoned(const std::string& q) {
+    std::lock_guard<std::mutex> lock(mutex);
+    return doomed_quorum == q ? doomed_reason : "";
   }
 
   std::string what(const char* doing) const {
@@ -91,8 +122,14 @@ struct Manager::Impl {
     const std::string key = detail::cat(round_prefix, r);
     std::string handed;
     if (rank == 0) {
+      bool new_groups = rebuild;
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        new_groups = new_groups || aborted;
+        aborted = false;
+      }
       try {
-        auto answer = link->ask(protocol::Request{replica, step, world, layout, rebuild, incarnation},
+        auto answer = link->ask(protocol::Request{replica, step, world, layout, new_groups, incarnation},
                                 options.connect_timeout(), options.quorum_timeout());
         handed = kOk + protocol::encode(answer);
       } catch (const std::exception& e) {
@@ -125,7 +162,11 @@ struct Manager::Impl {
   // that the lighthouse keeps nothing of a group after it (a thousand
   // rebuilds leave its memory as it was).
   std::shared_ptr<Store> rendezvous_store(const QuorumView& v) {
-    auto lighthouse = link->store(options.connect_timeout());
+    auto given_up = [this, q = v.quorum_id] { return abandoned(q); };
+    auto abandonable = [&](std::shared_ptr<Store> s) {
+      return std::make_shared<AbandonableStore>(std::move(s), given_up, options.heartbeat_interval());
+    };
+    auto lighthouse = abandonable(link->store(options.connect_timeout()));
     const std::string key = detail::cat("ft/group/", v.quorum_id, "/", rank);
     if (v.replica_rank == 0) {
       const std::string host = local_address.empty() ? net::interface_address(*env::get(env::kSocketIfname))
@@ -139,12 +180,12 @@ struct Manager::Impl {
                                                    .token(options.token()));
       lighthouse->set(key, net::endpoint(host, server->port()));
       published = key;
-      return server;
+      return abandonable(server);
     }
     lighthouse->wait({key}, options.timeout());
     const auto at = parse_lighthouse_address(lighthouse->get_string(key), "the group's rendezvous store");
-    return std::make_shared<TcpStore>(
-        TcpStoreOptions().host(at.host).port(at.port).timeout(options.timeout()).token(options.token()));
+    return abandonable(std::make_shared<TcpStore>(
+        TcpStoreOptions().host(at.host).port(at.port).timeout(options.timeout()).token(options.token())));
   }
 
   std::shared_ptr<ProcessGroup> peers_of(const QuorumView& v) {
@@ -155,6 +196,7 @@ struct Manager::Impl {
       peers_store.reset();
       peers_quorum.clear();
     }
+    watch->watch(v.quorum_id);
     auto store = rendezvous_store(v);
     auto g = create_process_group(options.backend(), store, v.replica_rank, v.replica_world,
                                   GroupOptions()
@@ -193,7 +235,8 @@ struct Manager::Impl {
   void run_round(int64_t r) {
     try {
       auto answer = obtain_answer(r);
-      auto v = view_of(answer, replica, options.init_sync(), options.async_quorum());
+      auto v = view_of(answer, replica, options.init_sync(), options.async_quorum(),
+                       options.world_size_mode() == WorldSizeMode::kFixedWithSpares ? options.min_replicas() : 0);
       {
         std::lock_guard<std::mutex> lock(mutex);
         view = v;
@@ -286,12 +329,14 @@ Manager::Manager(checkpoint::DistributedState& state, ManagerOptions options)
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(nonce.item<int64_t>()));
   m.incarnation = hex;
   m.round_prefix = detail::cat("dtrain_ft/", m.replica, "/", m.incarnation, "/quorum/");
-  m.layout = state_fingerprint(state);
   const auto address = parse_lighthouse_address(o.lighthouse(), "ft::Manager: the lighthouse");
   m.local_address = env::get(env::kSocketIfname) ? "" : net::local_address_towards(address.host);
   m.link = std::make_unique<LighthouseLink>(address, o.token(), o.timeout());
   m.link->store(o.connect_timeout());  // unreachable, refused or not a lighthouse: thrown here
   if (m.rank == 0) m.heartbeat = std::make_unique<Heartbeat>(address, o.token(), m.replica, o.heartbeat_interval());
+  m.watch = std::make_unique<DeathWatch>(
+      address, o.token(), o.heartbeat_interval(),
+      [&m](const std::string& q, const std::vector<protocol::Death>& deaths) { m.on_deaths(q, deaths); });
 }
 
 Manager::~Manager() {
@@ -311,6 +356,9 @@ void Manager::start_quorum() {
     m.view.reset();
     m.healed.reset();
   }
+  // The state may be filled after construction (FT-HSDP: the FSDP model
+  // needs the manager first); the job's layout is what it holds now.
+  if (m.layout.empty()) m.layout = state_fingerprint(m.state);
   const int64_t r = ++m.round;
   if (m.options.async_quorum()) {
     m.round_done = std::async(std::launch::async, [&m, r] { m.run_round(r); }).share();
@@ -321,25 +369,34 @@ void Manager::start_quorum() {
   m.apply_healed();
 }
 
-void Manager::allreduce(at::Tensor tensor) {
+void Manager::allreduce(at::Tensor tensor) { allreduce_async(std::move(tensor))->wait(); }
+
+WorkPtr Manager::allreduce_async(at::Tensor tensor) {
   auto& m = *impl_;
   m.wait_round();
   std::shared_ptr<ProcessGroup> g;
   QuorumView v;
   {
     std::lock_guard<std::mutex> lock(m.mutex);
-    if (m.error || !m.view || !m.peers) return;
+    if (m.error || !m.view || !m.peers) return Work::completed("ft::Manager::allreduce (the step has failed)");
     g = m.peers;
     v = *m.view;
   }
   try {
     DTRAIN_CHECK_ARG(tensor.device().is_cpu(), m.what("allreduce takes CPU tensors; this one is on "),
                      tensor.device());
-    if (v.healing() && m.options.async_quorum()) tensor.zero_();
+    if (v.participant < 0) tensor.zero_();  // healing asynchronously, or a spare
     if (v.participants > 1) tensor.div_(v.participants);
-    g->all_reduce(tensor)->wait();
+    auto inner = g->all_reduce(tensor);
+    auto done = std::make_shared<Work>("ft::Manager::allreduce over " + g->name());
+    inner->on_finish([&m, done](const std::exception_ptr& e) {
+      if (e) m.report(e);
+      done->finish();
+    });
+    return done;
   } catch (...) {
     m.report(std::current_exception());
+    return Work::completed("ft::Manager::allreduce (failed)");
   }
 }
 
@@ -385,17 +442,22 @@ StepSamples Manager::step_samples(int64_t per_rank) {
                           "healing replica's share of a step is not trained"));
   DTRAIN_CHECK_ARG(per_rank > 0, m.what("step_samples: per_rank is "), per_rank, " (at least 1)");
   m.wait_round();
-  int members = 1, replica_rank = 0;
+  int participants = 1, participant = 0;
   {
     std::lock_guard<std::mutex> lock(m.mutex);
-    if (m.view && !m.error) members = m.view->replica_world, replica_rank = m.view->replica_rank;
+    if (m.view && !m.error) participants = m.view->participants, participant = m.view->participant;
   }
   // Without a quorum the step will not commit: any block will do.
   StepSamples s;
   s.step_first = m.samples;
-  s.step_count = per_rank * m.world * members;
-  s.first = m.samples + per_rank * (static_cast<int64_t>(replica_rank) * m.world + m.rank);
-  s.count = per_rank;
+  s.step_count = per_rank * m.world * participants;
+  if (participant >= 0) {
+    s.first = m.samples + per_rank * (static_cast<int64_t>(participant) * m.world + m.rank);
+    s.count = per_rank;
+  } else {  // a spare: none of the step's samples
+    s.first = s.step_first + s.step_count;
+    s.count = 0;
+  }
   m.step_block = s.step_count;
   return s;
 }
@@ -420,7 +482,7 @@ int Manager::num_participants() {
 bool Manager::is_participating() {
   impl_->wait_round();
   std::lock_guard<std::mutex> lock(impl_->mutex);
-  return impl_->view && !impl_->error && !(impl_->view->healing() && impl_->options.async_quorum());
+  return impl_->view && !impl_->error && impl_->view->participant >= 0;
 }
 
 QuorumInfo Manager::quorum() {
@@ -434,6 +496,7 @@ QuorumInfo Manager::quorum() {
   q.replica_rank = v.replica_rank;
   q.max_step = v.max_step;
   q.participants = v.participants;
+  q.participating = v.participant >= 0;
   q.healing = v.healing();
   return q;
 }
@@ -447,6 +510,10 @@ std::shared_ptr<ProcessGroup> Manager::replica_peers() {
   impl_->wait_round();
   std::lock_guard<std::mutex> lock(impl_->mutex);
   return impl_->peers;
+}
+
+std::function<WorkPtr(at::Tensor)> replicate_average(Manager& manager) {
+  return [&manager](at::Tensor shard_grad) { return manager.allreduce_async(std::move(shard_grad)); };
 }
 
 CommHook allreduce_hook(Manager& manager) {

@@ -15,6 +15,8 @@
 //   ft/registration/<n>  its id (the lighthouse learns of it before it asks)
 //   ft/group/<quorum>/<place>  where the place's cross-replica group
 //                        rendezvous (deleted once the group is built)
+//   ft/dead/<quorum>     the lighthouse's verdict: members of that quorum
+//                        whose heartbeats stopped (deleted at the next quorum)
 
 #include <cstdint>
 #include <string>
@@ -29,6 +31,7 @@ std::string request_key(int64_t n);
 std::string registration_key(int64_t n);
 std::string answer_key(int64_t n);
 std::string heartbeat_key(const std::string& replica);
+std::string dead_key(const std::string& quorum_id);
 
 // Replica ids: 1 to 64 of [A-Za-z0-9._-]; InvalidArgument otherwise.
 void check_replica_id(const std::string& id, const std::string& what);
@@ -61,6 +64,17 @@ struct Answer {
 std::string encode(const Answer& answer);
 // At most kMaxMembers members, ids checked and in strictly increasing order.
 Answer parse_answer(const std::string& text);
+
+// A member the lighthouse found dead: no heartbeat for `silent_ms`.
+struct Death {
+  std::string replica;
+  int64_t silent_ms = 0;
+};
+std::string encode(const std::vector<Death>& deaths);
+// At least one, at most kMaxMembers, ids checked.
+std::vector<Death> parse_deaths(const std::string& text);
+// "replica 'c' (no heartbeat for 1200 ms), ...".
+std::string describe(const std::vector<Death>& deaths);
 
 inline constexpr size_t kMaxMembers = 65536;
 inline constexpr size_t kMaxText = 4u << 20;

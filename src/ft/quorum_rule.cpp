@@ -17,7 +17,7 @@ std::optional<std::set<std::string>> decide_quorum(const QuorumInputs& in) {
 }
 
 QuorumView view_of(const protocol::Answer& answer, const std::string& me, bool init_sync,
-                   bool async_quorum) {
+                   bool async_quorum, int max_participants) {
   const auto& members = answer.members;
   DTRAIN_CHECK_ARG(!members.empty(), "quorum ", answer.quorum_id, " has no members");
   QuorumView v;
@@ -39,7 +39,16 @@ QuorumView view_of(const protocol::Answer& answer, const std::string& me, bool i
     if (behind[j] == v.replica_rank) v.heal_source = source;
     if (source == v.replica_rank) v.heal_targets.push_back(behind[j]);
   }
-  v.participants = async_quorum ? static_cast<int>(up.size()) : v.replica_world;
+  std::vector<int> candidates = up;
+  if (!async_quorum) {
+    candidates.resize(v.replica_world);
+    for (int i = 0; i < v.replica_world; ++i) candidates[i] = i;
+  }
+  if (max_participants > 0 && static_cast<int>(candidates.size()) > max_participants)
+    candidates.resize(max_participants);
+  v.participants = static_cast<int>(candidates.size());
+  const auto mine = std::find(candidates.begin(), candidates.end(), v.replica_rank);
+  v.participant = mine == candidates.end() ? -1 : static_cast<int>(mine - candidates.begin());
   return v;
 }
 

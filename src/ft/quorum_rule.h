@@ -38,8 +38,11 @@ struct QuorumView {
   int64_t max_step = 0;
   // Members whose gradients count this step: those at max_step (a member
   // that heals asynchronously contributes zeros), or with a synchronous
-  // quorum every member (they heal before the forward).
+  // quorum every member (they heal before the forward); with a fixed
+  // number of participants, the first that many of those (in id order),
+  // the others spares.
   int participants = 1;
+  int participant = -1;  // me among them; -1: my gradients do not count (healing, or a spare)
   int heal_source = -1;           // the member I take my state from; -1: none
   std::vector<int> heal_targets;  // the members I send mine to
   bool healing() const { return heal_source >= 0; }
@@ -48,8 +51,9 @@ struct QuorumView {
 // Members behind max_step take the state of one at max_step (the j-th
 // behind from the (j mod up-to-date)-th up to date). With init_sync, at
 // step 0 every member but the first takes the first's state, so that
-// replicas started from different values agree.
+// replicas started from different values agree. `max_participants` > 0:
+// at most that many participants (fixed with spares); 0: all.
 QuorumView view_of(const protocol::Answer& answer, const std::string& me, bool init_sync,
-                   bool async_quorum);
+                   bool async_quorum, int max_participants = 0);
 
 }  // namespace dtrain::ft

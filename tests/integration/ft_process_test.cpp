@@ -5,11 +5,15 @@
 
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <thread>
 
 #include "harness/process_ranks.h"
 #include "harness/temp_dir.h"
@@ -34,6 +38,54 @@ std::map<int64_t, Commit> commits_of(const std::string& path) {
     int64_t step;
     Commit c;
     if (fields >> step >> c.hash >> c.ms >> c.first >> c.count && c.hash.size() == 16) out[step] = c;
+  }
+  return out;
+}
+
+// After every committed step, every replica that committed it holds the
+// same state and took the same block of samples; each sample is trained
+// exactly once (the blocks follow each other from sample 0 on); `steps`
+// steps committed in all.
+void expect_one_history(const std::vector<std::map<int64_t, Commit>>& logs, int64_t steps) {
+  std::map<int64_t, Commit> all;
+  for (const auto& log : logs)
+    for (const auto& [step, commit] : log) {
+      auto [it, first] = all.emplace(step, commit);
+      if (first) continue;
+      EXPECT_EQ(commit.hash, it->second.hash) << "step " << step;
+      EXPECT_EQ(commit.first, it->second.first) << "step " << step;
+      EXPECT_EQ(commit.count, it->second.count) << "step " << step;
+    }
+  int64_t next_sample = 0;
+  for (const auto& [step, commit] : all) {
+    EXPECT_EQ(commit.first, next_sample) << "step " << step;
+    next_sample = commit.first + commit.count;
+  }
+  EXPECT_EQ(all.size(), static_cast<size_t>(steps));
+}
+
+// The longest wait between two commits of `log`.
+int64_t longest_wait(const std::map<int64_t, Commit>& log) {
+  int64_t longest = 0;
+  for (auto it = std::next(log.begin()); it != log.end(); ++it)
+    longest = std::max(longest, it->second.ms - std::prev(it)->second.ms);
+  return longest;
+}
+
+// The processes whose parent is `parent`, and whether each is stopped.
+std::vector<std::pair<pid_t, bool>> children_of(pid_t parent) {
+  std::vector<std::pair<pid_t, bool>> out;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    const size_t close = line.rfind(')');  // the command may hold spaces
+    std::istringstream rest(line.substr(close + 2));
+    char state;
+    pid_t ppid;
+    if (rest >> state >> ppid && ppid == parent) out.emplace_back(std::stoi(name), state == 'T');
   }
   return out;
 }
@@ -71,31 +123,10 @@ TEST(FaultToleranceProcesses, AReplicaKilledWholeIsRestartedHealsAndTheOthersNev
     EXPECT_EQ(logs[k].size(), static_cast<size_t>(kSteps - first + 1))
         << "replica " << k << " committed every step from its first to the end: it never stopped";
   }
-  // After every committed step, every replica that committed it holds the
-  // same state, and took the same block of samples.
-  std::map<int64_t, Commit> all;
-  for (const auto& log : logs)
-    for (const auto& [step, commit] : log) {
-      auto [it, first] = all.emplace(step, commit);
-      if (first) continue;
-      EXPECT_EQ(commit.hash, it->second.hash) << "step " << step;
-      EXPECT_EQ(commit.first, it->second.first) << "step " << step;
-      EXPECT_EQ(commit.count, it->second.count) << "step " << step;
-    }
-  // Each sample exactly once: the committed steps' blocks follow each
-  // other with no gap and no overlap from sample 0 on.
-  int64_t next_sample = 0;
-  for (const auto& [step, commit] : all) {
-    EXPECT_EQ(commit.first, next_sample) << "step " << step;
-    next_sample = commit.first + commit.count;
-  }
-  EXPECT_EQ(all.size(), static_cast<size_t>(kSteps));
+  expect_one_history(logs, kSteps);
   // What a death cost the survivors: the longest wait between two of their
   // commits (the steps themselves take --step-ms 20).
-  int64_t longest = 0;
-  for (int k = 0; k < 2; ++k)
-    for (auto it = std::next(logs[k].begin()); it != logs[k].end(); ++it)
-      longest = std::max(longest, it->second.ms - std::prev(it)->second.ms);
+  const int64_t longest = std::max(longest_wait(logs[0]), longest_wait(logs[1]));
   std::printf("survivors' longest wait between commits: %lld ms\n", static_cast<long long>(longest));
   // The killed replica: its first life up to the step it died in; its
   // second, restarted by dtrain-run at step 0, healed from a live replica
@@ -111,6 +142,66 @@ TEST(FaultToleranceProcesses, AReplicaKilledWholeIsRestartedHealsAndTheOthersNev
   EXPECT_NE(out.find("restarting the workers", died), std::string::npos) << "its dtrain-run restarted it:\n" << out;
   EXPECT_NE(out.find(", healed,", died), std::string::npos) << "the second life healed:\n" << out;
   for (int k = 0; k < 2; ++k) EXPECT_EQ(runs[k]->output().find("restarting"), std::string::npos) << k;
+}
+
+// A replica that goes silent mid-step without closing a connection (its
+// workers stop themselves by SIGSTOP once the step's quorum formed, as a
+// host lost or a link cut would leave them): the lighthouse declares it
+// dead after its heartbeat timeout (1 s here), the other replica's
+// cross-replica groups are aborted on that verdict, and it goes on alone
+// within about that, not its operations' 60 s timeout. Let go 5 s later,
+// the silent one finds its groups closed, heals and commits with the other
+// to the end. Before the verdict, the other waited in its all-reduce for
+// the whole 5 s (for a host that never came back, the 60 s timeout).
+TEST(FaultToleranceProcesses, AReplicaThatGoesSilentIsDeclaredDeadAndTheOtherGoesOnWithinTheHeartbeatTimeout) {
+  TempDir dir;
+  ProcessRanks procs;
+  const int lighthouse_port = free_port();
+  auto& lighthouse = procs.spawn({DTRAIN_LIGHTHOUSE_EXECUTABLE, "--port", std::to_string(lighthouse_port),
+                                  "--heartbeat-timeout", "1"},
+                                 {});
+  ASSERT_TRUE(procs.wait_for_output(lighthouse, "serving on", 30s)) << describe(lighthouse);
+  constexpr int kSteps = 500, kStopAt = 30;  // (the other outlasts the stop: 20 ms steps)
+  std::vector<RankProcess*> runs;
+  for (int k = 0; k < 2; ++k) {
+    std::vector<std::string> argv{DTRAIN_RUN_EXECUTABLE, "--nproc-per-node", "2", "--master-port",
+                                  std::to_string(free_port()), DTRAIN_FT_EXAMPLE, "--replica-index", std::to_string(k),
+                                  "--lighthouse", "127.0.0.1:" + std::to_string(lighthouse_port), "--steps",
+                                  std::to_string(kSteps), "--step-ms", "20", "--log-every", "50", "--commit-log",
+                                  dir.path() + "/replica-" + std::to_string(k) + ".log"};
+    if (k == 1) argv.insert(argv.end(), {"--stop-at-step", std::to_string(kStopAt)});
+    runs.push_back(&procs.spawn(argv, {{"DTRAIN_TIMEOUT", "60"}}));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + 120s;
+  std::vector<std::pair<pid_t, bool>> workers;
+  while (std::chrono::steady_clock::now() < deadline) {
+    workers = children_of(runs[1]->pid);
+    if (workers.size() == 2 && workers[0].second && workers[1].second) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ(workers.size(), 2u) << describe(*runs[1]);
+  ASSERT_TRUE(workers[0].second && workers[1].second) << "both workers stopped themselves:\n" << describe(*runs[1]);
+  std::this_thread::sleep_for(5s);
+  for (const auto& w : workers) ::kill(w.first, SIGCONT);
+  for (auto* run : runs) {
+    ASSERT_TRUE(procs.wait(*run, std::chrono::steady_clock::now() + 180s)) << describe(*run);
+    EXPECT_EQ(run->exit_code, 0) << describe(*run);
+  }
+  std::vector<std::map<int64_t, Commit>> logs{commits_of(dir.path() + "/replica-0.log"),
+                                              commits_of(dir.path() + "/replica-1.log")};
+  expect_one_history(logs, kSteps);
+  ASSERT_FALSE(logs[0].empty());
+  EXPECT_EQ(logs[0].size(), static_cast<size_t>(kSteps - logs[0].begin()->first + 1))
+      << "replica 0 committed every step from its first to the end";
+  const int64_t longest = longest_wait(logs[0]);
+  std::printf("the other replica's longest wait between commits: %lld ms\n", static_cast<long long>(longest));
+  EXPECT_LT(longest, 3500) << "the heartbeat timeout (1 s), the verdict and a new group, with slack: not the 5 s stop";
+  EXPECT_EQ(logs[1].rbegin()->first, kSteps) << "the silent replica came back and committed to the end";
+  EXPECT_NE(lighthouse.output().find("replica 'replica-1' sent no heartbeat for"), std::string::npos)
+      << lighthouse.output();
+  const std::string out = runs[0]->output();
+  EXPECT_NE(out.find("the lighthouse declared replica 'replica-1' (no heartbeat for"), std::string::npos) << out;
+  EXPECT_NE(runs[1]->output().find(", healed,"), std::string::npos) << runs[1]->output();
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 
 #include "dtrain/dtrain.h"
 #include "harness/assertions.h"
+#include "harness/ft_replicas.h"
 #include "harness/scoped_env.h"
 #include "harness/thread_ranks.h"
 #include "harness/training.h"
@@ -26,53 +27,6 @@ namespace dtrain::testing {
 namespace {
 
 using namespace std::chrono_literals;
-
-at::Tensor flat_parameters(torch::nn::Module& m) {
-  std::vector<at::Tensor> ps;
-  for (auto& p : m.parameters()) ps.push_back(p.detach().flatten());
-  return torch::cat(ps).clone();
-}
-
-// The replicas' first lives start training together, once every manager
-// has registered with the lighthouse (its heartbeat thread does so at
-// once): no replica forms a first quorum alone.
-class StartLine {
- public:
-  explicit StartLine(int n) : n_(n) {}
-  void arrive_and_wait() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    if (++arrived_ == n_) {
-      lock.unlock();
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      lock.lock();
-      released_ = true;
-      cv_.notify_all();
-    }
-    cv_.wait(lock, [&] { return released_; });
-  }
-
- private:
-  int n_, arrived_ = 0;
-  bool released_ = false;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-};
-
-// Threads, each its own body; the first exception of each fails the test.
-void run_threads(int n, const std::function<void(int)>& body) {
-  std::vector<std::string> errors(n);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < n; ++t)
-    threads.emplace_back([&, t] {
-      try {
-        body(t);
-      } catch (const std::exception& e) {
-        errors[t] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (int t = 0; t < n; ++t) EXPECT_EQ(errors[t], "") << "thread " << t;
-}
 
 TEST(FaultTolerance, TwoReplicasOfTwoRanksUnderFtDdpEqualFourRankDdpBitwiseOver200Steps) {
   // Both sides sum in the same order: recursive doubling over four ranks
@@ -134,16 +88,6 @@ TEST(FaultTolerance, TwoReplicasOfTwoRanksUnderFtDdpEqualFourRankDdpBitwiseOver2
         << (flat_parameters(*ft_nets[t]) - flat_parameters(*ref_nets[t])).abs().max().item<double>();
   }
 }
-
-// What each replica's parameters were after each step it committed.
-struct CommitLog {
-  std::mutex mutex;
-  std::map<int64_t, std::map<std::string, at::Tensor>> after;
-  void record(int64_t step, const std::string& replica, const at::Tensor& params) {
-    std::lock_guard<std::mutex> lock(mutex);
-    after[step][replica] = params;
-  }
-};
 
 TEST(FaultTolerance, AReplicaThatDiesMidStepIsDroppedAndItsReturnHealsItBitwiseFromALivePeer) {
   constexpr int64_t kDieAt = 20, kCap = 3000, kAfterReturn = 10;  // (the cap: survivors outlast c's 1 s away)

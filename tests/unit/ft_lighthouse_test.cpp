@@ -3,11 +3,15 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <mutex>
 #include <thread>
 
 #include "dtrain/errors.h"
 #include "dtrain/ft/lighthouse.h"
+#include "dtrain/store/hash_store.h"
 #include "dtrain/store/tcp_store.h"
+#include "ft/abandonable_store.h"
 #include "ft/lighthouse_link.h"
 #include "ft/protocol.h"
 #include "ft/quorum_rule.h"
@@ -57,6 +61,21 @@ TEST(FtProtocol, RequestsAndAnswersSurviveTheirRoundTripAndHostileTextIsRefusedB
             std::string::npos);
 }
 
+TEST(FtProtocol, VerdictsSurviveTheirRoundTripAndHostileOnesAreRefusedByName) {
+  const std::vector<protocol::Death> deaths{{"b", 1200}, {"c.2", 5001}};
+  const auto back = protocol::parse_deaths(protocol::encode(deaths));
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[1].replica, "c.2");
+  EXPECT_EQ(back[1].silent_ms, 5001);
+  EXPECT_EQ(protocol::describe(back), "replica 'b' (no heartbeat for 1200 ms), replica 'c.2' (no heartbeat for 5001 ms)");
+  EXPECT_NE(what_thrown<Error>([] { protocol::parse_deaths(""); }).find("names no replica"), std::string::npos);
+  EXPECT_NE(what_thrown<Error>([] { protocol::parse_deaths("dead b"); }).find("has no silence"), std::string::npos);
+  EXPECT_NE(what_thrown<Error>([] { protocol::parse_deaths("dead b/c 1"); }).find("replica id 'b/c' is not"),
+            std::string::npos);
+  EXPECT_NE(what_thrown<Error>([] { protocol::parse_deaths("alive b 1"); }).find("unknown field 'alive'"),
+            std::string::npos);
+}
+
 TEST(FtQuorumRule, FormsOnTheFastPathOnceEveryLiveReplicaAsksOrAfterTheJoinTimeout) {
   const auto t0 = Clock::now();
   QuorumInputs in;
@@ -98,6 +117,16 @@ TEST(FtQuorumRule, ReplicasBehindHealFromOnesAtTheHighestStepAndInitSyncTakesThe
   EXPECT_EQ(view_of(start, "b", true, true).heal_source, 0);
   EXPECT_FALSE(view_of(start, "b", false, true).healing()) << "without init_sync step 0 is taken as equal";
   EXPECT_NE(what_thrown<Error>([&] { view_of(start, "z", true, true); }).find("does not hold replica 'z'"), std::string::npos);
+
+  // Who participates: asynchronously the members up to date (b, healing,
+  // does not); a fixed number keeps the first of them, the rest spares.
+  EXPECT_EQ(view_of(a, "b", true, true).participant, -1);
+  EXPECT_EQ(view_of(a, "c", true, true).participant, 1);
+  EXPECT_EQ(view_of(a, "c", true, true, 1).participant, -1) << "a spare";
+  EXPECT_EQ(view_of(a, "c", true, true, 1).participants, 1);
+  EXPECT_EQ(view_of(a, "d", true, false, 3).participant, -1) << "synchronous: a, b, c participate, d is spare";
+  EXPECT_EQ(view_of(a, "b", true, false, 3).participant, 1);
+  EXPECT_EQ(view_of(a, "b", true, false, 8).participants, 4) << "fewer members than the fixed number: all";
 }
 
 // A replica as the lighthouse sees it: requests on one connection,
@@ -176,6 +205,77 @@ TEST(FtLighthouse, AQuorumHoldsEveryLiveReplicaAndADeadOneIsDroppedAfterTheHeart
   EXPECT_NE(qa.quorum_id, first_id);
   EXPECT_GE(waited, 300ms) << "b was live until its heartbeats stopped for the timeout";
   EXPECT_LT(waited, 2s);
+}
+
+// A member of the newest quorum whose heartbeats stop is declared dead in
+// that quorum once they stay away for the heartbeat timeout, under a key
+// that a watcher of that quorum hears once (and the next quorum deletes).
+TEST(FtLighthouse, AMemberWhoseHeartbeatsStopIsDeclaredDeadAndItsQuorumsWatchersHearItOnce) {
+  Lighthouse lighthouse(LighthouseOptions().port(0).heartbeat_timeout(400ms).tick(20ms).join_timeout(30s));
+  FakeReplica a(lighthouse, "a"), b(lighthouse, "b");
+  a.register_now();
+  b.register_now();
+  a.start_beating();
+  b.start_beating();
+  protocol::Answer qa;
+  std::thread tb([&] { b.ask(0); });
+  qa = a.ask(0);
+  tb.join();
+  ASSERT_EQ(qa.members.size(), 2u);
+  std::mutex mutex;
+  std::vector<std::pair<std::string, std::vector<protocol::Death>>> heard;
+  std::chrono::steady_clock::time_point heard_at;
+  DeathWatch watch({lighthouse.host(), lighthouse.port()}, "", 20ms,
+                   [&](const std::string& q, const std::vector<protocol::Death>& d) {
+                     std::lock_guard<std::mutex> lock(mutex);
+                     heard.emplace_back(q, d);
+                     heard_at = std::chrono::steady_clock::now();
+                   });
+  watch.watch(qa.quorum_id);
+  std::this_thread::sleep_for(600ms);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    EXPECT_TRUE(heard.empty()) << "both beat: no verdict";
+  }
+  b.stop_beating();
+  const auto stopped = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(1500ms);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    ASSERT_EQ(heard.size(), 1u) << "heard once";
+    EXPECT_EQ(heard[0].first, qa.quorum_id);
+    ASSERT_EQ(heard[0].second.size(), 1u);
+    EXPECT_EQ(heard[0].second[0].replica, "b");
+    EXPECT_GE(heard[0].second[0].silent_ms, 400);
+    EXPECT_GE(heard_at - stopped, 350ms);
+    EXPECT_LT(heard_at - stopped, 1000ms) << "the heartbeat timeout, a tick and a look";
+  }
+  EXPECT_EQ(lighthouse.status().deaths, 1);
+  TcpStore look(TcpStoreOptions().host(lighthouse.host()).port(lighthouse.port()));
+  EXPECT_TRUE(look.check({protocol::dead_key(qa.quorum_id)}));
+  EXPECT_EQ(a.ask(1).members.size(), 1u);
+  EXPECT_FALSE(look.check({protocol::dead_key(qa.quorum_id)})) << "the next quorum deletes the verdict";
+}
+
+// A wait given up: at the next slice after the reason appears, not at the
+// wait's timeout; a wait that times out says how long it waited.
+TEST(FtAbandonableStore, AWaitIsGivenUpWithinASliceOfItsReasonAndATimeoutNamesTheWholeWait) {
+  std::atomic<bool> doomed{false};
+  AbandonableStore store(std::make_shared<HashStore>(), [&] { return doomed ? std::string("b is dead") : ""; }, 20ms);
+  std::thread doom([&] {
+    std::this_thread::sleep_for(200ms);
+    doomed = true;
+  });
+  const auto start = std::chrono::steady_clock::now();
+  const std::string e = what_thrown<NetworkError>([&] { store.wait({"k"}, 30s); });
+  const auto waited = std::chrono::steady_clock::now() - start;
+  doom.join();
+  EXPECT_EQ(e, "waiting for key 'k' was given up: b is dead");
+  EXPECT_LT(waited, 1s);
+  doomed = false;
+  EXPECT_EQ(what_thrown<TimeoutError>([&] { store.wait({"k", "l"}, 70ms); }), "waited 70 ms for keys in vain");
+  store.set("k", "v");
+  EXPECT_EQ(store.get_string("k"), "v");
 }
 
 // The CI-less failure of this session's first process run: a replica

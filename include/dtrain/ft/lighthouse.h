@@ -27,6 +27,13 @@
 //    and its manager's fingerprint of the state); a replica that asks with
 //    another is answered with an error naming both, and nothing else is
 //    disturbed.
+//  - A member of the newest quorum whose heartbeats stop for
+//    heartbeat_timeout is declared dead in that quorum (a verdict every
+//    rank of the other members watches for): their cross-replica groups
+//    are aborted at once, so a replica that went silent (a host lost, a
+//    link cut, a process stopped) costs the others heartbeat_timeout and
+//    not their operations' timeout. A death that closes the connections
+//    (a process killed) is known sooner, from them.
 //  - A lighthouse that dies takes no replica with it: their quorum
 //    requests fail (each such step is not committed) until a lighthouse
 //    answers at the same address again; a new one forms quorums from the
@@ -67,6 +74,7 @@ struct LighthouseStatus {
   int64_t quorums = 0;               // answers given (one per member per quorum)
   int64_t refused = 0;               // requests answered with an error
   int64_t replicas = 0;              // replicas it follows (live, or silent for under ten heartbeat timeouts)
+  int64_t deaths = 0;                // members declared dead in their quorum
 };
 
 class Lighthouse {

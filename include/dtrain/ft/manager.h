@@ -21,9 +21,9 @@
 //   }
 //
 // torchft's names, side by side: Manager(pg, load_state_dict, state_dict,
-// min_replica_size, use_async_quorum, init_sync, timeout, quorum_timeout)
-// -> Manager(state, ManagerOptions().min_replicas().async_quorum()
-// .init_sync().timeout().quorum_timeout()); start_quorum(), should_commit(),
+// min_replica_size, use_async_quorum, init_sync, timeout, quorum_timeout,
+// world_size_mode) -> Manager(state, ManagerOptions().min_replicas()
+// .async_quorum().init_sync().timeout().quorum_timeout().world_size_mode()); start_quorum(), should_commit(),
 // allreduce(), current_step(), num_participants(), is_participating(),
 // report_error(), errored() are the same. DistributedDataParallel(manager,
 // module) is DDP with allreduce_hook(manager); REPLICA_GROUP_ID and
@@ -47,7 +47,9 @@
 //    bitwise equal to them. With init_sync, at step 0 every member takes
 //    the first member's state.
 //  - allreduce() averages a tensor over the step's participants (members at
-//    the highest step; a member healing asynchronously contributes zeros).
+//    the highest step, or the first min_replicas of them with
+//    kFixedWithSpares); a member healing asynchronously, or a spare,
+//    contributes zeros and takes the average all the same.
 //  - Errors of the cross-replica traffic (a peer that died: a closed
 //    connection, a timeout; no quorum within quorum_timeout; a heal that
 //    failed its checks) never throw out of these calls: they mark the step,
@@ -66,6 +68,7 @@
 
 #include <chrono>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -81,6 +84,15 @@ struct DistributedState;
 
 namespace dtrain::ft {
 
+// What the global batch does when replicas come and go (torchft's
+// WorldSizeMode): kDynamic, every member at the quorum's step participates
+// (the batch shrinks and grows with them); kFixedWithSpares, exactly
+// min_replicas participate (the first in id order) and the others are
+// spares: their gradients count as zeros, they take the same update and so
+// hold the same state, and one stands in at the next step when a
+// participant dies.
+enum class WorldSizeMode { kDynamic, kFixedWithSpares };
+
 struct ManagerOptions {
   // The lighthouse, "host:port"; empty: DTRAIN_FT_LIGHTHOUSE.
   DTRAIN_ARG(std::string, lighthouse) = "";
@@ -95,6 +107,7 @@ struct ManagerOptions {
   DTRAIN_ARG(std::shared_ptr<Store>, store) = nullptr;
   // Steps commit only with at least this many replicas in the quorum.
   DTRAIN_ARG(int, min_replicas) = 1;
+  DTRAIN_ARG(WorldSizeMode, world_size_mode) = WorldSizeMode::kDynamic;
   // Quorum on a thread of its own, overlapping the forward (a healing
   // replica's gradients of that step do not count); false: start_quorum()
   // returns once the quorum is formed and this replica healed, and every
@@ -134,6 +147,7 @@ struct QuorumInfo {
   int replica_rank = 0;              // this replica among them
   int64_t max_step = 0;
   int participants = 0;
+  bool participating = false;  // its gradients count (not a spare, not healing asynchronously)
   bool healing = false;
 };
 
@@ -142,7 +156,9 @@ class Manager {
   // Connects to the lighthouse (the replica's first rank also starts its
   // heartbeats) and checks the options; the state is read when a peer
   // heals from this replica and written when this one heals, and must
-  // outlive the manager.
+  // outlive the manager. It may be filled after construction, up to the
+  // first start_quorum() (which fingerprints its layout for the
+  // lighthouse).
   Manager(checkpoint::DistributedState& state, ManagerOptions options = ManagerOptions());
   ~Manager();
   Manager(const Manager&) = delete;
@@ -153,7 +169,9 @@ class Manager {
   // committed step across failures: the step's block starts where the
   // committed ones end (a number the manager keeps and a healing replica
   // takes from its peer), is `per_rank` x the replica's ranks x the
-  // quorum's members long, and is cut in that order (member, then rank).
+  // step's participants long, and is cut in that order (participant, then
+  // rank). A spare's share is empty (count 0): its gradients count as zeros,
+  // so any batch will do for its forward.
   // A step that does not commit leaves its block to the next. Needs
   // async_quorum(false), so that every member, a healed one included, trains
   // its share (InvalidArgument otherwise); call it after start_quorum().
@@ -161,8 +179,13 @@ class Manager {
   // Samples committed so far (step_samples' blocks).
   int64_t committed_samples() const;
   // Averages `tensor` (a CPU tensor) over the participants, in place; on an
-  // error marks the step and leaves the tensor as it was.
+  // error marks the step (the tensor's values are then any: the step does
+  // not commit).
   void allreduce(at::Tensor tensor);
+  // The same, returning at once (torchft's allreduce returns a Future): the
+  // Work finishes once the average is in `tensor` or the error is recorded;
+  // it never fails.
+  WorkPtr allreduce_async(at::Tensor tensor);
   bool should_commit();
 
   // Records an error of this step (the step will not commit).
@@ -173,6 +196,8 @@ class Manager {
   int64_t current_step() const;
   // Waits for the step's quorum; 0 when it failed.
   int num_participants();
+  // Whether this replica's gradients count in the step (not healing
+  // asynchronously, not a spare).
   bool is_participating();
   QuorumInfo quorum();
   // The replica's ranks, and this rank's cross-replica group of the step
@@ -189,5 +214,16 @@ class Manager {
 // replicas (the quorum's participants): plug it into a
 // DistributedDataParallel over the replica's group.
 CommHook allreduce_hook(Manager& manager);
+
+// FT-HSDP: FSDP sharded over the replica's ranks, each unit's gradient
+// shard averaged over the live replicas (the same place's rank of each
+// holds the same shard):
+//   FullyShardedDataParallel fsdp(net, FSDPOptions()
+//       .process_group(replica)              // the group the manager was given
+//       .replicate_average(ft::replicate_average(manager)));
+// Build the manager's DistributedState from the FSDP model
+// (checkpoint::add_fsdp, add_fsdp_optimizer) after wrapping it: a healing
+// rank takes its own shard from the same place of a live replica.
+std::function<WorkPtr(at::Tensor)> replicate_average(Manager& manager);
 
 }  // namespace dtrain::ft
