@@ -15,7 +15,9 @@
 // silent mid-step (--stop-at-step: SIGSTOP, as a lost host leaves its
 // connections open): the lighthouse declares the replica dead after its
 // heartbeat timeout and the others go on; a SIGCONT lets it heal and
-// rejoin.
+// rejoin. Inside a replica the model is DDP's, or FSDP's with --fsdp
+// (FT-HSDP). --baseline-snapshot-every trains the same job without fault
+// tolerance, for comparison (bench/scripts/ft_kills_netns.sh).
 
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
@@ -24,9 +26,12 @@
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iostream>
+#include <memory>
 #include <thread>
 
+#include "dtrain/checkpoint/snapshot.h"
 #include "dtrain/data/fashion_mnist.h"
 #include "dtrain/dtrain.h"
 
@@ -41,11 +46,19 @@ struct MlpImpl : torch::nn::Module {
 };
 TORCH_MODULE(Mlp);
 
-// The parameters' bytes, hashed (64-bit FNV-1a): equal on replicas whose
+struct Flags {
+  int replica_index = 0, batch = 32, log_every = 50, step_ms = 0, min_replicas = 1;
+  int64_t steps = 300, die_at_step = -1, stop_at_step = -1, baseline_snapshot_every = 0;
+  bool fixed_batch = false, fsdp = false;
+  std::string lighthouse, commit_log, data = dtrain::FashionMNIST::kDefaultRoot;
+  double lr = 0.05;
+};
+
+// The tensors' bytes, hashed (64-bit FNV-1a): equal on replicas whose
 // states are bitwise equal.
-std::string state_hash(torch::nn::Module& m) {
+std::string hash_of(const std::vector<torch::Tensor>& tensors) {
   uint64_t h = 1469598103934665603ull;
-  for (const auto& p : m.parameters()) {
+  for (const auto& p : tensors) {
     auto t = p.detach().contiguous();
     const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
     for (size_t i = 0; i < t.nbytes(); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
@@ -61,151 +74,236 @@ std::string members_text(const std::vector<std::string>& members) {
   return out;
 }
 
+// Sample i of the job is sample order_e[i mod N] of epoch e = i / N, in a
+// seeded order that every replica draws alike.
+class SampleOrder {
+ public:
+  explicit SampleOrder(const dtrain::FashionMNIST& train) : train_(train) {}
+  std::pair<torch::Tensor, torch::Tensor> batch(int64_t first, int64_t count) {
+    const int64_t n = dtrain::FashionMNIST::kTrainSize;
+    std::vector<int64_t> idx;
+    for (int64_t i = first; i < first + count; ++i) {
+      if (i / n != epoch_) {
+        epoch_ = i / n;
+        torch::manual_seed(1000 + epoch_);
+        order_ = torch::randperm(n, torch::kLong);
+      }
+      idx.push_back(order_[i % n].item<int64_t>());
+    }
+    auto index = torch::tensor(idx, torch::kLong);
+    return {train_.images().index_select(0, index), train_.targets().index_select(0, index)};
+  }
+
+ private:
+  const dtrain::FashionMNIST& train_;
+  int64_t epoch_ = -1;
+  torch::Tensor order_;
+};
+
+// "<step> <hash> <unix ms> <first sample> <samples> <members>", appended.
+void log_commit(const std::string& path, int64_t step, const std::string& hash, const dtrain::ft::StepSamples& s,
+                const std::string& members) {
+  if (path.empty()) return;
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count();
+  std::ofstream(path, std::ios::app) << step << " " << hash << " " << ms << " " << s.step_first << " "
+                                     << s.step_count << " " << members << std::endl;
+}
+
+// The model as this run wraps it (DDP or FSDP), its optimizer and its state.
+struct Wrapped {
+  std::function<torch::Tensor(torch::Tensor)> forward;
+  std::function<std::string()> hash;  // this rank's parameters (its shards under FSDP)
+  std::unique_ptr<torch::optim::SGD> opt;
+  std::shared_ptr<void> holder;
+};
+
+// DDP (its gradients through `hook`), or FSDP over `fsdp_options`; `state`
+// gets what a healing or restoring rank takes.
+Wrapped wrap(Mlp net, const Flags& f, const dtrain::CommHook& hook, const dtrain::FSDPOptions& fsdp_options,
+             dtrain::checkpoint::DistributedState& state) {
+  Wrapped w;
+  const auto sgd = torch::optim::SGDOptions(f.lr).momentum(0.9);
+  if (f.fsdp) {
+    auto fsdp = std::make_shared<dtrain::FullyShardedDataParallel<MlpImpl>>(net.ptr(), fsdp_options);
+    w.opt = std::make_unique<torch::optim::SGD>(fsdp->parameters(), sgd);
+    dtrain::checkpoint::add_fsdp(state, *fsdp, *w.opt);
+    w.forward = [fsdp](torch::Tensor x) { return fsdp->forward(x); };
+    w.hash = [fsdp] { return hash_of(fsdp->parameters()); };
+    w.holder = fsdp;
+    return w;
+  }
+  auto ddp = std::make_shared<dtrain::DistributedDataParallel<MlpImpl>>(net.ptr());
+  if (hook) ddp->register_comm_hook(hook);
+  w.opt = std::make_unique<torch::optim::SGD>(net->parameters(), sgd);
+  dtrain::checkpoint::add_module(state, *net);
+  dtrain::checkpoint::add_optimizer(state, *w.opt, *net);
+  w.forward = [ddp](torch::Tensor x) { return ddp->forward(x); };
+  w.hash = [net] { return hash_of(net->parameters()); };
+  w.holder = ddp;
+  return w;
+}
+
+// Fault injection: --die-at-step (SIGKILL, first life) before the step's
+// quorum, --stop-at-step (SIGSTOP, once) after it.
+void maybe_die(Flags& f, const std::string& replica, int rank, int64_t step, bool first_life, bool after_quorum) {
+  if (!after_quorum && first_life && step == f.die_at_step) {
+    std::cout << replica << " rank " << rank << ": dying at step " << step << " (--die-at-step)" << std::endl;
+    std::raise(SIGKILL);
+  }
+  if (after_quorum && step == f.stop_at_step) {
+    f.stop_at_step = -1;
+    std::cout << replica << " rank " << rank << ": going silent at step " << step << " (--stop-at-step)" << std::endl;
+    std::raise(SIGSTOP);
+  }
+}
+
+std::string why_not_committed(const dtrain::ft::Manager& manager) {
+  try {
+    if (auto e = manager.errored()) std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  }
+  return "no quorum";
+}
+
+int run_replica(Flags f, const dtrain::FashionMNIST& train) {
+  const int rank = dtrain::get_rank();
+  const std::string replica = std::getenv("DTRAIN_FT_REPLICA_ID") ? std::getenv("DTRAIN_FT_REPLICA_ID")
+                                                                   : "replica-" + std::to_string(f.replica_index);
+  const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  const bool first_life = !restarts || std::string(restarts) == "0";
+  torch::manual_seed(f.replica_index);  // replicas start apart: the first quorum syncs them (init_sync)
+  Mlp net;
+  dtrain::checkpoint::DistributedState state;  // filled by wrap(), before the first quorum
+  // A synchronous quorum: a replica that heals does so before its forward,
+  // so every member trains its share and each sample is trained once.
+  dtrain::ft::Manager manager(state, dtrain::ft::ManagerOptions()
+                                         .lighthouse(f.lighthouse)
+                                         .replica_id(replica)
+                                         .async_quorum(false)
+                                         .min_replicas(f.min_replicas)
+                                         .world_size_mode(f.fixed_batch ? dtrain::ft::WorldSizeMode::kFixedWithSpares
+                                                                        : dtrain::ft::WorldSizeMode::kDynamic));
+  auto model = wrap(net, f, dtrain::ft::allreduce_hook(manager),
+                    dtrain::FSDPOptions()
+                        .process_group(dtrain::default_group())
+                        .replicate_average(dtrain::ft::replicate_average(manager)),
+                    state);
+  SampleOrder order(train);
+  int64_t uncommitted = 0, loss_count = 0;
+  double loss_sum = 0;
+  while (manager.current_step() < f.steps) {
+    const auto started = std::chrono::steady_clock::now();
+    const int64_t step = manager.current_step();
+    maybe_die(f, replica, rank, step, first_life, false);
+    manager.start_quorum();
+    maybe_die(f, replica, rank, step, first_life, true);
+    const auto samples = manager.step_samples(f.batch);
+    // A spare's share is empty: its gradients count as zeros, any batch will do.
+    auto [x, y] = order.batch(samples.first, samples.count > 0 ? samples.count : f.batch);
+    model.opt->zero_grad();
+    auto loss = torch::cross_entropy_loss(model.forward(x), y);
+    loss.backward();
+    if (manager.should_commit()) {
+      model.opt->step();
+      loss_sum += loss.item<double>();
+      ++loss_count;
+      const auto q = manager.quorum();
+      if (rank == 0) log_commit(f.commit_log, manager.current_step(), model.hash(), samples, members_text(q.members));
+      if (rank == 0 && (manager.current_step() % f.log_every == 0 || q.healing)) {
+        std::cout << replica << ": step " << manager.current_step() << " committed, quorum of " << q.members.size()
+                  << " (" << members_text(q.members) << ")" << (q.healing ? ", healed" : "")
+                  << (q.participating ? "" : ", spare") << ", loss " << loss_sum / loss_count << ", " << uncommitted
+                  << " not committed so far" << std::endl;
+        loss_sum = 0;
+        loss_count = 0;
+      }
+    } else {
+      ++uncommitted;
+      if (rank == 0) std::cout << replica << ": step " << step << " not committed: " << why_not_committed(manager) << std::endl;
+    }
+    std::this_thread::sleep_until(started + std::chrono::milliseconds(f.step_ms));
+  }
+  if (rank == 0)
+    std::cout << replica << ": done, " << manager.current_step() << " steps committed, " << uncommitted
+              << " not committed, state " << model.hash() << std::endl;
+  return 0;
+}
+
+// The same training without fault tolerance: every node's dtrain-run one
+// job (HSDP over nodes x ranks with --fsdp, else DDP), a snapshot in
+// peers' memory every N steps, resumed from after a restart.
+int run_baseline(const Flags& f, const dtrain::FashionMNIST& train) {
+  const int rank = dtrain::get_rank(), world = dtrain::get_world_size();
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
+  const int per_node = local ? std::stoi(local) : world;
+  torch::manual_seed(0);
+  Mlp net;
+  dtrain::checkpoint::DistributedState state;
+  auto mesh = dtrain::init_device_mesh({world / per_node, per_node}, {"replicate", "shard"});
+  auto model = wrap(net, f, nullptr, dtrain::FSDPOptions().mesh(mesh), state);
+  int64_t start = 0;
+  if (auto step = dtrain::checkpoint::restore_snapshot(state)) start = *step + 1;
+  if (rank == 0) std::cout << "baseline: " << (start ? "resumed at step " + std::to_string(start) : "fresh start") << std::endl;
+  SampleOrder order(train);
+  dtrain::checkpoint::AsyncSnapshot pending;
+  const int64_t global = static_cast<int64_t>(f.batch) * world;
+  for (int64_t step = start; step < f.steps; ++step) {
+    dtrain::ft::StepSamples s;
+    s.step_first = step * global;
+    s.step_count = global;
+    auto [x, y] = order.batch(s.step_first + static_cast<int64_t>(rank) * f.batch, f.batch);
+    model.opt->zero_grad();
+    torch::cross_entropy_loss(model.forward(x), y).backward();
+    model.opt->step();
+    if (rank == 0) log_commit(f.commit_log, step + 1, model.hash(), s, "job");
+    if ((step + 1) % f.baseline_snapshot_every == 0) pending = dtrain::checkpoint::async_snapshot(step, state);
+  }
+  if (pending.valid()) pending.wait();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Fashion-MNIST trained by fault-tolerant replica groups (run each replica under dtrain-run)"};
-  int replica_index = 0, batch = 32, log_every = 50, step_ms = 0, min_replicas = 1;
-  bool fixed_batch = false;
-  int64_t steps = 300, die_at_step = -1, stop_at_step = -1;
-  std::string lighthouse, commit_log, data = dtrain::FashionMNIST::kDefaultRoot;
-  double lr = 0.05;
-  app.add_option("--replica-index", replica_index, "this replica's number: its id is replica-<k>, its seed k");
-  app.add_option("--lighthouse", lighthouse, "host:port of dtrain-lighthouse (default: DTRAIN_FT_LIGHTHOUSE)");
-  app.add_option("--steps", steps, "steps to commit")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-  app.add_option("--batch", batch, "samples per rank and step")->check(CLI::Range(1, 1 << 16));
-  app.add_option("--lr", lr, "SGD learning rate (momentum 0.9)");
-  app.add_option("--min-replicas", min_replicas, "steps commit only with at least this many replicas")
+  Flags f;
+  app.add_option("--replica-index", f.replica_index, "this replica's number: its id is replica-<k>, its seed k");
+  app.add_option("--lighthouse", f.lighthouse, "host:port of dtrain-lighthouse (default: DTRAIN_FT_LIGHTHOUSE)");
+  app.add_option("--steps", f.steps, "steps to commit")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  app.add_option("--batch", f.batch, "samples per rank and step")->check(CLI::Range(1, 1 << 16));
+  app.add_option("--lr", f.lr, "SGD learning rate (momentum 0.9)");
+  app.add_option("--min-replicas", f.min_replicas, "steps commit only with at least this many replicas")
       ->check(CLI::Range(1, 1 << 16));
-  app.add_flag("--fixed-batch", fixed_batch,
+  app.add_flag("--fixed-batch", f.fixed_batch,
                "exactly --min-replicas replicas train each step (a fixed global batch); the others are spares that "
                "stand in when one dies (torchft's FIXED_WITH_SPARES)");
-  app.add_option("--die-at-step", die_at_step,
+  app.add_flag("--fsdp", f.fsdp, "FSDP inside each replica, sharded over its ranks (FT-HSDP); default DDP");
+  app.add_option("--die-at-step", f.die_at_step,
                  "fault injection: every worker of this replica kills itself (SIGKILL) at this step, in its first life");
-  app.add_option("--stop-at-step", stop_at_step,
+  app.add_option("--stop-at-step", f.stop_at_step,
                  "fault injection: every worker of this replica stops itself (SIGSTOP) at this step once its quorum "
                  "formed, once; SIGCONT resumes it");
-  app.add_option("--step-ms", step_ms, "pad each step to at least this many milliseconds (to watch it live)")
+  app.add_option("--step-ms", f.step_ms, "pad each step to at least this many milliseconds (to watch it live)")
       ->check(CLI::Range(0, 60000));
-  app.add_option("--log-every", log_every, "a progress line every this many steps")->check(CLI::Range(1, 1 << 30));
-  app.add_option("--commit-log", commit_log,
+  app.add_option("--log-every", f.log_every, "a progress line every this many steps")->check(CLI::Range(1, 1 << 30));
+  app.add_option("--commit-log", f.commit_log,
                  "append '<step> <state hash> <unix ms> <first sample> <samples> <members>' here at each commit "
                  "(rank 0)");
-  app.add_option("--data", data, "Fashion-MNIST's directory");
+  app.add_option("--baseline-snapshot-every", f.baseline_snapshot_every,
+                 "for comparison, no fault tolerance: every node's dtrain-run is one job (HSDP over nodes x ranks "
+                 "with --fsdp), a snapshot in peers' memory every N steps, resumed from after a restart")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  app.add_option("--data", f.data, "Fashion-MNIST's directory");
   CLI11_PARSE(app, argc, argv);
   try {
     dtrain::init_process_group();
-    const int rank = dtrain::get_rank();
-    const std::string replica =
-        std::getenv("DTRAIN_FT_REPLICA_ID") ? std::getenv("DTRAIN_FT_REPLICA_ID") : "replica-" + std::to_string(replica_index);
-    const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT");
-    const bool first_life = !restarts || std::string(restarts) == "0";
-
-    dtrain::FashionMNIST train(data);
-    torch::manual_seed(replica_index);  // replicas start apart: the first quorum syncs them (init_sync)
-    Mlp net;
-    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(lr).momentum(0.9));
-    dtrain::checkpoint::DistributedState state;
-    dtrain::checkpoint::add_module(state, *net);
-    dtrain::checkpoint::add_optimizer(state, opt, *net);
-    // A synchronous quorum: a replica that heals does so before its forward,
-    // so every member trains its share and each sample is trained once.
-    dtrain::ft::Manager manager(state, dtrain::ft::ManagerOptions()
-                                           .lighthouse(lighthouse)
-                                           .replica_id(replica)
-                                           .async_quorum(false)
-                                           .min_replicas(min_replicas)
-                                           .world_size_mode(fixed_batch ? dtrain::ft::WorldSizeMode::kFixedWithSpares
-                                                                        : dtrain::ft::WorldSizeMode::kDynamic));
-    dtrain::DistributedDataParallel ddp(net);
-    ddp.register_comm_hook(dtrain::ft::allreduce_hook(manager));
-
-    // Sample i of the job is sample order_e[i mod N] of epoch e = i / N, in
-    // a seeded order that every replica draws alike; the manager hands each
-    // rank its share of each step, every sample in one committed step.
-    const int64_t n = dtrain::FashionMNIST::kTrainSize;
-    int64_t order_epoch = -1;
-    torch::Tensor order;
-    auto batch_of = [&](const dtrain::ft::StepSamples& s) {
-      std::vector<int64_t> idx;
-      for (int64_t i = s.first; i < s.first + s.count; ++i) {
-        if (i / n != order_epoch) {
-          order_epoch = i / n;
-          torch::manual_seed(1000 + order_epoch);
-          order = torch::randperm(n, torch::kLong);
-        }
-        idx.push_back(order[i % n].item<int64_t>());
-      }
-      auto index = torch::tensor(idx, torch::kLong);
-      return std::make_pair(train.images().index_select(0, index), train.targets().index_select(0, index));
-    };
-
-    int64_t uncommitted = 0;
-    double loss_sum = 0;
-    int loss_count = 0;
-    while (manager.current_step() < steps) {
-      const auto started = std::chrono::steady_clock::now();
-      const int64_t step = manager.current_step();
-      if (first_life && step == die_at_step) {
-        std::cout << replica << " rank " << rank << ": dying at step " << step << " (--die-at-step)" << std::endl;
-        std::raise(SIGKILL);
-      }
-      manager.start_quorum();
-      if (step == stop_at_step) {
-        stop_at_step = -1;
-        std::cout << replica << " rank " << rank << ": going silent at step " << step << " (--stop-at-step)"
-                  << std::endl;
-        std::raise(SIGSTOP);
-      }
-      const auto samples = manager.step_samples(batch);
-      auto share = samples;
-      if (share.count == 0) share.count = batch;  // a spare: its gradients count as zeros, any batch will do
-      auto [x, y] = batch_of(share);
-      opt.zero_grad();
-      auto loss = torch::cross_entropy_loss(ddp.forward(x), y);
-      loss.backward();
-      if (manager.should_commit()) {
-        opt.step();
-        loss_sum += loss.item<double>();
-        ++loss_count;
-        const auto q = manager.quorum();
-        if (rank == 0 && !commit_log.empty()) {
-          std::ofstream(commit_log, std::ios::app)
-              << manager.current_step() << " " << state_hash(*net) << " "
-              << std::chrono::duration_cast<std::chrono::milliseconds>(
-                     std::chrono::system_clock::now().time_since_epoch())
-                     .count()
-              << " " << samples.step_first << " " << samples.step_count << " " << members_text(q.members) << std::endl;
-        }
-        if (rank == 0 && (manager.current_step() % log_every == 0 || q.healing)) {
-          std::cout << replica << ": step " << manager.current_step() << " committed, quorum of "
-                    << q.members.size() << " (" << members_text(q.members) << ")" << (q.healing ? ", healed" : "")
-                    << (q.participating ? "" : ", spare")
-                    << ", loss " << loss_sum / loss_count << ", " << uncommitted << " not committed so far"
-                    << std::endl;
-          loss_sum = 0;
-          loss_count = 0;
-        }
-      } else {
-        ++uncommitted;
-        if (rank == 0) {
-          auto e = manager.errored();
-          std::string why = "no quorum";
-          try {
-            if (e) std::rethrow_exception(e);
-          } catch (const std::exception& x) {
-            why = x.what();
-          }
-          std::cout << replica << ": step " << step << " not committed: " << why << std::endl;
-        }
-      }
-      std::this_thread::sleep_until(started + std::chrono::milliseconds(step_ms));
-    }
-    if (rank == 0)
-      std::cout << replica << ": done, " << manager.current_step() << " steps committed, " << uncommitted
-                << " not committed, state " << state_hash(*net) << std::endl;
+    const dtrain::FashionMNIST train(f.data);
+    const int code = f.baseline_snapshot_every > 0 ? run_baseline(f, train) : run_replica(f, train);
     dtrain::destroy_process_group();
-    return 0;
+    return code;
   } catch (const dtrain::Error& e) {
     std::cerr << "dtrain-ft-fashion-mnist: " << e.what() << std::endl;
     return 1;

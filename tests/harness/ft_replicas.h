@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include "dtrain/dtrain.h"
+
 namespace dtrain::testing {
 
 inline at::Tensor flat_parameters(torch::nn::Module& m) {
@@ -60,6 +62,30 @@ inline void run_threads(int n, const std::function<void(int)>& body) {
     });
   for (auto& t : threads) t.join();
   for (int t = 0; t < n; ++t) EXPECT_EQ(errors[t], "") << "thread " << t;
+}
+
+// Two replicas ("a", "b") of two thread ranks each around `lighthouse`:
+// body(t, the replica's group, its ranks' ManagerOptions) on thread
+// t = 2 x replica + rank. min_replicas 2; init_sync off (the replicas start
+// from one seed: no step-0 heal, every gradient counts).
+inline void run_two_replicas_of_two(
+    const ft::Lighthouse& lighthouse,
+    const std::function<void(int, std::shared_ptr<ProcessGroup>, ft::ManagerOptions)>& body) {
+  using namespace std::chrono_literals;
+  std::vector<std::shared_ptr<Store>> stores{std::make_shared<HashStore>(30s), std::make_shared<HashStore>(30s)};
+  run_threads(4, [&](int t) {
+    const int replica = t / 2, local = t % 2;
+    auto inner = create_process_group("tcp", stores[replica], local, 2, GroupOptions().name("replica").timeout(30s));
+    body(t, inner,
+         ft::ManagerOptions()
+             .lighthouse(lighthouse.address())
+             .replica_id(replica == 0 ? "a" : "b")
+             .group(inner)
+             .store(stores[replica])
+             .min_replicas(2)
+             .init_sync(false)
+             .timeout(30s));
+  });
 }
 
 // What each replica's parameters were after each step it committed.

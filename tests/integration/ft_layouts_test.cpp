@@ -53,22 +53,10 @@ TEST(FaultTolerance, TwoReplicasOfTwoRanksUnderFtHsdpEqualTwoByTwoHsdpBitwiseOve
   }));
 
   ft::Lighthouse lighthouse(ft::LighthouseOptions().port(0).min_replicas(2));
-  std::vector<std::shared_ptr<Store>> replica_stores{std::make_shared<HashStore>(30s),
-                                                     std::make_shared<HashStore>(30s)};
   std::vector<int64_t> committed(4, 0);
-  run_threads(4, [&](int t) {
-    const int replica = t / 2, local = t % 2;
-    auto inner = create_process_group("tcp", replica_stores[replica], local, 2,
-                                      GroupOptions().name("replica").timeout(30s));
+  run_two_replicas_of_two(lighthouse, [&](int t, std::shared_ptr<ProcessGroup> inner, ft::ManagerOptions options) {
     checkpoint::DistributedState state;  // filled once the model is wrapped, before the first quorum
-    ft::Manager manager(state, ft::ManagerOptions()
-                                   .lighthouse(lighthouse.address())
-                                   .replica_id(replica == 0 ? "a" : "b")
-                                   .group(inner)
-                                   .store(replica_stores[replica])
-                                   .min_replicas(2)
-                                   .init_sync(false)
-                                   .timeout(30s));
+    ft::Manager manager(state, options);
     FullyShardedDataParallel fsdp(
         ft_nets[t], FSDPOptions().process_group(inner).replicate_average(ft::replicate_average(manager)));
     torch::optim::Adam opt(fsdp.parameters(), torch::optim::AdamOptions(1e-2));
@@ -126,8 +114,11 @@ TEST(FaultTolerance, WithSparesTheGlobalBatchStaysFixedAndASpareStandsInForADead
   std::mutex mutex;
   std::map<int64_t, std::pair<int64_t, int64_t>> blocks;  // step -> (first, count) of the whole step
   std::map<std::string, std::vector<bool>> participated;  // per committed step, in order
+  // Made here: threads seeding the one generator at once would each get
+  // some other draw (as a first failure of this test showed, under load).
+  std::vector<std::shared_ptr<MLPImpl>> nets{make_model<MLPImpl>(0), make_model<MLPImpl>(0), make_model<MLPImpl>(0)};
   run_threads(3, [&](int k) {
-    auto net = make_model<MLPImpl>(0);
+    auto net = nets[k];
     torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
     checkpoint::DistributedState state;
     checkpoint::add_module(state, *net);

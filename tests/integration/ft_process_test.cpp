@@ -5,11 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <dirent.h>
 #include <signal.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -75,10 +75,12 @@ int64_t longest_wait(const std::map<int64_t, Commit>& log) {
 // The processes whose parent is `parent`, and whether each is stopped.
 std::vector<std::pair<pid_t, bool>> children_of(pid_t parent) {
   std::vector<std::pair<pid_t, bool>> out;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename();
+  DIR* proc = ::opendir("/proc");  // (not std::filesystem: libtorch 2.x bundles its symbols)
+  if (!proc) return out;
+  while (const dirent* entry = ::readdir(proc)) {
+    const std::string name = entry->d_name;
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(entry.path() / "stat");
+    std::ifstream stat("/proc/" + name + "/stat");
     std::string line;
     if (!std::getline(stat, line)) continue;
     const size_t close = line.rfind(')');  // the command may hold spaces
@@ -87,17 +89,23 @@ std::vector<std::pair<pid_t, bool>> children_of(pid_t parent) {
     pid_t ppid;
     if (rest >> state >> ppid && ppid == parent) out.emplace_back(std::stoi(name), state == 'T');
   }
+  ::closedir(proc);
   return out;
+}
+
+// dtrain-lighthouse on `port` with a heartbeat timeout of 1 s, serving.
+RankProcess& start_lighthouse(ProcessRanks& procs, int port) {
+  auto& lighthouse =
+      procs.spawn({DTRAIN_LIGHTHOUSE_EXECUTABLE, "--port", std::to_string(port), "--heartbeat-timeout", "1"}, {});
+  EXPECT_TRUE(procs.wait_for_output(lighthouse, "serving on", 30s)) << describe(lighthouse);
+  return lighthouse;
 }
 
 TEST(FaultToleranceProcesses, AReplicaKilledWholeIsRestartedHealsAndTheOthersNeverStop) {
   TempDir dir;
   ProcessRanks procs;
   const int lighthouse_port = free_port();
-  auto& lighthouse = procs.spawn({DTRAIN_LIGHTHOUSE_EXECUTABLE, "--port", std::to_string(lighthouse_port),
-                                  "--heartbeat-timeout", "1"},
-                                 {});
-  ASSERT_TRUE(procs.wait_for_output(lighthouse, "serving on", 30s)) << describe(lighthouse);
+  auto& lighthouse = start_lighthouse(procs, lighthouse_port);
   constexpr int kSteps = 200, kDieAt = 40;
   std::vector<RankProcess*> runs;
   for (int k = 0; k < 3; ++k) {
@@ -157,10 +165,7 @@ TEST(FaultToleranceProcesses, AReplicaThatGoesSilentIsDeclaredDeadAndTheOtherGoe
   TempDir dir;
   ProcessRanks procs;
   const int lighthouse_port = free_port();
-  auto& lighthouse = procs.spawn({DTRAIN_LIGHTHOUSE_EXECUTABLE, "--port", std::to_string(lighthouse_port),
-                                  "--heartbeat-timeout", "1"},
-                                 {});
-  ASSERT_TRUE(procs.wait_for_output(lighthouse, "serving on", 30s)) << describe(lighthouse);
+  auto& lighthouse = start_lighthouse(procs, lighthouse_port);
   constexpr int kSteps = 500, kStopAt = 30;  // (the other outlasts the stop: 20 ms steps)
   std::vector<RankProcess*> runs;
   for (int k = 0; k < 2; ++k) {

@@ -51,26 +51,14 @@ TEST(FaultTolerance, TwoReplicasOfTwoRanksUnderFtDdpEqualFourRankDdpBitwiseOver2
   for (const auto& e : errors) ASSERT_EQ(e, "");
 
   ft::Lighthouse lighthouse(ft::LighthouseOptions().port(0).min_replicas(2));
-  std::vector<std::shared_ptr<Store>> replica_stores{std::make_shared<HashStore>(30s),
-                                                     std::make_shared<HashStore>(30s)};
   std::vector<int64_t> committed(4, 0);
-  run_threads(4, [&](int t) {
-    const int replica = t / 2, local = t % 2;
-    auto inner = create_process_group("tcp", replica_stores[replica], local, 2,
-                                      GroupOptions().name("replica").timeout(30s));
+  run_two_replicas_of_two(lighthouse, [&](int t, std::shared_ptr<ProcessGroup> inner, ft::ManagerOptions options) {
     auto net = ft_nets[t];
     torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(1e-2));
     checkpoint::DistributedState state;
     checkpoint::add_module(state, *net);
     checkpoint::add_optimizer(state, opt, *net);
-    ft::Manager manager(state, ft::ManagerOptions()
-                                   .lighthouse(lighthouse.address())
-                                   .replica_id(replica == 0 ? "a" : "b")
-                                   .group(inner)
-                                   .store(replica_stores[replica])
-                                   .min_replicas(2)
-                                   .init_sync(false)  // the same seed: no step-0 heal, every gradient counts
-                                   .timeout(30s));
+    ft::Manager manager(state, options);
     DistributedDataParallel ddp(net, DDPOptions().process_group(inner));
     ddp.register_comm_hook(ft::allreduce_hook(manager));
     for (const auto& b : data) {

@@ -48,6 +48,16 @@ short probe_lock(int fd, off_t start, off_t len) {
   return fl.l_type;
 }
 
+// Takes (F_WRLCK) or drops (F_UNLCK) the lock of byte `slot`; fcntl's result.
+int set_slot_lock(int fd, int slot, short type) {
+  struct flock fl {};
+  fl.l_type = type;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = slot;
+  fl.l_len = 1;
+  return ::fcntl(fd, F_OFD_SETLK, &fl);
+}
+
 }  // namespace
 
 Segment Segment::create(size_t bytes) {
@@ -126,12 +136,7 @@ void Segment::unlink() {
 }
 
 void Segment::lock_slot(int slot) {
-  struct flock fl {};
-  fl.l_type = F_WRLCK;
-  fl.l_whence = SEEK_SET;
-  fl.l_start = slot;
-  fl.l_len = 1;
-  if (::fcntl(fd_, F_OFD_SETLK, &fl) != 0)
+  if (set_slot_lock(fd_, slot, F_WRLCK) != 0)
     throw Error(detail::cat("shm: rank slot ", slot, " of /dev/shm", name_,
                             " is already taken (two ranks with the same rank number?): ",
                             errno_text()));
@@ -140,12 +145,7 @@ void Segment::lock_slot(int slot) {
 bool Segment::slot_locked_by_other(int slot) const { return probe_lock(fd_, slot, 1) != F_UNLCK; }
 
 void Segment::unlock_slot(int slot) {
-  struct flock fl {};
-  fl.l_type = F_UNLCK;
-  fl.l_whence = SEEK_SET;
-  fl.l_start = slot;
-  fl.l_len = 1;
-  ::fcntl(fd_, F_OFD_SETLK, &fl);  // nothing to do about a failure: closing drops it too
+  set_slot_lock(fd_, slot, F_UNLCK);  // nothing to do about a failure: closing drops it too
 }
 
 int remove_stale_segments() {
