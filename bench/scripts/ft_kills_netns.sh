@@ -66,10 +66,11 @@ kill_host() {  # kill_host HOST: its dtrain-run and every worker of it, at once
   kill -9 "$pid" $workers 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
 }
-first_commit_ms() {  # the first commit's unix ms in the given logs (waits for one)
+first_commit_ms() {  # the first commit's unix ms in the logs PATTERN names (waits for one)
+  local pattern=$1 t
   for _ in $(seq 1200); do
-    local t
-    t=$(cat "$@" 2>/dev/null | awk 'NF >= 6 && length($2) == 16 { print $3; exit }')
+    # shellcheck disable=SC2086 # the pattern is expanded now, once the logs exist
+    t=$(awk 'NF >= 6 && length($2) == 16 { print $3; exit }' $pattern 2>/dev/null || true)
     [ -n "$t" ] && { echo "$t"; return; }
     sleep 0.1
   done
@@ -87,7 +88,7 @@ run_mode() {  # run_mode MODE: start, kill on schedule, stop; restarts in $out/M
     sleep 1
   fi
   for h in a b c; do start_host "$mode" $h; done
-  if [ "$mode" = ft ]; then t0=$(first_commit_ms "$out"/ft-*.log); else t0=$(first_commit_ms "$out/base.log"); fi
+  if [ "$mode" = ft ]; then t0=$(first_commit_ms "$out/ft-*.log"); else t0=$(first_commit_ms "$out/base.log"); fi
   echo "$mode: first commit at $t0; $duration s of kills every $kill_every s"
   end=$((t0 + duration * 1000))
   next=$((t0 + kill_every * 1000))
