@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# examples/slurm/ft.sbatch under a real two-node Slurm (slurm_cluster.sh):
+# two replicas of two ranks, each a job step on its node, around the
+# lighthouse on the batch host. Replica 1's step is cancelled mid-run
+# (scancel JOB.STEP: its dtrain-run and workers killed); the script launches
+# it again as a new step, it heals from replica 0 and both commit to the
+# end, while replica 0 never stops: every step it committed from its first
+# to the last, the same state as replica 1 at every step both committed.
+#   ft_sbatch_test.sh DTRAIN_RUN TRAIN LIGHTHOUSE SCRIPT
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+work=$(mktemp -d /tmp/dtrain-ft-sbatch-XXXXXX)
+chmod 755 "$work"
+trap 'rm -rf "$work"' EXIT
+cat >"$work/scenario.sh" <<'SCENARIO'
+set -eu
+run=$1 train=$2 lighthouse=$3 script=$4 work=$5
+cd "$work"
+fail() {
+  echo "ft sbatch: FAIL: $*"
+  for f in "$work"/*.out "$work"/*.log; do [ -f "$f" ] && { echo "--- $f"; tail -25 "$f"; }; done
+  squeue -s 2>&1 | head
+  exit 1
+}
+wait_for() {  # wait_for SECONDS COMMAND...: until it succeeds
+  local limit=$1; shift
+  for _ in $(seq $((limit * 5))); do "$@" && return 0; sleep 0.2; done
+  return 1
+}
+commits() { awk 'NF >= 6 && length($2) == 16' "$1" 2>/dev/null | wc -l; }
+has_commits() { [ "$(commits "$1")" -ge "$2" ]; }
+job_gone() { [ -z "$(squeue -h -j "$1" 2>/dev/null)" ]; }
+steps=600
+export DTRAIN_RUN=$run TRAIN=$train LIGHTHOUSE=$lighthouse NPROC_PER_NODE=2 HEARTBEAT_TIMEOUT=1 RELAUNCH_AFTER=2
+job=$(sbatch --parsable --nodes=2 "$script" --steps $steps --step-ms 20 --log-every 100 \
+  --commit-log "$work/replica-%r.log" | cut -d';' -f1) || fail "sbatch refused the script"
+wait_for 120 has_commits "$work/replica-1.log" 60 || fail "replica 1 did not commit 60 steps"
+step=$(squeue -h -s -j "$job" -o '%i %j' | awk '$2 == "replica-1" { print $1 }')
+[ -n "$step" ] || fail "no step named replica-1 in job $job"
+scancel "$step"
+echo "ft sbatch: cancelled step $step (replica 1) after $(commits "$work/replica-1.log") commits"
+wait_for 240 job_gone "$job" || fail "job $job did not finish"
+out="dtrain-ft-$job.out"
+grep -q "ft.sbatch: replica 1's step ended; launching it again in 2 s" "$out" || fail "the script did not relaunch replica 1"
+grep -q "replica-1: step [0-9]* committed.*, healed" "$out" || fail "replica 1 did not heal when it came back"
+grep -q "replica-0: done, $steps steps committed" "$out" || fail "replica 0 did not finish"
+grep -q "replica-1: done, $steps steps committed" "$out" || fail "replica 1 did not finish"
+# Replica 0 never stopped: every step from its first to the last, once.
+awk 'NF >= 6 && length($2) == 16 { if (n && $1 != last + 1) bad++; last = $1; n++ } END { exit !(bad == 0 && last == '$steps') }' \
+  "$work/replica-0.log" || fail "replica 0 missed or repeated a step"
+# One history: equal states and samples wherever both committed a step.
+both=$(awk 'NF >= 6 && length($2) == 16 { k = $1; v = $2 " " $4 " " $5; if (k in seen) { n++; if (seen[k] != v) bad++ } else seen[k] = v }
+  END { if (bad) print "differ"; else print n + 0 }' "$work/replica-0.log" "$work/replica-1.log")
+[ "$both" != differ ] && [ "$both" -gt 200 ] || fail "replica states or samples differ, or too few steps in common ($both)"
+longest=$(awk 'NF >= 6 && length($2) == 16 { if (p && $3 - p > m) m = $3 - p; p = $3 } END { print m + 0 }' "$work/replica-0.log")
+echo "ft sbatch: replica 1 relaunched as a new step and healed; replica 0 never stopped (longest wait between commits $longest ms); $both steps equal on both"
+SCENARIO
+env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE -u LOCAL_RANK \
+  bash "$here/slurm_cluster.sh" bash "$work/scenario.sh" "$1" "$2" "$3" "$4" "$work"
