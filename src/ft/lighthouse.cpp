@@ -90,8 +90,10 @@ struct Lighthouse::Impl {
     }
     if (!job_layout) job_layout = r;
     if (auto why = layout_mismatch(r); !why.empty()) return refuse(n, why);
-    auto& k = known[r.replica];
-    if (k.beats < 0) k.last_change = now;  // first contact counts as a heartbeat
+    // A request is a sign of life, as a heartbeat is: a replica whose
+    // heartbeat thread is held up (a process starting on a busy host) is
+    // not taken for dead while it asks.
+    known[r.replica].last_change = now;
     auto it = asking.find(r.replica);
     if (it != asking.end()) refuse(it->second.n, "superseded by a newer request of the same replica");
     asking[r.replica] = Asking{r, n, now};
@@ -231,18 +233,26 @@ struct Lighthouse::Impl {
     read_queues(now);
     const auto live = read_heartbeats(now);
     declare_deaths(live, now);
-    for (auto it = asking.begin(); it != asking.end();)  // died while asking
-      it = live.count(it->first) ? std::next(it) : asking.erase(it);
-    if (asking.empty()) return;
+    // An asking replica silent for the heartbeat timeout is left out of
+    // quorums but keeps its request (answered if it beats again); one
+    // silent for ten is gone, and so is its request. Before, a request was
+    // dropped at the first silent tick and never answered: its replica
+    // waited out its quorum timeout (60 s), seen under load.
+    for (auto it = asking.begin(); it != asking.end();) {
+      const auto silent = now - known[it->first].last_change;
+      it = silent >= 10 * options.heartbeat_timeout() ? asking.erase(it) : std::next(it);
+    }
     QuorumInputs in;
     in.live = live;
     in.previous = previous;
     in.now = now;
     in.first_asked = now;
     for (const auto& [id, a] : asking) {
+      if (!live.count(id)) continue;
       in.asking.insert(id);
       in.first_asked = std::min(in.first_asked, a.since);
     }
+    if (in.asking.empty()) return;
     in.min_replicas = options.min_replicas();
     in.join_timeout = options.join_timeout();
     if (auto members = decide_quorum(in)) form(*members);

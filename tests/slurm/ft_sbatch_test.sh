@@ -15,6 +15,7 @@ trap 'rm -rf "$work"' EXIT
 cat >"$work/scenario.sh" <<'SCENARIO'
 set -eu
 run=$1 train=$2 lighthouse=$3 script=$4 work=$5
+source "$6"
 cd "$work"
 fail() {
   echo "ft sbatch: FAIL: $*"
@@ -27,8 +28,7 @@ wait_for() {  # wait_for SECONDS COMMAND...: until it succeeds
   for _ in $(seq $((limit * 5))); do "$@" && return 0; sleep 0.2; done
   return 1
 }
-commits() { awk 'NF >= 6 && length($2) == 16' "$1" 2>/dev/null | wc -l; }
-has_commits() { [ "$(commits "$1")" -ge "$2" ]; }
+has_commits() { [ "$(ft_commits "$1")" -ge "$2" ]; }
 job_gone() { [ -z "$(squeue -h -j "$1" 2>/dev/null)" ]; }
 steps=600
 export DTRAIN_RUN=$run TRAIN=$train LIGHTHOUSE=$lighthouse NPROC_PER_NODE=2 HEARTBEAT_TIMEOUT=1 RELAUNCH_AFTER=2
@@ -38,22 +38,18 @@ wait_for 120 has_commits "$work/replica-1.log" 60 || fail "replica 1 did not com
 step=$(squeue -h -s -j "$job" -o '%i %j' | awk '$2 == "replica-1" { print $1 }')
 [ -n "$step" ] || fail "no step named replica-1 in job $job"
 scancel "$step"
-echo "ft sbatch: cancelled step $step (replica 1) after $(commits "$work/replica-1.log") commits"
+echo "ft sbatch: cancelled step $step (replica 1) after $(ft_commits "$work/replica-1.log") commits"
 wait_for 240 job_gone "$job" || fail "job $job did not finish"
 out="dtrain-ft-$job.out"
 grep -q "ft.sbatch: replica 1's step ended; launching it again in 2 s" "$out" || fail "the script did not relaunch replica 1"
 grep -q "replica-1: step [0-9]* committed.*, healed" "$out" || fail "replica 1 did not heal when it came back"
 grep -q "replica-0: done, $steps steps committed" "$out" || fail "replica 0 did not finish"
 grep -q "replica-1: done, $steps steps committed" "$out" || fail "replica 1 did not finish"
-# Replica 0 never stopped: every step from its first to the last, once.
-awk 'NF >= 6 && length($2) == 16 { if (n && $1 != last + 1) bad++; last = $1; n++ } END { exit !(bad == 0 && last == '$steps') }' \
-  "$work/replica-0.log" || fail "replica 0 missed or repeated a step"
-# One history: equal states and samples wherever both committed a step.
-both=$(awk 'NF >= 6 && length($2) == 16 { k = $1; v = $2 " " $4 " " $5; if (k in seen) { n++; if (seen[k] != v) bad++ } else seen[k] = v }
-  END { if (bad) print "differ"; else print n + 0 }' "$work/replica-0.log" "$work/replica-1.log")
+ft_never_stopped "$work/replica-0.log" $steps || fail "replica 0 missed or repeated a step"
+both=$(ft_steps_in_common "$work/replica-0.log" "$work/replica-1.log")
 [ "$both" != differ ] && [ "$both" -gt 200 ] || fail "replica states or samples differ, or too few steps in common ($both)"
-longest=$(awk 'NF >= 6 && length($2) == 16 { if (p && $3 - p > m) m = $3 - p; p = $3 } END { print m + 0 }' "$work/replica-0.log")
+longest=$(ft_longest_wait "$work/replica-0.log")
 echo "ft sbatch: replica 1 relaunched as a new step and healed; replica 0 never stopped (longest wait between commits $longest ms); $both steps equal on both"
 SCENARIO
 env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE -u LOCAL_RANK \
-  bash "$here/slurm_cluster.sh" bash "$work/scenario.sh" "$1" "$2" "$3" "$4" "$work"
+  bash "$here/slurm_cluster.sh" bash "$work/scenario.sh" "$1" "$2" "$3" "$4" "$work" "$here/../harness/ft_commit_logs.sh"

@@ -257,6 +257,48 @@ TEST(FtLighthouse, AMemberWhoseHeartbeatsStopIsDeclaredDeadAndItsQuorumsWatchers
   EXPECT_FALSE(look.check({protocol::dead_key(qa.quorum_id)})) << "the next quorum deletes the verdict";
 }
 
+// A replica that comes back and asks while its heartbeats are held up (a
+// process starting on a busy host: its heartbeat thread not scheduled for
+// longer than the timeout) is answered at the next quorum: its request is
+// a sign of life. Before, the lighthouse dropped the request at its first
+// silent tick and never answered it: the replica waited out its quorum
+// timeout (60 s), seen with recreated replicas under load.
+TEST(FtLighthouse, AReplicaAskingWithItsHeartbeatsHeldUpIsAnsweredNotDropped) {
+  Lighthouse lighthouse(LighthouseOptions().port(0).heartbeat_timeout(300ms).tick(20ms).join_timeout(30s));
+  FakeReplica a(lighthouse, "a"), b(lighthouse, "b");
+  a.register_now();
+  b.register_now();
+  a.start_beating();
+  b.start_beating();
+  std::thread tb([&] { b.ask(0); });
+  EXPECT_EQ(a.ask(0).members.size(), 2u);
+  tb.join();
+  b.stop_beating();  // b dies; a goes on alone
+  EXPECT_EQ(a.ask(1).members.size(), 1u);
+  std::this_thread::sleep_for(500ms);
+
+  // b's new process asks before its heartbeats start; a asks soon after.
+  b.incarnation = "2";
+  protocol::Answer back;
+  std::thread returning([&] { back = b.ask(0, 5s); });
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(a.ask(2).members.size(), 2u) << "b's request is a sign of life";
+  returning.join();
+  EXPECT_EQ(back.members.size(), 2u) << "b's request was answered";
+
+  // b asks again and stays silent past the timeout: left out of a's next
+  // quorum, its request kept and answered once it beats again.
+  std::thread again([&] { back = b.ask(1, 5s); });
+  std::this_thread::sleep_for(450ms);
+  EXPECT_EQ(a.ask(3).members.size(), 1u) << "silent for longer than the timeout: not in the quorum";
+  b.beating = true;
+  b.start_beating();
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(a.ask(4).members.size(), 2u);
+  again.join();
+  EXPECT_EQ(back.members.size(), 2u) << "its kept request was answered";
+}
+
 // A wait given up: at the next slice after the reason appears, not at the
 // wait's timeout; a wait that times out says how long it waited.
 TEST(FtAbandonableStore, AWaitIsGivenUpWithinASliceOfItsReasonAndATimeoutNamesTheWholeWait) {
