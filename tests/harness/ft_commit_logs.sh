@@ -23,3 +23,20 @@ ft_steps_in_common() {
 ft_longest_wait() {  # ft_longest_wait LOG: the most ms between two commits
   awk 'NF >= 6 && length($2) == 16 { if (p && $3 - p > m) m = $3 - p; p = $3 } END { print m + 0 }' "$1"
 }
+
+# ft_rejoined OUT0 OUT1 LOG0 LOG1 STEPS: replica 1 healed when it came back,
+# both finished STEPS steps, replica 0 missed none, and both hold the same
+# state and samples at every step both committed (more than 200 of them).
+# Prints "<steps in common> <replica 0's longest wait in ms>", or what
+# failed (and returns 1).
+ft_rejoined() {
+  local out0=$1 out1=$2 log0=$3 log1=$4 steps=$5 both
+  grep -q "replica-1: step [0-9]* committed.*, healed" "$out1" || { echo "replica 1 did not heal"; return 1; }
+  grep -q "replica-0: done, $steps steps committed" "$out0" || { echo "replica 0 did not finish"; return 1; }
+  grep -q "replica-1: done, $steps steps committed" "$out1" || { echo "replica 1 did not finish"; return 1; }
+  ft_never_stopped "$log0" "$steps" || { echo "replica 0 missed or repeated a step"; return 1; }
+  both=$(ft_steps_in_common "$log0" "$log1")
+  [ "$both" != differ ] && [ "$both" -gt 200 ] ||
+    { echo "replica states or samples differ, or too few steps in common ($both)"; return 1; }
+  echo "$both $(ft_longest_wait "$log0")"
+}
