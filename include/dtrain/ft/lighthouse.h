@@ -12,12 +12,14 @@
 //  - The lighthouse is a TCP store (dtrain/store/tcp_store.h: the job
 //    token, bounded resources, hostile input refused) and a thread that
 //    reads the replicas' quorum requests from it and answers them. The
-//    replicas' managers (dtrain/ft/manager.h) talk to it; the replicas'
-//    cross-replica groups rendezvous in it.
+//    replicas' managers (dtrain/ft/manager.h) talk to it; where each
+//    cross-replica group rendezvous is one key in it, while it is built.
 //  - A replica is live while its heartbeats (every
-//    ManagerOptions::heartbeat_interval) arrive within heartbeat_timeout;
-//    that timeout is how long the death of a replica that asked for no
-//    quorum since takes to be known.
+//    ManagerOptions::heartbeat_interval) or its requests arrive within
+//    heartbeat_timeout; that timeout is how long the death of a replica
+//    that asked for no quorum since takes to be known. A replica that asks
+//    and then falls silent is left out of quorums, its request kept and
+//    answered once it beats again (forgotten after ten timeouts).
 //  - A quorum forms when at least min_replicas live replicas asked for one
 //    and either every replica of the previous quorum asked again (the fast
 //    path of a healthy job: new joiners that asked are let in), or every
