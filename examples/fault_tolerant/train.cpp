@@ -9,7 +9,7 @@
 //   done
 // (one command per replica; docs/fault-tolerance.md has it whole)
 //
-// A replica's workers may be killed (--die-at-step: all of them, by
+// A replica's workers may be killed (--die-after-steps: all of them, by
 // SIGKILL, in its first life): its dtrain-run restarts them, they heal from
 // a live replica and commit again; the others never stop. Or they may go
 // silent mid-step (--stop-at-step: SIGSTOP, as a lost host leaves its
@@ -48,7 +48,7 @@ TORCH_MODULE(Mlp);
 
 struct Flags {
   int replica_index = 0, batch = 32, log_every = 50, step_ms = 0, min_replicas = 1;
-  int64_t steps = 300, die_at_step = -1, stop_at_step = -1, baseline_snapshot_every = 0;
+  int64_t steps = 300, die_after_steps = -1, stop_at_step = -1, baseline_snapshot_every = 0;
   bool fixed_batch = false, fsdp = false;
   std::string lighthouse, commit_log, data = dtrain::FashionMNIST::kDefaultRoot;
   double lr = 0.05;
@@ -145,14 +145,20 @@ Wrapped wrap(Mlp net, const Flags& f, const dtrain::CommHook& hook, const dtrain
   return w;
 }
 
-// Fault injection: --die-at-step (SIGKILL, first life) before the step's
-// quorum, --stop-at-step (SIGSTOP, once) after it.
-void maybe_die(Flags& f, const std::string& replica, int rank, int64_t step, bool first_life, bool after_quorum) {
-  if (!after_quorum && first_life && step == f.die_at_step) {
-    std::cout << replica << " rank " << rank << ": dying at step " << step << " (--die-at-step)" << std::endl;
+// Fault injection: --die-after-steps (SIGKILL, first life, once it has
+// committed that many steps) before a step's quorum, --stop-at-step
+// (SIGSTOP, once, at the first step at or past it: a replica may heal past
+// it) after it. Counted in this replica's own steps, so that where it joined
+// the job does not matter.
+void maybe_die(Flags& f, const std::string& replica, int rank, int64_t step, int64_t committed, bool first_life) {
+  if (first_life && f.die_after_steps >= 0 && committed >= f.die_after_steps) {
+    std::cout << replica << " rank " << rank << ": dying after " << committed << " committed steps, at step " << step
+              << " (--die-after-steps)" << std::endl;
     std::raise(SIGKILL);
   }
-  if (after_quorum && step == f.stop_at_step) {
+}
+void maybe_stop(Flags& f, const std::string& replica, int rank, int64_t step) {
+  if (f.stop_at_step >= 0 && step >= f.stop_at_step) {
     f.stop_at_step = -1;
     std::cout << replica << " rank " << rank << ": going silent at step " << step << " (--stop-at-step)" << std::endl;
     std::raise(SIGSTOP);
@@ -192,14 +198,14 @@ int run_replica(Flags f, const dtrain::FashionMNIST& train) {
                         .replicate_average(dtrain::ft::replicate_average(manager)),
                     state);
   SampleOrder order(train);
-  int64_t uncommitted = 0, loss_count = 0;
+  int64_t uncommitted = 0, committed = 0, loss_count = 0;
   double loss_sum = 0;
   while (manager.current_step() < f.steps) {
     const auto started = std::chrono::steady_clock::now();
     const int64_t step = manager.current_step();
-    maybe_die(f, replica, rank, step, first_life, false);
+    maybe_die(f, replica, rank, step, committed, first_life);
     manager.start_quorum();
-    maybe_die(f, replica, rank, step, first_life, true);
+    maybe_stop(f, replica, rank, manager.current_step());
     const auto samples = manager.step_samples(f.batch);
     // A spare's share is empty: its gradients count as zeros, any batch will do.
     auto [x, y] = order.batch(samples.first, samples.count > 0 ? samples.count : f.batch);
@@ -208,6 +214,7 @@ int run_replica(Flags f, const dtrain::FashionMNIST& train) {
     loss.backward();
     if (manager.should_commit()) {
       model.opt->step();
+      ++committed;
       loss_sum += loss.item<double>();
       ++loss_count;
       const auto q = manager.quorum();
@@ -281,11 +288,13 @@ int main(int argc, char** argv) {
                "exactly --min-replicas replicas train each step (a fixed global batch); the others are spares that "
                "stand in when one dies (torchft's FIXED_WITH_SPARES)");
   app.add_flag("--fsdp", f.fsdp, "FSDP inside each replica, sharded over its ranks (FT-HSDP); default DDP");
-  app.add_option("--die-at-step", f.die_at_step,
-                 "fault injection: every worker of this replica kills itself (SIGKILL) at this step, in its first life");
+  app.add_option("--die-after-steps", f.die_after_steps,
+                 "fault injection: every worker of this replica kills itself (SIGKILL) once it has committed this many "
+                 "steps, in its first life")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   app.add_option("--stop-at-step", f.stop_at_step,
-                 "fault injection: every worker of this replica stops itself (SIGSTOP) at this step once its quorum "
-                 "formed, once; SIGCONT resumes it");
+                 "fault injection: every worker of this replica stops itself (SIGSTOP) once its quorum formed, at the "
+                 "first step at or past this one, once; SIGCONT resumes it");
   app.add_option("--step-ms", f.step_ms, "pad each step to at least this many milliseconds (to watch it live)")
       ->check(CLI::Range(0, 60000));
   app.add_option("--log-every", f.log_every, "a progress line every this many steps")->check(CLI::Range(1, 1 << 30));
