@@ -1,16 +1,19 @@
 // Fashion-MNIST trained by replica groups that survive each other's deaths
-// (dtrain/ft/manager.h, docs/fault-tolerance.md). Each replica is launched
-// as usual, with a lighthouse beside them:
+// (dtrain/ft/manager.h, docs/fault-tolerance.md). On one machine, three
+// replica groups of two ranks and their lighthouse:
+//
+//   dtrain-run --replicas 3 --nproc-per-node 2 --max-restarts 3 dtrain-ft-fashion-mnist
+//
+// On several hosts each replica is launched as usual, with a lighthouse
+// beside them:
 //
 //   dtrain-lighthouse --port 29510 &
-//   for k in 0 1 2; do
-//     dtrain-run --nproc-per-node 2 --max-restarts 3 --master-port $((29600 + k))
-//       dtrain-ft-fashion-mnist --replica-index $k --lighthouse 127.0.0.1:29510 &
-//   done
-// (one command per replica; docs/fault-tolerance.md has it whole)
+//   # on each host, with its replica's id:
+//   DTRAIN_FT_LIGHTHOUSE=host0:29510 DTRAIN_FT_REPLICA_ID=replica-<k> dtrain-run --nproc-per-node 2
+//       --max-restarts 3 dtrain-ft-fashion-mnist
 //
-// A replica's workers may be killed (--die-after-steps: all of them, by
-// SIGKILL, in its first life): its dtrain-run restarts them, they heal from
+// A replica's workers may be killed (--die-after-steps, --die-every: all
+// of them, by SIGKILL): its dtrain-run restarts them, they heal from
 // a live replica and commit again; the others never stop. Or they may go
 // silent mid-step (--stop-at-step: SIGSTOP, as a lost host leaves its
 // connections open): the lighthouse declares the replica dead after its
@@ -29,6 +32,7 @@
 #include <functional>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "dtrain/checkpoint/snapshot.h"
@@ -50,8 +54,8 @@ struct Flags {
   int replica_index = 0, batch = 32, log_every = 50, step_ms = 0, min_replicas = 1;
   int64_t steps = 300, die_after_steps = -1, stop_at_step = -1, baseline_snapshot_every = 0;
   bool fixed_batch = false, fsdp = false;
-  std::string lighthouse, commit_log, data = dtrain::FashionMNIST::kDefaultRoot;
-  double lr = 0.05;
+  std::string lighthouse, commit_log, faulty_replica, data = dtrain::FashionMNIST::kDefaultRoot;
+  double lr = 0.05, die_every_s = 0;
 };
 
 // The tensors' bytes, hashed (64-bit FNV-1a): equal on replicas whose
@@ -101,6 +105,11 @@ class SampleOrder {
 };
 
 // "<step> <hash> <unix ms> <first sample> <samples> <members>", appended.
+std::string replace_all(std::string text, const std::string& from, const std::string& to) {
+  for (size_t at = 0; (at = text.find(from, at)) != std::string::npos; at += to.size()) text.replace(at, from.size(), to);
+  return text;
+}
+
 void log_commit(const std::string& path, int64_t step, const std::string& hash, const dtrain::ft::StepSamples& s,
                 const std::string& members) {
   if (path.empty()) return;
@@ -145,25 +154,43 @@ Wrapped wrap(Mlp net, const Flags& f, const dtrain::CommHook& hook, const dtrain
   return w;
 }
 
-// Fault injection: --die-after-steps (SIGKILL, first life, once it has
-// committed that many steps) before a step's quorum, --stop-at-step
-// (SIGSTOP, once, at the first step at or past it: a replica may heal past
-// it) after it. Counted in this replica's own steps, so that where it joined
-// the job does not matter.
-void maybe_die(Flags& f, const std::string& replica, int rank, int64_t step, int64_t committed, bool first_life) {
-  if (first_life && f.die_after_steps >= 0 && committed >= f.die_after_steps) {
+// Fault injection, in the replica --faulty-replica names (default: this
+// one): --die-after-steps (SIGKILL, first life, once it has committed that
+// many steps) and --die-every (SIGKILL, every life, that long after its
+// first commit) before a step's quorum; --stop-at-step (SIGSTOP, once, at
+// the first step at or past it: a replica may heal past it) after it.
+// Counted in this replica's own steps and time, so that where it joined the
+// job does not matter.
+struct Faults {
+  Flags& f;
+  const std::string& replica;
+  int rank;
+  bool first_life;
+  int64_t committed = 0;
+  std::optional<std::chrono::steady_clock::time_point> first_commit;
+
+  bool mine() const { return f.faulty_replica.empty() || f.faulty_replica == replica; }
+  void committed_one() {
+    ++committed;
+    if (!first_commit) first_commit = std::chrono::steady_clock::now();
+  }
+  void before_quorum(int64_t step) const {
+    if (!mine()) return;
+    const bool steps_up = first_life && f.die_after_steps >= 0 && committed >= f.die_after_steps;
+    const bool time_up = f.die_every_s > 0 && first_commit &&
+                         std::chrono::steady_clock::now() - *first_commit >= std::chrono::duration<double>(f.die_every_s);
+    if (!steps_up && !time_up) return;
     std::cout << replica << " rank " << rank << ": dying after " << committed << " committed steps, at step " << step
-              << " (--die-after-steps)" << std::endl;
+              << (steps_up ? " (--die-after-steps)" : " (--die-every)") << std::endl;
     std::raise(SIGKILL);
   }
-}
-void maybe_stop(Flags& f, const std::string& replica, int rank, int64_t step) {
-  if (f.stop_at_step >= 0 && step >= f.stop_at_step) {
+  void after_quorum(int64_t step) const {
+    if (!mine() || f.stop_at_step < 0 || step < f.stop_at_step) return;
     f.stop_at_step = -1;
     std::cout << replica << " rank " << rank << ": going silent at step " << step << " (--stop-at-step)" << std::endl;
     std::raise(SIGSTOP);
   }
-}
+};
 
 std::string why_not_committed(const dtrain::ft::Manager& manager) {
   try {
@@ -179,7 +206,8 @@ int run_replica(Flags f, const dtrain::FashionMNIST& train) {
   const std::string replica = std::getenv("DTRAIN_FT_REPLICA_ID") ? std::getenv("DTRAIN_FT_REPLICA_ID")
                                                                    : "replica-" + std::to_string(f.replica_index);
   const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  const bool first_life = !restarts || std::string(restarts) == "0";
+  Faults faults{f, replica, rank, !restarts || std::string(restarts) == "0", 0, std::nullopt};
+  const std::string commit_log = replace_all(f.commit_log, "%r", replica);
   torch::manual_seed(f.replica_index);  // replicas start apart: the first quorum syncs them (init_sync)
   Mlp net;
   dtrain::checkpoint::DistributedState state;  // filled by wrap(), before the first quorum
@@ -198,14 +226,14 @@ int run_replica(Flags f, const dtrain::FashionMNIST& train) {
                         .replicate_average(dtrain::ft::replicate_average(manager)),
                     state);
   SampleOrder order(train);
-  int64_t uncommitted = 0, committed = 0, loss_count = 0;
+  int64_t uncommitted = 0, loss_count = 0;
   double loss_sum = 0;
   while (manager.current_step() < f.steps) {
     const auto started = std::chrono::steady_clock::now();
     const int64_t step = manager.current_step();
-    maybe_die(f, replica, rank, step, committed, first_life);
+    faults.before_quorum(step);
     manager.start_quorum();
-    maybe_stop(f, replica, rank, manager.current_step());
+    faults.after_quorum(manager.current_step());
     const auto samples = manager.step_samples(f.batch);
     // A spare's share is empty: its gradients count as zeros, any batch will do.
     auto [x, y] = order.batch(samples.first, samples.count > 0 ? samples.count : f.batch);
@@ -214,11 +242,11 @@ int run_replica(Flags f, const dtrain::FashionMNIST& train) {
     loss.backward();
     if (manager.should_commit()) {
       model.opt->step();
-      ++committed;
+      faults.committed_one();
       loss_sum += loss.item<double>();
       ++loss_count;
       const auto q = manager.quorum();
-      if (rank == 0) log_commit(f.commit_log, manager.current_step(), model.hash(), samples, members_text(q.members));
+      if (rank == 0) log_commit(commit_log, manager.current_step(), model.hash(), samples, members_text(q.members));
       if (rank == 0 && (manager.current_step() % f.log_every == 0 || q.healing)) {
         std::cout << replica << ": step " << manager.current_step() << " committed, quorum of " << q.members.size()
                   << " (" << members_text(q.members) << ")" << (q.healing ? ", healed" : "")
@@ -292,6 +320,13 @@ int main(int argc, char** argv) {
                  "fault injection: every worker of this replica kills itself (SIGKILL) once it has committed this many "
                  "steps, in its first life")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  app.add_option("--die-every", f.die_every_s,
+                 "fault injection: every worker of this replica kills itself (SIGKILL) this many seconds after its "
+                 "life's first commit, in every life (with dtrain-run --max-restarts: a death every so often)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--faulty-replica", f.faulty_replica,
+                 "the replica (its id, say replica-2) that the fault-injection flags apply to; default: this one "
+                 "(for dtrain-run --replicas, where every replica gets the same flags)");
   app.add_option("--stop-at-step", f.stop_at_step,
                  "fault injection: every worker of this replica stops itself (SIGSTOP) once its quorum formed, at the "
                  "first step at or past this one, once; SIGCONT resumes it");
@@ -300,7 +335,7 @@ int main(int argc, char** argv) {
   app.add_option("--log-every", f.log_every, "a progress line every this many steps")->check(CLI::Range(1, 1 << 30));
   app.add_option("--commit-log", f.commit_log,
                  "append '<step> <state hash> <unix ms> <first sample> <samples> <members>' here at each commit "
-                 "(rank 0)");
+                 "(rank 0); %r in it becomes the replica's id");
   app.add_option("--baseline-snapshot-every", f.baseline_snapshot_every,
                  "for comparison, no fault tolerance: every node's dtrain-run is one job (HSDP over nodes x ranks "
                  "with --fsdp), a snapshot in peers' memory every N steps, resumed from after a restart")

@@ -177,6 +177,66 @@ TEST(FaultToleranceProcesses, AReplicaKilledWholeIsRestartedHealsAndTheOthersNev
   for (int k = 0; k < 2; ++k) EXPECT_EQ(runs[k]->output().find("restarting"), std::string::npos) << k;
 }
 
+// One command for the whole job on one machine: dtrain-run --replicas 3
+// serves the lighthouse and runs each replica as a launcher of its own.
+// Replica 2 dies 1 s into each life (--die-every) and its launcher, out of
+// its one restart, gives up; the others never restart, commit every step to
+// the end, and the verdict names the replica that failed.
+TEST(FaultToleranceProcesses, OneLauncherRunsTheReplicasAndRestartsOnlyTheOneThatDied) {
+  TempDir dir;
+  ProcessRanks procs;
+  constexpr int kSteps = 600;
+  auto& run = procs.spawn({DTRAIN_RUN_EXECUTABLE, "--replicas", "3", "--nproc-per-node", "2", "--max-restarts", "1",
+                           DTRAIN_FT_EXAMPLE, "--steps", std::to_string(kSteps), "--step-ms", "20", "--log-every",
+                           "100", "--commit-log", dir.path() + "/%r.log", "--faulty-replica", "replica-2",
+                           "--die-every", "1"},
+                          {{"DTRAIN_TIMEOUT", "60"}});
+  ASSERT_TRUE(procs.wait(run, std::chrono::steady_clock::now() + 240s)) << describe(run);
+  const std::string out = run.output();
+  EXPECT_EQ(run.exit_code, 1) << out;
+  EXPECT_NE(out.find("dtrain-run: lighthouse serving on 127.0.0.1:"), std::string::npos) << out;
+  EXPECT_NE(out.find("dtrain-run: replica-2 failed (exit code 1); finished: replica-0, replica-1"), std::string::npos)
+      << out;
+  std::vector<std::map<int64_t, Commit>> logs;
+  for (int k = 0; k < 3; ++k) logs.push_back(commits_of(dir.path() + "/replica-" + std::to_string(k) + ".log"));
+  for (int k = 0; k < 2; ++k) {
+    ASSERT_FALSE(logs[k].empty()) << k;
+    EXPECT_EQ(logs[k].size(), static_cast<size_t>(kSteps - logs[k].begin()->first + 1)) << "replica " << k;
+    EXPECT_EQ(logs[k].rbegin()->first, kSteps) << "replica " << k;
+  }
+  expect_one_history(logs, kSteps);
+  // Each line says whose it is; only replica 2's launcher restarted.
+  size_t deaths = 0;
+  for (size_t at = 0; (at = out.find("replica-2: [0]:replica-2 rank 0: dying after ", at)) != std::string::npos; ++at)
+    ++deaths;
+  EXPECT_EQ(deaths, 2u) << "two lives, each dying 1 s after its first commit:\n" << out;
+  EXPECT_NE(out.find("replica-2: dtrain-run: restarting the workers (restart 1 of 1)"), std::string::npos) << out;
+  EXPECT_NE(out.find("replica-2: [0]:replica-2: step "), std::string::npos) << out;
+  EXPECT_EQ(out.find("replica-0: dtrain-run: restarting"), std::string::npos) << out;
+  EXPECT_EQ(out.find("replica-1: dtrain-run: restarting"), std::string::npos) << out;
+}
+
+// A signal to the one launcher reaches every replica's: each stops its
+// workers, and the launcher exits with 128 + the signal, leaving nothing.
+TEST(FaultToleranceProcesses, ASignalToTheOneLauncherStopsEveryReplica) {
+  ProcessRanks procs;
+  auto& run = procs.spawn({DTRAIN_RUN_EXECUTABLE, "--replicas", "2", "--nproc-per-node", "2", DTRAIN_FT_EXAMPLE,
+                           "--steps", "100000", "--step-ms", "20", "--log-every", "10"},
+                          {{"DTRAIN_TIMEOUT", "60"}});
+  ASSERT_TRUE(procs.wait_for_output(run, "replica-1: [0]:replica-1: step ", 120s)) << describe(run);
+  ASSERT_TRUE(procs.wait_for_output(run, "replica-0: [0]:replica-0: step ", 60s)) << describe(run);
+  const auto launchers = children_of(run.pid);
+  ASSERT_EQ(launchers.size(), 2u) << describe(run);
+  ::kill(run.pid, SIGTERM);
+  ASSERT_TRUE(procs.wait(run, std::chrono::steady_clock::now() + 60s)) << describe(run);
+  EXPECT_EQ(run.exit_code, 128 + SIGTERM) << describe(run);
+  const std::string out = run.output();
+  EXPECT_NE(out.find("dtrain-run: received SIGTERM; passing it on to the replicas"), std::string::npos) << out;
+  for (const char* id : {"replica-0", "replica-1"})
+    EXPECT_NE(out.find(std::string(id) + ": dtrain-run: job stopped by SIGTERM"), std::string::npos) << out;
+  for (const auto& [pid, stopped] : launchers) EXPECT_NE(::kill(pid, 0), 0) << "launcher " << pid << " is gone";
+}
+
 // A replica that goes silent mid-step without closing a connection (its
 // workers stop themselves by SIGSTOP once the step's quorum formed, as a
 // host lost or a link cut would leave them): the lighthouse declares it

@@ -181,6 +181,21 @@ TEST(Launcher, ANodeBeyondTheMaximumIsRefusedNamingIt) {
   procs.wait(first, Clock::now() + 30s);
 }
 
+// --replicas runs a fault-tolerant job's replica groups on this node, each
+// with its own rendezvous: several nodes or a shared rendezvous are
+// refused, naming what to do instead.
+TEST(Launcher, ReplicasRefuseSeveralNodesAndASharedRendezvous) {
+  auto nodes = launch({"--replicas", "2", "--nnodes", "2", kProbe});
+  EXPECT_EQ(nodes.exit_code, 2) << nodes.output;
+  EXPECT_TRUE(Contains(nodes.output, "--replicas runs every replica group on this node; drop --nnodes")) << nodes.output;
+  auto shared = launch({"--replicas", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29400", kProbe});
+  EXPECT_EQ(shared.exit_code, 2) << shared.output;
+  EXPECT_TRUE(Contains(shared.output, "--replicas gives each replica a rendezvous of its own")) << shared.output;
+  auto many = launch({"--replicas", "5000", kProbe});
+  EXPECT_EQ(many.exit_code, 2) << many.output;
+  EXPECT_TRUE(Contains(many.output, "--replicas 5000: expected 1..1024")) << many.output;
+}
+
 TEST(Launcher, RestartsUntilTheProgramSucceeds) {
   auto r = launch({"--nproc-per-node", "2", "--standalone", "--max-restarts", "3", kProbe,
                    "fail-until", "2"});

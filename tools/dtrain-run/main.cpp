@@ -10,6 +10,7 @@
 
 #include "agent.h"
 #include "options.h"
+#include "replicas.h"
 #include "slurm_defaults.h"
 
 namespace {
@@ -77,6 +78,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.program = found;
-  if (options.standalone) give_the_job_a_token();
-  return dtrain::run::run_agent(options);
+  // (--replicas: one token for the lighthouse and every replica.)
+  if (options.standalone || options.replicas > 0) give_the_job_a_token();
+  return options.replicas > 0 ? dtrain::run::run_replicas(options) : dtrain::run::run_agent(options);
 }

@@ -136,6 +136,11 @@ void declare_options(CLI::App& app, Options& o, Typed& t) {
   app.add_flag("--keep-stdin,--keep_stdin", o.keep_stdin,
                "Workers read dtrain-run's standard input (default: /dev/null; a worker reading "
                "a terminal would be stopped by SIGTTIN)");
+  // (No PET_ alias: the replicas' launchers inherit the environment.)
+  app.add_option("--replicas", o.replicas,
+                 "Fault tolerance on one node: run this many replica groups of --nproc-per-node workers, each "
+                 "with a rendezvous and --max-restarts of its own (a failure restarts only its replica's "
+                 "workers), and a lighthouse unless DTRAIN_FT_LIGHTHOUSE names one (docs/fault-tolerance.md)");
   app.add_flag("--no-python,--no_python", t.no_python,
                "Accepted for torchrun compatibility (dtrain-run always runs PROGRAM directly)");
   app.add_flag("-m,--module", t.module_flag, "Not supported (no Python); rejected");
@@ -164,6 +169,7 @@ void parse_command_line(CLI::App& app, int argc, char** argv, Options& o) {
     if (!known) continue;  // CLI11 reports it below, with usage
     if (known->get_items_expected_min() > 0 && i + 1 < argc) launcher_args.push_back(argv[++i]);
   }
+  o.launcher_args = launcher_args;
   if (program_at < argc) launcher_args.push_back(argv[program_at]);
   std::vector<std::string> reversed(launcher_args.rbegin(), launcher_args.rend());
   try {
@@ -258,6 +264,19 @@ void check_rendezvous(const CLI::App& app, const std::string& nnodes, Options& o
   }
 }
 
+// --replicas: one node, each replica its own rendezvous there.
+void check_replicas(const CLI::App& app, Options& o) {
+  if (o.replicas == 0) return;
+  if (o.replicas < 0 || o.replicas > 1024)
+    bad(app, "--replicas " + std::to_string(o.replicas) + ": expected 1..1024");
+  if (o.max_nodes != 1)
+    bad(app, "--replicas runs every replica group on this node; drop --nnodes (on several hosts, run one "
+             "dtrain-run per replica with DTRAIN_FT_REPLICA_ID and DTRAIN_FT_LIGHTHOUSE set)");
+  if (o.rdzv_backend != "static" || !o.rdzv_endpoint.empty())
+    bad(app, "--replicas gives each replica a rendezvous of its own on this node; drop --rdzv-backend and "
+             "--rdzv-endpoint");
+}
+
 // --redirects, --tee, --local-ranks-filter and the --log-dir they need.
 void check_output(const CLI::App& app, const Typed& t, Options& o) {
   o.redirects = parse_std(app, "--redirects", t.redirects);
@@ -286,6 +305,7 @@ Options parse_options(int argc, char** argv) {
   parse_command_line(app, argc, argv, o);
   check_sizes(app, t, o);
   apply_rdzv_conf(app, t.rdzv_conf, o);
+  check_replicas(app, o);  // (before --standalone turns into a c10d rendezvous)
   check_rendezvous(app, t.nnodes, o);
   check_output(app, t, o);
   return o;

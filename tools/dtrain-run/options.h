@@ -37,6 +37,8 @@ struct Options {
   std::vector<int> local_ranks_filter;  // empty: all
   std::string local_addr;
   bool keep_stdin = false;  // workers read the launcher's stdin (else /dev/null)
+  int replicas = 0;  // > 0: that many replica groups of a fault-tolerant job on this node (replicas.h)
+  std::vector<std::string> launcher_args;  // the launcher's flags as typed (what a replica's launcher gets)
   std::string program;
   std::vector<std::string> args;
 
