@@ -60,7 +60,8 @@ void check_verdict(const std::string& text) {
   auto back = protocol::parse_deaths(protocol::encode(d));
   if (d.empty() || back.size() != d.size()) std::abort();
   for (size_t i = 0; i < d.size(); ++i)
-    if (back[i].replica != d[i].replica || back[i].silent_ms != d[i].silent_ms) std::abort();
+    if (back[i].replica != d[i].replica || back[i].silent_ms != d[i].silent_ms || back[i].closed != d[i].closed)
+      std::abort();
   if (protocol::describe(d).empty()) std::abort();
 }
 

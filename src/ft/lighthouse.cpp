@@ -43,6 +43,8 @@ struct Lighthouse::Impl {
   struct Known {
     int64_t beats = -1;
     Clock::time_point last_change;
+    bool present = false;  // its presence key was seen
+    bool gone = false;     // ... and then went: its heartbeat connection closed
   };
   struct Asking {
     protocol::Request request;
@@ -54,7 +56,7 @@ struct Lighthouse::Impl {
   std::set<std::string> previous;
   std::map<std::string, std::string> previous_incarnations;
   std::string previous_id;
-  std::map<std::string, int64_t> declared;  // members of previous_id declared dead: ms silent
+  std::map<std::string, protocol::Death> declared;  // members of previous_id declared dead
   int64_t formed = 0;
   std::optional<protocol::Request> job_layout;  // the first request's
 
@@ -143,20 +145,29 @@ struct Lighthouse::Impl {
     drain(requests, now, [&](int64_t n, const std::string& text) { take(n, text, now); });
   }
 
-  // Live: a heartbeat within the timeout. A replica silent for ten
-  // timeouts that is neither asking nor in the last quorum is forgotten
-  // (its counter key too): replicas that come and go under new ids (a
-  // pod's name) cost the lighthouse nothing once gone.
+  // Live: a heartbeat within the timeout, and its presence key not gone
+  // (the store deletes it when the heartbeat's connection closes: a
+  // process that ended is known at the next tick, not after the timeout).
+  // A replica silent for ten timeouts that is neither asking nor in the
+  // last quorum is forgotten (its counter key too): replicas that come and
+  // go under new ids (a pod's name) cost the lighthouse nothing once gone.
   std::set<std::string> read_heartbeats(Clock::time_point now) {
     std::set<std::string> live;
     for (auto it = known.begin(); it != known.end();) {
       auto& [id, k] = *it;
+      if (store->check({protocol::present_key(id)})) {
+        k.present = true;
+        k.gone = false;
+      } else if (k.present) {
+        k.present = false;
+        k.gone = true;
+      }
       const int64_t beats = store->add(protocol::heartbeat_key(id), 0);
       if (beats != k.beats) {
         k.beats = beats;
         k.last_change = now;
       }
-      if (now - k.last_change < options.heartbeat_timeout()) live.insert(id);
+      if (!k.gone && now - k.last_change < options.heartbeat_timeout()) live.insert(id);
       if (now - k.last_change >= 10 * options.heartbeat_timeout() && !asking.count(id) && !previous.count(id)) {
         store->delete_key(protocol::heartbeat_key(id));
         it = known.erase(it);
@@ -205,24 +216,26 @@ struct Lighthouse::Impl {
     status.members.assign(members.begin(), members.end());
   }
 
-  // Members of the newest quorum whose heartbeats stopped: named under its
-  // verdict key, which every rank of the other members watches (their
-  // cross-replica groups of that quorum are aborted). A verdict stands
-  // (a member that beats again is still out of that quorum).
+  // Members of the newest quorum whose heartbeat connection closed or
+  // whose heartbeats stopped: named under its verdict key, which every rank
+  // of the other members watches (their cross-replica groups of that
+  // quorum are aborted). A verdict stands (a member that beats again is
+  // still out of that quorum).
   void declare_deaths(const std::set<std::string>& live, Clock::time_point now) {
     if (previous_id.empty()) return;
     int64_t news = 0;
     for (const auto& m : previous) {
       if (live.count(m) || declared.count(m)) continue;
       const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - known[m].last_change);
-      declared[m] = silent.count();
+      const protocol::Death d{m, silent.count(), known[m].gone};
+      declared[m] = d;
       ++news;
-      log_warning(detail::cat("dtrain lighthouse: quorum ", previous_id, ": replica '", m, "' sent no heartbeat for ",
-                              silent.count(), " ms: declared dead"));
+      log_warning(detail::cat("dtrain lighthouse: quorum ", previous_id, ": ", protocol::describe({d}),
+                              ": declared dead"));
     }
     if (news == 0) return;
     std::vector<protocol::Death> deaths;
-    for (const auto& [m, silent_ms] : declared) deaths.push_back({m, silent_ms});
+    for (const auto& [m, d] : declared) deaths.push_back(d);
     store->set(protocol::dead_key(previous_id), protocol::encode(deaths));
     std::lock_guard<std::mutex> lock(status_mutex);
     status.deaths += news;

@@ -5,6 +5,8 @@
 #include "common/enforce.h"
 #include "common/logging.h"
 #include "common/socket.h"
+#include "store/auth.h"
+#include "store/tcp_store_client.h"
 
 namespace dtrain::ft {
 
@@ -74,7 +76,8 @@ protocol::Answer LighthouseLink::ask(const protocol::Request& request, std::chro
 
 Heartbeat::Heartbeat(LighthouseAddress address, std::string token, std::string replica,
                      std::chrono::milliseconds interval)
-    : link_(std::move(address), std::move(token), std::max(interval * 10, std::chrono::milliseconds(1000))),
+    : address_(std::move(address)),
+      token_(token.empty() ? store_auth::token_from_environment() : std::optional<std::string>(token)),
       replica_(replica),
       key_(protocol::heartbeat_key(replica)),
       interval_(interval),
@@ -89,21 +92,32 @@ Heartbeat::~Heartbeat() {
   thread_.join();
 }
 
+void Heartbeat::beat() {
+  const auto timeout = std::max(interval_ * 10, std::chrono::milliseconds(1000));
+  if (!client_) {
+    auto client = std::make_unique<TcpStoreClient>(address_.host, address_.port, timeout, token_);
+    if (!client->check({protocol::kIncarnationKey}, timeout)) return;  // not a lighthouse: the requests say so
+    client->set_ephemeral(protocol::present_key(replica_), std::vector<uint8_t>(replica_.begin(), replica_.end()),
+                          timeout);
+    client_ = std::move(client);
+    registered_ = false;
+  }
+  client_->add(key_, 1, timeout);
+  if (!registered_) {
+    const int64_t n = client_->add(protocol::kRegistrationsKey, 1, timeout);
+    client_->set(protocol::registration_key(n), std::vector<uint8_t>(replica_.begin(), replica_.end()), timeout);
+    registered_ = true;
+  }
+}
+
 void Heartbeat::run() {
   std::unique_lock<std::mutex> lock(mutex_);
-  bool registered = false;  // with this connection's lighthouse
   while (!stop_) {
     lock.unlock();
     try {
-      auto store = link_.store(std::max(interval_ * 10, std::chrono::milliseconds(1000)));
-      store->add(key_, 1);
-      if (!registered) {
-        store->set(protocol::registration_key(store->add(protocol::kRegistrationsKey, 1)), replica_);
-        registered = true;
-      }
+      beat();
     } catch (const std::exception&) {
-      registered = false;
-      link_.reset();  // the lighthouse is away: the quorum requests say so; beat again later
+      client_.reset();  // the lighthouse is away: the quorum requests say so; beat again later
     }
     lock.lock();
     wake_.wait_for(lock, interval_, [this] { return stop_; });

@@ -10,11 +10,16 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "dtrain/store/tcp_store.h"
 #include "ft/protocol.h"
+
+namespace dtrain {
+class TcpStoreClient;
+}
 
 namespace dtrain::ft {
 
@@ -52,9 +57,12 @@ class LighthouseLink {
 
 // Registers the replica with the lighthouse (so that a quorum waits for
 // it before it first asks), then adds to its heartbeat counter every
-// `interval` on a thread of its own, over a connection of its own (a request waiting for its quorum
-// never holds a heartbeat back); a failed beat drops the connection and
-// the next one connects again.
+// `interval` on a thread of its own, over a connection of its own (a
+// request waiting for its quorum never holds a heartbeat back). That
+// connection holds the replica's presence key (protocol::present_key) as
+// an ephemeral key: when the process ends, however it ends, the lighthouse
+// knows at once. A failed beat drops the connection and the next one
+// connects again (and sets the key again).
 class Heartbeat {
  public:
   Heartbeat(LighthouseAddress address, std::string token, std::string replica,
@@ -65,7 +73,11 @@ class Heartbeat {
 
  private:
   void run();
-  LighthouseLink link_;
+  void beat();
+  LighthouseAddress address_;
+  std::optional<std::string> token_;
+  std::unique_ptr<TcpStoreClient> client_;  // the heartbeat's connection; null after a failure
+  bool registered_ = false;                 // with this connection's lighthouse
   std::string replica_;
   std::string key_;
   std::chrono::milliseconds interval_;

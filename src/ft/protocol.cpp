@@ -45,6 +45,7 @@ std::string request_key(int64_t n) { return "ft/request/" + std::to_string(n); }
 std::string registration_key(int64_t n) { return "ft/registration/" + std::to_string(n); }
 std::string answer_key(int64_t n) { return "ft/answer/" + std::to_string(n); }
 std::string heartbeat_key(const std::string& replica) { return "ft/heartbeat/" + replica; }
+std::string present_key(const std::string& replica) { return "ft/present/" + replica; }
 std::string dead_key(const std::string& quorum_id) { return "ft/dead/" + quorum_id; }
 
 void check_replica_id(const std::string& id, const std::string& what) {
@@ -142,7 +143,9 @@ Answer parse_answer(const std::string& text) {
 
 std::string encode(const std::vector<Death>& deaths) {
   std::string out;
-  for (const auto& d : deaths) out += detail::cat(out.empty() ? "" : "\n", "dead ", d.replica, " ", d.silent_ms);
+  for (const auto& d : deaths)
+    out += d.closed ? detail::cat(out.empty() ? "" : "\n", "gone ", d.replica)
+                    : detail::cat(out.empty() ? "" : "\n", "dead ", d.replica, " ", d.silent_ms);
   return out;
 }
 
@@ -150,8 +153,13 @@ std::vector<Death> parse_deaths(const std::string& text) {
   const char* what = "lighthouse verdict";
   std::vector<Death> out;
   for (const auto& [word, rest] : lines_of(text, what)) {
-    DTRAIN_CHECK_ARG(word == "dead", what, ": unknown field '", word, "'");
+    DTRAIN_CHECK_ARG(word == "dead" || word == "gone", what, ": unknown field '", word, "'");
     DTRAIN_CHECK_ARG(out.size() < kMaxMembers, what, ": more than ", kMaxMembers, " members");
+    if (word == "gone") {
+      check_replica_id(rest, what);
+      out.push_back(Death{rest, 0, true});
+      continue;
+    }
     const size_t space = rest.find(' ');
     DTRAIN_CHECK_ARG(space != std::string::npos, what, ": '", rest, "' has no silence");
     Death d{rest.substr(0, space), number(rest.substr(space + 1), 0, INT64_MAX / 2, what, "silence")};
@@ -165,7 +173,10 @@ std::vector<Death> parse_deaths(const std::string& text) {
 std::string describe(const std::vector<Death>& deaths) {
   std::string out;
   for (const auto& d : deaths)
-    out += detail::cat(out.empty() ? "" : ", ", "replica '", d.replica, "' (no heartbeat for ", d.silent_ms, " ms)");
+    out += d.closed ? detail::cat(out.empty() ? "" : ", ", "replica '", d.replica,
+                                  "' (its connection to the lighthouse closed)")
+                    : detail::cat(out.empty() ? "" : ", ", "replica '", d.replica, "' (no heartbeat for ",
+                                  d.silent_ms, " ms)");
   return out;
 }
 

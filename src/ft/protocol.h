@@ -31,6 +31,9 @@ std::string request_key(int64_t n);
 std::string registration_key(int64_t n);
 std::string answer_key(int64_t n);
 std::string heartbeat_key(const std::string& replica);
+// Set by a replica's heartbeat connection as an ephemeral key (the store
+// deletes it when that connection closes: the replica's process is gone).
+std::string present_key(const std::string& replica);
 std::string dead_key(const std::string& quorum_id);
 
 // Replica ids: 1 to 64 of [A-Za-z0-9._-]; InvalidArgument otherwise.
@@ -65,15 +68,18 @@ std::string encode(const Answer& answer);
 // At most kMaxMembers members, ids checked and in strictly increasing order.
 Answer parse_answer(const std::string& text);
 
-// A member the lighthouse found dead: no heartbeat for `silent_ms`.
+// A member the lighthouse found dead: its heartbeat connection closed
+// (`closed`: its process ended), or no heartbeat for `silent_ms`.
 struct Death {
   std::string replica;
   int64_t silent_ms = 0;
+  bool closed = false;
 };
 std::string encode(const std::vector<Death>& deaths);
 // At least one, at most kMaxMembers, ids checked.
 std::vector<Death> parse_deaths(const std::string& text);
-// "replica 'c' (no heartbeat for 1200 ms), ...".
+// "replica 'c' (no heartbeat for 1200 ms), replica 'd' (its connection to
+// the lighthouse closed), ...".
 std::string describe(const std::vector<Death>& deaths);
 
 inline constexpr size_t kMaxMembers = 65536;

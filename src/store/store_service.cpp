@@ -82,7 +82,16 @@ void StoreService::handle(uint64_t conn, const wire::Header& h, wire::Reader& r)
         r.expect_end();
         check_key(key);
         table_.set(key, std::move(value));
+        untie(key);  // (its own now: set again by someone)
         key_added(key);
+        break;
+      }
+      case wire::kSetEphemeral: {
+        std::string key = r.str();
+        auto value = r.bytes();
+        r.expect_end();
+        check_key(key);
+        set_ephemeral(conn, key, std::move(value));
         break;
       }
       case wire::kGet:
@@ -113,6 +122,7 @@ void StoreService::handle(uint64_t conn, const wire::Header& h, wire::Reader& r)
       case wire::kDelete: {
         std::string key = r.str();
         r.expect_end();
+        untie(key);
         ok.u32(table_.erase(key) ? 1 : 0);
         break;
       }
@@ -175,9 +185,40 @@ void StoreService::expire(Clock::time_point now) {
   count_parked();
 }
 
+// A key that lives as long as the connection that set it (ZooKeeper's
+// ephemeral nodes): how a lighthouse learns at once that a replica's
+// process is gone. Set again by another connection, it is that one's.
+void StoreService::set_ephemeral(uint64_t conn, const std::string& key, Bytes value) {
+  const auto mine = ephemeral_.find(conn);
+  if (mine != ephemeral_.end() && !mine->second.count(key))
+    DTRAIN_CHECK_ARG(mine->second.size() < kMaxEphemeralPerConnection, "a connection may hold at most ",
+                     kMaxEphemeralPerConnection, " keys set with SET_EPHEMERAL");
+  table_.set(key, std::move(value));
+  untie(key);
+  ephemeral_[conn].insert(key);
+  owner_[key] = conn;
+  key_added(key);
+}
+
+void StoreService::untie(const std::string& key) {
+  auto it = owner_.find(key);
+  if (it == owner_.end()) return;
+  auto mine = ephemeral_.find(it->second);
+  mine->second.erase(key);
+  if (mine->second.empty()) ephemeral_.erase(mine);
+  owner_.erase(it);
+}
+
 void StoreService::drop_connection(uint64_t conn) {
   waiters_.drop_connection(conn);
   count_parked();
+  auto mine = ephemeral_.find(conn);
+  if (mine == ephemeral_.end()) return;
+  for (const auto& key : mine->second) {
+    table_.erase(key);
+    owner_.erase(key);
+  }
+  ephemeral_.erase(mine);
 }
 
 // Answers a waiter taken off the table. Its connection goes on with the

@@ -20,7 +20,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "store/c10d_wire.h"
@@ -36,6 +38,8 @@ class StoreService {
   using Clock = WaiterTable::Clock;
   static constexpr size_t kMaxKeysPerRequest = 128 * 1024;
   static constexpr size_t kMaxWaitsPerConnection = 64;
+  // SET_EPHEMERAL: keys a connection may hold tied to its life.
+  static constexpr size_t kMaxEphemeralPerConnection = 64;
 
   // Where answers go: the server's connections.
   class Connections {
@@ -72,7 +76,8 @@ class StoreService {
 
   // Answers with TIMEOUT every parked request whose deadline has passed.
   void expire(Clock::time_point now);
-  // Forgets the parked requests of a connection that closed.
+  // Forgets the parked requests of a connection that closed, and deletes
+  // the keys it set with SET_EPHEMERAL (those not set or deleted since).
   void drop_connection(uint64_t conn);
   // The nearest deadline of a parked request, or Clock::time_point::max().
   Clock::time_point next_deadline() const { return waiters_.next_deadline(); }
@@ -95,9 +100,14 @@ class StoreService {
   void key_added(const std::string& key);
   void finish(const Waiter& w, bool timed_out);
   void count_parked() { parked_ = waiters_.size(); }
+  void set_ephemeral(uint64_t conn, const std::string& key, Bytes value);
+  void untie(const std::string& key);
 
   KeyValueTable table_;
   WaiterTable waiters_;
+  // SET_EPHEMERAL's keys by connection, and each such key's connection.
+  std::unordered_map<uint64_t, std::set<std::string>> ephemeral_;
+  std::unordered_map<std::string, uint64_t> owner_;
   bool has_token_;
   Connections& connections_;
   std::atomic<size_t> parked_{0};

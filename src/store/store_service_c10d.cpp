@@ -72,6 +72,7 @@ bool StoreService::handle_c10d(uint64_t conn, cw::Op op, cw::Reader& r) {
       break;
     case cw::Op::kDelete: {
       const std::string key = r.key();
+      untie(key);
       out.i64(table_.erase(key) ? 1 : 0);
       break;
     }
@@ -98,7 +99,10 @@ void StoreService::c10d_store_values(cw::Op op, cw::Reader& r) {
   std::vector<std::string> keys;
   for (const auto& kvp : kv) keys.push_back(kvp.first);
   table_.set_all(std::move(kv), op == cw::Op::kAppend, cw::kMaxValueBytes);
-  for (const auto& key : keys) key_added(key);
+  for (const auto& key : keys) {
+    untie(key);
+    key_added(key);
+  }
 }
 
 // WAIT: answered now when every key exists, else parked without a deadline

@@ -213,6 +213,12 @@ void TcpStoreClient::set(const std::string& key, const std::vector<uint8_t>& val
        quoted_op("SET", key), kNoReply);
 }
 
+void TcpStoreClient::set_ephemeral(const std::string& key, const std::vector<uint8_t>& value, ms timeout) {
+  check_key(where_, key);
+  call(wire::Writer(wire::kSetEphemeral, 0).str(key).bytes(value).finish(), timeout, false,
+       quoted_op("SET_EPHEMERAL", key), kNoReply);
+}
+
 std::vector<uint8_t> TcpStoreClient::get(const std::string& key, ms timeout) {
   check_key(where_, key);
   timeout = clamp(timeout);

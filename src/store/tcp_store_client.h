@@ -41,6 +41,10 @@ class TcpStoreClient {
 
   using ms = std::chrono::milliseconds;
   void set(const std::string& key, const std::vector<uint8_t>& value, ms timeout);
+  // A key deleted by the server when this connection closes (however it
+  // closes: a failure here, or the process's end, drops it; set it again
+  // after a failed call, which reconnects).
+  void set_ephemeral(const std::string& key, const std::vector<uint8_t>& value, ms timeout);
   std::vector<uint8_t> get(const std::string& key, ms timeout);
   int64_t add(const std::string& key, int64_t delta, ms timeout);
   std::vector<uint8_t> compare_set(const std::string& key, const std::vector<uint8_t>& expected,

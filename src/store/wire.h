@@ -35,7 +35,8 @@ enum Op : uint16_t {
   kWait = 8,        // u32 timeout_ms, [s keys]        -> OK | TIMEOUT
   kAuthHello = 9,   // s client nonce                  -> OK s server nonce, s server proof
   kAuthProof = 10,  // s client proof                  -> OK (wrong: connection closed)
-  kLastOp = kAuthProof,
+  kSetEphemeral = 11,  // s key, s value              -> OK; the key is deleted when this connection closes
+  kLastOp = kSetEphemeral,
 };
 
 // Reply opcodes. An ERROR payload is one string: the message of the
@@ -48,7 +49,8 @@ enum Status : uint16_t { kOk = 0x100, kTimeout = 0x101, kError = 0x102, kRefused
 
 inline const char* op_name(uint16_t op) {
   static const char* names[] = {"?",     "SET",    "GET",      "ADD",  "COMPARE_SET", "CHECK",
-                                "DELETE", "NUM_KEYS", "WAIT", "AUTH_HELLO", "AUTH_PROOF"};
+                                "DELETE", "NUM_KEYS", "WAIT", "AUTH_HELLO", "AUTH_PROOF",
+                                "SET_EPHEMERAL"};
   return op <= kLastOp ? names[op] : "?";
 }
 

@@ -62,12 +62,18 @@ TEST(FtProtocol, RequestsAndAnswersSurviveTheirRoundTripAndHostileTextIsRefusedB
 }
 
 TEST(FtProtocol, VerdictsSurviveTheirRoundTripAndHostileOnesAreRefusedByName) {
-  const std::vector<protocol::Death> deaths{{"b", 1200}, {"c.2", 5001}};
+  const std::vector<protocol::Death> deaths{{"b", 1200, false}, {"c.2", 5001, false}, {"d", 0, true}};
   const auto back = protocol::parse_deaths(protocol::encode(deaths));
-  ASSERT_EQ(back.size(), 2u);
+  ASSERT_EQ(back.size(), 3u);
   EXPECT_EQ(back[1].replica, "c.2");
   EXPECT_EQ(back[1].silent_ms, 5001);
-  EXPECT_EQ(protocol::describe(back), "replica 'b' (no heartbeat for 1200 ms), replica 'c.2' (no heartbeat for 5001 ms)");
+  EXPECT_FALSE(back[1].closed);
+  EXPECT_TRUE(back[2].closed);
+  EXPECT_EQ(protocol::describe(back),
+            "replica 'b' (no heartbeat for 1200 ms), replica 'c.2' (no heartbeat for 5001 ms), replica 'd' (its "
+            "connection to the lighthouse closed)");
+  EXPECT_NE(what_thrown<Error>([] { protocol::parse_deaths("gone b/c"); }).find("replica id 'b/c' is not"),
+            std::string::npos);
   EXPECT_NE(what_thrown<Error>([] { protocol::parse_deaths(""); }).find("names no replica"), std::string::npos);
   EXPECT_NE(what_thrown<Error>([] { protocol::parse_deaths("dead b"); }).find("has no silence"), std::string::npos);
   EXPECT_NE(what_thrown<Error>([] { protocol::parse_deaths("dead b/c 1"); }).find("replica id 'b/c' is not"),
@@ -255,6 +261,60 @@ TEST(FtLighthouse, AMemberWhoseHeartbeatsStopIsDeclaredDeadAndItsQuorumsWatchers
   EXPECT_TRUE(look.check({protocol::dead_key(qa.quorum_id)}));
   EXPECT_EQ(a.ask(1).members.size(), 1u);
   EXPECT_FALSE(look.check({protocol::dead_key(qa.quorum_id)})) << "the next quorum deletes the verdict";
+}
+
+// A replica whose process ends closes its heartbeat connection, and the
+// store deletes the presence key that connection held: the lighthouse
+// declares it dead at its next tick, not after the heartbeat timeout (5 s
+// here), and the next quorum forms without it at once. Back under the same
+// id, it is live again.
+TEST(FtLighthouse, AReplicaWhoseHeartbeatConnectionClosesIsDeclaredDeadAtOnce) {
+  Lighthouse lighthouse(LighthouseOptions().port(0).heartbeat_timeout(5s).tick(20ms).join_timeout(30s));
+  FakeReplica a(lighthouse, "a"), b(lighthouse, "b");
+  a.register_now();
+  a.start_beating();
+  auto b_heart = std::make_unique<Heartbeat>(LighthouseAddress{lighthouse.host(), lighthouse.port()}, "", "b", 50ms);
+  protocol::Answer qa;
+  std::thread tb([&] { b.ask(0); });
+  qa = a.ask(0);
+  tb.join();
+  ASSERT_EQ(qa.members.size(), 2u);
+  std::mutex mutex;
+  std::vector<protocol::Death> heard;
+  DeathWatch watch({lighthouse.host(), lighthouse.port()}, "", 20ms,
+                   [&](const std::string&, const std::vector<protocol::Death>& d) {
+                     std::lock_guard<std::mutex> lock(mutex);
+                     heard = d;
+                   });
+  watch.watch(qa.quorum_id);
+  std::this_thread::sleep_for(300ms);
+  const auto closed = std::chrono::steady_clock::now();
+  b_heart.reset();  // the process ends: its connections close
+  for (bool done = false; !done && std::chrono::steady_clock::now() - closed < 6s;) {
+    std::this_thread::sleep_for(5ms);
+    std::lock_guard<std::mutex> lock(mutex);
+    done = !heard.empty();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - closed, 1s) << "a tick and a look, not the 5 s heartbeat timeout";
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    ASSERT_EQ(heard.size(), 1u);
+    EXPECT_EQ(heard[0].replica, "b");
+    EXPECT_TRUE(heard[0].closed);
+    EXPECT_EQ(protocol::describe(heard), "replica 'b' (its connection to the lighthouse closed)");
+  }
+  EXPECT_EQ(lighthouse.status().deaths, 1);
+  const auto asked = std::chrono::steady_clock::now();
+  const auto q = a.ask(1);
+  ASSERT_EQ(q.members.size(), 1u);
+  EXPECT_LT(std::chrono::steady_clock::now() - asked, 500ms) << "b is not waited for";
+  b_heart = std::make_unique<Heartbeat>(LighthouseAddress{lighthouse.host(), lighthouse.port()}, "", "b", 50ms);
+  std::this_thread::sleep_for(200ms);
+  protocol::Answer qb;
+  std::thread back([&] { qb = b.ask(0); });
+  qa = a.ask(2);
+  back.join();
+  EXPECT_EQ(qa.members.size(), 2u) << "b is back and live";
 }
 
 // A replica that comes back and asks while its heartbeats are held up (a

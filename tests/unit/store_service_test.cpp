@@ -117,5 +117,48 @@ TEST(StoreService, ARefusedRequestIsAnErrorReplyAndAC10dWaitDoesNotHoldItsConnec
   EXPECT_FALSE(send_c10d(s, 5, cw::Op::kQueuePush, cw::Writer()));  // not supported
 }
 
+// SET_EPHEMERAL: the key lives while the connection that set it does;
+// set or deleted since by anyone, it is no longer tied; a parked GET
+// waiting for it is answered; at most 64 per connection.
+TEST(StoreService, AnEphemeralKeyIsDeletedWhenItsConnectionClosesUnlessSetOrDeletedSince) {
+  Recorded conns;
+  StoreService s(1 << 20, 1024, false, conns);
+  auto stored = [&](const std::string& key) {  // a GET that does not wait, from connection 9
+    send(s, 9, std::move(wire::Writer(wire::kGet, 1).str(key).u32(0)));
+    s.expire(StoreService::Clock::now() + std::chrono::seconds(1));
+    const auto a = conns.answers.back();
+    EXPECT_EQ(a.conn, 9u);
+    return a.status == wire::kOk;
+  };
+  send(s, 5, std::move(wire::Writer(wire::kGet, 1).str("alive/a").u32(60000)));  // parked
+  send(s, 1, std::move(wire::Writer(wire::kSetEphemeral, 2).str("alive/a").str("pid 1")));
+  ASSERT_GE(conns.answers.size(), 2u);
+  EXPECT_EQ(conns.answers[0].conn, 5u);
+  EXPECT_EQ(conns.answers[0].value, "pid 1");
+  send(s, 1, std::move(wire::Writer(wire::kSetEphemeral, 3).str("alive/b").str("x")));
+  send(s, 2, std::move(wire::Writer(wire::kSetEphemeral, 4).str("alive/c").str("y")));
+  send(s, 2, std::move(wire::Writer(wire::kSet, 5).str("alive/b").str("now 2's, plainly")));
+  EXPECT_TRUE(stored("alive/a") && stored("alive/b") && stored("alive/c"));
+  s.drop_connection(1);
+  EXPECT_FALSE(stored("alive/a")) << "its connection closed";
+  EXPECT_TRUE(stored("alive/b")) << "set since by a plain SET: no longer tied";
+  EXPECT_TRUE(stored("alive/c")) << "another connection's";
+  send(s, 3, std::move(wire::Writer(wire::kSetEphemeral, 6).str("alive/c").str("3's now")));
+  s.drop_connection(2);
+  EXPECT_TRUE(stored("alive/c")) << "set since by connection 3";
+  s.drop_connection(3);
+  EXPECT_FALSE(stored("alive/c"));
+  for (int i = 0; i < 64; ++i)
+    send(s, 4, std::move(wire::Writer(wire::kSetEphemeral, 7).str("k" + std::to_string(i)).str("v")));
+  EXPECT_EQ(conns.answers.back().status, wire::kOk);
+  send(s, 4, std::move(wire::Writer(wire::kSetEphemeral, 8).str("k64").str("v")));
+  EXPECT_EQ(conns.answers.back().status, wire::kError);
+  EXPECT_FALSE(stored("k64"));
+  send(s, 4, std::move(wire::Writer(wire::kSetEphemeral, 9).str("k0").str("again")));
+  EXPECT_EQ(conns.answers.back().status, wire::kOk) << "a key it holds may be set again";
+  s.drop_connection(4);
+  EXPECT_FALSE(stored("k0"));
+}
+
 }  // namespace
 }  // namespace dtrain
