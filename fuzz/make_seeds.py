@@ -41,6 +41,9 @@ seeds = {
     + dtrain(DELETE, 3, s("a"))
     + dtrain(NUMKEYS, 4),
     "dtrain_get_missing_parks": dtrain(GET, 1, s("never") + struct.pack("<I", 10)) + dtrain(NUMKEYS, 2),
+    # SET_EPHEMERAL (11): keys deleted when the connection closes, one set again plainly
+    "dtrain_ephemeral": dtrain(11, 1, s("e1") + s("x")) + dtrain(11, 2, s("e2") + s("y"))
+    + dtrain(SET, 3, s("e2") + s("z")) + dtrain(DELETE, 4, s("e1")) + dtrain(11, 5, s("e1") + s("w")),
     # odd length: goes to the server with a job token (the proof is wrong: it is refused)
     "dtrain_auth_hello_odd": dtrain(9, 1, s(bytes(range(32)))) + dtrain(10, 2, s(bytes(32))) + b"\x00",
 }
