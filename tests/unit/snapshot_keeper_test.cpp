@@ -257,6 +257,30 @@ TEST(SnapshotKeeper, TwoGroupsKeepTheirSnapshotsApart) {
   EXPECT_EQ(k.handle({Op::Get, 0, 0, 4, {}, "third:0-3"}).second, "this host's keeper holds no snapshot of this group");
 }
 
+// The snapshot being written is listed beside the complete one and its
+// parts are served too: once any keeper committed a step, a keeper whose
+// ranks were stopped before their commit still holds every part it was
+// given (reader.cpp restores from those).
+TEST(SnapshotKeeper, ListsAndServesTheSnapshotBeingWrittenBesideTheCompleteOne) {
+  Keeper k("/tmp", 1 << 20);
+  EXPECT_TRUE(k.handle(put(0, 1, 10, 'a')).first);
+  EXPECT_TRUE(k.handle({Op::Commit, 0, 1, 4, {}}).first);
+  EXPECT_TRUE(k.handle(put(10, 1, 20, 'b')).first);
+  EXPECT_TRUE(k.handle(put(10, 3, 30, 'c')).first);
+  const auto l = listing(k);
+  EXPECT_EQ(l.step, 0);
+  EXPECT_EQ(l.parts, (std::vector<std::pair<uint32_t, uint64_t>>{{1, 10}}));
+  EXPECT_EQ(l.writing_step, 10);
+  EXPECT_EQ(l.writing_world, 4u);
+  EXPECT_EQ(l.writing_parts, (std::vector<std::pair<uint32_t, uint64_t>>{{1, 20}, {3, 30}}));
+  EXPECT_EQ(k.handle({Op::Get, 0, 1, 4, {}}).second, std::string(10, 'a'));
+  EXPECT_EQ(k.handle({Op::Get, 10, 3, 4, {}}).second, std::string(30, 'c'));
+  const auto none = k.handle({Op::Get, 10, 0, 4, {}});
+  EXPECT_FALSE(none.first);
+  EXPECT_EQ(none.second, "this host's keeper holds no part of rank 0 of the snapshot of step 10");
+  EXPECT_EQ(k.handle({Op::Get, 5, 1, 4, {}}).second, "this host's keeper holds no snapshot of step 5 of 4 ranks");
+}
+
 TEST(SnapshotKeeper, ListingsThatDoNotAddUpAreRefused) {
   snapshot_wire::Listing l{1, 3, 2, {{0, 10}, {1, 10}}};
   EXPECT_NO_THROW(snapshot_wire::decode_listing(snapshot_wire::encode_listing(l), "x"));
@@ -267,6 +291,10 @@ TEST(SnapshotKeeper, ListingsThatDoNotAddUpAreRefused) {
   auto bytes = snapshot_wire::encode_listing({1, 3, 2, {{0, 10}}});
   EXPECT_THROW(snapshot_wire::decode_listing(bytes.substr(0, bytes.size() - 1), "x"), InvalidArgument);
   EXPECT_THROW(snapshot_wire::decode_listing(bytes + "z", "x"), InvalidArgument);
+  l = {1, 3, 2, {{0, 10}}, 4, 2, {{1, 5}, {0, 5}}};  // the parts being written out of order
+  EXPECT_THROW(snapshot_wire::decode_listing(snapshot_wire::encode_listing(l), "x"), InvalidArgument);
+  l.writing_parts = {{0, 5}, {1, 5}};
+  EXPECT_EQ(snapshot_wire::decode_listing(snapshot_wire::encode_listing(l), "x").writing_parts, l.writing_parts);
 }
 
 }  // namespace

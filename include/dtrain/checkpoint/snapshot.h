@@ -23,9 +23,12 @@
 //     if (step % 100 == 0) dtrain::checkpoint::save(dir, state);         // as before
 //   }
 //
-// A snapshot is complete only once every rank's part is in both keepers;
+// A snapshot is complete only once every rank's part is in both keepers
+// (every rank agrees on that before any marks it complete in its keeper);
 // until then the previous one stays the one restored, and a half-sent
-// snapshot is never used. A keeper holds its newest complete snapshot and
+// snapshot is never used. One that some keeper marked complete is restored
+// even where a host's ranks were stopped before they marked it in theirs
+// (the parts they were given are served). A keeper holds its newest complete snapshot and
 // the one being written, nothing older; everything goes when dtrain-run
 // exits. Restoring needs the same world size and the same state layout as
 // the snapshot's (a snapshot is each rank's own part, not resharded: for

@@ -168,11 +168,16 @@ snapshot_wire::Listing Keeper::listing(const std::string& group) const {
   snapshot_wire::Listing l;
   l.keeper = id_;
   const auto it = kept_.find(group);
-  if (it != kept_.end() && it->second.complete) {
-    const auto& c = *it->second.complete;
-    l.step = c.step;
-    l.world = c.world;
-    for (const auto& [rank, part] : c.parts) l.parts.emplace_back(rank, part->size());
+  if (it == kept_.end()) return l;
+  if (const auto& c = it->second.complete) {
+    l.step = c->step;
+    l.world = c->world;
+    for (const auto& [rank, part] : c->parts) l.parts.emplace_back(rank, part->size());
+  }
+  if (const auto& w = it->second.writing) {
+    l.writing_step = w->step;
+    l.writing_world = w->world;
+    for (const auto& [rank, part] : w->parts) l.writing_parts.emplace_back(rank, part->size());
   }
   return l;
 }
@@ -217,11 +222,13 @@ Keeper::Reply Keeper::respond(Request r, uint64_t reservation) {
   switch (r.op) {
     case Op::List:
       break;
-    case Op::Get: {
-      if (!kept.complete || kept.complete->step != r.step || kept.complete->world != r.world)
-        return text(false, "this host's keeper holds no complete " + of + " of " + std::to_string(r.world) + " ranks");
-      auto it = kept.complete->parts.find(r.rank);
-      if (it == kept.complete->parts.end())
+    case Op::Get: {  // from the complete snapshot, or the one being written (wire.h's Listing says when)
+      const auto is = [&](const std::optional<Snapshot>& s) { return s && s->step == r.step && s->world == r.world; };
+      const auto& from = is(kept.complete) ? kept.complete : kept.writing;
+      if (!is(from))
+        return text(false, "this host's keeper holds no " + of + " of " + std::to_string(r.world) + " ranks");
+      auto it = from->parts.find(r.rank);
+      if (it == from->parts.end())
         return text(false, "this host's keeper holds no part of rank " + std::to_string(r.rank) + " of the " + of);
       return {true, it->second};  // sent from where it is kept
     }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "checkpoint/storage/keepers/keepers.h"
@@ -15,26 +16,46 @@
 namespace dtrain::checkpoint::storage::keepers {
 namespace {
 
-// The newest snapshot after `newer_than` whose every part some keeper
-// holds, and the holder of each part: the rank itself when its own keeper
-// has it, else the first rank whose keeper does. {-1, {}} when none.
+using Parts = std::vector<std::pair<uint32_t, uint64_t>>;
+
+// The size of rank r's part of `step` among `parts` (of that step and
+// world, else none).
+std::optional<uint64_t> part_in(int64_t of, uint32_t of_world, const Parts& parts, int64_t step, int world, int r) {
+  if (of != step || of_world != static_cast<uint32_t>(world)) return std::nullopt;
+  for (const auto& p : parts)
+    if (p.first == static_cast<uint32_t>(r)) return p.second;
+  return std::nullopt;
+}
+
+// Whether listing `l` holds rank r's part of `step`, and its size: in its
+// complete snapshot, or (unless `committed_only`) in the one being written
+// (wire.h's Listing says why that counts once some keeper committed the
+// step).
+std::optional<uint64_t> held(const wire::Listing& l, int64_t step, int world, int r, bool committed_only = false) {
+  if (auto size = part_in(l.step, l.world, l.parts, step, world, r)) return size;
+  if (committed_only) return std::nullopt;
+  return part_in(l.writing_step, l.writing_world, l.writing_parts, step, world, r);
+}
+
+// The newest snapshot after `newer_than` that some keeper committed and
+// whose every part some keeper holds, and the holder of each part: a
+// keeper that committed it before one that did not, and among those the
+// rank itself, then the next ranks'. {-1, {}} when none. (A step no keeper
+// committed may have failed its agreement: its parts are not trusted.)
 std::pair<int64_t, std::vector<int>> newest_complete(const std::vector<wire::Listing>& listings, int64_t newer_than,
                                                      int world) {
-  auto holds = [&](int q, int64_t step, int r) {
-    const auto& l = listings[q];
-    return l.step == step && l.world == static_cast<uint32_t>(world) &&
-           std::any_of(l.parts.begin(), l.parts.end(), [&](const auto& p) { return p.first == static_cast<uint32_t>(r); });
-  };
   std::vector<int64_t> steps;
   for (const auto& l : listings)
     if (l.step > newer_than && l.world == static_cast<uint32_t>(world)) steps.push_back(l.step);
   std::sort(steps.rbegin(), steps.rend());
+  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
   for (int64_t step : steps) {
     std::vector<int> holders(world, -1);
     bool complete = true;
     for (int r = 0; r < world && complete; ++r) {
-      for (int q = r; q < world + r && holders[r] < 0; ++q)  // the rank itself first
-        if (holds(q % world, step, r)) holders[r] = q % world;
+      for (bool committed_only : {true, false})
+        for (int q = r; q < world + r && holders[r] < 0; ++q)
+          if (held(listings[q % world], step, world, r, committed_only)) holders[r] = q % world;
       complete = holders[r] >= 0;
     }
     if (complete) return {step, holders};
@@ -42,11 +63,7 @@ std::pair<int64_t, std::vector<int>> newest_complete(const std::vector<wire::Lis
   return {-1, {}};
 }
 
-uint64_t part_size(const wire::Listing& l, int r) {
-  for (const auto& p : l.parts)
-    if (p.first == static_cast<uint32_t>(r)) return p.second;
-  return 0;
-}
+uint64_t part_size(const wire::Listing& l, int64_t step, int world, int r) { return held(l, step, world, r).value_or(0); }
 
 // What a rank's part holds of the replicated entries, and what its state
 // needs from other parts: "<o|n> <numel> <dtype> <name>" lines.
@@ -83,7 +100,7 @@ std::string fetch_part(const Keeper& keeper, const std::shared_ptr<ProcessGroup>
   std::vector<WorkPtr> works;
   for (int r = 0; r < world; ++r) {
     if (holders[r] != rank) continue;
-    const uint64_t size = part_size(listings[rank], r);
+    const uint64_t size = part_size(listings[rank], step, world, r);
     std::string bytes;
     try {
       bytes = keeper.ask(wire::Op::Get, step, r, {}, size);
@@ -102,7 +119,7 @@ std::string fetch_part(const Keeper& keeper, const std::shared_ptr<ProcessGroup>
     if (size > 0) works.push_back(isend(as_bytes(served.back()), global_rank(*group, r), opts));
   }
   if (holders[rank] != rank) {
-    mine.resize(part_size(listings[holders[rank]], rank));
+    mine.resize(part_size(listings[holders[rank]], step, world, rank));
     if (!mine.empty()) works.push_back(irecv(as_bytes(mine), global_rank(*group, holders[rank]), opts));
   }
   for (auto& w : works) w->wait();

@@ -76,16 +76,40 @@ net::Fd connect_unix(const std::string& path, const std::string& context) {
 
 }  // namespace
 
-std::string encode_listing(const Listing& l) {
-  std::string out;
-  put<uint64_t>(out, l.keeper);
-  put<int64_t>(out, l.step);
-  put<uint32_t>(out, l.world);
-  put<uint32_t>(out, static_cast<uint32_t>(l.parts.size()));
-  for (const auto& [rank, bytes] : l.parts) {
+namespace {
+
+void put_parts(std::string& out, int64_t step, uint32_t world, const std::vector<std::pair<uint32_t, uint64_t>>& parts) {
+  put<int64_t>(out, step);
+  put<uint32_t>(out, world);
+  put<uint32_t>(out, static_cast<uint32_t>(parts.size()));
+  for (const auto& [rank, bytes] : parts) {
     put<uint32_t>(out, rank);
     put<uint64_t>(out, bytes);
   }
+}
+
+void next_parts(Cursor& c, int64_t& step, uint32_t& world, std::vector<std::pair<uint32_t, uint64_t>>& parts) {
+  const std::string& what = c.what;
+  step = c.next<int64_t>("step");
+  world = c.next<uint32_t>("world size");
+  const auto n = c.next<uint32_t>("part count");
+  DTRAIN_CHECK_ARG(world <= kMaxWorld && n <= world, what, ": ", n, " parts of a world of ", world);
+  for (uint32_t i = 0; i < n; ++i) {
+    const auto rank = c.next<uint32_t>("part's rank");
+    const auto size = c.next<uint64_t>("part's size");
+    DTRAIN_CHECK_ARG(rank < world && (parts.empty() || rank > parts.back().first), what, ": part of rank ", rank,
+                     " out of order or outside the world of ", world);
+    parts.emplace_back(rank, size);
+  }
+}
+
+}  // namespace
+
+std::string encode_listing(const Listing& l) {
+  std::string out;
+  put<uint64_t>(out, l.keeper);
+  put_parts(out, l.step, l.world, l.parts);
+  put_parts(out, l.writing_step, l.writing_world, l.writing_parts);
   return out;
 }
 
@@ -93,17 +117,8 @@ Listing decode_listing(const std::string& bytes, const std::string& what) {
   Cursor c{bytes, what};
   Listing l;
   l.keeper = c.next<uint64_t>("keeper id");
-  l.step = c.next<int64_t>("step");
-  l.world = c.next<uint32_t>("world size");
-  const auto n = c.next<uint32_t>("part count");
-  DTRAIN_CHECK_ARG(l.world <= kMaxWorld && n <= l.world, what, ": ", n, " parts of a world of ", l.world);
-  for (uint32_t i = 0; i < n; ++i) {
-    const auto rank = c.next<uint32_t>("part's rank");
-    const auto size = c.next<uint64_t>("part's size");
-    DTRAIN_CHECK_ARG(rank < l.world && (l.parts.empty() || rank > l.parts.back().first), what,
-                     ": part of rank ", rank, " out of order or outside the world of ", l.world);
-    l.parts.emplace_back(rank, size);
-  }
+  next_parts(c, l.step, l.world, l.parts);
+  next_parts(c, l.writing_step, l.writing_world, l.writing_parts);
   DTRAIN_CHECK_ARG(c.at == bytes.size(), what, ": ", bytes.size() - c.at, " bytes after the listing");
   return l;
 }

@@ -57,12 +57,19 @@ struct Head {
 };
 
 // What a keeper holds: its complete snapshot (step -1: none) and the size
-// of each rank's part of it that it keeps.
+// of each rank's part of it that it keeps; and the same of the snapshot
+// being written. Once any keeper has committed a step, every part of it
+// was kept everywhere (the writers agree on that before they commit), so
+// the parts of that step that a keeper holds uncommitted (its host's ranks
+// were stopped between the agreement and their commit) serve a restore too.
 struct Listing {
   uint64_t keeper = 0;  // a random id of the keeper: which ranks share one
   int64_t step = -1;
   uint32_t world = 0;
   std::vector<std::pair<uint32_t, uint64_t>> parts;  // (rank, bytes), by rank
+  int64_t writing_step = -1;
+  uint32_t writing_world = 0;
+  std::vector<std::pair<uint32_t, uint64_t>> writing_parts;
 };
 std::string encode_listing(const Listing& listing);
 // InvalidArgument "<what>: <problem>" when the bytes are not a listing.
