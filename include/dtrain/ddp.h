@@ -60,6 +60,14 @@ struct DDPOptions {
   // buckets keep their first layout (no rebuild); no comm hooks, no
   // gradient_as_bucket_view, no join (docs/sharding.md).
   DTRAIN_ARG(bool, shard_gradients) = false;
+  // Parameters and buffers, by their fully qualified names in the wrapped
+  // module (as its named_parameters() and named_buffers() give them), that DDP leaves
+  // alone: not broadcast from rank 0 at the start, not averaged, not
+  // synchronized before forwards (PyTorch's
+  // _set_params_and_buffers_to_ignore_for_model). For state each rank holds
+  // its own of: expert_parallel::ignored_by_data_parallel(model). A name the
+  // module does not have is an InvalidArgument.
+  DTRAIN_ARG(std::vector<std::string>, params_and_buffers_to_ignore) = {};
 };
 
 struct JoinOptions {

@@ -14,6 +14,7 @@
 #include "dtrain/device_mesh.h"
 #include "dtrain/distributed.h"
 #include "dtrain/errors.h"
+#include "dtrain/expert_parallel.h"
 #include "dtrain/fsdp.h"
 #include "dtrain/ft/lighthouse.h"
 #include "dtrain/ft/manager.h"

@@ -366,6 +366,11 @@ WorkPtr ProcessGroup::issue(Op op, Timeout timeout) {
   const bool checked = collective && op.type != OpType::MONITORED_BARRIER;
   const auto id = checked ? begin(call, subject(op), root, reduce_op)
                           : record(call, subject(op), root, reduce_op);
+  if (op.type == OpType::ALL_TO_ALL && recorder_ && id != 0) {
+    int64_t sent = 0;
+    for (const auto& t : op.inputs) sent += t.numel();
+    recorder_->set_numel(id, sent);
+  }
   if (op.type == OpType::MONITORED_BARRIER && size_ == 1)
     return tracked(id, call, Work::completed(call.description));
   std::vector<std::pair<at::Tensor, at::Tensor>> back;

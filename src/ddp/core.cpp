@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <set>
+
 #include "common/cpu_memory.h"
 #include "common/enforce.h"
 #include "core/control_tensors.h"
@@ -72,8 +74,16 @@ DDPCore::DDPCore(torch::nn::Module& wrapper, const DDPOptions& options)
   DTRAIN_CHECK_ARG(!(options.shard_gradients() && options.gradient_as_bucket_view()),
                    "DistributedDataParallel: shard_gradients and gradient_as_bucket_view exclude "
                    "each other (under shard_gradients a rank keeps no full gradient)");
+  std::set<std::string> ignored(options.params_and_buffers_to_ignore().begin(),
+                                options.params_and_buffers_to_ignore().end());
+  const size_t to_ignore = ignored.size();
+  // (Names relative to the wrapped module, which the wrapper holds as "module".)
+  auto skip = [&](const std::string& name) {
+    return name.rfind("module.", 0) == 0 && ignored.erase(name.substr(7)) > 0;
+  };
   std::vector<std::string> names;
   for (const auto& item : wrapper.named_parameters(/*recurse=*/true)) {
+    if (skip(item.key())) continue;
     if (!item.value().requires_grad()) continue;  // frozen: not synchronized, as in PyTorch
     names.push_back(item.key());
     s.params.push_back(item.value());
@@ -86,9 +96,13 @@ DDPCore::DDPCore(torch::nn::Module& wrapper, const DDPOptions& options)
                      "' does not handle that device");
   std::vector<std::string> buffer_names;
   for (const auto& item : wrapper.named_buffers(/*recurse=*/true)) {
+    if (skip(item.key())) continue;
     buffer_names.push_back(item.key());
     s.buffers.push_back(item.value());
   }
+  DTRAIN_CHECK_ARG(ignored.empty(), "DistributedDataParallel: params_and_buffers_to_ignore names ",
+                   ignored.size(), " of its ", to_ignore, " entries that the module does not have: ",
+                   detail::join(std::vector<std::string>(ignored.begin(), ignored.end())));
 
   ddp::verify_same_model(*s.group, names, s.params);
   // Every replica starts from rank 0's state.

@@ -176,6 +176,12 @@ uint64_t FlightRecorder::issued(const char* op, bool collective, uint64_t seq,
   return id;
 }
 
+void FlightRecorder::set_numel(uint64_t id, int64_t numel) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Entry& e = ring_[id % ring_.size()];
+  if (e.id == id) e.numel = numel;
+}
+
 void FlightRecorder::finished(uint64_t id, const std::exception_ptr& error) {
   {
     std::lock_guard<std::mutex> lock(mutex_);

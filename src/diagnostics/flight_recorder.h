@@ -43,6 +43,10 @@ class FlightRecorder {
   // Records an operation as issued; returns its slot id for finished().
   uint64_t issued(const char* op, bool collective, uint64_t seq, const at::Tensor& tensor,
                   int64_t root_or_peer, int64_t reduce_op);
+  // The elements entry `id` moves (what `tensor` could not say: an
+  // all_to_all's pieces, whose sizes differ from rank to rank, are recorded
+  // by dtype only, and this is the sum of what this rank sends).
+  void set_numel(uint64_t id, int64_t numel);
   // Marks slot `id` completed, or failed with `error`; a failure triggers
   // the process's failure dump (once) when DTRAIN_TRACE_DIR is set, and
   // returns only once that dump is durably in place (also when another

@@ -1,0 +1,229 @@
+// Mixture-of-experts layers across ranks (dtrain/expert_parallel.h), with
+// thread ranks: each rank its own tokens, the experts split over the ranks,
+// the dense parameters under DDP with the experts left alone; against one
+// process training the same MoE on the whole batch.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <mutex>
+
+#include "dtrain/ddp.h"
+#include "dtrain/dtrain.h"
+#include "dtrain/expert_parallel.h"
+#include "harness/assertions.h"
+#include "harness/temp_dir.h"
+#include "harness/thread_ranks.h"
+
+namespace dtrain::expert_parallel_test {  // (a namespace of its own: the test binary is a unity build)
+namespace {
+
+using namespace std::chrono_literals;
+namespace ep = expert_parallel;
+using testing::RankContext;
+using testing::run_rank_contexts;
+
+constexpr int kSteps = 5, kTokensPerRank = 6, kDim = 8, kSeed = 11;
+
+ep::MoEOptions moe_options() {
+  return ep::MoEOptions(kDim, 16, 8)
+      .top_k(2)
+      .shared_expert_hidden_dim(12)
+      .score_func(ep::ScoreFunction::kSigmoid)
+      .route_norm(true)
+      .load_balance_coeff(1e-3);
+}
+
+// Rank r's tokens at `step` ([2, 3, dim]: two sequences of three), and its
+// targets; one process trains on every rank's, in rank order. (Drawn
+// before the ranks' threads start: libtorch's generator is the process's.)
+std::pair<torch::Tensor, torch::Tensor> batch(int step, int rank) {
+  static const auto all = [] {
+    torch::manual_seed(1000);
+    std::vector<std::pair<torch::Tensor, torch::Tensor>> out;
+    for (int i = 0; i < kSteps * 4; ++i)
+      out.emplace_back(torch::randn({2, kTokensPerRank / 2, kDim}), torch::randn({2, kTokensPerRank / 2, kDim}));
+    return out;
+  }();
+  return all.at(step * 4 + rank);
+}
+
+// An MoE built from the seed, as every rank builds its own (one at a time:
+// libtorch's generator is the process's, and the ranks are threads).
+ep::MoE seeded_moe(const ep::MoEOptions& options) {
+  static std::mutex one_at_a_time;
+  std::lock_guard<std::mutex> lock(one_at_a_time);
+  torch::manual_seed(kSeed);
+  return ep::MoE(options);
+}
+
+torch::Tensor loss_of(ep::MoE& moe, const torch::Tensor& x, const torch::Tensor& y) {
+  return (moe(x) + x - y).pow(2).mean();
+}
+
+// Expert 7 is never chosen (its bias far below the others'): it gets no
+// token anywhere, and must get a zero gradient.
+void shun_expert_7(ep::MoE& moe) {
+  torch::NoGradGuard no_grad;
+  moe->expert_bias[7] = -100.0;
+}
+
+// Everything one process ends with, by name (experts whole).
+struct Trained {
+  std::vector<double> losses;
+  std::map<std::string, torch::Tensor> first_grads, params;
+  torch::Tensor expert_bias;
+};
+
+Trained one_process(int world) {
+  ep::MoE moe = seeded_moe(moe_options());
+  shun_expert_7(moe);
+  torch::optim::Adam adam(moe->parameters(), torch::optim::AdamOptions(1e-2));
+  Trained t;
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<torch::Tensor> xs, ys;
+    for (int r = 0; r < world; ++r) {
+      auto [x, y] = batch(step, r);
+      xs.push_back(x);
+      ys.push_back(y);
+    }
+    adam.zero_grad();
+    auto loss = loss_of(moe, torch::cat(xs), torch::cat(ys));
+    loss.backward();
+    t.losses.push_back(loss.item<double>());
+    if (step == 0)
+      for (const auto& p : moe->named_parameters()) t.first_grads[p.key()] = p.value().grad().clone();
+    adam.step();
+    moe->update_expert_bias();
+  }
+  for (const auto& p : moe->named_parameters()) t.params[p.key()] = p.value().detach().clone();
+  t.expert_bias = moe->expert_bias.clone();
+  return t;
+}
+
+// `whole`'s part on this rank: the experts' slice, or all of it.
+torch::Tensor part_of(const std::string& name, const torch::Tensor& whole, const ep::MoE& moe) {
+  if (name.rfind("experts.", 0) != 0) return whole;
+  return whole.narrow(0, moe->experts->first_expert(), moe->experts->local_experts());
+}
+
+void expect_close(const torch::Tensor& got, const torch::Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  const double scale = std::max(want.abs().max().item<double>(), 1e-3);
+  EXPECT_LE((got - want).abs().max().item<double>() / scale, 1e-5) << what << "\ngot " << got << "\nwant " << want;
+}
+
+class ExpertParallelRanks : public ::testing::TestWithParam<int> {};
+
+// EP over P ranks, the dense parameters under DDP over the same ranks: the
+// losses, the first step's gradients (the router's, the shared expert's,
+// each expert's slice, expert 7's zeros) and the parameters and bias after
+// 5 Adam steps equal one process's on the whole batch within 1e-5.
+TEST_P(ExpertParallelRanks, TrainAsOneProcessOnTheWholeBatch) {
+  const int world = GetParam();
+  const Trained want = one_process(world);
+  auto errors = run_rank_contexts(world, [&](RankContext& ctx) {
+    ep::MoE moe = seeded_moe(moe_options().ep_group(ctx.group));
+    shun_expert_7(moe);
+    DistributedDataParallel ddp(moe.ptr(), DDPOptions().process_group(ctx.group).params_and_buffers_to_ignore(
+                                               ep::ignored_by_data_parallel(*moe)));
+    torch::optim::Adam adam(moe->parameters(), torch::optim::AdamOptions(1e-2));
+    for (int step = 0; step < kSteps; ++step) {
+      auto [x, y] = batch(step, ctx.rank);
+      adam.zero_grad();
+      auto loss = (ddp.forward(x) + x - y).pow(2).mean();
+      loss.backward();
+      auto mean_loss = loss.detach().clone();
+      ctx.group->all_reduce(mean_loss)->wait();
+      EXPECT_NEAR(mean_loss.item<double>() / world, want.losses[step], 1e-5 * want.losses[step])
+          << "rank " << ctx.rank << " step " << step;
+      if (step == 0)
+        for (const auto& p : moe->named_parameters())
+          expect_close(p.value().grad(), part_of(p.key(), want.first_grads.at(p.key()), moe),
+                       "rank " + std::to_string(ctx.rank) + ": " + p.key() + "'s gradient");
+      adam.step();
+      moe->update_expert_bias(ctx.group);
+    }
+    for (const auto& p : moe->named_parameters())
+      expect_close(p.value().detach(), part_of(p.key(), want.params.at(p.key()), moe),
+                   "rank " + std::to_string(ctx.rank) + ": " + p.key());
+    expect_close(moe->expert_bias, want.expert_bias, "expert_bias");
+  }, 60s);
+  testing::expect_no_errors(errors);
+  // Expert 7 took no token: a zero gradient, not an undefined or NaN one.
+  EXPECT_TRUE(want.first_grads.at("experts.w1")[7].eq(0).all().item<bool>());
+  EXPECT_FALSE(want.first_grads.at("experts.w1")[0].eq(0).all().item<bool>());
+}
+
+INSTANTIATE_TEST_SUITE_P(Ep, ExpertParallelRanks, ::testing::Values(2, 4),
+                         [](const auto& info) { return "ep" + std::to_string(info.param); });
+
+size_t count(const std::string& text, const std::string& part) {
+  size_t n = 0;
+  for (auto at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
+// One MoE forward and backward at EP 2, as the flight recorder saw it (both
+// ranks' groups, in one process): per rank one all-to-all of the counts (8
+// numbers) and two of the rows forward, two of the rows' gradients back;
+// the rows' all-to-alls move exactly the routed rows (tokens x top_k) of
+// dim floats.
+TEST(ExpertParallel, EachLayersAllToAllsAreCountedAndCarryTheRoutedRows) {
+  testing::TempDir dir;
+  std::string path;
+  testing::expect_no_errors(run_rank_contexts(2, [&](RankContext& ctx) {
+    ep::MoE moe = seeded_moe(moe_options().ep_group(ctx.group));
+    auto [x0, y] = batch(0, ctx.rank);
+    auto x = x0.clone().requires_grad_(true);  // (from an earlier layer: the dispatch's backward runs too)
+    loss_of(moe, x, y).backward();
+    ctx.group->barrier()->wait();
+    if (ctx.rank == 0) path = dump_flight_recorder(dir.path());
+    ctx.group->barrier()->wait();
+  }, 30s));
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_EQ(count(text.str(), "\"op\": \"all_to_all\""), 2u * 5u) << text.str();
+  // The counts: 8 numbers per rank; the rows: tokens x top_k x dim per rank.
+  EXPECT_EQ(count(text.str(), "\"numel\": 8,"), 2u * 1u) << text.str();
+  EXPECT_EQ(count(text.str(), "\"numel\": " + std::to_string(kTokensPerRank * 2 * kDim) + ","), 2u * 4u)
+      << text.str();
+}
+
+// Experts that do not split over the group, and top_k out of range: an
+// InvalidArgument naming the module and the numbers, on every rank.
+TEST(ExpertParallel, BadSizesAreRefusedNamingTheNumbers) {
+  auto errors = run_rank_contexts(4, [&](RankContext& ctx) {
+    EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] { ep::MoE(ep::MoEOptions(8, 16, 6).ep_group(ctx.group)); }),
+              "expert_parallel::MoE: 6 experts do not split over the 4 ranks of group '" + ctx.group->name() + "'");
+    EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] { ep::MoE(ep::MoEOptions(8, 16, 8).top_k(9)); }),
+              "expert_parallel::MoE: top_k 9 must be in 1..num_experts (8)");
+  }, 30s);
+  testing::expect_no_errors(errors);
+}
+
+// A DDP told to ignore a name the module lacks says so (a typo would
+// otherwise average an expert's parameters over ranks that each hold
+// different experts).
+TEST(ExpertParallel, DdpRefusesToIgnoreANameTheModuleLacks) {
+  auto errors = run_rank_contexts(2, [&](RankContext& ctx) {
+    ep::MoE moe(moe_options().ep_group(ctx.group));
+    auto names = ep::ignored_by_data_parallel(*moe);
+    EXPECT_EQ(names, (std::vector<std::string>{"tokens_per_expert", "experts.w1", "experts.w2", "experts.w3"}));
+    names.push_back("experts.w4");
+    EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] {
+                DistributedDataParallel ddp(moe.ptr(),
+                                            DDPOptions().process_group(ctx.group).params_and_buffers_to_ignore(names));
+              }),
+              "DistributedDataParallel: params_and_buffers_to_ignore names 1 of its 5 entries that the module does "
+              "not have: experts.w4");
+  }, 30s);
+  testing::expect_no_errors(errors);
+}
+
+}  // namespace
+}  // namespace dtrain::expert_parallel_test
