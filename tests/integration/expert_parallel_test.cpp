@@ -15,9 +15,11 @@
 #include "dtrain/ddp.h"
 #include "dtrain/dtrain.h"
 #include "dtrain/expert_parallel.h"
+#include "dtrain/checkpoint/distributed.h"
 #include "harness/assertions.h"
 #include "harness/temp_dir.h"
 #include "harness/thread_ranks.h"
+#include "optim/optimizer_state.h"
 
 namespace dtrain::expert_parallel_test {  // (a namespace of its own: the test binary is a unity build)
 namespace {
@@ -210,6 +212,89 @@ TEST(ExpertParallel, EachLayersAllToAllsAreCountedAndCarryTheRoutedRows) {
   const int64_t routed = kTokensPerRank * 2 * kDim;  // one rank's rows, in floats
   EXPECT_GE(std::count(rows.begin(), rows.end(), routed), 4) << "each rank sends its own rows and their gradients";
   EXPECT_EQ(std::accumulate(rows.begin(), rows.end(), int64_t{0}), 4 * 2 * routed) << text.str();
+}
+
+using Params = std::map<std::string, torch::Tensor>;
+
+Params params_of(torch::nn::Module& m) {
+  Params out;
+  for (const auto& item : m.named_parameters()) out[item.key()] = item.value().detach().clone();
+  return out;
+}
+
+Params exp_avg_of(torch::optim::Optimizer& opt, torch::nn::Module& m) {
+  Params out;
+  for (const auto& item : m.named_parameters())
+    for (const auto& [field, t] : optim::detail::param_state(opt, item.value()).tensors)
+      if (field == "exp_avg") out[item.key()] = t.clone();
+  return out;
+}
+
+checkpoint::DistributedState state_of(ep::MoE& moe, torch::optim::Optimizer& opt) {
+  checkpoint::DistributedState state;
+  checkpoint::add_module(state, *moe);
+  checkpoint::add_optimizer(state, opt, *moe);
+  return state;
+}
+
+// `mine` equals this rank's part of `whole` (experts sliced), bitwise.
+void expect_parts_of(const Params& whole, const Params& mine, const ep::MoE& moe, const std::string& what) {
+  ASSERT_EQ(mine.size(), whole.size()) << what;
+  for (const auto& [name, value] : mine)
+    EXPECT_TRUE(at::equal(value, part_of(name, whole.at(name), moe))) << what << ": " << name;
+}
+
+// The experts go into a checkpoint as boxes of the whole [E, ...] tensors
+// (their placements), Adam's moments with them: saved at EP 4 after two
+// steps, it loads bitwise into one process (each rank's experts in its
+// place) and at EP 2.
+TEST(ExpertParallel, ACheckpointSavedAtEp4LoadsBitwiseInOneProcessAndAtEp2) {
+  testing::TempDir dir;
+  std::vector<Params> saved(4), moments(4);
+  std::vector<int64_t> first(4);
+  testing::expect_no_errors(run_rank_contexts(4, [&](RankContext& ctx) {
+    ep::MoE moe = seeded_moe(moe_options().ep_group(ctx.group));
+    DistributedDataParallel ddp(moe.ptr(), DDPOptions().process_group(ctx.group).params_and_buffers_to_ignore(
+                                               ep::ignored_by_data_parallel(*moe)));
+    torch::optim::Adam adam(moe->parameters(), torch::optim::AdamOptions(1e-2));
+    for (int step = 0; step < 2; ++step) {
+      auto [x, y] = batch(step, ctx.rank);
+      adam.zero_grad();
+      (ddp.forward(x) + x - y).pow(2).mean().backward();
+      adam.step();
+    }
+    auto state = state_of(moe, adam);
+    checkpoint::save(dir.path(), state, checkpoint::SaveOptions().process_group(ctx.group));
+    saved[ctx.rank] = params_of(*moe);
+    moments[ctx.rank] = exp_avg_of(adam, *moe);
+    first[ctx.rank] = moe->experts->first_expert();
+  }, 60s));
+  ep::MoE whole = seeded_moe(moe_options());
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : whole->parameters()) p.add_(1.0);  // other values than the seed's
+  }
+  torch::optim::Adam whole_adam(whole->parameters(), torch::optim::AdamOptions(1e-2));
+  auto whole_state = state_of(whole, whole_adam);
+  checkpoint::load(dir.path(), whole_state);
+  const Params loaded = params_of(*whole), loaded_moments = exp_avg_of(whole_adam, *whole);
+  for (int r = 0; r < 4; ++r)
+    for (const auto& [name, value] : saved[r]) {
+      const auto& in_whole = loaded.at(name);
+      const bool expert = name.rfind("experts.", 0) == 0;
+      EXPECT_TRUE(at::equal(value, expert ? in_whole.narrow(0, first[r], 2) : in_whole)) << "rank " << r << ": " << name;
+      const auto& m = loaded_moments.at(name);
+      EXPECT_TRUE(at::equal(moments[r].at(name), expert ? m.narrow(0, first[r], 2) : m))
+          << "rank " << r << "'s exp_avg: " << name;
+    }
+  testing::expect_no_errors(run_rank_contexts(2, [&](RankContext& ctx) {
+    ep::MoE moe = seeded_moe(moe_options().ep_group(ctx.group));
+    torch::optim::Adam adam(moe->parameters(), torch::optim::AdamOptions(1e-2));
+    auto state = state_of(moe, adam);
+    checkpoint::load(dir.path(), state);
+    expect_parts_of(loaded, params_of(*moe), moe, "EP 2's rank " + std::to_string(ctx.rank));
+    expect_parts_of(loaded_moments, exp_avg_of(adam, *moe), moe, "EP 2's rank " + std::to_string(ctx.rank) + "'s exp_avg");
+  }, 60s));
 }
 
 // Experts that do not split over the group, and top_k out of range: an
