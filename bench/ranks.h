@@ -70,6 +70,7 @@ int bench_pipeline(const Args& a);
 bool is_tp_mode(const std::string& mode);
 int tp_rank_main(const std::string& mode, const Args& a);
 int tp_reference_rank_main(const Args& a);  // tensor_parallel_ref.cpp
+int moe_reference_rank_main(const Args& a);  // moe_ref.cpp
 int bench_tp(const Args& a);
 
 // dtrain-bench checkpoint (checkpoint.cpp).
