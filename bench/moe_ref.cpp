@@ -48,13 +48,7 @@ at::Tensor target(int step) {
              {kSequences, kSeq, kDim}) * 0.5;
 }
 
-void write(const std::string& path, const at::Tensor& t) {
-  const auto c = t.detach().to(torch::kFloat).contiguous();
-  FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) throw std::runtime_error("cannot write " + path);
-  std::fwrite(c.data_ptr<float>(), sizeof(float), static_cast<size_t>(c.numel()), f);
-  std::fclose(f);
-}
+void write(const std::string& path, const at::Tensor& t) { write_float32(path, t); }
 
 // The whole shapes of the layer's parameters, by name.
 std::map<std::string, std::vector<int64_t>> whole_shapes() {

@@ -9,6 +9,10 @@
 
 #include "bench_util.h"
 
+namespace at {
+class Tensor;
+}
+
 namespace dtrain::bench {
 
 // Two network namespaces joined by a veth pair whose both ends are shaped
@@ -70,6 +74,8 @@ int bench_pipeline(const Args& a);
 bool is_tp_mode(const std::string& mode);
 int tp_rank_main(const std::string& mode, const Args& a);
 int tp_reference_rank_main(const Args& a);  // tensor_parallel_ref.cpp
+// Writes `t`'s values as raw float32 (what the *_vs_pytorch.py scripts read).
+void write_float32(const std::string& path, const at::Tensor& t);  // tensor_parallel_ref.cpp
 int moe_reference_rank_main(const Args& a);  // moe_ref.cpp
 int bench_tp(const Args& a);
 

@@ -43,13 +43,7 @@ at::Tensor formula(int64_t k, const at::Tensor& like, bool norm) {
   return wave / std::sqrt(static_cast<double>(like.dim() > 1 ? like.size(1) : like.size(0)));
 }
 
-void write(const std::string& path, const at::Tensor& t) {
-  const auto c = t.detach().to(torch::kFloat).contiguous();
-  FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) throw std::runtime_error("cannot write " + path);
-  std::fwrite(c.data_ptr<float>(), sizeof(float), static_cast<size_t>(c.numel()), f);
-  std::fclose(f);
-}
+void write(const std::string& path, const at::Tensor& t) { write_float32(path, t); }
 
 struct Run {
   std::function<at::Tensor()> output;                 // the forward of this step's input
@@ -129,6 +123,14 @@ void run_llama(const std::shared_ptr<ProcessGroup>& g, const std::string& dir, b
 }
 
 }  // namespace
+
+void write_float32(const std::string& path, const at::Tensor& t) {
+  const auto c = t.detach().to(torch::kFloat).contiguous();
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) throw std::runtime_error("cannot write " + path);
+  std::fwrite(c.data_ptr<float>(), sizeof(float), static_cast<size_t>(c.numel()), f);
+  std::fclose(f);
+}
 
 int tp_reference_rank_main(const Args& a) {
   init_process_group(InitOptions().backend(a.get("backend", "tcp")));

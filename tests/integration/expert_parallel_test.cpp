@@ -17,9 +17,9 @@
 #include "dtrain/expert_parallel.h"
 #include "dtrain/checkpoint/distributed.h"
 #include "harness/assertions.h"
+#include "harness/optimizer_values.h"
 #include "harness/temp_dir.h"
 #include "harness/thread_ranks.h"
-#include "optim/optimizer_state.h"
 
 namespace dtrain::expert_parallel_test {  // (a namespace of its own: the test binary is a unity build)
 namespace {
@@ -219,21 +219,10 @@ TEST(ExpertParallel, EachLayersAllToAllsAreCountedAndCarryTheRoutedRows) {
   EXPECT_EQ(std::accumulate(rows.begin(), rows.end(), int64_t{0}), 4 * 2 * routed) << text.str();
 }
 
-using Params = std::map<std::string, torch::Tensor>;
+using Params = testing::NamedTensors;
 
-Params params_of(torch::nn::Module& m) {
-  Params out;
-  for (const auto& item : m.named_parameters()) out[item.key()] = item.value().detach().clone();
-  return out;
-}
-
-Params exp_avg_of(torch::optim::Optimizer& opt, torch::nn::Module& m) {
-  Params out;
-  for (const auto& item : m.named_parameters())
-    for (const auto& [field, t] : optim::detail::param_state(opt, item.value()).tensors)
-      if (field == "exp_avg") out[item.key()] = t.clone();
-  return out;
-}
+using testing::exp_avg_of;
+using testing::params_of;
 
 checkpoint::DistributedState state_of(ep::MoE& moe, torch::optim::Optimizer& opt) {
   checkpoint::DistributedState state;

@@ -21,10 +21,10 @@
 #include "dtrain/tensor_parallel.h"
 #include "harness/assertions.h"
 #include "harness/shards.h"
+#include "harness/optimizer_values.h"
 #include "harness/temp_dir.h"
 #include "harness/thread_ranks.h"
 #include "harness/tp_block.h"
-#include "optim/optimizer_state.h"
 
 namespace dtrain {
 namespace {
@@ -32,23 +32,12 @@ namespace {
 namespace ckpt = checkpoint;
 namespace tp = tensor_parallel;
 using testing::RankContext;
-using Params = std::map<std::string, at::Tensor>;
+using Params = testing::NamedTensors;
 
 constexpr int64_t kCkptSeq = 4, kCkptHidden = 8, kCkptInner = 16;
 
-Params params_of(torch::nn::Module& m) {
-  Params out;
-  for (const auto& item : m.named_parameters()) out[item.key()] = item.value().detach().clone();
-  return out;
-}
-
-Params exp_avg_of(torch::optim::Optimizer& opt, torch::nn::Module& m) {
-  Params out;
-  for (const auto& item : m.named_parameters())
-    for (const auto& [field, t] : optim::detail::param_state(opt, item.value()).tensors)
-      if (field == "exp_avg") out[item.key()] = t.clone();
-  return out;
-}
+using testing::exp_avg_of;
+using testing::params_of;
 
 ckpt::DistributedState block_state(torch::nn::Module& block, torch::optim::Optimizer& opt) {
   ckpt::DistributedState state;
