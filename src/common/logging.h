@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "common/enforce.h"  // detail::cat, which the macros below use
+
 namespace dtrain {
 
 enum class DebugLevel { Off = 0, Info = 1, Detail = 2 };
