@@ -114,8 +114,12 @@ class SyncBatchNormBackward : public torch::autograd::Node {
     } else {
       const auto k = kernel_stats(stats_, input);
       const auto w = weight.defined() ? weight : at::ones({channels}, input.options());
+      // (Eval mode reads the running statistics; the saved ones are passed
+      // too, the same values, because the CUDA kernel asserts that they are
+      // defined: "save_mean should always be defined", seen on an H200.)
+      const auto save_invstd = (k.var + eps_).rsqrt();
       std::tie(std::ignore, sum_dy_xhat, sum_dy) = at::native_batch_norm_backward(
-          dy, input, w, k.mean, k.var, {}, {}, /*train=*/false, eps_, {false, true, true});
+          dy, input, w, k.mean, k.var, k.mean, save_invstd, /*train=*/false, eps_, {false, true, true});
     }
     variable_list out(3);
     if (should_compute_output(0)) {
