@@ -7,7 +7,8 @@
 #   gpu+suite  the next two at once, and the segv loop beside them (the
 #           crash it looks for came under the suite's load)
 #   gpu     every test that needs a GPU: nccl_test, DeviceRouting.*,
-#           DataParallel on CUDA, the CUDA sharding tests
+#           DataParallel and async_save on CUDA, CudaLaunched's GPU cases
+#           (DDP, FSDP, HSDP, ZeRO, SyncBatchNorm, pipelines, TP+SP+AC, EP)
 #   suite   the whole ctest suite at -j16 (netns excluded: no `ip` there)
 #   bench   the GPU benchmarks (dtrain-bench cuda) beside PyTorch's
 #   segv    loops Nccl.DdpOnOneGpu... under cuda-gdb for SEGV_SECONDS
@@ -34,7 +35,7 @@ for stage in "$@"; do
     grep -E "nccl backend" "$OUT/configure.log" ;;
   gpu)
     for t in "nccl_test:*" "ddp_test:DeviceRouting.*:*OnCuda" "data_parallel_test:*Cuda*" \
-             "process_test:*CudaLaunched*"; do
+             "process_test:*CudaLaunched*:-*_cpu"; do
       bin=${t%%:*} filter=${t#*:}
       [ -x $B/tests/$bin ] || { echo "$bin: not built"; continue; }
       NCCL_DEBUG=WARN timeout 240 $B/tests/$bin --gtest_filter="$filter" >> "$OUT/gpu.log" 2>&1

@@ -281,8 +281,8 @@ TEST(AsyncSave, BackgroundStagingWaitsForTheCallersStreamOnCuda) {
       at::Tensor a = at::randn({4096, 4096}, at::TensorOptions().device(gpu));
       for (int i = 0; i < 8; ++i) a = a.matmul(a).div_(4096);  // tens of milliseconds queued ahead
       w.fill_(7);
-      auto pending = ckpt::async_save(dir.path(), state, ckpt::AsyncSaveOptions().process_group(ctx.group)
-                                                             .stage_in_background(true));
+      auto pending = ckpt::async_save(dir.path(), state,
+                                      async_options(ctx, writer_group(ctx)).stage_in_background(true));
       pending.wait();
     }
     ckpt::DistributedState back;

@@ -45,6 +45,12 @@
 //                             SCHEDULE (gpipe, 1f1b, interleaved, looped-bfs,
 //                             zbv) over the ranks, 5 steps, against one
 //                             process; prints "rank R pipeline ... matches ..."
+//   rank_worker tp-equivalence|ep-equivalence BACKEND
+//                             a norm-and-MLP block under TP with SP and
+//                             activation checkpointing, or an MoE with its
+//                             experts over the ranks and the rest under DDP,
+//                             against one process (rank_worker_parallel.cpp);
+//                             prints "rank R tp+sp+ac|ep matches ..."
 //   (each of these with "cuda" after BACKEND trains on GPU LOCAL_RANK % count)
 //   rank_worker page-faults [STEPS]
 //                             init, then STEPS (default 40) SGD steps on
@@ -481,6 +487,8 @@ int main(int argc, char** argv) {
     if (mode == "zero1-equivalence") return zero_equivalence(backend, 1, worker_device(argc, argv));
     if (mode == "zero2-equivalence") return zero_equivalence(backend, 2, worker_device(argc, argv));
     if (mode == "syncbn-equivalence") return syncbn_equivalence(backend, worker_device(argc, argv));
+    if (mode == "tp-equivalence") return tp_equivalence(backend, worker_device(argc, argv));
+    if (mode == "ep-equivalence") return ep_equivalence(backend, worker_device(argc, argv));
     if (mode == "checkpoint-crash" && argc > 3) return checkpoint_crash(argv[2], argv[3], false);
     if (mode == "checkpoint-check" && argc > 2) return checkpoint_crash(argv[2], "", true);
     if (mode == "monitored") return monitored(argc > 2 ? argv[2] : "auto");

@@ -39,6 +39,9 @@ int pipeline_equivalence(const std::string& schedule, const std::string& backend
 // ZeRO-1 or ZeRO-2.
 int zero_equivalence(const std::string& backend, int stage, torch::Device device);
 int syncbn_equivalence(const std::string& backend, torch::Device device);
+// rank_worker_parallel.cpp
+int tp_equivalence(const std::string& backend, torch::Device device);
+int ep_equivalence(const std::string& backend, torch::Device device);
 // Peers that leave (peer_leaves: every rank but 0 destroys its group; rank 0
 // then idles 1 s and prints "rank 0 cpu_ms N") or die while rank 0 waits
 // (recv_from_last: rank 0 receives from the last rank, which never sends).

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <future>
 #include <mutex>
 #include <thread>
 
@@ -153,10 +154,14 @@ struct FakeReplica {
   // Heartbeats on a thread until stop_beating().
   void start_beating() {
     heart = std::thread([this] {
-      LighthouseLink own(link.address(), "", 5s);
-      while (beating) {
-        own.store(5s)->add(protocol::heartbeat_key(id), 1);
-        std::this_thread::sleep_for(50ms);
+      try {
+        LighthouseLink own(link.address(), "", 5s);
+        while (beating) {
+          own.store(5s)->add(protocol::heartbeat_key(id), 1);
+          std::this_thread::sleep_for(50ms);
+        }
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "replica " << id << "'s heartbeat: " << e.what();
       }
     });
   }
@@ -182,20 +187,20 @@ TEST(FtLighthouse, AQuorumHoldsEveryLiveReplicaAndADeadOneIsDroppedAfterTheHeart
   a.start_beating();
   b.start_beating();
   protocol::Answer qa, qb;
-  std::thread tb([&] {
+  auto tb = std::async(std::launch::async, [&] {
     std::this_thread::sleep_for(200ms);  // a asks first: the quorum waits for b, registered
     qb = b.ask(0);
   });
   qa = a.ask(0);
-  tb.join();
+  tb.get();  // (what it threw fails the test here)
   ASSERT_EQ(qa.members.size(), 2u) << "both live: one quorum of both";
   EXPECT_EQ(qa.quorum_id, qb.quorum_id);
   EXPECT_EQ(lighthouse.status().members, (std::vector<std::string>{"a", "b"}));
 
   // Both again: the fast path keeps the id.
-  std::thread again([&] { qb = b.ask(1); });
+  auto again = std::async(std::launch::async, [&] { qb = b.ask(1); });
   qa = a.ask(1);
-  again.join();
+  again.get();  // (what it threw fails the test here)
   EXPECT_EQ(qa.quorum_id, qb.quorum_id);
   const std::string first_id = qa.quorum_id;
 
@@ -224,9 +229,9 @@ TEST(FtLighthouse, AMemberWhoseHeartbeatsStopIsDeclaredDeadAndItsQuorumsWatchers
   a.start_beating();
   b.start_beating();
   protocol::Answer qa;
-  std::thread tb([&] { b.ask(0); });
+  auto tb = std::async(std::launch::async, [&] { b.ask(0); });
   qa = a.ask(0);
-  tb.join();
+  tb.get();  // (what it threw fails the test here)
   ASSERT_EQ(qa.members.size(), 2u);
   std::mutex mutex;
   std::vector<std::pair<std::string, std::vector<protocol::Death>>> heard;
@@ -275,9 +280,9 @@ TEST(FtLighthouse, AReplicaWhoseHeartbeatConnectionClosesIsDeclaredDeadAtOnce) {
   a.start_beating();
   auto b_heart = std::make_unique<Heartbeat>(LighthouseAddress{lighthouse.host(), lighthouse.port()}, "", "b", 50ms);
   protocol::Answer qa;
-  std::thread tb([&] { b.ask(0); });
+  auto tb = std::async(std::launch::async, [&] { b.ask(0); });
   qa = a.ask(0);
-  tb.join();
+  tb.get();  // (what it threw fails the test here)
   ASSERT_EQ(qa.members.size(), 2u);
   std::mutex mutex;
   std::vector<protocol::Death> heard;
@@ -311,9 +316,9 @@ TEST(FtLighthouse, AReplicaWhoseHeartbeatConnectionClosesIsDeclaredDeadAtOnce) {
   b_heart = std::make_unique<Heartbeat>(LighthouseAddress{lighthouse.host(), lighthouse.port()}, "", "b", 50ms);
   std::this_thread::sleep_for(200ms);
   protocol::Answer qb;
-  std::thread back([&] { qb = b.ask(0); });
+  auto back = std::async(std::launch::async, [&] { qb = b.ask(0); });
   qa = a.ask(2);
-  back.join();
+  back.get();  // (what it threw fails the test here)
   EXPECT_EQ(qa.members.size(), 2u) << "b is back and live";
 }
 
@@ -330,9 +335,9 @@ TEST(FtLighthouse, AReplicaAskingWithItsHeartbeatsHeldUpIsAnsweredNotDropped) {
   b.register_now();
   a.start_beating();
   b.start_beating();
-  std::thread tb([&] { b.ask(0); });
+  auto tb = std::async(std::launch::async, [&] { b.ask(0); });
   EXPECT_EQ(a.ask(0).members.size(), 2u);
-  tb.join();
+  tb.get();  // (what it threw fails the test here)
   b.stop_beating();  // b dies; a goes on alone
   EXPECT_EQ(a.ask(1).members.size(), 1u);
   std::this_thread::sleep_for(500ms);
@@ -340,22 +345,22 @@ TEST(FtLighthouse, AReplicaAskingWithItsHeartbeatsHeldUpIsAnsweredNotDropped) {
   // b's new process asks before its heartbeats start; a asks soon after.
   b.incarnation = "2";
   protocol::Answer back;
-  std::thread returning([&] { back = b.ask(0, 5s); });
+  auto returning = std::async(std::launch::async, [&] { back = b.ask(0, 5s); });
   std::this_thread::sleep_for(100ms);
   EXPECT_EQ(a.ask(2).members.size(), 2u) << "b's request is a sign of life";
-  returning.join();
+  returning.get();  // (what it threw fails the test here)
   EXPECT_EQ(back.members.size(), 2u) << "b's request was answered";
 
   // b asks again and stays silent past the timeout: left out of a's next
   // quorum, its request kept and answered once it beats again.
-  std::thread again([&] { back = b.ask(1, 5s); });
+  auto again = std::async(std::launch::async, [&] { back = b.ask(1, 5s); });
   std::this_thread::sleep_for(450ms);
   EXPECT_EQ(a.ask(3).members.size(), 1u) << "silent for longer than the timeout: not in the quorum";
   b.beating = true;
   b.start_beating();
   std::this_thread::sleep_for(100ms);
   EXPECT_EQ(a.ask(4).members.size(), 2u);
-  again.join();
+  again.get();  // (what it threw fails the test here)
   EXPECT_EQ(back.members.size(), 2u) << "its kept request was answered";
 }
 
@@ -364,14 +369,14 @@ TEST(FtLighthouse, AReplicaAskingWithItsHeartbeatsHeldUpIsAnsweredNotDropped) {
 TEST(FtAbandonableStore, AWaitIsGivenUpWithinASliceOfItsReasonAndATimeoutNamesTheWholeWait) {
   std::atomic<bool> doomed{false};
   AbandonableStore store(std::make_shared<HashStore>(), [&] { return doomed ? std::string("b is dead") : ""; }, 20ms);
-  std::thread doom([&] {
+  auto doom = std::async(std::launch::async, [&] {
     std::this_thread::sleep_for(200ms);
     doomed = true;
   });
   const auto start = std::chrono::steady_clock::now();
   const std::string e = what_thrown<NetworkError>([&] { store.wait({"k"}, 30s); });
   const auto waited = std::chrono::steady_clock::now() - start;
-  doom.join();
+  doom.get();  // (what it threw fails the test here)
   EXPECT_EQ(e, "waiting for key 'k' was given up: b is dead");
   EXPECT_LT(waited, 1s);
   doomed = false;
