@@ -59,12 +59,12 @@ struct AllToAllRows : torch::autograd::Function<AllToAllRows> {
 };
 
 std::vector<int64_t> to_vector(const at::Tensor& t) {
-  const auto c = t.to(at::kLong).contiguous();
+  const auto c = t.to(at::kCPU).to(at::kLong).contiguous();  // (counts may live on a GPU)
   return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
 }
 
-at::Tensor index_tensor(const std::vector<int64_t>& v) {
-  return at::tensor(v, at::TensorOptions().dtype(at::kLong));
+at::Tensor index_tensor(const std::vector<int64_t>& v, c10::Device device = c10::kCPU) {
+  return at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(device);
 }
 
 // The rows this rank routed (sorted by global expert, `counts` per expert)
@@ -102,8 +102,8 @@ at::Tensor through_ranks(const at::Tensor& routed, const std::vector<int64_t>& c
       for (int64_t i = 0; i < received_counts[p * local + j]; ++i) order.push_back(start[p * local + j] + i);
   std::vector<int64_t> back(order.size());
   for (size_t i = 0; i < order.size(); ++i) back[order[i]] = static_cast<int64_t>(i);
-  at::Tensor out = experts.forward(received.index_select(0, index_tensor(order)), per_expert);
-  return AllToAllRows::apply(out.index_select(0, index_tensor(back)), in_splits, out_splits,
+  at::Tensor out = experts.forward(received.index_select(0, index_tensor(order, received.device())), per_expert);
+  return AllToAllRows::apply(out.index_select(0, index_tensor(back, out.device())), in_splits, out_splits,
                              reinterpret_cast<int64_t>(group.get()));
 }
 
