@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "model.h"
 
@@ -18,6 +19,7 @@ namespace llama {
 
 struct Flags {
   int tp = 1, pp = 1, dp = 0;  // dp 0: what the world size leaves
+  int ep = 1;                  // expert-parallel ranks, borrowed from dp (with model.experts)
   std::string data_parallel = "ddp";
   bool sequence_parallel = false, checkpoint_activations = false;
   int64_t steps = 200, batch = 16, microbatches = 4;  // batch: sequences per step, all ranks together
@@ -34,10 +36,13 @@ struct Flags {
   int64_t crash_at_step = -1;  // test hook: the last rank SIGKILLs itself there (first attempt)
 };
 
-// This rank's part of the layout, built over the default group.
+// This rank's part of the layout, built over the default group. The
+// data-parallel ranks of a stage split into ep groups of consecutive ranks
+// (each holding every expert once) and edp groups (the ranks holding the
+// same experts); `stage` is every rank of this pipeline stage (dp x tp).
 struct Placement {
   int pp_rank = 0, dp_rank = 0, tp_rank = 0;
-  std::shared_ptr<dtrain::ProcessGroup> pp, dp, tp;
+  std::shared_ptr<dtrain::ProcessGroup> pp, dp, tp, ep, edp, stage;
   int64_t first_layer = 0, last_layer = 0;
   bool first_stage() const { return pp_rank == 0; }
   bool last_stage(const Flags& f) const { return pp_rank == f.pp - 1; }
@@ -60,6 +65,10 @@ class Trainer {
   void add_to(dtrain::checkpoint::DistributedState& state);
   // The parameters alone, by their names (safetensors in and out).
   void add_weights_to(dtrain::checkpoint::DistributedState& state);
+  // With experts: the fewest and most tokens any expert of this stage's
+  // layers took in the last step (all its data-parallel ranks' tokens), as
+  // fractions of its layer's mean (1, 1: perfect balance); {0, 0} without.
+  std::pair<double, double> expert_load() const { return expert_load_; }
 
  private:
   const Flags& f_;
@@ -70,6 +79,9 @@ class Trainer {
   std::unique_ptr<dtrain::pipelining::PipelineStage> pipeline_;
   std::unique_ptr<dtrain::pipelining::PipelineSchedule> schedule_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::pair<double, double> expert_load_{0, 0};
+  void average_expert_gradients();
+  void balance_experts();
 };
 
 // The mesh (pp, dp, tp) over the default group; checks the sizes.

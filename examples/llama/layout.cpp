@@ -36,14 +36,25 @@ Placement place(Flags& f) {
   require(!f.sequence_parallel || f.model.seq % f.tp == 0,
           "--seq " + n(f.model.seq) + " does not split over --tp " + n(f.tp) + " (sequence parallelism)");
   require(f.data_parallel == "ddp" || f.data_parallel == "fsdp", "--data-parallel is ddp or fsdp");
-  const dtrain::DeviceMesh mesh({f.pp, f.dp, f.tp}, {"pp", "dp", "tp"});
+  require(f.ep >= 1 && f.dp % f.ep == 0, "--ep " + n(f.ep) + " does not divide --dp " + n(f.dp) +
+                                            " (expert-parallel ranks are data-parallel ones)");
+  require(f.ep == 1 || f.model.experts > 0, "--ep " + n(f.ep) + " without --experts");
+  require(f.model.experts == 0 || f.data_parallel == "ddp",
+          "--experts with --data-parallel fsdp: FSDP would shard the experts as dense layers; use ddp");
+  // (pp, edp, ep, tp): dp is (edp, ep), consecutive data-parallel ranks
+  // sharing their experts.
+  const dtrain::DeviceMesh mesh({f.pp, f.dp / f.ep, f.ep, f.tp}, {"pp", "edp", "ep", "tp"});
+  const auto dp = mesh[{"edp", "ep"}].flatten("dp");
   Placement at;
   at.pp_rank = mesh.get_local_rank("pp");
-  at.dp_rank = mesh.get_local_rank("dp");
+  at.dp_rank = dp.get_local_rank("dp");
   at.tp_rank = mesh.get_local_rank("tp");
   at.pp = mesh.get_group("pp");
-  at.dp = mesh.get_group("dp");
+  at.dp = dp.get_group("dp");
   at.tp = mesh.get_group("tp");
+  at.ep = mesh.get_group("ep");
+  at.edp = mesh.get_group("edp");
+  at.stage = mesh[{"edp", "ep", "tp"}].flatten("stage").get_group("stage");
   // Layers dealt out evenly, the first stages one more.
   const int64_t base = f.model.layers / f.pp, extra = f.model.layers % f.pp;
   at.first_layer = at.pp_rank * base + std::min<int64_t>(at.pp_rank, extra);
@@ -52,7 +63,7 @@ Placement place(Flags& f) {
 }
 
 Trainer::Trainer(const Flags& f, const Placement& at) : f_(f), at_(at) {
-  const Layout layout{at.tp, f.sequence_parallel, f.checkpoint_activations};
+  const Layout layout{at.tp, f.sequence_parallel, f.checkpoint_activations, at.ep};
   const bool head = at.last_stage(f);
   stage_ = Stage(f.model, layout,
                  initial_values(f.model, f.seed, at.first_layer, at.last_layer, at.first_stage(), head),
@@ -63,8 +74,10 @@ Trainer::Trainer(const Flags& f, const Placement& at) : f_(f), at_(at) {
         stage_.ptr(), dtrain::FSDPOptions().process_group(at.dp));
     params = fsdp_->parameters();
   } else {
+    // The experts are each rank's own: averaged over edp after backward.
     ddp_ = std::make_shared<dtrain::DistributedDataParallel<StageImpl>>(
-        stage_.ptr(), dtrain::DDPOptions().process_group(at.dp));
+        stage_.ptr(), dtrain::DDPOptions().process_group(at.dp).params_and_buffers_to_ignore(
+                          dtrain::expert_parallel::ignored_by_data_parallel(*stage_)));
     params = stage_->parameters();
   }
   optimizer_ = std::make_unique<torch::optim::AdamW>(
@@ -98,11 +111,53 @@ at::Tensor Trainer::step(const at::Tensor& rows) {
   } else {
     schedule_->step();
   }
+  average_expert_gradients();
   {
     dtrain::TimelineSpan span("optimizer.step");
     optimizer_->step();
   }
+  balance_experts();
   return mean.defined() ? mean.detach() : mean;
+}
+
+// An expert's gradient holds its ep group's tokens (divided by the group's
+// size as it arrived): the mean over the edp ranks that hold the same
+// expert makes it the whole batch's. One all_reduce of them all.
+void Trainer::average_expert_gradients() {
+  if (!at_.edp || at_.edp->size() == 1) return;
+  std::vector<at::Tensor> grads;
+  for (const auto& moe : stage_->moes())
+    for (const auto& p : moe->experts->parameters()) grads.push_back(p.grad());
+  if (grads.empty()) return;
+  auto flat = torch::cat([&] {
+    std::vector<at::Tensor> flat_grads;
+    for (const auto& g : grads) flat_grads.push_back(g.reshape(-1));
+    return flat_grads;
+  }());
+  at_.edp->all_reduce(flat)->wait();
+  flat.div_(at_.edp->size());
+  int64_t offset = 0;
+  for (auto& g : grads) {
+    g.copy_(flat.narrow(0, offset, g.numel()).view_as(g));
+    offset += g.numel();
+  }
+}
+
+// The load (tokens per expert, summed over this stage's ranks, relative to
+// the mean: under TP without SP each token counts tp times, and twice with
+// activation checkpointing's recomputation, which changes no ratio and
+// moves no bias) and the bias step of every MoE layer.
+void Trainer::balance_experts() {
+  const auto moes = stage_->moes();
+  if (moes.empty()) return;
+  std::vector<at::Tensor> counts;
+  for (const auto& moe : moes) counts.push_back(moe->tokens_per_expert);
+  auto all = torch::stack(counts).to(torch::kDouble);
+  at_.stage->all_reduce(all)->wait();
+  const auto mean = all.mean(1, /*keepdim=*/true);
+  const auto share = all / mean;
+  expert_load_ = {share.min().item<double>(), share.max().item<double>()};
+  for (auto moe : moes) moe->update_expert_bias(at_.stage);
 }
 
 void Trainer::add_weights_to(dtrain::checkpoint::DistributedState& state) {

@@ -7,6 +7,7 @@
 
 namespace llama {
 namespace tp = dtrain::tensor_parallel;
+namespace ep = dtrain::expert_parallel;
 namespace {
 
 tp::ParallelLinearOptions linear_options(const Layout& l) {
@@ -53,9 +54,21 @@ Values initial_values(const Config& c, uint64_t seed, int64_t first_layer, int64
     for (const char* w : {"wq", "wk", "wv"})
       v[p + "attention." + w + ".weight"] = normal(gen, {c.dim, c.dim}, 0.02);
     v[p + "attention.wo.weight"] = normal(gen, {c.dim, c.dim}, residual);
-    v[p + "feed_forward.w1.weight"] = normal(gen, {c.hidden, c.dim}, 0.02);
-    v[p + "feed_forward.w3.weight"] = normal(gen, {c.hidden, c.dim}, 0.02);
-    v[p + "feed_forward.w2.weight"] = normal(gen, {c.dim, c.hidden}, residual);
+    if (c.experts == 0) {
+      v[p + "feed_forward.w1.weight"] = normal(gen, {c.hidden, c.dim}, 0.02);
+      v[p + "feed_forward.w3.weight"] = normal(gen, {c.hidden, c.dim}, 0.02);
+      v[p + "feed_forward.w2.weight"] = normal(gen, {c.dim, c.hidden}, residual);
+    } else {
+      v[p + "moe.router.gate.weight"] = normal(gen, {c.experts, c.dim}, 0.02);
+      v[p + "moe.experts.w1"] = normal(gen, {c.experts, c.hidden, c.dim}, 0.02);
+      v[p + "moe.experts.w3"] = normal(gen, {c.experts, c.hidden, c.dim}, 0.02);
+      v[p + "moe.experts.w2"] = normal(gen, {c.experts, c.dim, c.hidden}, residual);
+      if (c.shared_expert) {
+        v[p + "moe.shared_expert.w1.weight"] = normal(gen, {c.hidden, c.dim}, 0.02);
+        v[p + "moe.shared_expert.w3.weight"] = normal(gen, {c.hidden, c.dim}, 0.02);
+        v[p + "moe.shared_expert.w2.weight"] = normal(gen, {c.dim, c.hidden}, residual);
+      }
+    }
     v[p + "attention_norm.weight"] = at::ones({c.dim});
     v[p + "ffn_norm.weight"] = at::ones({c.dim});
   }
@@ -150,15 +163,47 @@ at::Tensor FeedForwardImpl::forward(const at::Tensor& x) {
   return w2_(torch::silu(w1_(x)) * w3_(x));
 }
 
+namespace {
+
+// The mixture of experts of layer `prefix`, holding the whole model's
+// values (this rank's experts' slice of them).
+ep::MoE moe_of(const Config& c, const Layout& l, const Values& v, const std::string& prefix) {
+  auto options = ep::MoEOptions(c.dim, c.hidden, c.experts)
+                     .top_k(c.top_k)
+                     .score_func(ep::ScoreFunction::kSigmoid)
+                     .route_norm(true)
+                     .load_balance_coeff(1e-3)
+                     .shared_expert_hidden_dim(c.shared_expert ? c.hidden : 0)
+                     .ep_group(l.ep);
+  ep::MoE moe(options);
+  torch::NoGradGuard no_grad;
+  for (const auto& item : moe->named_parameters()) {
+    at::Tensor whole = value(v, prefix + item.key());
+    if (item.key().rfind("experts.", 0) == 0)
+      whole = whole.narrow(0, moe->experts->first_expert(), moe->experts->local_experts());
+    item.value().copy_(whole);
+  }
+  return moe;
+}
+
+}  // namespace
+
 BlockImpl::BlockImpl(const Config& c, const Layout& l, const Values& v, int64_t index) : c_(c), l_(l) {
   const std::string p = "layers." + std::to_string(index) + ".";
   attention_norm_ = register_module("attention_norm", RMSNorm(value(v, p + "attention_norm.weight"), c.norm_eps));
   attention_ = register_module("attention", Attention(c, l, v, p + "attention."));
   ffn_norm_ = register_module("ffn_norm", RMSNorm(value(v, p + "ffn_norm.weight"), c.norm_eps));
-  feed_forward_ = register_module("feed_forward", FeedForward(c, l, v, p + "feed_forward."));
+  if (c.experts > 0)
+    moe = register_module("moe", moe_of(c, l, v, p + "moe."));
+  else
+    feed_forward_ = register_module("feed_forward", FeedForward(c, l, v, p + "feed_forward."));
   if (l.sequence_parallel) {  // the norms see sequence shards: their gradients are summed
     tp::mark_sequence_parallel(*attention_norm_, l.tp);
     tp::mark_sequence_parallel(*ffn_norm_, l.tp);
+    // So does the mixture of experts (whole on every TP rank, each routing
+    // its own shard's tokens): every one of its gradients, the experts'
+    // too, is summed over the TP ranks.
+    if (moe) tp::mark_sequence_parallel(*moe, l.tp);
   }
 }
 
@@ -173,7 +218,8 @@ at::Tensor BlockImpl::residual_dropout(const at::Tensor& x) {
 
 at::Tensor BlockImpl::forward(const at::Tensor& x) {
   const auto h = x + residual_dropout(attention_(attention_norm_(x)));
-  return h + residual_dropout(feed_forward_(ffn_norm_(h)));
+  const auto normed = ffn_norm_(h);
+  return h + residual_dropout(moe ? moe(normed) : feed_forward_(normed));
 }
 
 StageImpl::StageImpl(const Config& c, const Layout& l, const Values& initial, int64_t first_layer,
@@ -205,6 +251,13 @@ at::Tensor StageImpl::forward(at::Tensor x) {
                       : layer(x);
   if (output_) x = output_(norm_(x));
   return x;
+}
+
+std::vector<ep::MoE> StageImpl::moes() const {
+  std::vector<ep::MoE> out;
+  for (const auto& layer : layers_)
+    if (layer->moe) out.push_back(layer->moe);
+  return out;
 }
 
 at::Tensor loss(const at::Tensor& logits_shard, const at::Tensor& targets,

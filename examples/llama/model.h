@@ -1,14 +1,16 @@
 #pragma once
 
 // A small Llama-style decoder (RMSNorm, rotary position embeddings, causal
-// multi-head attention, a SwiGLU feed-forward) written with dtrain's
-// tensor-parallel modules, so that one definition runs in one process, at
-// any tensor-parallel size, with or without sequence parallelism and
-// activation checkpointing, and cut into pipeline stages.
+// multi-head attention, a SwiGLU feed-forward or a mixture of SwiGLU
+// experts) written with dtrain's tensor-parallel and expert-parallel
+// modules, so that one definition runs in one process, at any
+// tensor-parallel and expert-parallel size, with or without sequence
+// parallelism and activation checkpointing, and cut into pipeline stages.
 //
 // Parameters are named as torchtitan's Llama names them
 // (tok_embeddings.weight, layers.3.attention.wq.weight,
-// layers.3.feed_forward.w2.weight, norm.weight, output.weight), by the
+// layers.3.feed_forward.w2.weight, layers.3.moe.experts.w1,
+// layers.3.moe.router.gate.weight, norm.weight, output.weight), by the
 // global layer index whatever stage holds the layer, so checkpoints and
 // the comparison with PyTorch (bench/scripts/tp_vs_pytorch.py) line up.
 
@@ -31,6 +33,12 @@ struct Config {
   double norm_eps = 1e-5;
   double rope_theta = 10000;
   double dropout = 0;  // on attention probabilities and on each residual branch
+  // > 0: each layer's feed-forward is a mixture of this many SwiGLU experts
+  // of `hidden` width (sigmoid routing to top_k of them, auxiliary-loss-free
+  // balancing), with a shared expert of the same width when shared_expert.
+  int64_t experts = 0;
+  int64_t top_k = 2;
+  bool shared_expert = false;
 };
 
 // How this rank's part of the model is split.
@@ -38,6 +46,7 @@ struct Layout {
   std::shared_ptr<dtrain::ProcessGroup> tp;  // the tensor-parallel group (may have one rank)
   bool sequence_parallel = false;           // between the tensor-parallel layers (Megatron's SP)
   bool checkpoint = false;                  // each layer an activation-checkpointed segment
+  std::shared_ptr<dtrain::ProcessGroup> ep;  // the experts' group (null: every expert here)
 };
 
 // The whole parameters' initial values, by name, for layers
@@ -97,6 +106,9 @@ class BlockImpl : public torch::nn::Module {
   RMSNorm attention_norm_{nullptr}, ffn_norm_{nullptr};
   Attention attention_{nullptr};
   FeedForward feed_forward_{nullptr};
+
+ public:
+  dtrain::expert_parallel::MoE moe{nullptr};  // in place of feed_forward_ with experts
 };
 TORCH_MODULE(Block);
 
@@ -112,6 +124,8 @@ class StageImpl : public torch::nn::Module {
   StageImpl(const Config& c, const Layout& l, const Values& initial, int64_t first_layer,
             int64_t last_layer, bool embedding, bool head);
   at::Tensor forward(at::Tensor x);
+  // This stage's mixture-of-experts layers (none without experts).
+  std::vector<dtrain::expert_parallel::MoE> moes() const;
 
  private:
   Layout l_;

@@ -12,7 +12,10 @@ namespace llama {
 std::string describe(const Config& c) {
   return "llama vocab " + std::to_string(c.vocab) + " dim " + std::to_string(c.dim) + " layers " +
          std::to_string(c.layers) + " heads " + std::to_string(c.heads) + " hidden " +
-         std::to_string(c.hidden) + " seq " + std::to_string(c.seq);
+         std::to_string(c.hidden) + " seq " + std::to_string(c.seq) +
+         (c.experts > 0 ? " experts " + std::to_string(c.experts) + " top " + std::to_string(c.top_k) +
+                              (c.shared_expert ? " shared" : "")
+                        : "");
 }
 
 std::string sample(const Flags& f, const std::shared_ptr<dtrain::ProcessGroup>& solo,

@@ -3,6 +3,8 @@
 //
 //   dtrain-run --standalone --nproc-per-node 8 dtrain-llama --tp 2 --pp 2 --dp 2
 //
+// --experts E makes each layer's feed-forward a mixture of E experts (top
+// --top-k per token), split over --ep of the data-parallel ranks.
 // --tp splits each layer's matrices (and the vocabulary) over tensor-parallel
 // ranks (with --sequence-parallel, the activations between them too), --pp
 // cuts the layers into pipeline stages (1F1B over --microbatches), --dp
@@ -53,6 +55,12 @@ Flags parse(int argc, char** argv) {
   app.add_option("--layers", f.model.layers, "Decoder layers")->capture_default_str()->check(positive);
   app.add_option("--heads", f.model.heads, "Attention heads")->capture_default_str()->check(positive);
   app.add_option("--hidden", f.model.hidden, "The feed-forward's inner width")->capture_default_str()->check(positive);
+  app.add_option("--experts", f.model.experts, "Mixture of experts: SwiGLU experts per layer (0: a dense feed-forward)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--top-k", f.model.top_k, "Experts per token")->capture_default_str()->check(positive);
+  app.add_flag("--shared-expert", f.model.shared_expert, "A shared expert every token goes through, beside the routed ones");
+  app.add_option("--ep", f.ep, "Expert-parallel ranks (taken from the data-parallel ones)")->capture_default_str()
+      ->check(positive);
   app.add_option("--dropout", f.model.dropout, "Dropout on attention and residual branches")->capture_default_str()
       ->check(CLI::Range(0.0, 0.9));
   app.add_option("--lr", f.lr, "AdamW's learning rate")->capture_default_str()->check(positive);
@@ -192,7 +200,8 @@ int main(int argc, char** argv) {
       std::cout << "dtrain-llama: " << llama::describe(f.model) << "; " << corpus.size() << " bytes of text from "
                 << corpus.files() << " files; " << world << " ranks: tp " << f.tp << " x pp " << f.pp << " x dp "
                 << f.dp << " (" << f.data_parallel << ")" << (f.sequence_parallel ? ", sequence parallel" : "")
-                << (f.checkpoint_activations ? ", activation checkpointing" : "") << "; batch " << f.batch
+                << (f.checkpoint_activations ? ", activation checkpointing" : "")
+                << (f.model.experts > 0 ? ", experts over ep " + std::to_string(f.ep) : "") << "; batch " << f.batch
                 << " x " << f.model.seq << " tokens" << std::endl;
     }
     const bool first_attempt = !f.resume && dtrain::restart_count() == 0;
@@ -217,15 +226,23 @@ int main(int argc, char** argv) {
       window_loss += loss;
       if (leader) {
         if (f.print_losses) std::printf("step %lld loss %.9g\n", static_cast<long long>(step + 1), loss);
+        if (f.model.experts > 0 && ((step + 1) % f.log_every == 0 || step + 1 == f.steps))
+          std::printf("step %lld expert load: min %.2f, max %.2f of the mean (stage 0's layers)\n",
+                      static_cast<long long>(step + 1), trainer.expert_load().first, trainer.expert_load().second);
         progress.update(step + 1, loss);
         curve << step + 1 << " " << loss << "\n";
       }
       if ((step + 1) % f.log_every == 0 || step + 1 == f.steps) {
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count();
         const int64_t steps = (step + 1 - first) % f.log_every == 0 ? f.log_every : (step + 1 - first) % f.log_every;
-        if (leader)
+        if (leader) {
           metrics << "{\"step\": " << step + 1 << ", \"loss\": " << window_loss / steps
-                  << ", \"tokens_per_s\": " << steps * tokens_per_step / s << "}" << std::endl;
+                  << ", \"tokens_per_s\": " << steps * tokens_per_step / s;
+          if (f.model.experts > 0)  // rank 0's stage, the last step
+            metrics << ", \"expert_load_min\": " << trainer.expert_load().first
+                    << ", \"expert_load_max\": " << trainer.expert_load().second;
+          metrics << "}" << std::endl;
+        }
         window_loss = 0;
         window_start = std::chrono::steady_clock::now();
       }

@@ -8,6 +8,8 @@
 #   step-10 checkpoint with the uninterrupted run's losses, bit for bit, with
 #   dropout on; so does FSDP 2 x PP 2; checkpoints resume in other layouts
 #   (8 ranks' in one process, TP 2 x FSDP 2's at PP 2 x DDP 2);
+# - mixture-of-experts layers at DP 4 x EP 2 and PP 2 x DP 2 (EP 2) x TP 2
+#   with SP have one process's losses; their checkpoint resumes in one;
 # - metrics, plot and sample text are written; bad layouts are named.
 set -euo pipefail
 run=$1 llama=$2
@@ -89,6 +91,33 @@ cp -r ck/tp2-fsdp2 ck/more-pp
 job more-pp 4 -- --resume --steps 25 --pp 2 --dp 2 || fail "resume of TP x FSDP's checkpoint at PP 2 x DDP 2"
 grep -q "resumed from ck/more-pp at step 20 (written by 4 ranks" more-pp.log || fail "no resume line (PP 2 x DDP 2)"
 expect_close more-pp one-25 1e-4
+
+# Mixture of experts (4 experts, top 2, a shared expert): one process
+# against EP 2 within DP 4 (each expert on two ranks, averaged over them)
+# and PP 2 x DP 2 (EP 2) x TP 2 with SP (the MoE routes each rank's
+# sequence shard; its gradients summed over TP); that checkpoint resumed
+# in one process.
+moe=(--experts 4 --top-k 2 --shared-expert)
+job moe-one 1 -- "${moe[@]}" --steps 25 || fail "MoE, one process"
+grep -q '^\[0\]:step 20 expert load: min [0-9.]*, max [0-9.]* of the mean' moe-one.log || fail "MoE: no load line"
+job moe-dp4 4 -- "${moe[@]}" --dp 4 --ep 2 || fail "MoE, DP 4 x EP 2"
+expect_close moe-dp4 moe-one 1e-4
+job moe-3d 8 -- "${moe[@]}" --pp 2 --dp 2 --ep 2 --tp 2 --sequence-parallel || fail "MoE, PP 2 x DP 2 (EP 2) x TP 2 + SP"
+expect_close moe-3d moe-one 1e-4
+grep -q "experts over ep 2" moe-3d.log || fail "MoE: the layout line does not name EP"
+cp -r ck/moe-3d ck/moe-more
+job moe-more 1 -- "${moe[@]}" --resume --steps 25 || fail "resume of the MoE 8-rank checkpoint in one process"
+grep -q "resumed from ck/moe-more at step 20 (written by 8 ranks" moe-more.log || fail "MoE: no resume line"
+expect_close moe-more moe-one 1e-4
+job bad-ep 2 -- "${moe[@]}" --ep 3 && fail "--ep 3 on 2 data-parallel ranks ran"
+grep -q "dtrain-llama: --ep 3 does not divide --dp 2" bad-ep.log || fail "--ep 3: no error"
+job bad-ep-dense 2 -- --ep 2 && fail "--ep 2 without experts ran"
+grep -q "dtrain-llama: --ep 2 without --experts" bad-ep-dense.log || fail "--ep without experts: no error"
+job bad-moe-fsdp 2 -- "${moe[@]}" --data-parallel fsdp && fail "MoE under FSDP ran"
+grep -q "dtrain-llama: --experts with --data-parallel fsdp" bad-moe-fsdp.log || fail "MoE under FSDP: no error"
+job bad-experts 2 -- --experts 3 --ep 2 && fail "3 experts over EP 2 ran"
+grep -q "3 experts" bad-experts.log || fail "3 experts over EP 2: no error"
+echo "MoE: DP 4 x EP 2 and PP 2 x DP 2 x EP 2 x TP 2 + SP as one process; resumed in one process; bad layouts named"
 
 # Bad layouts.
 job bad-tp 2 -- --tp 3 && fail "--tp 3 on 2 ranks ran"
