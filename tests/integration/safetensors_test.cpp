@@ -22,6 +22,7 @@
 #include "dtrain/checkpoint/safetensors.h"
 #include "dtrain/ddp.h"
 #include "dtrain/device_mesh.h"
+#include "dtrain/expert_parallel.h"
 #include "dtrain/fsdp.h"
 #include "dtrain/tensor_parallel.h"
 #include "harness/assertions.h"
@@ -425,6 +426,60 @@ TEST(Safetensors, DamagedFilesAndMismatchesAreNamed) {
   std::ofstream(out + "/model.safetensors", std::ios::binary | std::ios::trunc) << file.substr(0, 100);
   EXPECT_TRUE(testing::Contains(import_into(), "safetensors " + out + "/model.safetensors: header length "));
   EXPECT_TRUE(testing::Contains(import_into(), "runs past the end of the file (100 bytes)"));
+}
+
+// Experts go out as Hugging Face names them, one tensor per expert: an MoE
+// at EP 2 (each rank half the experts) exports w1, w3 and w2 [8, ...] as
+// experts.{e}.gate_proj.weight, up_proj and down_proj, each [hidden, dim] or
+// [dim, hidden], equal to one process's expert e; the router and shared
+// expert under their module names. They import back into one process
+// (stacked) and at EP 2 (each rank only its experts' tensors) bitwise.
+TEST(Safetensors, ExpertsGoOutOneTensorPerExpertUnderHuggingFaceNamesAndComeBackAtAnyEpSize) {
+  testing::TempDir dir;
+  const std::string out = dir.path() + "/hf";
+  namespace ep = expert_parallel;
+  const auto options = ep::MoEOptions(8, 16, 8).top_k(2).shared_expert_hidden_dim(12).load_balance_coeff(1e-3);
+  std::mutex generator;  // libtorch's is the process's
+  auto seeded = [&](const ep::MoEOptions& o, uint64_t seed) {
+    std::lock_guard<std::mutex> lock(generator);
+    torch::manual_seed(seed);
+    return ep::MoE(o);
+  };
+  ep::MoE whole = seeded(options, 5);
+  testing::expect_no_errors(testing::run_rank_contexts(2, [&](RankContext& ctx) {
+    auto moe = seeded(ep::MoEOptions(options).ep_group(ctx.group), 5);
+    ckpt::DistributedState state;
+    ckpt::add_module(state, *moe, "model/");
+    ckpt::export_safetensors(out, state, ckpt::SafetensorsOptions().process_group(ctx.group));
+  }));
+  const Tensors files = read_by_the_spec(out + "/model.safetensors");
+  EXPECT_EQ(files.size(), 3u * 8u + 4u + 2u) << "24 expert tensors, router, shared expert x3, two buffers";
+  const std::pair<const char*, at::Tensor> kinds[] = {
+      {"gate_proj", whole->experts->w1}, {"up_proj", whole->experts->w3}, {"down_proj", whole->experts->w2}};
+  for (int e = 0; e < 8; ++e)
+    for (const auto& [kind, all] : kinds) {
+      const std::string name = "experts." + std::to_string(e) + "." + kind + ".weight";
+      ASSERT_TRUE(files.count(name)) << name;
+      EXPECT_TRUE(at::equal(files.at(name), all[e])) << name;
+    }
+  EXPECT_TRUE(at::equal(files.at("router.gate.weight"), whole->router->gate->weight));
+  EXPECT_TRUE(at::equal(files.at("shared_expert.w2.weight"), whole->shared_expert->w2->weight));
+  EXPECT_FALSE(files.count("experts.w1"));
+
+  auto other = seeded(options, 6);
+  ckpt::DistributedState into;
+  ckpt::add_module(into, *other);
+  ckpt::import_safetensors(out, into);
+  expect_equal(state_dict_of(*other), state_dict_of(*whole), "imported into one process");
+  testing::expect_no_errors(testing::run_rank_contexts(2, [&](RankContext& ctx) {
+    auto moe = seeded(ep::MoEOptions(options).ep_group(ctx.group), 7);
+    ckpt::DistributedState state;
+    ckpt::add_module(state, *moe);
+    ckpt::import_safetensors(out, state);
+    EXPECT_TRUE(at::equal(moe->experts->w1, whole->experts->w1.narrow(0, 4 * ctx.rank, 4)));
+    EXPECT_TRUE(at::equal(moe->experts->w2, whole->experts->w2.narrow(0, 4 * ctx.rank, 4)));
+    EXPECT_TRUE(at::equal(moe->router->gate->weight, whole->router->gate->weight));
+  }));
 }
 
 }  // namespace

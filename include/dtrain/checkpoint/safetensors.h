@@ -29,10 +29,15 @@
 namespace dtrain::checkpoint {
 
 struct SafetensorsOptions {
-  // A state entry's name in the files; "" leaves the entry out. Null: the
-  // parameters and buffers add_module names ("<prefix>param/w",
-  // "<prefix>buffer/b", any prefix) under their module names ("w", "b"),
-  // and nothing else (not the optimizer's state).
+  // A state entry's name in the files; "" leaves the entry out. A name
+  // holding "{e}" splits the entry along its first dimension into one
+  // tensor per index, "{e}" replaced by the index (import stacks them back,
+  // each rank reading only its indices). Null: the parameters and buffers
+  // add_module names ("<prefix>param/w", "<prefix>buffer/b", any prefix)
+  // under their module names ("w", "b"), a GroupedExperts' w1, w3 and w2
+  // ("....experts.w1") as Hugging Face's per-expert
+  // "....experts.{e}.gate_proj.weight", "up_proj" and "down_proj", and
+  // nothing else (not the optimizer's state).
   DTRAIN_ARG(std::function<std::string(const std::string&)>, rename) = nullptr;
   // Export: the most tensor bytes per file (a larger tensor gets a file of
   // its own), as Hugging Face's max_shard_size (5 GB).

@@ -42,8 +42,24 @@ bool is_output(const std::string& file) {
 struct Planned {
   EntryInfo info;
   std::string name;  // in the file
+  int64_t index = -1;  // of the entry's first dimension, under a split name
   uint64_t bytes = 0;
+  std::vector<int64_t> shape() const {
+    return index < 0 ? info.shape : std::vector<int64_t>(info.shape.begin() + 1, info.shape.end());
+  }
 };
+
+// The tensors entry `info` makes in the files: itself, or under a name with
+// the index mark one per index of its first dimension.
+std::vector<Planned> planned(const EntryInfo& info, const Rename& rename) {
+  const std::string name = rename(info.name);
+  if (name.find(kIndexMark) == std::string::npos) return {Planned{info, name}};
+  DTRAIN_CHECK_ARG(!info.shape.empty(), "export_safetensors: entry '", info.name, "' is a scalar; '", name,
+                   "' splits a first dimension");
+  std::vector<Planned> out;
+  for (int64_t i = 0; i < info.shape[0]; ++i) out.push_back(Planned{info, indexed(name, i), i});
+  return out;
+}
 
 // The test seams (checkpoint/export_seam.h).
 std::atomic<int> fail_after_files{-1};
@@ -81,20 +97,21 @@ void write_export(const std::string& dir, WholeEntries& saved, const Rename& ren
   std::set<std::string> names;
   uint64_t in_file = 0, total = 0;
   for (auto& info : saved.entries()) {
-    Planned p{info, rename(info.name), 0};
-    DTRAIN_CHECK_ARG(names.insert(p.name).second, "export_safetensors: two entries are named '", p.name,
-                     "' in the files (the last one is '", info.name, "')");
-    st::Entry probe{p.name, to_file(info.name, info.dtype), info.shape, 0, 0};
-    std::vector<st::Entry> one{probe};
-    st::encode_prefix(one, {});  // checks the name and shape; sets the size
-    p.bytes = one[0].end;
-    if (!files.back().empty() && in_file + p.bytes > static_cast<uint64_t>(max_bytes)) {
-      files.emplace_back();
-      in_file = 0;
+    for (auto& p : planned(info, rename)) {
+      DTRAIN_CHECK_ARG(names.insert(p.name).second, "export_safetensors: two entries are named '", p.name,
+                       "' in the files (the last one is '", info.name, "')");
+      st::Entry probe{p.name, to_file(info.name, info.dtype), p.shape(), 0, 0};
+      std::vector<st::Entry> one{probe};
+      st::encode_prefix(one, {});  // checks the name and shape; sets the size
+      p.bytes = one[0].end;
+      if (!files.back().empty() && in_file + p.bytes > static_cast<uint64_t>(max_bytes)) {
+        files.emplace_back();
+        in_file = 0;
+      }
+      in_file += p.bytes;
+      total += p.bytes;
+      files.back().push_back(std::move(p));
     }
-    in_file += p.bytes;
-    total += p.bytes;
-    files.back().push_back(std::move(p));
   }
   std::vector<std::pair<std::string, std::string>> metadata{{"format", "pt"}};
   for (const auto& [key, value] : saved.metadata())
@@ -109,9 +126,16 @@ void write_export(const std::string& dir, WholeEntries& saved, const Rename& ren
     const std::string& file = file_of[k];
     std::vector<st::Entry> entries;
     std::vector<at::Tensor> values;
+    at::Tensor split;  // the entry of the last split name, read once for its indices
+    std::string split_of;
     for (const auto& p : files[k]) {
-      entries.push_back({p.name, to_file(p.info.name, p.info.dtype), p.info.shape, 0, 0});
-      values.push_back(saved.read(p.info).contiguous());
+      entries.push_back({p.name, to_file(p.info.name, p.info.dtype), p.shape(), 0, 0});
+      if (p.index < 0) {
+        values.push_back(saved.read(p.info).contiguous());
+      } else {
+        if (split_of != p.info.name) split = saved.read(p.info), split_of = p.info.name;
+        values.push_back(split[p.index].contiguous());
+      }
       weight_map += (weight_map.empty() ? "" : ",") + st::json_string(p.name) + ":" + st::json_string(file);
     }
     const std::string prefix = st::encode_prefix(entries, metadata);

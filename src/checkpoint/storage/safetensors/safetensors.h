@@ -17,8 +17,16 @@ namespace dtrain::checkpoint::storage::safetensors_files {
 // A state entry's name in the files; "" leaves the entry out.
 using Rename = std::function<std::string(const std::string&)>;
 
-// add_module's parameters and buffers under their module names; nothing else.
+// add_module's parameters and buffers under their module names, a
+// GroupedExperts' w1, w3 and w2 as Hugging Face's per-expert
+// "experts.{e}.gate_proj.weight", "up_proj" and "down_proj"; nothing else.
 std::string default_rename(const std::string& entry);
+
+// A name in the files with this mark splits its entry along the first
+// dimension: one tensor per index, the mark replaced by the index.
+inline constexpr const char* kIndexMark = "{e}";
+// `name` with its index mark replaced by `index`.
+std::string indexed(const std::string& name, int64_t index);
 
 // `saved`'s entries whole into files of at most `max_bytes` of tensors
 // each, the index beside them when there are several, then the earlier
