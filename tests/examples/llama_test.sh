@@ -102,8 +102,13 @@ job moe-one 1 -- "${moe[@]}" --steps 25 || fail "MoE, one process"
 grep -q '^\[0\]:step 20 expert load: min [0-9.]*, max [0-9.]* of the mean' moe-one.log || fail "MoE: no load line"
 job moe-dp4 4 -- "${moe[@]}" --dp 4 --ep 2 || fail "MoE, DP 4 x EP 2"
 expect_close moe-dp4 moe-one 1e-4
-job moe-3d 8 -- "${moe[@]}" --pp 2 --dp 2 --ep 2 --tp 2 --sequence-parallel || fail "MoE, PP 2 x DP 2 (EP 2) x TP 2 + SP"
+job moe-3d 8 -- "${moe[@]}" --pp 2 --dp 2 --ep 2 --tp 2 --sequence-parallel --export-safetensors hf-moe \
+  || fail "MoE, PP 2 x DP 2 (EP 2) x TP 2 + SP"
 expect_close moe-3d moe-one 1e-4
+for name in layers.0.moe.experts.3.gate_proj.weight layers.1.moe.experts.0.down_proj.weight \
+            layers.1.moe.router.gate.weight; do
+  head -c 20000 hf-moe/model.safetensors | grep -q "\"$name\"" || fail "MoE export: no tensor $name"
+done
 grep -q "experts over ep 2" moe-3d.log || fail "MoE: the layout line does not name EP"
 cp -r ck/moe-3d ck/moe-more
 job moe-more 1 -- "${moe[@]}" --resume --steps 25 || fail "resume of the MoE 8-rank checkpoint in one process"
