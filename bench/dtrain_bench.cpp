@@ -35,6 +35,10 @@
 //       TP 2 and 4 against one process, and activation checkpointing's
 //       activation peak and step time against none; the Llama model's tokens/s at
 //       TP 2 against one process on 2 threads; tensor_parallel.cpp.
+//   dtrain-bench ep       [--experts 8] [--dim 256] [--hidden 512] [--tokens 2048] [--run memory,speed]
+//       Expert parallelism's per-rank expert parameter + gradient + Adam
+//       bytes at EP 2 and 4 against one process, and an MoE layer's tokens/s
+//       at EP 2 against one process on 2 threads; expert_parallel.cpp.
 //   dtrain-bench checkpoint [--world 4] [--layers 6] [--width 4096] [--saves 3] [--dir D]
 //                           [--modes ddp,fsdp] [--snapshots 1] [--background-staging 0]
 //       save() against async_save() on DDP and FSDP with Adam: the training
@@ -382,6 +386,7 @@ int main(int argc, char** argv) {
     if (cmd == "rank" && argc > 2 && is_pipeline_mode(argv[2]))
       return pipeline_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2 && is_tp_mode(argv[2])) return tp_rank_main(argv[2], parse(argc, argv, 3));
+    if (cmd == "rank" && argc > 2 && is_ep_mode(argv[2])) return ep_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2 && is_cuda_mode(argv[2])) return cuda_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2 && is_ft_mode(argv[2])) return ft_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2 && is_checkpoint_mode(argv[2]))
@@ -394,6 +399,7 @@ int main(int argc, char** argv) {
     if (cmd == "ft") return bench_ft(parse(argc, argv, 2));
     if (cmd == "pipeline") return bench_pipeline(parse(argc, argv, 2));
     if (cmd == "tp") return bench_tp(parse(argc, argv, 2));
+    if (cmd == "ep") return bench_ep(parse(argc, argv, 2));
     if (cmd == "checkpoint") return bench_checkpoint(parse(argc, argv, 2));
     if (cmd == "composed") return bench_composed(parse(argc, argv, 2));
     if (cmd == "ddp") return bench_ddp(parse(argc, argv, 2));
@@ -405,6 +411,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dtrain-bench: %s\n", e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: dtrain-bench ddp|overlap|dp|syncbn|memory|pipeline|tp|checkpoint|composed|cuda|ft|collectives [--flag value ...] (see the source header)\n");
+  std::fprintf(stderr, "usage: dtrain-bench ddp|overlap|dp|syncbn|memory|pipeline|tp|ep|checkpoint|composed|cuda|ft|collectives [--flag value ...] (see the source header)\n");
   return 2;
 }

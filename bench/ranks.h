@@ -79,6 +79,11 @@ void write_float32(const std::string& path, const at::Tensor& t);  // tensor_par
 int moe_reference_rank_main(const Args& a);  // moe_ref.cpp
 int bench_tp(const Args& a);
 
+// dtrain-bench ep (expert_parallel.cpp).
+bool is_ep_mode(const std::string& mode);
+int ep_rank_main(const std::string& mode, const Args& a);
+int bench_ep(const Args& a);
+
 // dtrain-bench checkpoint (checkpoint.cpp).
 bool is_checkpoint_mode(const std::string& mode);
 int checkpoint_rank_main(const std::string& mode, const Args& a);
