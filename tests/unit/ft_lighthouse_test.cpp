@@ -273,12 +273,37 @@ TEST(FtLighthouse, AMemberWhoseHeartbeatsStopIsDeclaredDeadAndItsQuorumsWatchers
 // declares it dead at its next tick, not after the heartbeat timeout (5 s
 // here), and the next quorum forms without it at once. Back under the same
 // id, it is live again.
+// Registrations so far (the Heartbeat of a replica adds one when it starts).
+int64_t registrations(const Lighthouse& lighthouse) {
+  TcpStore look(TcpStoreOptions().host(lighthouse.host()).port(lighthouse.port()));
+  return look.add(protocol::kRegistrationsKey, 0);
+}
+
+// Until replica `id`'s Heartbeat, started when there were `before`
+// registrations, has made it live and registered it: under load its thread
+// may start after the others ask, and a quorum then forms without it,
+// leaving it to wait for a next one the test never asks for.
+void await_heartbeat(const Lighthouse& lighthouse, const std::string& id, int64_t before) {
+  TcpStore look(TcpStoreOptions().host(lighthouse.host()).port(lighthouse.port()));
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  for (int64_t n = before + 1;; std::this_thread::sleep_for(5ms)) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << id << "'s heartbeat never registered it";
+    if (!look.check({protocol::registration_key(n)})) continue;
+    const auto v = look.get(protocol::registration_key(n));
+    if (std::string(v.begin(), v.end()) == id) break;
+    ++n;
+  }
+  EXPECT_TRUE(look.check({protocol::present_key(id)})) << id << ": no presence key";
+  std::this_thread::sleep_for(60ms);  // the lighthouse's next tick reads it
+}
+
 TEST(FtLighthouse, AReplicaWhoseHeartbeatConnectionClosesIsDeclaredDeadAtOnce) {
   Lighthouse lighthouse(LighthouseOptions().port(0).heartbeat_timeout(5s).tick(20ms).join_timeout(30s));
   FakeReplica a(lighthouse, "a"), b(lighthouse, "b");
   a.register_now();
   a.start_beating();
   auto b_heart = std::make_unique<Heartbeat>(LighthouseAddress{lighthouse.host(), lighthouse.port()}, "", "b", 50ms);
+  await_heartbeat(lighthouse, "b", 1);  // a's is the first
   protocol::Answer qa;
   auto tb = std::async(std::launch::async, [&] { b.ask(0); });
   qa = a.ask(0);
@@ -313,13 +338,19 @@ TEST(FtLighthouse, AReplicaWhoseHeartbeatConnectionClosesIsDeclaredDeadAtOnce) {
   const auto q = a.ask(1);
   ASSERT_EQ(q.members.size(), 1u);
   EXPECT_LT(std::chrono::steady_clock::now() - asked, 500ms) << "b is not waited for";
+  const int64_t before = registrations(lighthouse);
   b_heart = std::make_unique<Heartbeat>(LighthouseAddress{lighthouse.host(), lighthouse.port()}, "", "b", 50ms);
-  std::this_thread::sleep_for(200ms);
+  await_heartbeat(lighthouse, "b", before);
   protocol::Answer qb;
   auto back = std::async(std::launch::async, [&] { qb = b.ask(0); });
+  // a asks on, step by step: its quorum of one forms again at once while
+  // all of it asks, so b joins at the step after its request arrives (at
+  // a's first when both arrive in one tick).
   qa = a.ask(2);
+  for (int64_t step = 3; step < 20 && qa.members.size() < 2; ++step) qa = a.ask(step);
   back.get();  // (what it threw fails the test here)
   EXPECT_EQ(qa.members.size(), 2u) << "b is back and live";
+  EXPECT_EQ(qb.quorum_id, qa.quorum_id);
 }
 
 // A replica that comes back and asks while its heartbeats are held up (a
