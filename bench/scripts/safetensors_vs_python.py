@@ -6,6 +6,8 @@
   python3 safetensors_vs_python.py rewrite DIR OUT    each tensor of DIR changed (x * 2 + 1 for
                                                       floats, + 1 for integers), saved by save_file
   python3 safetensors_vs_python.py same A B           A's and B's tensors equal bitwise
+  python3 safetensors_vs_python.py experts DIR L E    each of L layers' E experts under Hugging Face's
+                                                      per-expert names, and no stacked [E, ...] tensor
 """
 import json
 import os
@@ -52,6 +54,19 @@ if __name__ == "__main__":
         path = os.path.join(sys.argv[2], "model.safetensors")
         n = same(load_file(path), by_hand(path), path)
         print(f"  {path}: {n} tensors; safetensors.torch.load_file and the format read by hand agree bitwise")
+    elif cmd == "experts":
+        tensors = load_file(os.path.join(sys.argv[2], "model.safetensors"))
+        layers, experts = int(sys.argv[3]), int(sys.argv[4])
+        for layer in range(layers):
+            for e in range(experts):
+                for kind in ("gate_proj", "up_proj", "down_proj"):
+                    name = f"layers.{layer}.moe.experts.{e}.{kind}.weight"
+                    if name not in tensors or tensors[name].dim() != 2:
+                        sys.exit(f"no two-dimensional tensor {name} in {sys.argv[2]}")
+        stacked = [k for k in tensors if k.endswith(("experts.w1", "experts.w2", "experts.w3"))]
+        if stacked:
+            sys.exit(f"stacked expert tensors in {sys.argv[2]}: {stacked[:3]}")
+        print(f"  {layers} layers x {experts} experts x 3 under Hugging Face's per-expert names")
     elif cmd == "rewrite":
         tensors = load_file(os.path.join(sys.argv[2], "model.safetensors"))
         changed = {k: (v * 2 + 1 if v.is_floating_point() else v + 1).contiguous() for k, v in tensors.items()}
