@@ -172,7 +172,7 @@ ep::MoE moe_of(const Config& c, const Layout& l, const Values& v, const std::str
                      .top_k(c.top_k)
                      .score_func(ep::ScoreFunction::kSigmoid)
                      .route_norm(true)
-                     .load_balance_coeff(1e-3)
+                     .load_balance_coeff(c.balance_rate)
                      .shared_expert_hidden_dim(c.shared_expert ? c.hidden : 0)
                      .ep_group(l.ep);
   ep::MoE moe(options);

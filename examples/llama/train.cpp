@@ -58,6 +58,9 @@ Flags parse(int argc, char** argv) {
   app.add_option("--experts", f.model.experts, "Mixture of experts: SwiGLU experts per layer (0: a dense feed-forward)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--top-k", f.model.top_k, "Experts per token")->capture_default_str()->check(positive);
+  app.add_option("--balance-rate", f.model.balance_rate,
+                 "How far each step moves an expert's routing bias towards balance (0: no balancing)")
+      ->capture_default_str()->check(CLI::Range(0.0, 1.0));
   app.add_flag("--shared-expert", f.model.shared_expert, "A shared expert every token goes through, beside the routed ones");
   app.add_option("--ep", f.ep, "Expert-parallel ranks (taken from the data-parallel ones)")->capture_default_str()
       ->check(positive);
