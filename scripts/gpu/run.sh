@@ -18,6 +18,8 @@
 #   pipe16  dtrain-bench pipeline's bubble at 2, 4 and 8 ranks
 #   main16  the main job beside its PyTorch twin at 2 and 8 ranks
 #   ddp16   dtrain-bench ddp at 8 ranks beside PyTorch's DDP
+#   ep16    dtrain-bench ep (expert parallelism's memory at EP 2 and 4, an MoE
+#           layer's tokens/s at EP 2 against one process on 2 threads)
 set -u
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1 USE_LIBUV=0
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -84,6 +86,8 @@ for stage in "$@"; do
         bash bench/scripts/main_job_vs_pytorch.sh 1 1 $n >> "$OUT/main.log" 2>&1; echo "main job $n ranks rc $?"
     done
     cat "$OUT/main.log" ;;
+  ep16)
+    timeout 200 $BE ep --runs 1 >> "$OUT/ep.log" 2>&1; echo "ep rc $?"; grep -E "EP [24]|one process" "$OUT/ep.log" ;;
   ddp16)
     timeout 150 $BE ddp --world 8 --runs 1 --baseline .gpu/baselines/py_ddp_train.py >> "$OUT/ddp.log" 2>&1
     echo "ddp 8 ranks rc $?"; grep median "$OUT/ddp.log" | tail -1 ;;
