@@ -125,15 +125,14 @@ at::Tensor Trainer::step(const at::Tensor& rows) {
 // expert makes it the whole batch's. One all_reduce of them all.
 void Trainer::average_expert_gradients() {
   if (!at_.edp || at_.edp->size() == 1) return;
-  std::vector<at::Tensor> grads;
+  std::vector<at::Tensor> grads, rows;
   for (const auto& moe : stage_->moes())
-    for (const auto& p : moe->experts->parameters()) grads.push_back(p.grad());
+    for (const auto& p : moe->experts->parameters()) {
+      grads.push_back(p.grad());
+      rows.push_back(p.grad().reshape(-1));
+    }
   if (grads.empty()) return;
-  auto flat = torch::cat([&] {
-    std::vector<at::Tensor> flat_grads;
-    for (const auto& g : grads) flat_grads.push_back(g.reshape(-1));
-    return flat_grads;
-  }());
+  auto flat = torch::cat(rows);
   at_.edp->all_reduce(flat)->wait();
   flat.div_(at_.edp->size());
   int64_t offset = 0;
@@ -146,18 +145,25 @@ void Trainer::average_expert_gradients() {
 // The load (tokens per expert, summed over this stage's ranks, relative to
 // the mean: under TP without SP each token counts tp times, and twice with
 // activation checkpointing's recomputation, which changes no ratio and
-// moves no bias) and the bias step of every MoE layer.
+// moves no bias) and the bias step of every MoE layer: one all_reduce of
+// every layer's counts, which then steer each bias as this rank's own.
 void Trainer::balance_experts() {
   const auto moes = stage_->moes();
   if (moes.empty()) return;
   std::vector<at::Tensor> counts;
   for (const auto& moe : moes) counts.push_back(moe->tokens_per_expert);
-  auto all = torch::stack(counts).to(torch::kDouble);
+  auto all = torch::stack(counts);
   at_.stage->all_reduce(all)->wait();
-  const auto mean = all.mean(1, /*keepdim=*/true);
-  const auto share = all / mean;
+  const auto share = all / all.mean(1, /*keepdim=*/true);
   expert_load_ = {share.min().item<double>(), share.max().item<double>()};
-  for (auto moe : moes) moe->update_expert_bias(at_.stage);
+  for (size_t i = 0; i < moes.size(); ++i) {
+    auto moe = moes[i];
+    {
+      torch::NoGradGuard no_grad;
+      moe->tokens_per_expert.copy_(all[static_cast<int64_t>(i)]);
+    }
+    moe->update_expert_bias();  // the stage's counts, summed above
+  }
 }
 
 void Trainer::add_weights_to(dtrain::checkpoint::DistributedState& state) {
