@@ -9,7 +9,8 @@
 #   dropout on; so does FSDP 2 x PP 2; checkpoints resume in other layouts
 #   (8 ranks' in one process, TP 2 x FSDP 2's at PP 2 x DDP 2);
 # - mixture-of-experts layers at DP 4 x EP 2 and PP 2 x DP 2 (EP 2) x TP 2
-#   with SP have one process's losses; their checkpoint resumes in one;
+#   with SP have one process's losses; DP 4 x EP 2 killed at step 12
+#   resumes bitwise; the 8-rank checkpoint resumes in one process;
 # - metrics, plot and sample text are written; bad layouts are named.
 set -euo pipefail
 run=$1 llama=$2
@@ -102,6 +103,12 @@ job moe-one 1 -- "${moe[@]}" --steps 25 || fail "MoE, one process"
 grep -q '^\[0\]:step 20 expert load: min [0-9.]*, max [0-9.]* of the mean' moe-one.log || fail "MoE: no load line"
 job moe-dp4 4 -- "${moe[@]}" --dp 4 --ep 2 || fail "MoE, DP 4 x EP 2"
 expect_close moe-dp4 moe-one 1e-4
+job moe-dp4-crash 4 --max-restarts 1 -- "${moe[@]}" --dp 4 --ep 2 --checkpoint-every 5 --crash-at-step 12 \
+  || fail "MoE, DP 4 x EP 2 killed at step 12 did not finish after its restart"
+grep -q "resumed from ck/moe-dp4-crash at step 10" moe-dp4-crash.log || fail "MoE: no resume at step 10"
+[ "$(losses moe-dp4-crash | awk '$1 > 10' | sort -n | uniq)" = "$(losses moe-dp4 | awk '$1 > 10')" ] \
+  || fail "MoE: the resumed run's losses are not the uninterrupted run's"
+echo "MoE killed at step 12, resumed from step 10: steps 11-20 bitwise the uninterrupted run's"
 job moe-3d 8 -- "${moe[@]}" --pp 2 --dp 2 --ep 2 --tp 2 --sequence-parallel --export-safetensors hf-moe \
   || fail "MoE, PP 2 x DP 2 (EP 2) x TP 2 + SP"
 expect_close moe-3d moe-one 1e-4
