@@ -39,8 +39,6 @@ Placement place(Flags& f) {
   require(f.ep >= 1 && f.dp % f.ep == 0, "--ep " + n(f.ep) + " does not divide --dp " + n(f.dp) +
                                             " (expert-parallel ranks are data-parallel ones)");
   require(f.ep == 1 || f.model.experts > 0, "--ep " + n(f.ep) + " without --experts");
-  require(f.model.experts == 0 || f.data_parallel == "ddp",
-          "--experts with --data-parallel fsdp: FSDP would shard the experts as dense layers; use ddp");
   // (pp, edp, ep, tp): dp is (edp, ep), consecutive data-parallel ranks
   // sharing their experts.
   const dtrain::DeviceMesh mesh({f.pp, f.dp / f.ep, f.ep, f.tp}, {"pp", "edp", "ep", "tp"});
@@ -70,8 +68,14 @@ Trainer::Trainer(const Flags& f, const Placement& at) : f_(f), at_(at) {
                  at.first_layer, at.last_layer, at.first_stage(), head);
   std::vector<at::Tensor> params;
   if (f.data_parallel == "fsdp") {
+    // The experts sharded over the edp ranks that hold the same ones (their
+    // gradients averaged there), the rest over all of dp: torchtitan's efsdp.
+    dtrain::FSDPOptions::SubmoduleGroups experts_over_edp;
+    for (const auto& item : stage_->named_modules("", /*include_self=*/false))
+      if (dynamic_cast<dtrain::expert_parallel::GroupedExpertsImpl*>(item.value().get()) != nullptr)
+        experts_over_edp[item.key()] = at.edp;
     fsdp_ = std::make_shared<dtrain::FullyShardedDataParallel<StageImpl>>(
-        stage_.ptr(), dtrain::FSDPOptions().process_group(at.dp));
+        stage_.ptr(), dtrain::FSDPOptions().process_group(at.dp).submodule_groups(experts_over_edp));
     params = fsdp_->parameters();
   } else {
     // The experts are each rank's own: averaged over edp after backward.
@@ -124,7 +128,7 @@ at::Tensor Trainer::step(const at::Tensor& rows) {
 // size as it arrived): the mean over the edp ranks that hold the same
 // expert makes it the whole batch's. One all_reduce of them all.
 void Trainer::average_expert_gradients() {
-  if (!at_.edp || at_.edp->size() == 1) return;
+  if (fsdp_ || !at_.edp || at_.edp->size() == 1) return;  // (FSDP averages them over edp itself)
   std::vector<at::Tensor> grads, rows;
   for (const auto& moe : stage_->moes())
     for (const auto& p : moe->experts->parameters()) {

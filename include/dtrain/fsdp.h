@@ -83,6 +83,7 @@ struct MixedPrecision {
 };
 
 struct FSDPOptions {
+  using SubmoduleGroups = std::map<std::string, std::shared_ptr<ProcessGroup>>;  // (submodule_groups)
   // The group the parameters are sharded over; null: the default group.
   DTRAIN_ARG(std::shared_ptr<ProcessGroup>, process_group) = nullptr;
   // Instead of process_group, as FSDP2's fully_shard(mesh=...): a 1-D mesh
@@ -106,6 +107,21 @@ struct FSDPOptions {
   // construction (the manager's init_sync does that). Not with a mesh.
   using ReplicaAverage = std::function<WorkPtr(at::Tensor)>;
   DTRAIN_ARG(ReplicaAverage, replicate_average) = nullptr;
+  // Parts of the model sharded over groups of their own, as FSDP2's
+  // fully_shard(module, mesh=...) applied to a submodule before the whole
+  // model: module path (as named_modules() says it) -> group. The named
+  // module's parameters (minus those of units nested in it) form a unit
+  // sharded over that group, its gradients averaged over it. A
+  // FullyShard<Impl> module is gathered and freed on its own schedule; any
+  // other module (it has no forward hooks) with the unit that encloses it.
+  // Expert parallelism's use: each MoE layer's experts over the
+  // data-parallel ranks that hold the same experts, the rest of the model
+  // over all of them (torchtitan's efsdp). Each group's ranks must be
+  // among FSDP's group's, and ranks outside a group must hold other
+  // parameters there (other experts): clip_grad_norm_ counts each rank's
+  // shards once over FSDP's group. Not with HSDP (a 2-D mesh or
+  // replicate_average).
+  DTRAIN_ARG(SubmoduleGroups, submodule_groups) = {};
   // Free a unit's full parameters after its forward (ZeRO-3); false keeps
   // them until its gradients are reduced (SHARD_GRAD_OP, ZeRO-2-like).
   DTRAIN_ARG(bool, reshard_after_forward) = true;

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "common/cpu_memory.h"
 #include "common/enforce.h"
@@ -29,60 +30,80 @@ std::string joined(const std::string& path, const std::string& key) {
   return path.empty() ? key : path + "." + key;
 }
 
-}  // namespace
-
-void FSDPCore::attach(FSDPModule& module, FSDPCore* core) { module.core_ = core; }
-
-// Assigns every parameter to the nearest enclosing unit (the root unit ""
-// for those outside any FullyShard module) and builds the units, root
-// first, then in the module tree's pre-order: the same order on every rank.
-void FSDPCore::Impl::build_units(torch::nn::Module& model, FSDPCore* core) {
+// Every parameter's unit: the nearest enclosing FullyShard module or
+// module named in submodule_groups (the root unit "" for the rest); units
+// in the module tree's pre-order, the root first: the same on every rank.
+struct Ownership {
   struct Owned {
     std::vector<at::Tensor> params;
     std::vector<std::string> names;
   };
   std::vector<std::string> owners{""};
   std::unordered_map<std::string, Owned> owned;
-  std::unordered_map<std::string, std::string> owner_of_module;
-  std::unordered_map<const c10::TensorImpl*, std::pair<std::string, std::string>> seen;
   std::unordered_map<std::string, FSDPModule*> unit_module;
-  for (const auto& item : model.named_modules("", /*include_self=*/true)) {
-    const std::string& path = item.key();
-    auto* unit = path.empty() ? nullptr : dynamic_cast<FSDPModule*>(item.value().get());
-    const std::string owner = unit ? path : owner_of_module[parent_path(path)];
-    owner_of_module[path] = owner;
-    if (unit) {
-      owners.push_back(path);
-      unit_module[path] = unit;
-    }
-    for (const auto& param : item.value()->named_parameters(/*recurse=*/false)) {
-      const std::string name = joined(path, param.key());
-      auto [it, fresh] = seen.emplace(param.value().unsafeGetTensorImpl(), std::make_pair(owner, name));
-      if (!fresh) {
-        DTRAIN_CHECK_ARG(it->second.first == owner, "FullyShardedDataParallel: parameter '", name,
-                         "' is also '", it->second.second, "': one parameter shared by units '",
-                         it->second.first, "' and '", owner,
-                         "' cannot be sharded (put the modules sharing it in one unit)");
-        continue;
+  // A submodule_groups module without hooks: the FullyShard module (or
+  // the root, "") whose forward gathers and frees it.
+  std::unordered_map<std::string, std::string> host_of;
+
+  Ownership(torch::nn::Module& model, const FSDPOptions::SubmoduleGroups& listed) {
+    std::unordered_map<std::string, std::string> owner_of_module, hook_owner_of_module;
+    std::unordered_map<const c10::TensorImpl*, std::pair<std::string, std::string>> seen;
+    for (const auto& item : model.named_modules("", /*include_self=*/true)) {
+      const std::string& path = item.key();
+      auto* unit = path.empty() ? nullptr : dynamic_cast<FSDPModule*>(item.value().get());
+      const bool own = unit != nullptr || (!path.empty() && listed.count(path) != 0);
+      const std::string parent = parent_path(path);
+      const std::string owner = own ? path : owner_of_module[parent];
+      owner_of_module[path] = owner;
+      hook_owner_of_module[path] = unit ? path : hook_owner_of_module[parent];
+      if (own) owners.push_back(path);
+      if (unit) unit_module[path] = unit;
+      if (own && !unit) host_of[path] = hook_owner_of_module[parent];
+      for (const auto& param : item.value()->named_parameters(/*recurse=*/false)) {
+        const std::string name = joined(path, param.key());
+        auto [it, fresh] = seen.emplace(param.value().unsafeGetTensorImpl(), std::make_pair(owner, name));
+        if (!fresh) {
+          DTRAIN_CHECK_ARG(it->second.first == owner, "FullyShardedDataParallel: parameter '", name,
+                           "' is also '", it->second.second, "': one parameter shared by units '",
+                           it->second.first, "' and '", owner,
+                           "' cannot be sharded (put the modules sharing it in one unit)");
+          continue;
+        }
+        owned[owner].params.push_back(param.value());
+        owned[owner].names.push_back(name);
       }
-      owned[owner].params.push_back(param.value());
-      owned[owner].names.push_back(name);
     }
   }
+};
+
+}  // namespace
+
+void FSDPCore::attach(FSDPModule& module, FSDPCore* core) { module.core_ = core; }
+
+void FSDPCore::Impl::build_units(torch::nn::Module& model, FSDPCore* core) {
+  check_submodule_groups(model);
+  const auto& listed = options.submodule_groups();
+  Ownership own(model, listed);
   auto on_grad = [this](fsdp::FlatUnit& unit, size_t index) { grad_ready(unit, index); };
-  for (const auto& owner : owners) {
-    auto* module = owner.empty() ? nullptr : unit_module.at(owner);
+  for (const auto& owner : own.owners) {
+    auto found_module = own.unit_module.find(owner);
+    auto* module = found_module == own.unit_module.end() ? nullptr : found_module->second;
     if (module) {
       FSDPCore::attach(*module, core);
       attached.push_back(module);
     }
-    auto found = owned.find(owner);
-    if (found == owned.end() || found->second.params.empty()) continue;
-    index_of[module] = units.size();
+    auto found = own.owned.find(owner);
+    if (found == own.owned.end() || found->second.params.empty()) continue;
+    const auto hosted = own.host_of.find(owner);
+    const FSDPModule* host = module;
+    if (hosted != own.host_of.end()) host = hosted->second.empty() ? nullptr : own.unit_module.at(hosted->second);
+    units_of[host].push_back(units.size());
     auto& [params, names] = found->second;
+    const auto listed_group = owner.empty() ? listed.end() : listed.find(owner);
+    ProcessGroup& over = listed_group == listed.end() ? *group : *listed_group->second;
     auto unit = module && module->constructed_
-                    ? adopt(*module, owner, params, std::move(names))
-                    : std::make_shared<fsdp::FlatUnit>(owner, std::move(params), std::move(names), *group);
+                    ? adopt(*module, owner, params, std::move(names), over)
+                    : std::make_shared<fsdp::FlatUnit>(owner, std::move(params), std::move(names), over);
     unit->configure(options.mixed_precision(), on_grad);
     if (replicate) unit->replicate_over(*replicate);
     if (options.replicate_average()) unit->replicate_with(options.replicate_average());
@@ -90,13 +111,30 @@ void FSDPCore::Impl::build_units(torch::nn::Module& model, FSDPCore* core) {
   }
 }
 
+void FSDPCore::Impl::check_submodule_groups(torch::nn::Module& model) const {
+  const auto& listed = options.submodule_groups();
+  if (listed.empty()) return;
+  DTRAIN_CHECK_ARG(!replicate && !options.replicate_average(), "FullyShardedDataParallel: "
+                   "submodule_groups with HSDP (a 2-D mesh or replicate_average) is not supported");
+  std::unordered_set<std::string> paths;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) paths.insert(item.key());
+  for (const auto& [path, over] : listed) {
+    DTRAIN_CHECK_ARG(paths.count(path) != 0, "FullyShardedDataParallel: submodule_groups names '", path,
+                     "', which is not a submodule of the model (named_modules() gives its paths)");
+    DTRAIN_CHECK_ARG(over != nullptr, "FullyShardedDataParallel: submodule_groups gives '", path,
+                     "' no group");
+    DTRAIN_CHECK_ARG(over->rank() >= 0, "FullyShardedDataParallel: submodule_groups shards '", path,
+                     "' over group '", over->name(), "', which this rank is not a member of");
+  }
+}
+
 std::shared_ptr<fsdp::FlatUnit> FSDPCore::Impl::adopt(FSDPModule& module, const std::string& path,
                                                       const std::vector<at::Tensor>& params,
-                                                      std::vector<std::string> names) {
+                                                      std::vector<std::string> names, const ProcessGroup& over) {
   const auto& built_over = module.constructed_group_;
-  DTRAIN_CHECK_ARG(built_over == group, "FullyShardedDataParallel: unit '", path,
+  DTRAIN_CHECK_ARG(built_over.get() == &over, "FullyShardedDataParallel: unit '", path,
                    "' was sharded at construction over group '", built_over->name(),
-                   "', not over this FullyShardedDataParallel's group '", group->name(), "'");
+                   "', not over the group FullyShardedDataParallel shards it over, '", over.name(), "'");
   const auto& built = module.constructed_->params();
   bool same = built.size() == params.size();
   for (size_t i = 0; same && i < params.size(); ++i) same = built[i].is_same(params[i]);
@@ -174,27 +212,29 @@ FSDPCore::~FSDPCore() {
 void FSDPCore::before_forward(const FSDPModule* module) {
   auto& s = *impl_;
   if (module == nullptr && !s.microbatching) s.begin_iteration();
-  const size_t index = s.unit_index(module);
-  if (index == Impl::kNone) return;
-  if (!s.ran_forward[index]) {
-    s.ran_forward[index] = true;
-    s.forward_order.push_back(index);
+  const auto& indices = s.indices_of(module);
+  if (indices.empty()) return;
+  for (size_t index : indices) {
+    if (!s.ran_forward[index]) {
+      s.ran_forward[index] = true;
+      s.forward_order.push_back(index);
+    }
+    s.gather(index, /*ahead=*/false);
   }
-  s.gather(index, /*ahead=*/false);
-  s.units[index]->wait_gathered();
-  if (s.options.forward_prefetch()) s.prefetch_after(s.last_forward_order, index);
+  for (size_t index : indices) s.units[index]->wait_gathered();
+  if (s.options.forward_prefetch()) s.prefetch_after(s.last_forward_order, indices.back());
 }
 
 void FSDPCore::after_forward(const FSDPModule* module, const std::vector<at::Tensor>& outputs) {
   auto& s = *impl_;
   const bool grad_mode = at::GradMode::is_enabled();
-  const size_t index = s.unit_index(module);
-  if (index != Impl::kNone) {
+  const auto& indices = s.indices_of(module);
+  if (!indices.empty()) {
     bool needs_backward = false;
     for (const auto& out : outputs) {
       if (!grad_mode || !out.defined() || !out.requires_grad()) continue;
       needs_backward = true;
-      out.register_hook([impl = impl_.get(), index](const at::Tensor&) { impl->pre_backward(index); });
+      out.register_hook([impl = impl_.get(), indices](const at::Tensor&) { impl->pre_backward(indices); });
     }
     // A result with no visible tensor may still lead backward into the
     // unit: its parameters stay until the end of backward.
@@ -202,7 +242,8 @@ void FSDPCore::after_forward(const FSDPModule* module, const std::vector<at::Ten
     const bool keep = unknown || (needs_backward && (module == nullptr ||
                                                      !s.options.reshard_after_forward()));
     if (needs_backward || unknown) s.expect_backward = true;
-    if (!keep) s.units[index]->reshard();
+    if (!keep)
+      for (size_t index : indices) s.units[index]->reshard();
   }
   if (module == nullptr) {
     s.last_forward_order = s.forward_order;
@@ -264,9 +305,10 @@ void FSDPCore::end_microbatches() {
 
 // ---- the iteration ---------------------------------------------------------
 
-size_t FSDPCore::Impl::unit_index(const FSDPModule* module) const {
-  auto it = index_of.find(module);
-  return it == index_of.end() ? kNone : it->second;
+const std::vector<size_t>& FSDPCore::Impl::indices_of(const FSDPModule* module) const {
+  static const std::vector<size_t> none;
+  auto it = units_of.find(module);
+  return it == units_of.end() ? none : it->second;
 }
 
 void FSDPCore::Impl::begin_iteration() {
@@ -301,17 +343,20 @@ void FSDPCore::Impl::queue_finalize() {
   torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
 }
 
-void FSDPCore::Impl::pre_backward(size_t index) {
+void FSDPCore::Impl::pre_backward(const std::vector<size_t>& indices) {
   if (!expect_backward) return;
   queue_finalize();
-  if (std::find(backward_order.begin(), backward_order.end(), index) == backward_order.end())
-    backward_order.push_back(index);
-  auto& unit = *units[index];
-  if (unit.reduced()) return;  // reached again after its gradients were reduced
+  std::vector<size_t> pending;
+  for (size_t index : indices) {
+    if (std::find(backward_order.begin(), backward_order.end(), index) == backward_order.end())
+      backward_order.push_back(index);
+    if (!units[index]->reduced()) pending.push_back(index);  // else reached after its gradients were reduced
+  }
+  if (pending.empty()) return;
   settle_reductions(/*wait=*/false);  // free what is done before gathering more
-  gather(index, /*ahead=*/false);
-  unit.wait_gathered();
-  if (options.backward_prefetch()) prefetch_after(last_backward_order, index);
+  for (size_t index : pending) gather(index, /*ahead=*/false);
+  for (size_t index : pending) units[index]->wait_gathered();
+  if (options.backward_prefetch()) prefetch_after(last_backward_order, indices.back());
 }
 
 void FSDPCore::Impl::grad_ready(fsdp::FlatUnit& unit, size_t index) {

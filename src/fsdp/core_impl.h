@@ -24,7 +24,10 @@ struct FSDPCore::Impl {
   std::shared_ptr<ProcessGroup> replicate;  // HSDP's replicas, or null
   FSDPOptions options;
   std::vector<std::shared_ptr<fsdp::FlatUnit>> units;  // the root's first when it has one
-  std::unordered_map<const FSDPModule*, size_t> index_of;  // null: the root unit
+  // The units each FullyShard module (null: the root) gathers and frees
+  // around its forward: its own, then those of submodule_groups' modules
+  // without hooks of their own that it encloses (its riders).
+  std::unordered_map<const FSDPModule*, std::vector<size_t>> units_of;
   std::vector<FSDPModule*> attached;
   std::vector<std::string> buffer_names;
   std::vector<at::Tensor> buffers;
@@ -49,12 +52,15 @@ struct FSDPCore::Impl {
   // The unit a ShardedConstruction built for `module`, taken over.
   std::shared_ptr<fsdp::FlatUnit> adopt(FSDPModule& module, const std::string& path,
                                         const std::vector<at::Tensor>& params,
-                                        std::vector<std::string> names);
-  size_t unit_index(const FSDPModule* module) const;
+                                        std::vector<std::string> names, const ProcessGroup& over);
+  // submodule_groups checked against the model (every path a module, each
+  // group holding this rank, no HSDP).
+  void check_submodule_groups(torch::nn::Module& model) const;
+  const std::vector<size_t>& indices_of(const FSDPModule* module) const;
   void begin_iteration();
   void prefetch_after(const std::vector<size_t>& order, size_t index);
   void queue_finalize();
-  void pre_backward(size_t index);
+  void pre_backward(const std::vector<size_t>& indices);
   void grad_ready(fsdp::FlatUnit& unit, size_t index);
   void reduce(fsdp::FlatUnit& unit);
   void settle_reductions(bool wait);

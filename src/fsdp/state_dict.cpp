@@ -16,6 +16,10 @@ namespace dtrain::detail {
 
 std::map<std::string, at::Tensor> FSDPCore::full_state_dict(bool rank0_only) {
   auto& s = *impl_;
+  DTRAIN_CHECK_ARG(!rank0_only || s.options.submodule_groups().empty(),
+                   "FullyShardedDataParallel::full_state_dict: rank0_only with submodule_groups would "
+                   "leave out the parts other ranks hold (their experts); take each rank's "
+                   "(rank0_only=false) or save a distributed checkpoint");
   at::NoGradGuard no_grad;
   const bool keep = !rank0_only || (s.group->rank() == 0 && (!s.replicate || s.replicate->rank() == 0));
   std::map<std::string, at::Tensor> out;

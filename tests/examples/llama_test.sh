@@ -103,12 +103,19 @@ job moe-one 1 -- "${moe[@]}" --steps 25 || fail "MoE, one process"
 grep -q '^\[0\]:step 20 expert load: min [0-9.]*, max [0-9.]* of the mean' moe-one.log || fail "MoE: no load line"
 job moe-dp4 4 -- "${moe[@]}" --dp 4 --ep 2 || fail "MoE, DP 4 x EP 2"
 expect_close moe-dp4 moe-one 1e-4
-job moe-dp4-crash 4 --max-restarts 1 -- "${moe[@]}" --dp 4 --ep 2 --checkpoint-every 5 --crash-at-step 12 \
-  || fail "MoE, DP 4 x EP 2 killed at step 12 did not finish after its restart"
-grep -q "resumed from ck/moe-dp4-crash at step 10" moe-dp4-crash.log || fail "MoE: no resume at step 10"
-[ "$(losses moe-dp4-crash | awk '$1 > 10' | sort -n | uniq)" = "$(losses moe-dp4 | awk '$1 > 10')" ] \
-  || fail "MoE: the resumed run's losses are not the uninterrupted run's"
-echo "MoE killed at step 12, resumed from step 10: steps 11-20 bitwise the uninterrupted run's"
+# Under FSDP the experts are sharded over the two ranks holding them (edp),
+# the rest over all four: killed at step 12, resumed from step 10, steps 11
+# and 12 run again bitwise as before; its checkpoint resumes in one process.
+job moe-fsdp 4 --max-restarts 1 -- "${moe[@]}" --dp 4 --ep 2 --data-parallel fsdp --checkpoint-every 5 \
+  --crash-at-step 12 || fail "MoE, FSDP 4 x EP 2 killed at step 12 did not finish after its restart"
+grep -q "resumed from ck/moe-fsdp at step 10" moe-fsdp.log || fail "MoE FSDP: no resume at step 10"
+[ "$(losses moe-fsdp | awk '$1 == 11 || $1 == 12' | sort -u | wc -l)" = 2 ] \
+  || fail "MoE FSDP: steps 11 and 12 after the resume are not those before the kill"
+expect_close moe-fsdp moe-one 1e-4
+echo "MoE under FSDP killed at step 12, resumed from step 10: steps 11-12 bitwise as before"
+cp -r ck/moe-fsdp ck/moe-fsdp-more
+job moe-fsdp-more 1 -- "${moe[@]}" --resume --steps 25 || fail "resume of the MoE FSDP checkpoint in one process"
+expect_close moe-fsdp-more moe-one 1e-4
 job moe-3d 8 -- "${moe[@]}" --pp 2 --dp 2 --ep 2 --tp 2 --sequence-parallel --export-safetensors hf-moe \
   || fail "MoE, PP 2 x DP 2 (EP 2) x TP 2 + SP"
 expect_close moe-3d moe-one 1e-4
@@ -130,8 +137,6 @@ job bad-ep 2 -- "${moe[@]}" --ep 3 && fail "--ep 3 on 2 data-parallel ranks ran"
 grep -q "dtrain-llama: --ep 3 does not divide --dp 2" bad-ep.log || fail "--ep 3: no error"
 job bad-ep-dense 2 -- --ep 2 && fail "--ep 2 without experts ran"
 grep -q "dtrain-llama: --ep 2 without --experts" bad-ep-dense.log || fail "--ep without experts: no error"
-job bad-moe-fsdp 2 -- "${moe[@]}" --data-parallel fsdp && fail "MoE under FSDP ran"
-grep -q "dtrain-llama: --experts with --data-parallel fsdp" bad-moe-fsdp.log || fail "MoE under FSDP: no error"
 job bad-experts 2 -- --experts 3 --ep 2 && fail "3 experts over EP 2 ran"
 grep -q "3 experts" bad-experts.log || fail "3 experts over EP 2: no error"
 echo "MoE: DP 4 x EP 2 and PP 2 x DP 2 x EP 2 x TP 2 + SP as one process; resumed in one process; bad layouts named"

@@ -13,6 +13,8 @@
 #include <mutex>
 
 #include "dtrain/ddp.h"
+#include "dtrain/device_mesh.h"
+#include "dtrain/fsdp.h"
 #include "dtrain/dtrain.h"
 #include "dtrain/expert_parallel.h"
 #include "dtrain/checkpoint/distributed.h"
@@ -173,6 +175,50 @@ TEST_P(ExpertParallelRanks, TrainAsOneProcessOnTheWholeBatch) {
 
 INSTANTIATE_TEST_SUITE_P(Ep, ExpertParallelRanks, ::testing::Values(2, 4),
                          [](const auto& info) { return "ep" + std::to_string(info.param); });
+
+// EP 2 x FSDP 2 on 4 ranks, torchtitan's efsdp: the mesh (edp 2, ep 2);
+// the experts sharded by FSDP over the two ranks that hold the same ones
+// (edp: their gradients averaged there), the router and the shared expert
+// over all four. The losses, the parameters after 5 Adam steps (each
+// rank's module through full_state_dict: the dense ones whole, the experts
+// its slice) and the bias equal one process's on the whole batch within
+// 1e-5; experts 6 and 7, all of the second EP rank's last pair, take no
+// token. A module path FSDP cannot find is refused by name.
+TEST(ExpertParallel, ExpertsShardedByFsdpOverTheRanksHoldingThemTrainAsOneProcess) {
+  const Trained want = one_process(4);
+  auto errors = run_rank_contexts(4, [&](RankContext& ctx) {
+    DeviceMesh mesh({2, 2}, {"edp", "ep"}, testing::thread_mesh(ctx));
+    ep::MoE moe = seeded_moe(moe_options().ep_group(mesh.get_group("ep")));
+    shun_experts_6_and_7(moe);
+    EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] {
+                FullyShardedDataParallel<ep::MoEImpl> bad(
+                    moe.ptr(), FSDPOptions().process_group(ctx.group).submodule_groups({{"expert", mesh.get_group("edp")}}));
+              }),
+              "FullyShardedDataParallel: submodule_groups names 'expert', which is not a submodule of the model "
+              "(named_modules() gives its paths)");
+    FullyShardedDataParallel<ep::MoEImpl> fsdp(
+        moe.ptr(), FSDPOptions().process_group(ctx.group).submodule_groups({{"experts", mesh.get_group("edp")}}));
+    torch::optim::Adam adam(fsdp.parameters(), torch::optim::AdamOptions(1e-2));
+    for (int step = 0; step < kSteps; ++step) {
+      auto [x, y] = batch(step, ctx.rank);
+      adam.zero_grad();
+      auto loss = (fsdp.forward(x) + x - y).pow(2).mean();
+      loss.backward();
+      auto mean_loss = loss.detach().clone();
+      ctx.group->all_reduce(mean_loss)->wait();
+      EXPECT_NEAR(mean_loss.item<double>() / 4, want.losses[step], 1e-5 * want.losses[step])
+          << "rank " << ctx.rank << " step " << step;
+      adam.step();
+      moe->update_expert_bias(ctx.group);
+    }
+    const auto mine = fsdp.full_state_dict();
+    for (const auto& [name, whole] : want.params)
+      expect_close(mine.at(name), part_of(name, whole, moe), "rank " + std::to_string(ctx.rank) + ": " + name);
+    expect_close(moe->expert_bias, want.expert_bias, "expert_bias");
+    EXPECT_EQ(fsdp.shard_layout().size(), 2u) << "the root's unit and the experts'";
+  }, 60s);
+  testing::expect_no_errors(errors);
+}
 
 // The numel of each flight-recorder entry of `op` in `dtype`.
 std::vector<int64_t> numels(const std::string& text, const std::string& op, const std::string& dtype) {
