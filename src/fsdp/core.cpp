@@ -134,7 +134,7 @@ std::shared_ptr<fsdp::FlatUnit> FSDPCore::Impl::adopt(FSDPModule& module, const 
   const auto& built_over = module.constructed_group_;
   DTRAIN_CHECK_ARG(built_over.get() == &over, "FullyShardedDataParallel: unit '", path,
                    "' was sharded at construction over group '", built_over->name(),
-                   "', not over the group FullyShardedDataParallel shards it over, '", over.name(), "'");
+                   "', not over group '", over.name(), "', which FullyShardedDataParallel shards it over");
   const auto& built = module.constructed_->params();
   bool same = built.size() == params.size();
   for (size_t i = 0; same && i < params.size(); ++i) same = built[i].is_same(params[i]);
