@@ -101,6 +101,10 @@ expect_close more-pp one-25 1e-4
 moe=(--experts 4 --top-k 2 --shared-expert)
 job moe-one 1 -- "${moe[@]}" --steps 25 || fail "MoE, one process"
 grep -q '^\[0\]:step 20 expert load: min [0-9.]*, max [0-9.]* of the mean' moe-one.log || fail "MoE: no load line"
+# TP 2 without SP: the MoE whole on both TP ranks, routing the same tokens;
+# its gradients are each rank's own, not summed over TP.
+job moe-tp2 2 -- "${moe[@]}" --tp 2 || fail "MoE, TP 2"
+expect_close moe-tp2 moe-one 1e-6  # (Adam hides a doubled gradient: summed over TP it moved the losses ~1e-5)
 job moe-dp4 4 -- "${moe[@]}" --dp 4 --ep 2 || fail "MoE, DP 4 x EP 2"
 expect_close moe-dp4 moe-one 1e-4
 # Under FSDP the experts are sharded over the two ranks holding them (edp),
