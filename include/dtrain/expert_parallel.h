@@ -48,9 +48,11 @@
 //    (up_proj), and lists their placements (parameter_placement.h): a
 //    checkpoint holds whole [E, ...] tensors and loads at another EP size
 //    or in one process.
-//  - Bad input (experts not divisible by P, top_k out of 1..num_experts, a
-//    peer announcing counts that do not add up) is an InvalidArgument
-//    naming the module and the numbers. See docs/expert-parallel.md.
+//  - Bad input (experts not divisible by P, top_k out of 1..num_experts,
+//    ranks of the EP group holding different layers, compared on every
+//    rank at the first forward; a peer announcing counts that do not add
+//    up) is an InvalidArgument naming the module and the numbers. See
+//    docs/expert-parallel.md.
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
@@ -160,6 +162,7 @@ class MoEImpl : public torch::nn::Module {
 
  private:
   MoEOptions options_;
+  bool compared_across_ranks_ = false;  // the EP group's layers, at the first forward
 };
 TORCH_MODULE(MoE);
 

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "common/enforce.h"
+#include "ddp/model_sync.h"
 #include "dtrain/distributed.h"
 #include "dtrain/expert_parallel.h"
 
@@ -127,6 +128,21 @@ MoEImpl::MoEImpl(const MoEOptions& options) : options_(checked(options)) {
 at::Tensor MoEImpl::forward(const at::Tensor& x) {
   DTRAIN_CHECK_ARG(x.dim() >= 1 && x.size(-1) == options_.dim(), kModule, ": the input's last dimension is ",
                    x.dim() >= 1 ? x.size(-1) : 0, ", expected dim ", options_.dim());
+  // Every rank of the EP group must hold the same layer (experts, widths):
+  // otherwise the counts and rows its peers send do not match what it
+  // expects, and the dispatch fails at one rank's transport. Compared at
+  // the first forward (which every rank of the group runs together; not at
+  // construction, which is no collective), on every rank, naming what each
+  // has.
+  const auto& g = options_.ep_group();
+  if (!compared_across_ranks_ && g && g->size() > 1) {
+    std::vector<std::string> names;
+    std::vector<at::Tensor> tensors;
+    for (const auto& item : named_parameters()) names.push_back(item.key()), tensors.push_back(item.value());
+    for (const auto& item : named_buffers()) names.push_back(item.key()), tensors.push_back(item.value());
+    ddp::verify_same_model(*g, names, tensors, kModule);
+  }
+  compared_across_ranks_ = true;
   const at::Tensor flat = x.reshape({-1, options_.dim()});
   const Routing routing = router(flat, expert_bias);
   if (tokens_per_expert.defined()) {

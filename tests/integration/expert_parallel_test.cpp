@@ -337,14 +337,26 @@ TEST(ExpertParallel, ACheckpointSavedAtEp4LoadsBitwiseInOneProcessAndAtEp2) {
   }, 60s));
 }
 
-// Experts that do not split over the group, and top_k out of range: an
-// InvalidArgument naming the module and the numbers, on every rank.
+// Experts that do not split over the group, top_k out of range, and ranks
+// of one EP group holding different layers: an InvalidArgument naming the
+// module and the numbers, on every rank.
 TEST(ExpertParallel, BadSizesAreRefusedNamingTheNumbers) {
   auto errors = run_rank_contexts(4, [&](RankContext& ctx) {
     EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] { ep::MoE(ep::MoEOptions(8, 16, 6).ep_group(ctx.group)); }),
               "expert_parallel::MoE: 6 experts do not split over the 4 ranks of group '" + ctx.group->name() + "'");
     EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] { ep::MoE(ep::MoEOptions(8, 16, 8).top_k(9)); }),
               "expert_parallel::MoE: top_k 9 must be in 1..num_experts (8)");
+  }, 30s);
+  testing::expect_no_errors(errors);
+  // Ranks of one EP group building different layers (here 8 experts on
+  // rank 0, 4 on rank 1): their dispatches could not match, so every rank
+  // refuses at its first forward, naming what each holds.
+  errors = run_rank_contexts(2, [&](RankContext& ctx) {
+    ep::MoE moe(ep::MoEOptions(8, 16, ctx.rank == 0 ? 8 : 4).ep_group(ctx.group));
+    EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] { moe(torch::zeros({3, 8})); }),
+              "expert_parallel::MoE: the model differs across ranks at parameter #0: rank 0 has 'router.gate.weight' "
+              "Float [8, 8]; rank 1 has 'router.gate.weight' Float [4, 8]. Every rank must wrap the same model: the "
+              "same parameter names, dtypes and shapes, registered in the same order.");
   }, 30s);
   testing::expect_no_errors(errors);
 }
