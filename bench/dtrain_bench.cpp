@@ -386,6 +386,8 @@ int main(int argc, char** argv) {
     if (cmd == "rank" && argc > 2 && is_pipeline_mode(argv[2]))
       return pipeline_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2 && is_tp_mode(argv[2])) return tp_rank_main(argv[2], parse(argc, argv, 3));
+    if (cmd == "rank" && argc > 2 && std::string(argv[2]) == "local-sgd-ref")
+      return local_sgd_reference_rank_main(parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2 && is_ep_mode(argv[2])) return ep_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2 && is_cuda_mode(argv[2])) return cuda_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2 && is_ft_mode(argv[2])) return ft_rank_main(argv[2], parse(argc, argv, 3));

@@ -77,6 +77,7 @@ int tp_reference_rank_main(const Args& a);  // tensor_parallel_ref.cpp
 // Writes `t`'s values as raw float32 (what the *_vs_pytorch.py scripts read).
 void write_float32(const std::string& path, const at::Tensor& t);  // tensor_parallel_ref.cpp
 int moe_reference_rank_main(const Args& a);  // moe_ref.cpp
+int local_sgd_reference_rank_main(const Args& a);  // local_sgd_ref.cpp, bench/scripts/local_sgd_vs_pytorch.sh
 int bench_tp(const Args& a);
 
 // dtrain-bench ep (expert_parallel.cpp).

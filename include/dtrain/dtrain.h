@@ -19,6 +19,7 @@
 #include "dtrain/ft/lighthouse.h"
 #include "dtrain/ft/manager.h"
 #include "dtrain/launch_env.h"
+#include "dtrain/local_sgd.h"
 #include "dtrain/objects.h"
 #include "dtrain/pipelining.h"
 #include "dtrain/nn/sync_batch_norm.h"
