@@ -51,12 +51,30 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "dtrain/arg.h"
 #include "dtrain/ddp/comm_hooks.h"
 #include "dtrain/process_group.h"
 #include "dtrain/work.h"
+
+namespace dtrain::local_sgd {
+class DiLoCo;
+}
+
+namespace dtrain::checkpoint {
+struct DistributedState;
+// DiLoCo's own state, under "<prefix>diloco/": the inner-step clock, each
+// fragment's global values, and an average not applied yet (one still in
+// flight when save() runs is waited for and saved); the same on every
+// replica. Between syncs the replicas' parameters and inner optimizer
+// states differ, so each replica checkpoints on its own (its ranks as
+// SaveOptions::process_group, a directory of its own), with add_module for
+// its parameters and add_optimizer for the inner and the outer optimizer
+// under two prefixes. Loaded, training goes on bitwise as if never stopped.
+void add_diloco(DistributedState& state, local_sgd::DiLoCo& diloco, const std::string& prefix = "");
+}  // namespace dtrain::checkpoint
 
 namespace dtrain::local_sgd {
 
@@ -160,6 +178,7 @@ class DiLoCo {
   int64_t peak_sync_bytes() const;
 
  private:
+  friend void checkpoint::add_diloco(checkpoint::DistributedState&, DiLoCo&, const std::string&);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -15,19 +15,12 @@
 #include "core/control_tensors.h"
 #include "dtrain/distributed.h"
 #include "dtrain/local_sgd.h"
+#include "local_sgd/diloco_impl.h"
 
 namespace dtrain::local_sgd {
 namespace {
 
 constexpr const char* kWho = "DiLoCo";
-
-struct Fragment {
-  std::vector<at::Tensor> params;
-  at::Tensor global;  // flat, the parameters' dtype and device
-  at::Tensor delta;   // flat pseudo-gradient being averaged (bf16 with bf16_exchange)
-  WorkPtr work;       // its average, in flight
-  int64_t offset = 0; // its syncs: the steps offset, offset + H, ... (then sync_delay later)
-};
 
 at::Tensor flat_of(const std::vector<at::Tensor>& params) {
   std::vector<at::Tensor> rows;
@@ -51,24 +44,6 @@ std::unordered_set<const c10::TensorImpl*> params_of(const torch::optim::Optimiz
 }
 
 }  // namespace
-
-struct DiLoCo::Impl {
-  torch::optim::Optimizer& inner;
-  torch::optim::Optimizer& outer;
-  DiLoCoOptions options;
-  std::shared_ptr<ProcessGroup> group;
-  std::vector<Fragment> fragments;
-  int64_t local_step = 0, peak_bytes = 0;
-
-  Impl(torch::optim::Optimizer& inner, torch::optim::Optimizer& outer, const DiLoCoOptions& options)
-      : inner(inner), outer(outer), options(options),
-        group(options.group() ? options.group() : default_group()) {}
-
-  void check_partition() const;
-  void agree_across_replicas();
-  void prepare(Fragment& f);
-  void sync(Fragment& f);
-};
 
 namespace {
 
@@ -184,7 +159,7 @@ DiLoCo::~DiLoCo() {
 // The pseudo-gradient, global minus own, divided by the replicas and
 // summed over them in the background.
 void DiLoCo::Impl::prepare(Fragment& f) {
-  DTRAIN_ENFORCE(!f.work);
+  DTRAIN_ENFORCE(!f.work && !f.arrived);
   at::NoGradGuard no_grad;
   f.delta = f.global - flat_of(f.params);
   if (options.bf16_exchange()) f.delta = f.delta.to(at::kBFloat16);
@@ -198,8 +173,10 @@ void DiLoCo::Impl::prepare(Fragment& f) {
 // outer optimizer steps them; the result is the new global, mixed with the
 // replica's own values by fragment_update_alpha.
 void DiLoCo::Impl::sync(Fragment& f) {
-  f.work->wait();
+  DTRAIN_ENFORCE(f.work || f.arrived);  // prepared sync_delay steps ago (or loaded so)
+  if (f.work) f.work->wait();
   f.work.reset();
+  f.arrived = false;
   at::NoGradGuard no_grad;
   const at::Tensor own = options.fragment_update_alpha() > 0 ? flat_of(f.params) : at::Tensor();
   const at::Tensor average = f.delta.to(f.global.scalar_type());

@@ -8,9 +8,12 @@
 #include <cmath>
 #include <vector>
 
+#include "dtrain/checkpoint/distributed.h"
 #include "dtrain/ddp.h"
 #include "dtrain/local_sgd.h"
+#include "dtrain/store/prefix_store.h"
 #include "harness/assertions.h"
+#include "harness/temp_dir.h"
 #include "harness/thread_ranks.h"
 
 namespace dtrain::local_sgd_test {  // (a namespace of its own: the test binary is a unity build)
@@ -284,6 +287,65 @@ TEST(DiLoCo, SyncingEveryStepWithAnOuterRateOfOneIsDdp) {
   }, 60s));
   expect_close(diloco_values[0], ddp_values[0], 1e-6, "H = 1 against DDP");
   expect_close(diloco_values[1], diloco_values[0], 0, "the replicas agree bitwise");
+}
+
+// A replica's training objects, built once, and their checkpoint: its
+// parameters, the inner and outer optimizers' states and DiLoCo's own.
+struct Replica {
+  explicit Replica(RankContext& ctx)
+      : inner(net->parameters(), torch::optim::AdamWOptions(1e-2)),
+        outer(net->parameters(), torch::optim::SGDOptions(0.7).momentum(0.9).nesterov(true)),
+        diloco({net->a->parameters(), net->b->parameters()}, inner, outer,
+               local_sgd::DiLoCoOptions().sync_every(4).sync_delay(1).fragment_update_alpha(0.5).group(ctx.group)) {
+    checkpoint::add_module(state, *net);
+    checkpoint::add_optimizer(state, inner, *net, "inner/");
+    checkpoint::add_optimizer(state, outer, *net, "outer/");
+    checkpoint::add_diloco(state, diloco);
+    // Each replica saves alone: a group of its one rank.
+    self = testing::create_test_group("tcp", std::make_shared<PrefixStore>("self-" + std::to_string(ctx.rank), ctx.store),
+                                      0, 1, GroupOptions());
+  }
+  void train(RankContext& ctx, int from, int to) {
+    for (int step = from; step < to; ++step) {
+      inner.zero_grad();
+      loss_of(net, ctx.rank, step).backward();
+      diloco.step();
+    }
+  }
+  Net net;
+  torch::optim::AdamW inner;
+  torch::optim::SGD outer;
+  local_sgd::DiLoCo diloco;
+  checkpoint::DistributedState state;
+  std::shared_ptr<ProcessGroup> self;
+};
+
+// Streaming DiLoCo (2 fragments, H 4, delay 1, mixing 0.5) saved after step
+// 6, while fragment 0's average (taken at step 6, applied at 7) is in
+// flight, and again after step 14 by the same state; new objects loading
+// the step-6 checkpoint train on to step 21 bitwise as the run that never
+// stopped.
+TEST(DiLoCo, ACheckpointTakenWithAnAverageInFlightResumesBitwise) {
+  testing::TempDir dir;
+  std::vector<std::vector<torch::Tensor>> straight(2), resumed(2);
+  testing::expect_no_errors(run_rank_contexts(2, [&](RankContext& ctx) {
+    const std::string mine = dir.path() + "/replica-" + std::to_string(ctx.rank);
+    {
+      Replica r(ctx);
+      r.train(ctx, 0, 6);
+      checkpoint::save(mine, r.state, checkpoint::SaveOptions().process_group(r.self));
+      r.train(ctx, 6, 14);
+      checkpoint::save(mine + "-14", r.state, checkpoint::SaveOptions().process_group(r.self));
+      r.train(ctx, 14, 21);
+      straight[ctx.rank] = values_of(r.net);
+    }
+    Replica again(ctx);
+    checkpoint::load(mine, again.state);
+    EXPECT_EQ(again.diloco.local_step(), 6);
+    again.train(ctx, 6, 21);
+    resumed[ctx.rank] = values_of(again.net);
+  }, 60s));
+  for (int r = 0; r < 2; ++r) expect_close(resumed[r], straight[r], 0, "replica " + std::to_string(r));
 }
 
 TEST(DiLoCo, BadInputIsNamedOnEveryReplica) {
