@@ -21,6 +21,12 @@ struct Flags {
   int tp = 1, pp = 1, dp = 0;  // dp 0: what the world size leaves
   int ep = 1;                  // expert-parallel ranks, borrowed from dp (with model.experts)
   std::string data_parallel = "ddp";
+  // How the replicas meet: ddp (gradients every step, under --data-parallel)
+  // or diloco (each replica alone, the replicas' parameters synced every
+  // sync_every steps by an outer Nesterov step: local_sgd.h).
+  std::string sync = "ddp";
+  int64_t sync_every = 32, fragments = 1, sync_delay = 0;
+  double mixing = 0, outer_lr = 0.7, outer_momentum = 0.9;
   bool sequence_parallel = false, checkpoint_activations = false;
   int64_t steps = 200, batch = 16, microbatches = 4;  // batch: sequences per step, all ranks together
   Config model;
@@ -43,6 +49,7 @@ struct Flags {
 struct Placement {
   int pp_rank = 0, dp_rank = 0, tp_rank = 0;
   std::shared_ptr<dtrain::ProcessGroup> pp, dp, tp, ep, edp, stage;
+  std::shared_ptr<dtrain::ProcessGroup> replica;  // with --sync diloco: this replica's ranks (pp x tp)
   int64_t first_layer = 0, last_layer = 0;
   bool first_stage() const { return pp_rank == 0; }
   bool last_stage(const Flags& f) const { return pp_rank == f.pp - 1; }
@@ -61,7 +68,9 @@ class Trainer {
   torch::optim::AdamW& optimizer() { return *optimizer_; }
   // Its share of a checkpoint: each parameter and its AdamW state
   // ("model/param/<name>", "model/optim/<name>/<field>"), as boxes of the
-  // whole layers, under DDP or FSDP alike, so it resumes in any layout.
+  // whole layers, under DDP or FSDP alike, so it resumes in any layout;
+  // with --sync diloco also the outer optimizer ("outer/") and DiLoCo's
+  // state (its replica's checkpoint: Placement::replica).
   void add_to(dtrain::checkpoint::DistributedState& state);
   // The parameters alone, by their names (safetensors in and out).
   void add_weights_to(dtrain::checkpoint::DistributedState& state);
@@ -79,8 +88,11 @@ class Trainer {
   std::unique_ptr<dtrain::pipelining::PipelineStage> pipeline_;
   std::unique_ptr<dtrain::pipelining::PipelineSchedule> schedule_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::unique_ptr<torch::optim::SGD> outer_;             // with --sync diloco
+  std::unique_ptr<dtrain::local_sgd::DiLoCo> diloco_;  // (the inner optimizer is optimizer_)
   std::pair<double, double> expert_load_{0, 0};
   void average_expert_gradients();
+  void start_diloco();
   void balance_experts();
 };
 

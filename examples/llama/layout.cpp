@@ -36,6 +36,14 @@ Placement place(Flags& f) {
   require(!f.sequence_parallel || f.model.seq % f.tp == 0,
           "--seq " + n(f.model.seq) + " does not split over --tp " + n(f.tp) + " (sequence parallelism)");
   require(f.data_parallel == "ddp" || f.data_parallel == "fsdp", "--data-parallel is ddp or fsdp");
+  const bool diloco = f.sync == "diloco";
+  require(f.sync == "ddp" || diloco, "--sync is ddp or diloco");
+  require(!diloco || (f.data_parallel == "ddp" && f.model.experts == 0),
+          "--sync diloco makes each data-parallel rank a replica of its own: not with --data-parallel fsdp or "
+          "--experts");
+  require(!diloco || f.export_safetensors.empty(),
+          "--sync diloco with --export-safetensors: the replicas' parameters differ between syncs (export one "
+          "replica's checkpoint instead)");
   require(f.ep >= 1 && f.dp % f.ep == 0, "--ep " + n(f.ep) + " does not divide --dp " + n(f.dp) +
                                             " (expert-parallel ranks are data-parallel ones)");
   require(f.ep == 1 || f.model.experts > 0, "--ep " + n(f.ep) + " without --experts");
@@ -53,6 +61,10 @@ Placement place(Flags& f) {
   at.ep = mesh.get_group("ep");
   at.edp = mesh.get_group("edp");
   at.stage = mesh[{"edp", "ep", "tp"}].flatten("stage").get_group("stage");
+  if (diloco) {  // each replica checkpoints on its own, in a directory of its own
+    at.replica = mesh[{"pp", "tp"}].flatten("replica").get_group("replica");
+    f.checkpoint_dir += "/replica-" + n(at.dp_rank);
+  }
   // Layers dealt out evenly, the first stages one more.
   const int64_t base = f.model.layers / f.pp, extra = f.model.layers % f.pp;
   at.first_layer = at.pp_rank * base + std::min<int64_t>(at.pp_rank, extra);
@@ -86,6 +98,7 @@ Trainer::Trainer(const Flags& f, const Placement& at) : f_(f), at_(at) {
   }
   optimizer_ = std::make_unique<torch::optim::AdamW>(
       params, torch::optim::AdamWOptions(f.lr).weight_decay(0.1).betas({0.9, 0.95}));
+  if (f.sync == "diloco") start_diloco();
   if (f.pp == 1) return;
   const auto on_pp = pp::PipelineStageOptions().group(at.pp);
   pipeline_ = fsdp_ ? std::make_unique<pp::PipelineStage>(fsdp_, at.pp_rank, f.pp, on_pp)
@@ -118,10 +131,44 @@ at::Tensor Trainer::step(const at::Tensor& rows) {
   average_expert_gradients();
   {
     dtrain::TimelineSpan span("optimizer.step");
-    optimizer_->step();
+    if (diloco_)
+      diloco_->step();  // the inner step, then the fragments' syncs due
+    else
+      optimizer_->step();
   }
   balance_experts();
   return mean.defined() ? mean.detach() : mean;
+}
+
+// DiLoCo across the data-parallel ranks: DDP stays (it runs the pipeline
+// and checks the replicas alike) but averages nothing; AdamW steps inside
+// each replica, an SGD with Nesterov momentum outside; fragments are runs
+// of consecutive layers (the embedding with the first, the head with the
+// last).
+void Trainer::start_diloco() {
+  namespace ls = dtrain::local_sgd;
+  ddp_->register_comm_hook(ls::post_local_sgd_hook(
+      ls::PostLocalSGDState().start_local_sgd_iter(0).post_local_gradient_allreduce(false)));
+  const int64_t layers = at_.last_layer - at_.first_layer;
+  require(f_.fragments >= 1 && f_.fragments <= layers, "--fragments " + n(f_.fragments) + " must be in 1.." +
+                                                           n(layers) + " (the layers of a pipeline stage)");
+  std::vector<std::vector<at::Tensor>> fragments(static_cast<size_t>(f_.fragments));
+  int64_t current = 0;
+  for (const auto& item : stage_->named_parameters()) {
+    const std::string& name = item.key();
+    if (name.rfind("layers.", 0) == 0)
+      current = (std::stoll(name.substr(7)) - at_.first_layer) * f_.fragments / layers;
+    fragments[static_cast<size_t>(current)].push_back(item.value());
+  }
+  outer_ = std::make_unique<torch::optim::SGD>(
+      stage_->parameters(),
+      torch::optim::SGDOptions(f_.outer_lr).momentum(f_.outer_momentum).nesterov(f_.outer_momentum > 0));
+  diloco_ = std::make_unique<ls::DiLoCo>(fragments, *optimizer_, *outer_,
+                                         ls::DiLoCoOptions()
+                                             .sync_every(f_.sync_every)
+                                             .sync_delay(f_.sync_delay)
+                                             .fragment_update_alpha(f_.mixing)
+                                             .group(at_.dp));
 }
 
 // An expert's gradient holds its ep group's tokens (divided by the group's
@@ -182,6 +229,10 @@ void Trainer::add_to(dtrain::checkpoint::DistributedState& state) {
   }
   dtrain::checkpoint::add_module(state, *stage_, "model/");
   dtrain::checkpoint::add_optimizer(state, *optimizer_, *stage_, "model/");
+  if (diloco_) {
+    dtrain::checkpoint::add_optimizer(state, *outer_, *stage_, "outer/");
+    dtrain::checkpoint::add_diloco(state, *diloco_);
+  }
 }
 
 }  // namespace llama

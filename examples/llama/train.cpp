@@ -45,6 +45,19 @@ Flags parse(int argc, char** argv) {
   app.add_option("--dp", f.dp, "Data-parallel replicas (0: the ranks / (tp x pp))")->capture_default_str();
   app.add_option("--data-parallel", f.data_parallel, "How replicas share gradients: ddp, or fsdp (sharded)")
       ->capture_default_str()->check(CLI::IsMember({"ddp", "fsdp"}));
+  app.add_option("--sync", f.sync, "How the data-parallel replicas meet: ddp (gradients every step) or diloco "
+                 "(alone for --sync-every steps, then an outer step on their averaged parameter change)")
+      ->capture_default_str()->check(CLI::IsMember({"ddp", "diloco"}));
+  app.add_option("--sync-every", f.sync_every, "DiLoCo: inner steps between syncs (H)")->capture_default_str()->check(positive);
+  app.add_option("--fragments", f.fragments, "Streaming DiLoCo: runs of layers synced at staggered steps")
+      ->capture_default_str()->check(positive);
+  app.add_option("--sync-delay", f.sync_delay, "Streaming DiLoCo: steps a fragment's average runs in the background")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--mixing", f.mixing, "Streaming DiLoCo: the share of a replica's own values kept at a sync")
+      ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  app.add_option("--outer-lr", f.outer_lr, "DiLoCo: the outer SGD's learning rate")->capture_default_str()->check(positive);
+  app.add_option("--outer-momentum", f.outer_momentum, "DiLoCo: the outer SGD's Nesterov momentum (0: none)")
+      ->capture_default_str()->check(CLI::Range(0.0, 1.0));
   app.add_flag("--sequence-parallel", f.sequence_parallel, "Split the activations between TP layers along the sequence");
   app.add_flag("--checkpoint-activations", f.checkpoint_activations, "Recompute each layer's activations in the backward");
   app.add_option("--steps", f.steps, "Optimizer steps")->capture_default_str()->check(CLI::NonNegativeNumber);
@@ -125,14 +138,15 @@ bool has_checkpoint(const std::string& dir) {
   }();
 }
 
-// Saves this layout's checkpoint of `step` (collective).
-void save(llama::Trainer& trainer, const Flags& f, int64_t step) {
+// Saves this layout's checkpoint of `step` (collective; with --sync diloco
+// over this replica's ranks, into its own directory).
+void save(llama::Trainer& trainer, const Flags& f, const llama::Placement& at, int64_t step) {
   dtrain::checkpoint::DistributedState state;
   trainer.add_to(state);
   state.metadata["llama.model"] = llama::describe(f.model);
   state.metadata["llama.step"] = std::to_string(step);
   state.metadata["llama.seed"] = std::to_string(f.seed);
-  dtrain::checkpoint::save(f.checkpoint_dir, state);
+  dtrain::checkpoint::save(f.checkpoint_dir, state, dtrain::checkpoint::SaveOptions().process_group(at.replica));
 }
 
 // The step to start from: 0, or the checkpoint's (its model checked).
@@ -202,7 +216,7 @@ int main(int argc, char** argv) {
       make_parents(f.checkpoint_dir);  // save() makes the directory itself
       std::cout << "dtrain-llama: " << llama::describe(f.model) << "; " << corpus.size() << " bytes of text from "
                 << corpus.files() << " files; " << world << " ranks: tp " << f.tp << " x pp " << f.pp << " x dp "
-                << f.dp << " (" << f.data_parallel << ")" << (f.sequence_parallel ? ", sequence parallel" : "")
+                << f.dp << " (" << (f.sync == "diloco" ? "diloco, sync every " + std::to_string(f.sync_every) : f.data_parallel) << ")" << (f.sequence_parallel ? ", sequence parallel" : "")
                 << (f.checkpoint_activations ? ", activation checkpointing" : "")
                 << (f.model.experts > 0 ? ", experts over ep " + std::to_string(f.ep) : "") << "; batch " << f.batch
                 << " x " << f.model.seq << " tokens" << std::endl;
@@ -250,10 +264,10 @@ int main(int argc, char** argv) {
         window_start = std::chrono::steady_clock::now();
       }
       if (f.checkpoint_every > 0 && (step + 1) % f.checkpoint_every == 0 && step + 1 < f.steps)
-        save(trainer, f, step + 1);
+        save(trainer, f, at, step + 1);
     }
     progress.finish_epoch();
-    save(trainer, f, f.steps);
+    save(trainer, f, at, f.steps);
     if (!f.export_safetensors.empty()) {
       dtrain::checkpoint::DistributedState weights;
       trainer.add_weights_to(weights);
