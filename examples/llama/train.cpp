@@ -290,7 +290,8 @@ int main(int argc, char** argv) {
     dtrain::destroy_process_group();
     return 0;
   } catch (const std::exception& e) {
-    std::cerr << "dtrain-llama: " << e.what() << std::endl;
+    const std::string what = e.what();  // (the layout's errors already say whose they are)
+    std::cerr << (what.rfind("dtrain-llama: ", 0) == 0 ? "" : "dtrain-llama: ") << what << std::endl;
     dtrain::record_error(e);
     return 1;
   }
