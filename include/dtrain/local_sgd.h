@@ -10,8 +10,9 @@
 //    PeriodicModelAverager averages the parameters every `period` steps
 //    (PostLocalSGDOptimizer runs it after the optimizer's step).
 //
-//      auto state = local_sgd::PostLocalSGDState().start_local_sgd_iter(100);
-//      dtrain::DistributedDataParallel ddp(net, DDPOptions().comm_hook(local_sgd::post_local_sgd_hook(state)));
+//      dtrain::DistributedDataParallel ddp(net);
+//      ddp.register_comm_hook(local_sgd::post_local_sgd_hook(
+//          local_sgd::PostLocalSGDState().start_local_sgd_iter(100).post_local_gradient_allreduce(false)));
 //      torch::optim::SGD sgd(ddp.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
 //      local_sgd::PeriodicModelAverager averager(/*period=*/4, /*warmup_steps=*/100);
 //      local_sgd::PostLocalSGDOptimizer opt(sgd, averager);

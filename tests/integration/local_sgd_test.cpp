@@ -252,6 +252,38 @@ TEST(StreamingDiLoCo, FragmentsSyncAtStaggeredStepsWithDelayAndMixingAsComputedB
   expect_diloco_equals_reference(2, 21, Schedule{4, 0, 0.0, 2});
 }
 
+// bf16_exchange: the pseudo-gradients cross in bfloat16, half the bytes of
+// a sync; after 20 steps the parameters are within bfloat16's rounding of
+// the float32 exchange's (8 bits of mantissa: 4e-3 relative), and the
+// replicas agree bitwise.
+TEST(DiLoCo, ABf16ExchangeHalvesTheBytesWithinBf16sRoundingOfFloat32) {
+  std::vector<std::vector<std::vector<torch::Tensor>>> values(2, std::vector<std::vector<torch::Tensor>>(2));
+  std::vector<int64_t> bytes(2);
+  for (int bf16 = 0; bf16 < 2; ++bf16)
+    testing::expect_no_errors(run_rank_contexts(2, [&](RankContext& ctx) {
+      Net net;
+      torch::optim::AdamW inner(net->parameters(), torch::optim::AdamWOptions(1e-2));
+      torch::optim::SGD outer(net->parameters(), torch::optim::SGDOptions(0.7).momentum(0.9).nesterov(true));
+      local_sgd::DiLoCo diloco({net->parameters()}, inner, outer,
+                               local_sgd::DiLoCoOptions().sync_every(4).bf16_exchange(bf16 == 1).group(ctx.group));
+      for (int step = 0; step < 20; ++step) {
+        inner.zero_grad();
+        loss_of(net, ctx.rank, step).backward();
+        diloco.step();
+      }
+      values[bf16][ctx.rank] = values_of(net);
+      if (ctx.rank == 0) bytes[bf16] = diloco.peak_sync_bytes();
+    }, 60s));
+  EXPECT_EQ(bytes[0], (4 * 6 + 6 + 6 * 2 + 2) * 4);
+  EXPECT_EQ(bytes[1], bytes[0] / 2);
+  expect_close(values[1][1], values[1][0], 0, "bf16: the replicas agree");
+  expect_close(values[1][0], values[0][0], 4e-3, "bf16 against float32");
+  double moved = 0;
+  for (size_t i = 0; i < values[1][0].size(); ++i)
+    moved = std::max(moved, (values[1][0][i] - values[0][0][i]).abs().max().item<double>());
+  EXPECT_GT(moved, 0) << "the exchange was in bfloat16";
+}
+
 // H = 1 with inner SGD and an outer SGD step of rate 1 without momentum:
 // each step averages the replicas' parameters after one SGD step each,
 // which is DDP's step on the averaged gradient. Not bitwise: the
