@@ -101,6 +101,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tp-equivalence", 2, "auto", ""},
                       Case{"ep-equivalence", 2, "auto", kStaged},
                       Case{"ep-equivalence", 4, "auto", ""},
+                      Case{"diloco-equivalence", 2, "auto", kStaged},
+                      Case{"diloco-equivalence", 2, "auto", ""},
                       Case{"pipeline-1f1b", 2, "auto", ""},
                       Case{"pipeline-interleaved", 2, "auto", ""},
                       Case{"pipeline-zbv", 2, "auto", ""},

@@ -45,12 +45,13 @@
 //                             SCHEDULE (gpipe, 1f1b, interleaved, looped-bfs,
 //                             zbv) over the ranks, 5 steps, against one
 //                             process; prints "rank R pipeline ... matches ..."
-//   rank_worker tp-equivalence|ep-equivalence BACKEND
+//   rank_worker tp-equivalence|ep-equivalence|diloco-equivalence BACKEND
 //                             a norm-and-MLP block under TP with SP and
 //                             activation checkpointing, or an MoE with its
 //                             experts over the ranks and the rest under DDP,
+//                             or DiLoCo syncing every step (outer rate 1),
 //                             against one process (rank_worker_parallel.cpp);
-//                             prints "rank R tp+sp+ac|ep matches ..."
+//                             prints "rank R tp+sp+ac|ep|diloco matches ..."
 //   (each of these with "cuda" after BACKEND trains on GPU LOCAL_RANK % count)
 //   rank_worker page-faults [STEPS]
 //                             init, then STEPS (default 40) SGD steps on
@@ -489,6 +490,7 @@ int main(int argc, char** argv) {
     if (mode == "syncbn-equivalence") return syncbn_equivalence(backend, worker_device(argc, argv));
     if (mode == "tp-equivalence") return tp_equivalence(backend, worker_device(argc, argv));
     if (mode == "ep-equivalence") return ep_equivalence(backend, worker_device(argc, argv));
+    if (mode == "diloco-equivalence") return diloco_equivalence(backend, worker_device(argc, argv));
     if (mode == "checkpoint-crash" && argc > 3) return checkpoint_crash(argv[2], argv[3], false);
     if (mode == "checkpoint-check" && argc > 2) return checkpoint_crash(argv[2], "", true);
     if (mode == "monitored") return monitored(argc > 2 ? argv[2] : "auto");

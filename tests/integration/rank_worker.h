@@ -42,6 +42,7 @@ int syncbn_equivalence(const std::string& backend, torch::Device device);
 // rank_worker_parallel.cpp
 int tp_equivalence(const std::string& backend, torch::Device device);
 int ep_equivalence(const std::string& backend, torch::Device device);
+int diloco_equivalence(const std::string& backend, torch::Device device);  // rank_worker_parallel.cpp
 // Peers that leave (peer_leaves: every rank but 0 destroys its group; rank 0
 // then idles 1 s and prints "rank 0 cpu_ms N") or die while rank 0 waits
 // (recv_from_last: rank 0 receives from the last rank, which never sends).

@@ -1,7 +1,8 @@
-// tp-equivalence and ep-equivalence: tensor parallelism (with sequence
-// parallelism and activation checkpointing) and expert parallelism as
-// processes, on the CPU or on CUDA tensors, against one process training
-// the same model on the whole batch (rank_worker.cpp lists the modes).
+// tp-equivalence, ep-equivalence and diloco-equivalence: tensor
+// parallelism (with sequence parallelism and activation checkpointing),
+// expert parallelism and DiLoCo as processes, on the CPU or on CUDA
+// tensors, against one process training the same model on the whole batch
+// (rank_worker.cpp lists the modes).
 
 #include <torch/torch.h>
 
@@ -13,6 +14,7 @@
 #include "dtrain/ddp.h"
 #include "dtrain/distributed.h"
 #include "dtrain/expert_parallel.h"
+#include "dtrain/local_sgd.h"
 #include "harness/tp_block.h"
 #include "integration/rank_worker.h"
 
@@ -134,6 +136,43 @@ int ep_equivalence(const std::string& backend, torch::Device device) {
   }
   if (!near_whole(moe->expert_bias, single->expert_bias)) return fail("expert_bias differs after 5 steps");
   say_matches("ep", device);
+  dtrain::destroy_process_group();
+  return 0;
+}
+
+// DiLoCo syncing every step with an outer SGD of rate 1, each rank a
+// replica taking an inner SGD step on its share of the batch: the average
+// of those steps is one SGD step on the whole batch, which one process
+// takes here (10 steps, within 1e-5).
+int diloco_equivalence(const std::string& backend, torch::Device device) {
+  dtrain::init_process_group(dtrain::InitOptions().backend(backend));
+  const int rank = dtrain::get_rank(), world = dtrain::get_world_size();
+  auto build = [&] {
+    torch::manual_seed(5);
+    torch::nn::Sequential m(torch::nn::Linear(6, 8), torch::nn::Tanh(), torch::nn::Linear(8, 2));
+    m->to(device);
+    return m;
+  };
+  auto single = build(), mine = build();
+  torch::optim::SGD single_sgd(single->parameters(), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD inner(mine->parameters(), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD outer(mine->parameters(), torch::optim::SGDOptions(1.0));
+  dtrain::local_sgd::DiLoCo diloco({mine->parameters()}, inner, outer,
+                                   dtrain::local_sgd::DiLoCoOptions().sync_every(1));
+  torch::manual_seed(1000);
+  for (int step = 0; step < 10; ++step) {
+    const auto x = torch::randn({2 * world, 6}).to(device), y = torch::randn({2 * world, 2}).to(device);
+    single_sgd.zero_grad();
+    torch::mse_loss(single->forward(x), y).backward();
+    single_sgd.step();
+    inner.zero_grad();
+    torch::mse_loss(mine->forward(x.narrow(0, 2 * rank, 2)), y.narrow(0, 2 * rank, 2)).backward();
+    diloco.step();
+  }
+  const auto want = single->parameters(), got = mine->parameters();
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!near_whole(got[i], want[i])) return fail("parameter " + std::to_string(i) + " differs after 10 steps");
+  say_matches("diloco", device);
   dtrain::destroy_process_group();
   return 0;
 }
