@@ -168,11 +168,11 @@ class DiLoCo {
   // The inner optimizer's step, then each fragment's sync that is due:
   // collective over the group on those steps.
   void step();
-  // Inner steps so far (the schedule's clock); what a checkpoint keeps with
-  // global_parameters() and the outer optimizer's state.
+  // Inner steps so far (the schedule's clock; checkpoint::add_diloco
+  // keeps it).
   int64_t local_step() const;
-  void set_local_step(int64_t step);
-  // The global values each fragment last synced to, in fragment order.
+  // The global values each fragment last synced to, flat, in fragment
+  // order (to evaluate the global model, for example).
   std::vector<at::Tensor> global_parameters() const;
   // Bytes this rank sent in its largest sync so far (one fragment's
   // pseudo-gradients; half with bf16_exchange).

@@ -7,6 +7,7 @@
 #include "common/enforce.h"
 #include "dtrain/distributed.h"
 #include "dtrain/local_sgd.h"
+#include "local_sgd/flat.h"
 
 namespace dtrain::local_sgd {
 
@@ -31,25 +32,18 @@ void PeriodicModelAverager::average_parameters(const std::vector<at::Tensor>& pa
   ++step_;
   if (!due || group_->size() == 1) return;
   at::NoGradGuard no_grad;
-  std::vector<at::Tensor> chosen, flat;
+  std::vector<at::Tensor> chosen;
   for (const auto& p : params)
-    if (p.defined() && p.grad().defined()) {
-      chosen.push_back(p);
-      flat.push_back(p.detach().reshape({-1}));
-    }
+    if (p.defined() && p.grad().defined()) chosen.push_back(p);
   if (chosen.empty()) return;
   for (const auto& p : chosen)
     DTRAIN_CHECK_ARG(p.scalar_type() == chosen[0].scalar_type() && p.device() == chosen[0].device(),
                      "PeriodicModelAverager: the parameters must share one dtype and device (", p.scalar_type(),
                      " on ", p.device(), " beside ", chosen[0].scalar_type(), " on ", chosen[0].device(), ")");
-  at::Tensor all = at::cat(flat);
+  at::Tensor all = detail::flat_of(chosen);
   all.div_(static_cast<double>(group_->size()));
   group_->all_reduce(all, ReduceOp::SUM)->wait();
-  int64_t offset = 0;
-  for (auto& p : chosen) {
-    p.detach().copy_(all.narrow(0, offset, p.numel()).view_as(p));
-    offset += p.numel();
-  }
+  detail::copy_into(chosen, all);
 }
 
 PostLocalSGDOptimizer::PostLocalSGDOptimizer(torch::optim::Optimizer& optimizer, PeriodicModelAverager& averager)

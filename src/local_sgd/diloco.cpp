@@ -16,25 +16,15 @@
 #include "dtrain/distributed.h"
 #include "dtrain/local_sgd.h"
 #include "local_sgd/diloco_impl.h"
+#include "local_sgd/flat.h"
 
 namespace dtrain::local_sgd {
 namespace {
 
+using detail::copy_into;
+using detail::flat_of;
+
 constexpr const char* kWho = "DiLoCo";
-
-at::Tensor flat_of(const std::vector<at::Tensor>& params) {
-  std::vector<at::Tensor> rows;
-  for (const auto& p : params) rows.push_back(p.detach().reshape({-1}));
-  return at::cat(rows);
-}
-
-void copy_into(const std::vector<at::Tensor>& params, const at::Tensor& flat) {
-  int64_t offset = 0;
-  for (const auto& p : params) {
-    p.detach().copy_(flat.narrow(0, offset, p.numel()).view_as(p));
-    offset += p.numel();
-  }
-}
 
 std::unordered_set<const c10::TensorImpl*> params_of(const torch::optim::Optimizer& optimizer) {
   std::unordered_set<const c10::TensorImpl*> out;
@@ -42,10 +32,6 @@ std::unordered_set<const c10::TensorImpl*> params_of(const torch::optim::Optimiz
     for (const auto& p : group.params()) out.insert(p.unsafeGetTensorImpl());
   return out;
 }
-
-}  // namespace
-
-namespace {
 
 // Before anything else (the default group is looked up after).
 const DiLoCoOptions& checked(const DiLoCoOptions& options, size_t fragment_count) {
@@ -113,7 +99,7 @@ void DiLoCo::Impl::agree_across_replicas() {
                                   sizes};
   const char* const what[] = {"sync_every",  "sync_delay", "fragment_update_alpha (x 1e9)", "bf16_exchange",
                               "fragments",   "elements",   "fragment sizes (folded)"};
-  const auto rows = detail::all_gather_control(*group, at::tensor(mine, at::kLong));
+  const auto rows = dtrain::detail::all_gather_control(*group, at::tensor(mine, at::kLong));
   for (int r = 1; r < group->size(); ++r)
     for (size_t i = 0; i < mine.size(); ++i) {
       const int64_t a = rows[0][static_cast<int64_t>(i)].item<int64_t>();
@@ -214,13 +200,6 @@ void DiLoCo::step() {
 }
 
 int64_t DiLoCo::local_step() const { return impl_->local_step; }
-
-void DiLoCo::set_local_step(int64_t step) {
-  DTRAIN_CHECK_ARG(step >= 0, kWho, ": local_step must not be negative, got ", step);
-  for (const auto& f : impl_->fragments)
-    DTRAIN_CHECK_ARG(!f.work, kWho, ": set_local_step while a fragment's average is in flight");
-  impl_->local_step = step;
-}
 
 std::vector<at::Tensor> DiLoCo::global_parameters() const {
   std::vector<at::Tensor> out;
