@@ -70,7 +70,7 @@ first_commit_ms() {  # the first commit's unix ms in the logs PATTERN names (wai
   local pattern=$1 t
   for _ in $(seq 1200); do
     # shellcheck disable=SC2086 # the pattern is expanded now, once the logs exist
-    t=$(awk 'NF >= 6 && length($2) == 16 { print $3; exit }' $pattern 2>/dev/null || true)
+    t=$(awk 'NF >= 7 && length($2) == 16 { print $3; exit }' $pattern 2>/dev/null || true)
     [ -n "$t" ] && { echo "$t"; return; }
     sleep 0.1
   done
@@ -114,7 +114,7 @@ run_mode() {  # run_mode MODE: start, kill on schedule, stop; restarts in $out/M
 samples_by() {  # samples_by END LOGS...
   local end=$1 best=0 f n; shift
   for f in "$@"; do
-    n=$(awk -v e="$end" 'NF >= 6 && length($2) == 16 && $3 <= e { last = $4 + $5 } END { print last + 0 }' "$f")
+    n=$(awk -v e="$end" 'NF >= 7 && length($2) == 16 && $3 <= e { last = $4 + $5 } END { print last + 0 }' "$f")
     [ "$n" -gt "$best" ] && best=$n
   done
   echo "$best"
@@ -124,18 +124,20 @@ run_mode ft
 read -r t0 end <"$out/ft-window"
 ft=$(samples_by "$end" "$out"/ft-*.log)
 # Survivors' stalls: A's replica was never killed.
-stall=$(awk -v e="$end" 'NF >= 6 && $3 <= e { if (p && $3 - p > m) m = $3 - p; p = $3 } END { print m + 0 }' "$out/ft-a.log")
+stall=$(awk -v e="$end" 'NF >= 7 && $3 <= e { if (p && $3 - p > m) m = $3 - p; p = $3 } END { print m + 0 }' "$out/ft-a.log")
 # Equal states and one history: every step's hash and block the same in
-# every log that has it; the blocks contiguous from the first.
-check=$(cat "$out"/ft-*.log | awk 'NF >= 6 && length($2) == 16 {
-    if ($1 in h) { if (h[$1] != $2 || f[$1] != $4 || c[$1] != $5) bad++ } else { h[$1] = $2; f[$1] = $4; c[$1] = $5; n++ }
+# every log that committed it in one quorum ($6); the blocks contiguous
+# from the first.
+check=$(cat "$out"/ft-*.log | awk 'NF >= 7 && length($2) == 16 {
+    k = $1 " " $6
+    if (k in h) { if (h[k] != $2 || f[$1] != $4 || c[$1] != $5) bad++ } else { h[k] = $2; if (!($1 in f)) n++; f[$1] = $4; c[$1] = $5 }
   } END {
     gaps = 0; expect = -1
     for (s = 1; s <= n; s++) { if (!(s in f)) { gaps++; continue } if (expect >= 0 && f[s] != expect) gaps++; expect = f[s] + c[s] }
     print n " steps, " (bad + 0) " differing, " gaps " gaps or overlaps" }')
 echo "ft: $ft samples committed in $duration s; A's longest wait between commits $stall ms; $check"
 while read -r h t; do
-  first=$(awk -v t="$t" 'NF >= 6 && $3 >= t { print $3 - t; exit }' "$out/ft-$h.log")
+  first=$(awk -v t="$t" 'NF >= 7 && $3 >= t { print $3 - t; exit }' "$out/ft-$h.log")
   echo "ft: host $h relaunched at +$(( (t - t0) / 1000 )) s: first commit ${first:-never} ms after its launch"
 done <"$out/ft-restarts"
 

@@ -104,20 +104,21 @@ class SampleOrder {
   torch::Tensor order_;
 };
 
-// "<step> <hash> <unix ms> <first sample> <samples> <members>", appended.
 std::string replace_all(std::string text, const std::string& from, const std::string& to) {
   for (size_t at = 0; (at = text.find(from, at)) != std::string::npos; at += to.size()) text.replace(at, from.size(), to);
   return text;
 }
 
+// "<step> <hash> <unix ms> <first sample> <samples> <quorum id> <members>",
+// appended.
 void log_commit(const std::string& path, int64_t step, const std::string& hash, const dtrain::ft::StepSamples& s,
-                const std::string& members) {
+                const std::string& quorum, const std::string& members) {
   if (path.empty()) return;
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                       std::chrono::system_clock::now().time_since_epoch())
                       .count();
   std::ofstream(path, std::ios::app) << step << " " << hash << " " << ms << " " << s.step_first << " "
-                                     << s.step_count << " " << members << std::endl;
+                                     << s.step_count << " " << quorum << " " << members << std::endl;
 }
 
 // The model as this run wraps it (DDP or FSDP), its optimizer and its state.
@@ -246,7 +247,7 @@ int run_replica(Flags f, const dtrain::FashionMNIST& train) {
       loss_sum += loss.item<double>();
       ++loss_count;
       const auto q = manager.quorum();
-      if (rank == 0) log_commit(commit_log, manager.current_step(), model.hash(), samples, members_text(q.members));
+      if (rank == 0) log_commit(commit_log, manager.current_step(), model.hash(), samples, q.id, members_text(q.members));
       if (rank == 0 && (manager.current_step() % f.log_every == 0 || q.healing)) {
         std::cout << replica << ": step " << manager.current_step() << " committed, quorum of " << q.members.size()
                   << " (" << members_text(q.members) << ")" << (q.healing ? ", healed" : "")
@@ -293,7 +294,7 @@ int run_baseline(const Flags& f, const dtrain::FashionMNIST& train) {
     model.opt->zero_grad();
     torch::cross_entropy_loss(model.forward(x), y).backward();
     model.opt->step();
-    if (rank == 0) log_commit(f.commit_log, step + 1, model.hash(), s, "job");
+    if (rank == 0) log_commit(f.commit_log, step + 1, model.hash(), s, "job", "job");
     if ((step + 1) % f.baseline_snapshot_every == 0) pending = dtrain::checkpoint::async_snapshot(step, state);
   }
   if (pending.valid()) pending.wait();
@@ -334,8 +335,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 60000));
   app.add_option("--log-every", f.log_every, "a progress line every this many steps")->check(CLI::Range(1, 1 << 30));
   app.add_option("--commit-log", f.commit_log,
-                 "append '<step> <state hash> <unix ms> <first sample> <samples> <members>' here at each commit "
-                 "(rank 0); %r in it becomes the replica's id");
+                 "append '<step> <state hash> <unix ms> <first sample> <samples> <quorum id> <members>' here at each "
+                 "commit (rank 0); %r in it becomes the replica's id");
   app.add_option("--baseline-snapshot-every", f.baseline_snapshot_every,
                  "for comparison, no fault tolerance: every node's dtrain-run is one job (HSDP over nodes x ranks "
                  "with --fsdp), a snapshot in peers' memory every N steps, resumed from after a restart")

@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "common/enforce.h"
@@ -180,6 +181,25 @@ struct Lighthouse::Impl {
     return live;
   }
 
+  // Members at the quorum's highest step that committed it in different
+  // quorums: a replica was declared dead while it went on alone. They are
+  // made one by their lineage (view_of); the operator hears of it.
+  static void warn_of_fork(const protocol::Answer& a) {
+    int64_t top = 0;
+    for (const auto& m : a.members) top = std::max(top, m.step);
+    std::set<std::string> lineages;
+    std::string who;
+    for (const auto& m : a.members)
+      if (m.step == top) {
+        lineages.insert(m.lineage);
+        who += detail::cat(who.empty() ? "" : ", ", m.replica, " (", m.lineage.empty() ? "unknown" : m.lineage, ")");
+      }
+    if (lineages.size() > 1 && top > 0)
+      log_warning(detail::cat("dtrain lighthouse: quorum ", a.quorum_id, ": the histories forked before step ", top,
+                              ": ", who, " committed it in different quorums; the members of one history heal "
+                              "from the other (docs/fault-tolerance.md)"));
+  }
+
   // The id stays only for the same processes of the same members, none
   // of which asks for new groups.
   void form(const std::set<std::string>& members) {
@@ -193,13 +213,17 @@ struct Lighthouse::Impl {
     same = same && incarnations == previous_incarnations;
     const std::string id = same ? previous_id : detail::cat(incarnation, "-", ++formed);
     protocol::Answer a{"", id, {}};
-    for (const auto& m : members) a.members.push_back({m, asking.at(m).request.step});
+    for (const auto& m : members) {
+      const auto& r = asking.at(m).request;
+      a.members.push_back({m, r.step, r.lineage});
+    }
     DTRAIN_LOG_INFO("dtrain lighthouse: quorum ", id, ":", [&] {
       std::string text;
       for (const auto& m : a.members)
         text += detail::cat(" ", m.replica, " (step ", m.step, asking.at(m.replica).request.rebuild ? ", rebuild)" : ")");
       return text;
     }());
+    warn_of_fork(a);
     for (const auto& m : members) {
       answer(asking.at(m).n, a);
       asking.erase(m);

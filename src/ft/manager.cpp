@@ -65,6 +65,7 @@ struct Manager::Impl {
   int64_t step_block = 0;    // this step's block, added to `samples` on a commit
   int64_t round = 0;
   bool rebuild = false;  // the last step did not commit
+  std::string lineage;   // the quorum that committed `step` (protocol::Request::lineage)
   std::shared_future<void> round_done;
 
   mutable std::mutex mutex;  // what a round sets, read by other threads
@@ -129,7 +130,7 @@ struct Manager::Impl {
         aborted = false;
       }
       try {
-        auto answer = link->ask(protocol::Request{replica, step, world, layout, new_groups, incarnation},
+        auto answer = link->ask(protocol::Request{replica, step, world, layout, new_groups, incarnation, lineage},
                                 options.connect_timeout(), options.quorum_timeout());
         handed = kOk + protocol::encode(answer);
       } catch (const std::exception& e) {
@@ -254,12 +255,14 @@ struct Manager::Impl {
   void apply_healed() {
     std::optional<checkpoint::storage::Loaded> loaded;
     int64_t to_step = 0;
+    std::string to_lineage;
     {
       std::lock_guard<std::mutex> lock(mutex);
       if (!healed || error) return;
       loaded = std::move(healed);
       healed.reset();
       to_step = view->max_step;
+      to_lineage = view->lineage;
     }
     struct Ready : checkpoint::storage::Reader {
       std::optional<checkpoint::storage::Loaded> value;
@@ -277,6 +280,7 @@ struct Manager::Impl {
     ready.value = std::move(loaded);
     checkpoint::load_state(ready, state);
     step = to_step;
+    lineage = to_lineage;
     samples = taken_samples;
   }
 
@@ -411,9 +415,11 @@ bool Manager::should_commit() {
   }
   std::shared_ptr<ProcessGroup> g;
   bool ok;
+  std::string quorum_id;
   {
     std::lock_guard<std::mutex> lock(m.mutex);
     ok = !m.error && m.view && m.view->replica_world >= m.options.min_replicas();
+    if (m.view) quorum_id = m.view->quorum_id;
     // Only this round's group: another quorum's members vote elsewhere.
     if (m.view && m.peers_quorum == m.view->quorum_id) g = m.peers;
   }
@@ -429,6 +435,7 @@ bool Manager::should_commit() {
   if (ok) {
     ++m.step;
     m.samples += m.step_block;
+    m.lineage = quorum_id;
   }
   m.step_block = 0;
   m.rebuild = !ok;

@@ -39,6 +39,13 @@ bool hex_word(const std::string& s, size_t max) {
   return s.size() <= max && s.find_first_not_of("0123456789abcdef") == std::string::npos;
 }
 
+// A quorum id as the lighthouse makes them: one word of at most 64
+// (lines_of has checked that every byte is printable).
+void check_quorum_id(const std::string& id, bool may_be_empty, const char* what, const char* field) {
+  DTRAIN_CHECK_ARG((may_be_empty || !id.empty()) && id.size() <= 64 && id.find(' ') == std::string::npos, what,
+                   ": ", field, " '", id, "' is not one word of at most 64");
+}
+
 }  // namespace
 
 std::string request_key(int64_t n) { return "ft/request/" + std::to_string(n); }
@@ -58,7 +65,7 @@ void check_replica_id(const std::string& id, const std::string& what) {
 std::string encode(const Request& r) {
   return detail::cat("replica ", r.replica, "\nstep ", r.step, "\nworld ", r.world, "\nlayout ", r.layout,
                      "\nrebuild ", r.rebuild ? 1 : 0,
-                     "\nincarnation ", r.incarnation);
+                     "\nincarnation ", r.incarnation, "\nlineage ", r.lineage);
 }
 
 Request parse_request(const std::string& text) {
@@ -87,6 +94,9 @@ Request parse_request(const std::string& text) {
                        "' is not 1 to 32 hex digits");
       r.incarnation = rest;
       seen |= 16;
+    } else if (word == "lineage") {
+      check_quorum_id(rest, true, what, "lineage");
+      r.lineage = rest;
     } else {
       throw InvalidArgument(detail::cat(what, ": unknown field '", word, "'"));
     }
@@ -104,7 +114,8 @@ std::string encode(const Answer& a) {
   }
   std::ostringstream out;
   out << "quorum " << a.quorum_id;
-  for (const auto& m : a.members) out << "\nmember " << m.replica << " " << m.step;
+  for (const auto& m : a.members)
+    out << "\nmember " << m.replica << " " << m.step << (m.lineage.empty() ? "" : " ") << m.lineage;
   return out.str();
 }
 
@@ -117,18 +128,21 @@ Answer parse_answer(const std::string& text) {
       DTRAIN_CHECK_ARG(!quorum && a.error.empty(), what, ": an error and a quorum at once");
       a.error = rest.empty() ? "(no reason given)" : rest;
     } else if (word == "quorum") {
-      DTRAIN_CHECK_ARG(!quorum && a.error.empty() && !rest.empty() && rest.size() <= 64 &&
-                           rest.find_first_of(" ") == std::string::npos,
-                       what, ": quorum id '", rest, "' is not one word of at most 64");
+      DTRAIN_CHECK_ARG(!quorum && a.error.empty(), what, ": a second quorum line, or a quorum and an error");
+      check_quorum_id(rest, false, what, "quorum id");
       a.quorum_id = rest;
       quorum = true;
     } else if (word == "member") {
       DTRAIN_CHECK_ARG(quorum, what, ": a member before the quorum line");
       DTRAIN_CHECK_ARG(a.members.size() < kMaxMembers, what, ": more than ", kMaxMembers, " members");
+      // "<replica> <step>[ <lineage>]"
       const size_t space = rest.find(' ');
       DTRAIN_CHECK_ARG(space != std::string::npos, what, ": member '", rest, "' has no step");
-      Member m{rest.substr(0, space), number(rest.substr(space + 1), 0, INT64_MAX / 2, what, "step")};
+      const size_t second = rest.find(' ', space + 1);
+      Member m{rest.substr(0, space), number(rest.substr(space + 1, second - space - 1), 0, INT64_MAX / 2, what, "step"),
+               second == std::string::npos ? "" : rest.substr(second + 1)};
       check_replica_id(m.replica, what);
+      check_quorum_id(m.lineage, true, what, "lineage");
       DTRAIN_CHECK_ARG(a.members.empty() || a.members.back().replica < m.replica, what, ": member '", m.replica,
                        "' is out of order or repeated");
       a.members.push_back(std::move(m));

@@ -51,6 +51,12 @@ struct Request {
   // same id and members gets a new quorum id, so no group of its previous
   // processes is taken for its own.
   std::string incarnation;
+  // The quorum in which its state at `step` was committed (or that of the
+  // member it healed from); empty: not known (never committed). Two
+  // replicas at one step with different lineages hold different states: a
+  // replica declared dead by mistake went on alone while the others formed
+  // a quorum without it.
+  std::string lineage;
 };
 std::string encode(const Request& request);
 Request parse_request(const std::string& text);
@@ -58,6 +64,7 @@ Request parse_request(const std::string& text);
 struct Member {
   std::string replica;
   int64_t step = 0;
+  std::string lineage;  // its Request's
 };
 struct Answer {
   std::string error;      // set: the request was refused

@@ -1,10 +1,30 @@
 #include "ft/quorum_rule.h"
 
 #include <algorithm>
+#include <map>
 
 #include "common/enforce.h"
 
 namespace dtrain::ft {
+namespace {
+
+// The lineage the members at `max_step` go on with (see view_of): a
+// known one over the unknown (""), then the most held, then the first held.
+std::string winning_lineage(const std::vector<protocol::Member>& members, int64_t max_step) {
+  std::map<std::string, std::pair<int, size_t>> held;  // lineage -> (members, first member)
+  for (size_t i = 0; i < members.size(); ++i)
+    if (members[i].step == max_step) held.emplace(members[i].lineage, std::make_pair(0, i)).first->second.first++;
+  std::string best;
+  std::pair<int, size_t> best_held{0, 0};
+  for (const auto& [lineage, h] : held) {
+    const bool known_over_unknown = best.empty() && !lineage.empty();
+    const bool more = h.first > best_held.first || (h.first == best_held.first && h.second < best_held.second);
+    if (best_held.first == 0 || known_over_unknown || (!lineage.empty() && more)) best = lineage, best_held = h;
+  }
+  return best;
+}
+
+}  // namespace
 
 std::optional<std::set<std::string>> decide_quorum(const QuorumInputs& in) {
   if (static_cast<int>(in.asking.size()) < std::max(in.min_replicas, 1)) return std::nullopt;
@@ -29,10 +49,12 @@ QuorumView view_of(const protocol::Answer& answer, const std::string& me, bool i
     v.max_step = std::max(v.max_step, members[i].step);
   }
   DTRAIN_CHECK_ARG(v.replica_rank >= 0, "quorum ", answer.quorum_id, " does not hold replica '", me, "'");
+  v.lineage = winning_lineage(members, v.max_step);
   std::vector<int> up, behind;
   for (int i = 0; i < v.replica_world; ++i) {
     const bool first_at_zero = init_sync && v.max_step == 0 && i > 0;
-    (members[i].step == v.max_step && !first_at_zero ? up : behind).push_back(i);
+    const bool same_history = members[i].lineage == v.lineage;
+    (members[i].step == v.max_step && same_history && !first_at_zero ? up : behind).push_back(i);
   }
   for (size_t j = 0; j < behind.size(); ++j) {
     const int source = up[j % up.size()];

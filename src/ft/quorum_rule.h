@@ -36,6 +36,9 @@ struct QuorumView {
   int replica_rank = 0;   // me among the members, in id order
   int replica_world = 1;  // the members
   int64_t max_step = 0;
+  // The history the quorum goes on from: the lineage of the up-to-date
+  // members (a member that heals takes it with its state).
+  std::string lineage;
   // Members whose gradients count this step: those at max_step (a member
   // that heals asynchronously contributes zeros), or with a synchronous
   // quorum every member (they heal before the forward); with a fixed
@@ -49,7 +52,11 @@ struct QuorumView {
 };
 
 // Members behind max_step take the state of one at max_step (the j-th
-// behind from the (j mod up-to-date)-th up to date). With init_sync, at
+// behind from the (j mod up-to-date)-th up to date). Members at max_step
+// whose histories forked (a replica declared dead by mistake went on
+// alone) are told apart by their lineage: the one most of them hold wins
+// (a tie: the first member's, in id order; a known lineage over an
+// unknown one), and the others heal as if behind. With init_sync, at
 // step 0 every member but the first takes the first's state, so that
 // replicas started from different values agree. `max_participants` > 0:
 // at most that many participants (fixed with spares); 0: all.

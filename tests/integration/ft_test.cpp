@@ -170,6 +170,71 @@ TEST(FaultTolerance, AReplicaThatDiesMidStepIsDroppedAndItsReturnHealsItBitwiseF
   EXPECT_GE(compared, 2 * (last - 1) + kDieAt + kAfterReturn);
 }
 
+// Two histories at one step: replica a commits step 1 in a quorum of its
+// own; b, whose quorum gave up waiting for a (the join timeout: a's step
+// is long), commits step 1 in another, from other initial values. When
+// they meet, both at step 1, b must take a's state (the lineages tie: the
+// first member's wins). Before, members at one step were taken as equal
+// and the two trained on apart, every commit a different state (seen in
+// CI when a busy machine had a replica declared dead at its start).
+TEST(FaultTolerance, ReplicasWhoseHistoriesForkedAtOneStepAreMadeOneWhenTheyMeet) {
+  constexpr int kTogether = 5;
+  const auto data = make_data<MLPImpl>(2 * 4, 64);
+  std::vector<std::shared_ptr<MLPImpl>> nets{make_model<MLPImpl>(0), make_model<MLPImpl>(7)};
+  ft::Lighthouse lighthouse(ft::LighthouseOptions().port(0).heartbeat_timeout(5s).tick(10ms).join_timeout(300ms));
+  std::mutex mutex;
+  std::condition_variable cv;
+  int solo_commits = 0;  // a's, then b's
+  std::vector<bool> healed(2, false);
+  run_threads(2, [&](int replica) {
+    auto wait_for = [&](int n) {
+      std::unique_lock<std::mutex> lock(mutex);
+      ASSERT_TRUE(cv.wait_for(lock, 30s, [&] { return solo_commits >= n; }));
+    };
+    if (replica == 1) wait_for(1);  // b starts once a has committed alone
+    auto net = nets[replica];
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05));
+    checkpoint::DistributedState state;
+    checkpoint::add_module(state, *net);
+    checkpoint::add_optimizer(state, opt, *net);
+    ft::Manager manager(state, ft::ManagerOptions()
+                                   .lighthouse(lighthouse.address())
+                                   .replica_id(replica == 0 ? "a" : "b")
+                                   .heartbeat_interval(50ms)
+                                   .timeout(10s)
+                                   .quorum_timeout(30s)
+                                   .async_quorum(false));
+    int together = 0;
+    while (together < kTogether) {
+      manager.start_quorum();
+      const auto q = manager.quorum();
+      const auto& b = data[manager.current_step()];
+      opt.zero_grad();
+      torch::mse_loss(net->forward(b.x.narrow(0, replica * 4, 4)), b.y.narrow(0, replica * 4, 4)).backward();
+      for (auto& p : net->parameters()) manager.allreduce(p.mutable_grad());
+      ASSERT_TRUE(manager.should_commit()) << "step " << manager.current_step();
+      opt.step();
+      healed[replica] = healed[replica] || q.healing;
+      if (q.members.size() == 2) {
+        ++together;
+        continue;
+      }
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        ++solo_commits;
+      }
+      cv.notify_all();
+      ASSERT_EQ(manager.current_step(), 1) << "each commits step 1 alone, then they meet";
+      wait_for(2);  // a waits for b's commit alone; b goes on at once
+    }
+  });
+  EXPECT_EQ(solo_commits, 2) << "the histories forked";
+  EXPECT_TRUE(healed[1]) << "b took a's state";
+  EXPECT_FALSE(healed[0]);
+  EXPECT_TRUE(torch::equal(flat_parameters(*nets[0]), flat_parameters(*nets[1])))
+      << "the replicas differ by " << (flat_parameters(*nets[0]) - flat_parameters(*nets[1])).abs().max().item<double>();
+}
+
 TEST(FaultTolerance, BadInputIsRefusedByNameAndTheJobGoesOn) {
   auto net = make_model<MLPImpl>(0);
   checkpoint::DistributedState state;

@@ -30,7 +30,7 @@ wait_for() {  # wait_for SECONDS COMMAND...: until it succeeds
 }
 has_commits() { [ "$(ft_commits "$1")" -ge "$2" ]; }
 job_gone() { [ -z "$(squeue -h -j "$1" 2>/dev/null)" ]; }
-steps=600
+steps=900
 export DTRAIN_RUN=$run TRAIN=$train LIGHTHOUSE=$lighthouse NPROC_PER_NODE=2 HEARTBEAT_TIMEOUT=1 RELAUNCH_AFTER=2
 job=$(sbatch --parsable --nodes=2 "$script" --steps $steps --step-ms 20 --log-every 100 \
   --commit-log "$work/replica-%r.log" | cut -d';' -f1) || fail "sbatch refused the script"

@@ -25,7 +25,7 @@ using namespace std::chrono_literals;
 using dtrain::testing::what_thrown;
 
 TEST(FtProtocol, RequestsAndAnswersSurviveTheirRoundTripAndHostileTextIsRefusedByName) {
-  protocol::Request r{"replica-1.a_b", 42, 8, "00ff", true, "0123abcd"};
+  protocol::Request r{"replica-1.a_b", 42, 8, "00ff", true, "0123abcd", "9f-12"};
   auto back = protocol::parse_request(protocol::encode(r));
   EXPECT_EQ(back.replica, r.replica);
   EXPECT_EQ(back.step, 42);
@@ -33,14 +33,23 @@ TEST(FtProtocol, RequestsAndAnswersSurviveTheirRoundTripAndHostileTextIsRefusedB
   EXPECT_EQ(back.layout, "00ff");
   EXPECT_TRUE(back.rebuild);
   EXPECT_EQ(back.incarnation, "0123abcd");
+  EXPECT_EQ(back.lineage, "9f-12");
+  EXPECT_EQ(protocol::parse_request(protocol::encode(protocol::Request{"a", 0, 1, "", false, "1", ""})).lineage, "")
+      << "never committed";
 
-  protocol::Answer a{"", "abc-3", {{"a", 5}, {"b", 7}}};
+  protocol::Answer a{"", "abc-3", {{"a", 5, ""}, {"b", 7, "abc-2"}}};
   auto answer = protocol::parse_answer(protocol::encode(a));
   ASSERT_EQ(answer.members.size(), 2u);
+  EXPECT_EQ(answer.members[0].lineage, "");
+  EXPECT_EQ(answer.members[1].lineage, "abc-2");
   EXPECT_EQ(answer.quorum_id, "abc-3");
   EXPECT_EQ(answer.members[1].replica, "b");
   EXPECT_EQ(answer.members[1].step, 7);
   EXPECT_EQ(protocol::parse_answer(protocol::encode(protocol::Answer{"bad\nthing", "", {}})).error, "bad thing");
+  EXPECT_NE(what_thrown<Error>([] { protocol::parse_answer("quorum q\nmember a 1 x y"); }).find("lineage 'x y'"),
+            std::string::npos);
+  EXPECT_NE(what_thrown<Error>([] { protocol::parse_answer("quorum q\nquorum r\nmember a 1"); }).find("second quorum"),
+            std::string::npos);
 
   EXPECT_NE(what_thrown<Error>([] { protocol::parse_request("replica a\nstep -1\nworld 1\nlayout 00\nincarnation 1"); })
                 .find("step '-1' is not a number"),
@@ -124,6 +133,23 @@ TEST(FtQuorumRule, ReplicasBehindHealFromOnesAtTheHighestStepAndInitSyncTakesThe
   EXPECT_EQ(view_of(start, "b", true, true).heal_source, 0);
   EXPECT_FALSE(view_of(start, "b", false, true).healing()) << "without init_sync step 0 is taken as equal";
   EXPECT_NE(what_thrown<Error>([&] { view_of(start, "z", true, true); }).find("does not hold replica 'z'"), std::string::npos);
+
+  // Forked histories at one step: a replica declared dead by mistake
+  // committed step 7 in a quorum of its own (lineage "q1") while the
+  // others did in "q2". The lineage most hold wins, then the first
+  // member's; a known one wins over an unknown one; the rest heal.
+  protocol::Answer forked{"", "q3", {{"a", 7, "q1"}, {"b", 7, "q2"}, {"c", 7, "q2"}}};
+  EXPECT_EQ(view_of(forked, "a", false, false).heal_source, 1) << "q2 is held by two";
+  EXPECT_EQ(view_of(forked, "a", false, false).lineage, "q2");
+  EXPECT_FALSE(view_of(forked, "c", false, false).healing());
+  EXPECT_EQ(view_of(forked, "b", false, false).heal_targets, std::vector<int>{0});
+  protocol::Answer tied{"", "q3", {{"a", 7, "q2"}, {"b", 7, "q1"}}};
+  EXPECT_EQ(view_of(tied, "b", false, false).heal_source, 0) << "a tie: the first member's";
+  EXPECT_FALSE(view_of(tied, "a", false, false).healing());
+  protocol::Answer unknown{"", "q3", {{"a", 7, ""}, {"b", 7, "q1"}, {"c", 5, "q0"}}};
+  EXPECT_EQ(view_of(unknown, "a", false, false).heal_source, 1) << "a known lineage over an unknown one";
+  EXPECT_EQ(view_of(unknown, "c", false, false).heal_source, 1);
+  EXPECT_EQ(view_of(protocol::Answer{"", "q", {{"a", 7, "q1"}, {"b", 7, "q1"}}}, "b", false, false).healing(), false);
 
   // Who participates: asynchronously the members up to date (b, healing,
   // does not); a fixed number keeps the first of them, the rest spares.
@@ -330,7 +356,8 @@ TEST(FtLighthouse, AReplicaWhoseHeartbeatConnectionClosesIsDeclaredDeadAtOnce) {
     std::lock_guard<std::mutex> lock(mutex);
     done = !heard.empty();
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - closed, 1s) << "a tick and a look, not the 5 s heartbeat timeout";
+  // (Bounds well under the 5 s timeout, with room for a busy machine.)
+  EXPECT_LT(std::chrono::steady_clock::now() - closed, 2500ms) << "a tick and a look, not the 5 s heartbeat timeout";
   {
     std::lock_guard<std::mutex> lock(mutex);
     ASSERT_EQ(heard.size(), 1u);
@@ -342,7 +369,7 @@ TEST(FtLighthouse, AReplicaWhoseHeartbeatConnectionClosesIsDeclaredDeadAtOnce) {
   const auto asked = std::chrono::steady_clock::now();
   const auto q = a.ask(1);
   ASSERT_EQ(q.members.size(), 1u);
-  EXPECT_LT(std::chrono::steady_clock::now() - asked, 500ms) << "b is not waited for";
+  EXPECT_LT(std::chrono::steady_clock::now() - asked, 2500ms) << "b is not waited for";
   const int64_t before = registrations(lighthouse);
   b_heart = std::make_unique<Heartbeat>(LighthouseAddress{lighthouse.host(), lighthouse.port()}, "", "b", 50ms);
   await_heartbeat(lighthouse, "b", before);
