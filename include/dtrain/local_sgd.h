@@ -63,6 +63,9 @@
 namespace dtrain::local_sgd {
 class DiLoCo;
 }
+namespace dtrain::ft {
+class Manager;
+}
 
 namespace dtrain::checkpoint {
 struct DistributedState;
@@ -147,6 +150,21 @@ struct DiLoCoOptions {
   // Average the pseudo-gradients in bfloat16 (half the bytes; the outer
   // step in the parameters' dtype).
   DTRAIN_ARG(bool, bf16_exchange) = false;
+  // Fault tolerance (dtrain/ft/manager.h, torchft's DiLoCo(manager, ...)):
+  // the replicas are the manager's quorum, which may lose and regain
+  // members between syncs. Each sync is one of the manager's steps: a
+  // quorum at the sync (a replica behind heals there, taking the whole
+  // state of a live peer: parameters, both optimizers and this object's
+  // global values and clock, so build the manager's DistributedState with
+  // add_module, add_optimizer for each and add_diloco), the average over
+  // the members that did not just heal, and should_commit(); a sync that
+  // does not commit is dropped (the fragment goes back to its global
+  // values, as torchft does). Needs a synchronous quorum
+  // (ManagerOptions::async_quorum(false)), CPU parameters, no `group` and
+  // no sync_delay (the manager runs one step at a time); construction is
+  // then not collective, and the options are compared at every sync.
+  using ManagerPtr = ft::Manager*;
+  DTRAIN_ARG(ManagerPtr, manager) = nullptr;
 };
 
 // DiLoCo and Streaming DiLoCo over `fragments` (one: DiLoCo): lists of
@@ -156,7 +174,8 @@ struct DiLoCoOptions {
 // .grad the averaged pseudo-gradient (other parameters' gradients set
 // aside meanwhile). Construction is collective: the replicas compare their
 // options and fragments, and start from replica 0's values (broadcast, as
-// DDP does). The optimizers and parameters must outlive it.
+// DDP does); with a manager it is not (see DiLoCoOptions::manager). The
+// optimizers, parameters and manager must outlive it.
 class DiLoCo {
  public:
   DiLoCo(std::vector<std::vector<at::Tensor>> fragments, torch::optim::Optimizer& inner,

@@ -492,6 +492,8 @@ bool Manager::is_participating() {
   return impl_->view && !impl_->error && impl_->view->participant >= 0;
 }
 
+const ManagerOptions& Manager::options() const { return impl_->options; }
+
 QuorumInfo Manager::quorum() {
   impl_->wait_round();
   std::lock_guard<std::mutex> lock(impl_->mutex);

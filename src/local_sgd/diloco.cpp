@@ -118,7 +118,9 @@ DiLoCo::DiLoCo(std::vector<std::vector<at::Tensor>> fragments, torch::optim::Opt
                torch::optim::Optimizer& outer, const DiLoCoOptions& options)
     : impl_(std::make_unique<Impl>(inner, outer, checked(options, fragments.size()))) {
   auto& s = *impl_;
-  DTRAIN_CHECK_ARG(s.group->rank() >= 0, kWho, ": this rank is not a member of group '", s.group->name(), "'");
+  if (options.manager()) s.check_for_manager();
+  DTRAIN_CHECK_ARG(!s.group || s.group->rank() >= 0, kWho, ": this rank is not a member of group '",
+                   s.group ? s.group->name() : "", "'");
   const int64_t h = options.sync_every(), count = static_cast<int64_t>(fragments.size());
   at::NoGradGuard no_grad;
   for (int64_t i = 0; i < count; ++i) {
@@ -129,7 +131,7 @@ DiLoCo::DiLoCo(std::vector<std::vector<at::Tensor>> fragments, torch::optim::Opt
   }
   s.check_partition();
   for (auto& f : s.fragments) f.global = flat_of(f.params).clone();
-  s.agree_across_replicas();
+  if (!options.manager()) s.agree_across_replicas();  // (with one: at every sync, and its first quorum's heal)
 }
 
 DiLoCo::~DiLoCo() {
@@ -163,10 +165,14 @@ void DiLoCo::Impl::sync(Fragment& f) {
   if (f.work) f.work->wait();
   f.work.reset();
   f.arrived = false;
-  at::NoGradGuard no_grad;
-  const at::Tensor own = options.fragment_update_alpha() > 0 ? flat_of(f.params) : at::Tensor();
   const at::Tensor average = f.delta.to(f.global.scalar_type());
   f.delta = at::Tensor();
+  apply(f, average);
+}
+
+void DiLoCo::Impl::apply(Fragment& f, const at::Tensor& average) {
+  at::NoGradGuard no_grad;
+  const at::Tensor own = options.fragment_update_alpha() > 0 ? flat_of(f.params) : at::Tensor();
   std::unordered_set<const c10::TensorImpl*> mine;
   for (const auto& p : f.params) mine.insert(p.unsafeGetTensorImpl());
   std::vector<std::pair<at::Tensor, at::Tensor>> set_aside;
@@ -189,9 +195,16 @@ void DiLoCo::Impl::sync(Fragment& f) {
   if (own.defined()) copy_into(f.params, f.global.lerp(own, options.fragment_update_alpha()));
 }
 
+Fragment* DiLoCo::Impl::due_at(int64_t step) {
+  for (auto& f : fragments)
+    if (step >= f.offset && (step - f.offset) % options.sync_every() == 0) return &f;
+  return nullptr;
+}
+
 void DiLoCo::step() {
   auto& s = *impl_;
   s.inner.step();
+  if (s.options.manager()) return s.sync_in_quorum(++s.local_step);
   const int64_t step = ++s.local_step, h = s.options.sync_every(), delay = s.options.sync_delay();
   for (auto& f : s.fragments)
     if (step >= f.offset && (step - f.offset) % h == 0) s.prepare(f);

@@ -26,18 +26,30 @@ struct DiLoCo::Impl {
   torch::optim::Optimizer& inner;
   torch::optim::Optimizer& outer;
   DiLoCoOptions options;
-  std::shared_ptr<ProcessGroup> group;
+  std::shared_ptr<ProcessGroup> group;  // null with a manager
   std::vector<Fragment> fragments;
   int64_t local_step = 0, peak_bytes = 0;
 
   Impl(torch::optim::Optimizer& inner, torch::optim::Optimizer& outer, const DiLoCoOptions& options)
       : inner(inner), outer(outer), options(options),
-        group(options.group() ? options.group() : default_group()) {}
+        group(options.group() || options.manager() ? options.group() : default_group()) {}
+
+  // The fragment whose sync is due at inner step `step` (sync_delay 0);
+  // null when none.
+  Fragment* due_at(int64_t step);
 
   void check_partition() const;
   void agree_across_replicas();
   void prepare(Fragment& f);
   void sync(Fragment& f);
+  // The outer step of `f` on `average` (the replicas' mean pseudo-gradient,
+  // in the global values' dtype).
+  void apply(Fragment& f, const at::Tensor& average);
+
+  // With a manager (diloco_ft.cpp): the options it refuses, and one sync of
+  // the fragment due at this step as the manager's step.
+  void check_for_manager() const;
+  void sync_in_quorum(int64_t step);
 };
 
 }  // namespace dtrain::local_sgd

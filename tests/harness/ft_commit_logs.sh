@@ -29,7 +29,8 @@ ft_longest_wait() {  # ft_longest_wait LOG: the most ms between two commits
 
 # ft_rejoined OUT0 OUT1 LOG0 LOG1 STEPS: replica 1 healed when it came back,
 # both finished STEPS steps, replica 0 missed none, and both hold the same
-# state and samples at every step both committed (more than 200 of them).
+# state and samples at every step both committed (more than 50 of them: a
+# busy machine may take many seconds to bring replica 1 back).
 # Prints "<steps in common> <replica 0's longest wait in ms>", or what
 # failed (and returns 1).
 ft_rejoined() {
@@ -39,7 +40,7 @@ ft_rejoined() {
   grep -q "replica-1: done, $steps steps committed" "$out1" || { echo "replica 1 did not finish"; return 1; }
   ft_never_stopped "$log0" "$steps" || { echo "replica 0 missed or repeated a step"; return 1; }
   both=$(ft_steps_in_common "$log0" "$log1")
-  [ "$both" != differ ] && [ "$both" -gt 200 ] ||
+  [ "$both" != differ ] && [ "$both" -gt 50 ] ||
     { echo "replica states or samples differ, or too few steps in common ($both)"; return 1; }
   echo "$both $(ft_longest_wait "$log0")"
 }

@@ -13,6 +13,7 @@
 #include "dtrain/local_sgd.h"
 #include "dtrain/store/prefix_store.h"
 #include "harness/assertions.h"
+#include "harness/local_sgd_model.h"
 #include "harness/temp_dir.h"
 #include "harness/thread_ranks.h"
 
@@ -23,40 +24,10 @@ using namespace std::chrono_literals;
 using testing::RankContext;
 using testing::run_rank_contexts;
 
-// Two layers (fragments 0 and 1 of Streaming DiLoCo), values from a
-// formula: no generator, the same on every rank and in the reference.
-struct NetImpl : torch::nn::Module {
-  NetImpl() {
-    a = register_module("a", torch::nn::Linear(4, 6));
-    b = register_module("b", torch::nn::Linear(6, 2));
-    torch::NoGradGuard no_grad;
-    int64_t k = 0;
-    for (auto& p : parameters()) {
-      p.copy_((torch::arange(p.numel(), torch::kFloat) * 0.7 + static_cast<double>(++k)).sin().view_as(p) * 0.5);
-    }
-  }
-  torch::Tensor forward(torch::Tensor x) { return b(torch::tanh(a(x))); }
-  torch::nn::Linear a{nullptr}, b{nullptr};
-};
-TORCH_MODULE(Net);
-
-// Replica r's batch at step s.
-std::pair<torch::Tensor, torch::Tensor> batch(int replica, int step) {
-  const auto x = (torch::arange(12, torch::kFloat) * (0.31 + 0.07 * replica) + step).sin().view({3, 4});
-  const auto y = (torch::arange(6, torch::kFloat) * (0.53 + 0.11 * replica) - step).cos().view({3, 2});
-  return {x, y};
-}
-
-torch::Tensor loss_of(Net& net, int replica, int step) {
-  auto [x, y] = batch(replica, step);
-  return (net(x) - y).pow(2).mean();
-}
-
-std::vector<torch::Tensor> values_of(Net& net) {
-  std::vector<torch::Tensor> out;
-  for (const auto& p : net->parameters()) out.push_back(p.detach().clone());
-  return out;
-}
+using testing::local_sgd_model::batch;
+using testing::local_sgd_model::loss_of;
+using testing::local_sgd_model::Net;
+using testing::local_sgd_model::values_of;
 
 void expect_close(const std::vector<torch::Tensor>& got, const std::vector<torch::Tensor>& want, double bound,
                   const std::string& what) {

@@ -200,6 +200,8 @@ class Manager {
   // asynchronously, not a spare).
   bool is_participating();
   QuorumInfo quorum();
+  // The options as given (the replica id and lighthouse as resolved).
+  const ManagerOptions& options() const;
   // The replica's ranks, and this rank's cross-replica group of the step
   // (null while none: a failed quorum).
   ProcessGroup& replica_group() const;
