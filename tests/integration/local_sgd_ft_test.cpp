@@ -185,6 +185,136 @@ TEST(DiLoCoWithAManager, AReplicaThatDiesBetweenSyncsIsLeftOutAndOnItsReturnTake
   EXPECT_GT(committed[0], 6) << "a and b synced on past c's death";
 }
 
+// What a heal contributes, against the algorithm written out here: two
+// replicas, b started from other values; at the first sync (fragment 0,
+// step 2) b heals from a (init_sync) and sends nothing, so the average is
+// a's pseudo-gradient alone; b's fragments go back to the global values
+// (fragment 1 to its initial ones, not a's two steps); at the second sync
+// (fragment 1, step 4) both count. Inner SGD (no state), outer Nesterov.
+TEST(DiLoCoWithAManager, AHealingReplicaSendsNothingAndStartsFromTheGlobalValues) {
+  using torch::optim::SGD;
+  using torch::optim::SGDOptions;
+  const auto outer_options = SGDOptions(0.7).momentum(0.9).nesterov(true);
+  auto inner_steps = [](Net& net, SGD& inner, int data, int from, int to) {
+    for (int s = from; s < to; ++s) {
+      inner.zero_grad();
+      loss_of(net, data, s).backward();
+      inner.step();
+    }
+  };
+  // The algorithm: a's and b's parameters, and a third model holding the
+  // global values that the outer optimizer steps.
+  Net ref_a, ref_b, global;
+  SGD inner_a(ref_a->parameters(), SGDOptions(0.1)), inner_b(ref_b->parameters(), SGDOptions(0.1));
+  SGD outer(global->parameters(), outer_options);
+  auto params = [](Net& n, int fragment) { return fragment == 0 ? n->a->parameters() : n->b->parameters(); };
+  auto outer_step = [&](int fragment, const std::vector<std::vector<at::Tensor>>& deltas) {
+    torch::NoGradGuard no_grad;
+    auto g = params(global, fragment);
+    for (size_t i = 0; i < g.size(); ++i) {
+      at::Tensor mean = deltas[0][i] / 2;
+      if (deltas.size() == 2) mean = mean + deltas[1][i] / 2;
+      g[i].mutable_grad() = mean / (deltas.size() == 2 ? 1.0 : 0.5);  // (the mean over those that sent)
+    }
+    outer.step();
+    for (auto& p : global->parameters()) p.mutable_grad() = at::Tensor();
+  };
+  auto delta = [&](Net& n, int fragment) {
+    std::vector<at::Tensor> out;
+    auto g = params(global, fragment), mine = params(n, fragment);
+    for (size_t i = 0; i < g.size(); ++i) out.push_back(g[i].detach() - mine[i].detach());
+    return out;
+  };
+  auto take_global = [&](Net& n, int fragment) {
+    torch::NoGradGuard no_grad;
+    auto g = params(global, fragment), mine = params(n, fragment);
+    for (size_t i = 0; i < g.size(); ++i) mine[i].copy_(g[i]);
+  };
+  inner_steps(ref_a, inner_a, 0, 0, 2);
+  outer_step(0, {delta(ref_a, 0)});  // b heals: it sends nothing
+  take_global(ref_a, 0);
+  take_global(ref_b, 0);
+  take_global(ref_b, 1);  // b: a's state, then the global values
+  inner_steps(ref_a, inner_a, 0, 2, 4);
+  inner_steps(ref_b, inner_b, 1, 2, 4);
+  outer_step(1, {delta(ref_a, 1), delta(ref_b, 1)});
+  std::vector<at::Tensor> want;
+  for (int fragment = 0; fragment < 2; ++fragment) {
+    std::vector<at::Tensor> flat;
+    for (auto& p : params(global, fragment)) flat.push_back(p.detach().reshape({-1}));
+    want.push_back(torch::cat(flat));
+  }
+
+  ft::Lighthouse lighthouse(ft::LighthouseOptions().port(0).min_replicas(2).heartbeat_timeout(1500ms));
+  std::vector<std::vector<at::Tensor>> got(2);
+  std::vector<bool> healed(2);
+  testing::run_threads(2, [&](int r) {
+    Net net;
+    if (r == 1) {
+      torch::NoGradGuard no_grad;
+      for (auto& p : net->parameters()) p.add_(1.0);
+    }
+    SGD inner(net->parameters(), SGDOptions(0.1)), outer_r(net->parameters(), outer_options);
+    checkpoint::DistributedState state;
+    ft::Manager manager(state, manager_options(lighthouse, r == 0 ? "a" : "b"));
+    local_sgd::DiLoCo diloco({net->a->parameters(), net->b->parameters()}, inner, outer_r,
+                             local_sgd::DiLoCoOptions().sync_every(4).manager(&manager));
+    checkpoint::add_module(state, *net);
+    checkpoint::add_optimizer(state, outer_r, *net, "outer/");
+    checkpoint::add_diloco(state, diloco);
+    for (int s = 0; s < 4; ++s) {
+      inner.zero_grad();
+      loss_of(net, r, static_cast<int>(diloco.local_step())).backward();
+      diloco.step();
+      if (s == 1) healed[r] = manager.quorum().healing;
+    }
+    got[r] = diloco.global_parameters();
+  });
+  EXPECT_FALSE(healed[0]);
+  EXPECT_TRUE(healed[1]) << "init_sync: b takes a's state at the first sync";
+  for (int r = 0; r < 2; ++r) expect_equal(got[r], want, std::string("replica ") + (r == 0 ? "a" : "b"));
+}
+
+// A member that dies inside a sync (c: in the quorum, gone before the
+// average): the sync fails on a and b, is dropped there (the fragment back
+// to its global values, no outer step, the manager's step not counted),
+// and the next sync commits without c.
+TEST(DiLoCoWithAManager, ASyncAMemberDiesInIsDroppedAndTheNextCommitsWithoutIt) {
+  const auto options = local_sgd::DiLoCoOptions().sync_every(4);
+  ft::Lighthouse lighthouse(ft::LighthouseOptions().port(0).heartbeat_timeout(1500ms));
+  testing::StartLine start(3);
+  Net fresh;
+  const auto initial = values_of(fresh);
+  std::vector<std::vector<at::Tensor>> after_drop(2), globals_after_drop(2);
+  std::vector<int64_t> after_first(2), after_second(2);
+  testing::run_threads(3, [&](int r) {
+    const std::string id(1, static_cast<char>('a' + r));
+    FtReplica replica(lighthouse, id, options, manager_options(lighthouse, id).init_sync(false));
+    start.arrive_and_wait();
+    if (r == 2) {
+      replica.manager.start_quorum();  // in the first sync's quorum, then gone
+      return;
+    }
+    replica.step(r);
+    replica.step(r);  // step 2: fragment 0's sync, which c leaves
+    after_first[r] = replica.manager.current_step();
+    after_drop[r] = values_of(replica.net);
+    globals_after_drop[r] = replica.diloco.global_parameters();
+    replica.step(r);
+    replica.step(r);  // step 4: fragment 1's, without c
+    after_second[r] = replica.manager.current_step();
+  });
+  for (int r = 0; r < 2; ++r) {
+    const std::string who = std::string("replica ") + static_cast<char>('a' + r);
+    EXPECT_EQ(after_first[r], 0) << who << ": the sync c died in did not commit";
+    EXPECT_EQ(after_second[r], 1) << who << ": the next one did";
+    expect_equal({after_drop[r][0], after_drop[r][1]}, {initial[0], initial[1]},
+                 who + ": fragment 0 back to its global (initial) values");
+    expect_equal({globals_after_drop[r][0]}, {torch::cat({initial[0].reshape({-1}), initial[1].reshape({-1})})},
+                 who + ": no outer step");
+  }
+}
+
 TEST(DiLoCoWithAManager, BadInputIsRefusedByName) {
   ft::Lighthouse lighthouse(ft::LighthouseOptions().port(0).min_replicas(2).heartbeat_timeout(1500ms));
   {
