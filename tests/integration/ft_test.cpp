@@ -181,7 +181,11 @@ TEST(FaultTolerance, ReplicasWhoseHistoriesForkedAtOneStepAreMadeOneWhenTheyMeet
   constexpr int kTogether = 5;
   const auto data = make_data<MLPImpl>(2 * 4, 64);
   std::vector<std::shared_ptr<MLPImpl>> nets{make_model<MLPImpl>(0), make_model<MLPImpl>(7)};
-  ft::Lighthouse lighthouse(ft::LighthouseOptions().port(0).heartbeat_timeout(5s).tick(10ms).join_timeout(300ms));
+  // The join timeout lets b's quorum form without a (a is held in its
+  // step); at the meeting a asks first and b 1 s later, well within it, so
+  // that the quorum holds both (b first would take the fast path of its
+  // own quorum of one; seen on a busy machine with 300 ms and no pause).
+  ft::Lighthouse lighthouse(ft::LighthouseOptions().port(0).heartbeat_timeout(5s).tick(10ms).join_timeout(3s));
   std::mutex mutex;
   std::condition_variable cv;
   int solo_commits = 0;  // a's, then b's
@@ -225,7 +229,8 @@ TEST(FaultTolerance, ReplicasWhoseHistoriesForkedAtOneStepAreMadeOneWhenTheyMeet
       }
       cv.notify_all();
       ASSERT_EQ(manager.current_step(), 1) << "each commits step 1 alone, then they meet";
-      wait_for(2);  // a waits for b's commit alone; b goes on at once
+      wait_for(2);  // a waits for b's commit alone, then asks at once
+      if (replica == 1) std::this_thread::sleep_for(1s);
     }
   });
   EXPECT_EQ(solo_commits, 2) << "the histories forked";
