@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <tuple>
 
 #include "common/enforce.h"
 
@@ -14,14 +15,12 @@ std::string winning_lineage(const std::vector<protocol::Member>& members, int64_
   std::map<std::string, std::pair<int, size_t>> held;  // lineage -> (members, first member)
   for (size_t i = 0; i < members.size(); ++i)
     if (members[i].step == max_step) held.emplace(members[i].lineage, std::make_pair(0, i)).first->second.first++;
-  std::string best;
-  std::pair<int, size_t> best_held{0, 0};
-  for (const auto& [lineage, h] : held) {
-    const bool known_over_unknown = best.empty() && !lineage.empty();
-    const bool more = h.first > best_held.first || (h.first == best_held.first && h.second < best_held.second);
-    if (best_held.first == 0 || known_over_unknown || (!lineage.empty() && more)) best = lineage, best_held = h;
-  }
-  return best;
+  auto rank = [](const auto& entry) {  // larger is better
+    return std::make_tuple(!entry.first.empty(), entry.second.first, -static_cast<int64_t>(entry.second.second));
+  };
+  return std::max_element(held.begin(), held.end(),
+                          [&](const auto& x, const auto& y) { return rank(x) < rank(y); })
+      ->first;
 }
 
 }  // namespace

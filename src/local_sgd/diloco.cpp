@@ -206,8 +206,7 @@ void DiLoCo::step() {
   s.inner.step();
   if (s.options.manager()) return s.sync_in_quorum(++s.local_step);
   const int64_t step = ++s.local_step, h = s.options.sync_every(), delay = s.options.sync_delay();
-  for (auto& f : s.fragments)
-    if (step >= f.offset && (step - f.offset) % h == 0) s.prepare(f);
+  if (Fragment* due = s.due_at(step)) s.prepare(*due);  // (fragments sync at distinct steps)
   for (auto& f : s.fragments)
     if (step >= f.offset + delay && (step - f.offset - delay) % h == 0) s.sync(f);
 }
