@@ -46,6 +46,15 @@ void SerialExecutor::Queue::run_if_next(const Work* work) {
   std::function<void()> task;
   {
     std::unique_lock<std::mutex> lock(mutex);
+    if (running && !tasks.empty() && tasks.front().work == work && tasks.front().for_waiter) {
+      // Next, and the one ahead is still running (often only finishing:
+      // its Work is complete, its thread not yet done): wait for it and run
+      // this one here. Handing it to the executor's thread instead costs a
+      // hand-off and a wake-up back, and the call after it the same.
+      ++waiters;
+      cv.wait(lock, [&] { return !running || stop || tasks.empty() || tasks.front().work != work; });
+      --waiters;
+    }
     if (running || tasks.empty() || tasks.front().work != work) {
       // Something else is next or runs: the executor's thread runs what is
       // ahead, and then this waiter's task, without waiting for waiters.
@@ -72,10 +81,20 @@ void SerialExecutor::Queue::run_if_next(const Work* work) {
         q.running = false;
         tell = q.stop || !q.tasks.empty();
       }
-      if (tell) q.cv.notify_one();
+      if (tell) q.notify_idle();
     }
   } done{*this};
   task();
+}
+
+void SerialExecutor::Queue::notify_idle() {
+  bool all;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    all = waiters > 0;
+  }
+  if (all) cv.notify_all();
+  else cv.notify_one();
 }
 
 bool SerialExecutor::Queue::waiter_did_not_come(std::unique_lock<std::mutex>& lock) {
@@ -106,8 +125,13 @@ void SerialExecutor::loop() {
       q.running = true;
     }
     task();
-    std::lock_guard<std::mutex> lock(q.mutex);
-    q.running = false;
+    bool tell;
+    {
+      std::lock_guard<std::mutex> lock(q.mutex);
+      q.running = false;
+      tell = q.waiters > 0;
+    }
+    if (tell) q.cv.notify_all();
   }
 }
 

@@ -358,6 +358,36 @@ TEST(SerialExecutor, AnUnannouncedOperationIsRunByItsWaiterOrWhenAWaiterBehindIt
   EXPECT_EQ(third_on, std::this_thread::get_id());
 }
 
+// A waiter that comes while the operation ahead of its own still runs on the
+// executor's thread waits for it, then runs its own. Before, it left its
+// operation to the executor's thread: CI saw the third operation of the test
+// above run there when the executor had completed the second's Work but not
+// yet finished its turn, and in training every blocking call issued just
+// behind an async one paid a hand-off and a wake-up back.
+TEST(SerialExecutor, AWaiterWhoseOperationIsNextWaitsForTheRunningOneAndRunsItsOwn) {
+  SerialExecutor executor;
+  std::atomic<bool> ahead_started{false};
+  std::vector<std::string> order;
+  auto ahead = std::make_shared<Work>("ahead");
+  executor.submit(ahead, [&] {
+    ahead_started = true;
+    std::this_thread::sleep_for(100ms);
+    order.push_back("ahead");
+  }, /*waiter_may_run=*/false);
+  while (!ahead_started) std::this_thread::sleep_for(1ms);
+  std::thread::id mine_on;
+  auto mine = std::make_shared<Work>("mine");
+  executor.submit(mine, [&] {
+    mine_on = std::this_thread::get_id();
+    order.push_back("mine");
+  }, true, /*announce=*/false);
+  mine->wait();
+  EXPECT_TRUE(ahead->is_completed());
+  EXPECT_EQ(order, (std::vector<std::string>{"ahead", "mine"}));
+  EXPECT_EQ(mine_on, std::this_thread::get_id())
+      << "the waiter left its operation to the executor's thread";
+}
+
 // The executor's thread, awake because it has just run something, finds a
 // blocking call's operation next: it leaves it to the call's waiter. Before,
 // it took it at once, so the caller handed off and was woken back, and as
