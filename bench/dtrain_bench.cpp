@@ -27,6 +27,10 @@
 //       DDP, FSDP, HSDP and a pipeline of DDP stages on 4 ranks over two
 //       hosts joined by a shaped link: samples/s and the bytes that cross
 //       the link; see composed.cpp.
+//   dtrain-bench slow-links [--link-rate 100mbit] [--sync-every 32] [--fragments 4] ...
+//       DDP, DiLoCo and Streaming DiLoCo on 2 hosts joined by a shaped link:
+//       samples/s, bytes per sync, and the evaluation loss at equal samples;
+//       see slow_links.cpp.
 //   dtrain-bench pipeline [--ranks 2] [--microbatches 8] [--batch 512] ...
 //       The pipeline schedules' bubble beside its theory, and 1F1B's peak
 //       memory against GPipe's; see pipeline.cpp.
@@ -388,6 +392,8 @@ int main(int argc, char** argv) {
     if (cmd == "rank" && argc > 2 && is_tp_mode(argv[2])) return tp_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2 && std::string(argv[2]) == "local-sgd-ref")
       return local_sgd_reference_rank_main(parse(argc, argv, 3));
+    if (cmd == "rank" && argc > 2 && std::string(argv[2]) == "slow-links")
+      return slow_links_rank_main(parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2 && is_ep_mode(argv[2])) return ep_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2 && is_cuda_mode(argv[2])) return cuda_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2 && is_ft_mode(argv[2])) return ft_rank_main(argv[2], parse(argc, argv, 3));
@@ -404,6 +410,7 @@ int main(int argc, char** argv) {
     if (cmd == "ep") return bench_ep(parse(argc, argv, 2));
     if (cmd == "checkpoint") return bench_checkpoint(parse(argc, argv, 2));
     if (cmd == "composed") return bench_composed(parse(argc, argv, 2));
+    if (cmd == "slow-links") return bench_slow_links(parse(argc, argv, 2));
     if (cmd == "ddp") return bench_ddp(parse(argc, argv, 2));
     if (cmd == "overlap") return bench_overlap(parse(argc, argv, 2));
     if (cmd == "dp") return bench_dp(parse(argc, argv, 2));
@@ -413,6 +420,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dtrain-bench: %s\n", e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: dtrain-bench ddp|overlap|dp|syncbn|memory|pipeline|tp|ep|checkpoint|composed|cuda|ft|collectives [--flag value ...] (see the source header)\n");
+  std::fprintf(stderr, "usage: dtrain-bench ddp|overlap|dp|syncbn|memory|pipeline|tp|ep|checkpoint|composed|slow-links|cuda|ft|collectives [--flag value ...] (see the source header)\n");
   return 2;
 }

@@ -85,6 +85,10 @@ bool is_ep_mode(const std::string& mode);
 int ep_rank_main(const std::string& mode, const Args& a);
 int bench_ep(const Args& a);
 
+// dtrain-bench slow-links (slow_links.cpp).
+int slow_links_rank_main(const Args& a);
+int bench_slow_links(const Args& a);
+
 // dtrain-bench checkpoint (checkpoint.cpp).
 bool is_checkpoint_mode(const std::string& mode);
 int checkpoint_rank_main(const std::string& mode, const Args& a);

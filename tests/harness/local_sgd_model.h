@@ -10,17 +10,22 @@
 
 namespace dtrain::testing::local_sgd_model {
 
-// Two layers (fragments 0 and 1 of Streaming DiLoCo), values from a
-// formula: no generator, the same on every rank and in the reference.
+// The model's values from a formula of each parameter's place: no
+// generator, the same on every rank and in the reference.
+inline void set_formula_values(torch::nn::Module& model) {
+  torch::NoGradGuard no_grad;
+  int64_t k = 0;
+  for (auto& p : model.parameters())
+    p.copy_((torch::arange(p.numel(), torch::kFloat) * 0.7 + static_cast<double>(++k)).sin().view_as(p) * 0.5);
+}
+
+// Two layers (fragments 0 and 1 of Streaming DiLoCo), Linear(4, 6), tanh,
+// Linear(6, 2), values from the formula.
 struct NetImpl : torch::nn::Module {
   NetImpl() {
     a = register_module("a", torch::nn::Linear(4, 6));
     b = register_module("b", torch::nn::Linear(6, 2));
-    torch::NoGradGuard no_grad;
-    int64_t k = 0;
-    for (auto& p : parameters()) {
-      p.copy_((torch::arange(p.numel(), torch::kFloat) * 0.7 + static_cast<double>(++k)).sin().view_as(p) * 0.5);
-    }
+    set_formula_values(*this);
   }
   torch::Tensor forward(torch::Tensor x) { return b(torch::tanh(a(x))); }
   torch::nn::Linear a{nullptr}, b{nullptr};

@@ -10,6 +10,8 @@
 
 #include "dtrain/checkpoint/distributed.h"
 #include "dtrain/ddp.h"
+#include "dtrain/device_mesh.h"
+#include "dtrain/fsdp.h"
 #include "dtrain/local_sgd.h"
 #include "dtrain/store/prefix_store.h"
 #include "harness/assertions.h"
@@ -221,6 +223,62 @@ TEST(DiLoCo, TwoAndFourReplicasEqualThePapersAlgorithm) {
 TEST(StreamingDiLoCo, FragmentsSyncAtStaggeredStepsWithDelayAndMixingAsComputedByHand) {
   expect_diloco_equals_reference(2, 21, Schedule{4, 1, 0.5, 2});
   expect_diloco_equals_reference(2, 21, Schedule{4, 0, 0.0, 2});
+}
+
+// The same model with each layer an FSDP unit.
+using ShardedLinear = FullyShard<torch::nn::LinearImpl>;
+struct ShardedNetImpl : torch::nn::Module {
+  ShardedNetImpl() {
+    a = register_module("a", std::make_shared<ShardedLinear>(4, 6));
+    b = register_module("b", std::make_shared<ShardedLinear>(6, 2));
+    testing::local_sgd_model::set_formula_values(*this);
+  }
+  torch::Tensor forward(torch::Tensor x) { return b->forward(torch::tanh(a->forward(x))); }
+  std::shared_ptr<ShardedLinear> a, b;
+};
+
+// FSDP inside each replica: 2 replicas of 2 ranks sharding the model
+// (FSDP over a mesh's "shard" dimension), DiLoCo over its "replicate"
+// dimension on the shards, each unit's shard a fragment of Streaming
+// DiLoCo. Both ranks of a replica train on the replica's batch (their
+// averaged gradient is the replica's), so the full parameters must be the
+// algorithm's, replica by replica, and the bytes of a sync half a
+// fragment's.
+TEST(DiLoCo, FsdpInsideEachReplicaEqualsThePapersAlgorithm) {
+  for (const Schedule& s : {Schedule{}, Schedule{4, 1, 0.5, 2}}) {
+    const int steps = 21;
+    const auto want = diloco_reference(2, steps, s);
+    testing::expect_no_errors(run_rank_contexts(4, [&](RankContext& ctx) {
+      auto mesh = DeviceMesh({2, 2}, {"replicate", "shard"}, testing::thread_mesh(ctx));
+      const int replica = mesh.get_local_rank("replicate");
+      FullyShardedDataParallel fsdp(std::make_shared<ShardedNetImpl>(),
+                                    FSDPOptions().process_group(mesh.get_group("shard")));
+      torch::optim::AdamW inner(fsdp.parameters(), torch::optim::AdamWOptions(1e-2));
+      torch::optim::SGD outer(fsdp.parameters(), torch::optim::SGDOptions(0.7).momentum(0.9).nesterov(true));
+      const auto shards = fsdp.parameters();
+      const auto units = fsdp.unit_names();
+      std::vector<std::vector<torch::Tensor>> fragments(s.fragments);
+      for (size_t i = 0; i < shards.size(); ++i)
+        fragments[s.fragments == 2 && units[i] == "b" ? 1 : 0].push_back(shards[i]);
+      local_sgd::DiLoCo diloco(fragments, inner, outer,
+                               local_sgd::DiLoCoOptions().sync_every(s.h).sync_delay(s.delay).fragment_update_alpha(
+                                   s.alpha).group(mesh.get_group("replicate")));
+      for (int step = 0; step < steps; ++step) {
+        inner.zero_grad();
+        auto [x, y] = batch(replica, step);
+        (fsdp.forward(x) - y).pow(2).mean().backward();
+        diloco.step();
+      }
+      const auto full = fsdp.full_state_dict();
+      const std::vector<torch::Tensor> got{full.at("a.weight"), full.at("a.bias"), full.at("b.weight"),
+                                           full.at("b.bias")};
+      expect_close(got, want[replica], 1e-6, "rank " + std::to_string(ctx.rank));
+      if (s.fragments == 2) {
+        const int64_t a_half = (4 * 6 + 6) / 2 * 4, b_half = (6 * 2 + 2) / 2 * 4;
+        EXPECT_EQ(diloco.peak_sync_bytes(), std::max(a_half, b_half)) << "half a fragment's pseudo-gradients";
+      }
+    }, 60s));
+  }
 }
 
 // bf16_exchange: the pseudo-gradients cross in bfloat16, half the bytes of
