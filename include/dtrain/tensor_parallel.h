@@ -40,6 +40,7 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/nn/options/loss.h>
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
@@ -200,15 +201,21 @@ class VocabParallelEmbeddingImpl : public torch::nn::Module, public ShardedParam
 };
 TORCH_MODULE(VocabParallelEmbedding);
 
-// PyTorch's loss_parallel: the mean cross-entropy of logits split along the
+// PyTorch's loss_parallel: F.cross_entropy of logits split along the
 // vocabulary (the last dimension: this rank's [N, V/t] slice, as a
 // ColumnParallelLinear without gather_output gives it) against targets
 // [N] of ids in [0, V), without gathering the logits: the ranks exchange
 // each row's maximum, its sum of exponentials and its target's logit (three
-// all_reduces of N values). The loss is the same on every rank, and its
-// gradient reaches each rank's logits as that slice of the whole softmax's.
+// all_reduces of N values; a fourth, the row's sum of logits, with label
+// smoothing). The loss is the same on every rank, and its gradient reaches
+// each rank's logits as that slice of the whole softmax's.
+// `options` are F.cross_entropy's: rows whose target is ignore_index (-100)
+// take no part (no loss, no gradient, not counted by the mean: padding);
+// reduction mean, sum or none (a loss per row, 0 where ignored);
+// label_smoothing. Class weights are refused (InvalidArgument).
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits_shard, const at::Tensor& target,
-                                        const std::shared_ptr<ProcessGroup>& group = nullptr);
+                                        const std::shared_ptr<ProcessGroup>& group = nullptr,
+                                        const torch::nn::CrossEntropyLossOptions& options = {});
 
 // ---- the plan form (PyTorch's parallelize_module) ---------------------------
 

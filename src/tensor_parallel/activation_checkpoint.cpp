@@ -6,8 +6,10 @@
 #include "dtrain/activation_checkpoint.h"
 
 #include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/core/ivalue.h>
 #include <torch/autograd.h>
+#include <torch/version.h>
 
 #include <mutex>
 #include <optional>
@@ -23,8 +25,72 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
+// Autocast's thread-local state for the CPU and CUDA: whether each is on,
+// in which dtype, and whether casts are cached (torch.utils.checkpoint
+// saves the same and recomputes under it).
+struct AutocastState {
+  bool cpu = false, cuda = false, cache = true;
+  at::ScalarType cpu_dtype = at::kBFloat16, cuda_dtype = at::kHalf;
+
+  static AutocastState now() {
+    AutocastState s;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+    s.cpu = at::autocast::is_autocast_enabled(at::kCPU);
+    s.cuda = at::autocast::is_autocast_enabled(at::kCUDA);
+    s.cpu_dtype = at::autocast::get_autocast_dtype(at::kCPU);
+    s.cuda_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+#else
+    s.cpu = at::autocast::is_cpu_enabled();
+    s.cuda = at::autocast::is_enabled();
+    s.cpu_dtype = at::autocast::get_autocast_cpu_dtype();
+    s.cuda_dtype = at::autocast::get_autocast_gpu_dtype();
+#endif
+    s.cache = at::autocast::is_autocast_cache_enabled();
+    return s;
+  }
+  void apply() const {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+    at::autocast::set_autocast_enabled(at::kCPU, cpu);
+    at::autocast::set_autocast_enabled(at::kCUDA, cuda);
+    at::autocast::set_autocast_dtype(at::kCPU, cpu_dtype);
+    at::autocast::set_autocast_dtype(at::kCUDA, cuda_dtype);
+#else
+    at::autocast::set_cpu_enabled(cpu);
+    at::autocast::set_enabled(cuda);
+    at::autocast::set_autocast_cpu_dtype(cpu_dtype);
+    at::autocast::set_autocast_gpu_dtype(cuda_dtype);
+#endif
+    at::autocast::set_autocast_cache_enabled(cache);
+  }
+};
+
+// The autocast state of the forward while the segment is recomputed, and
+// the backward's own again afterwards. Entered and left as an autocast
+// region is: the casts it cached (parameters in the lower dtype) go when
+// the outermost region ends, or a later forward would use them after the
+// optimizer has changed the parameters.
+class AutocastAsAtForward {
+ public:
+  explicit AutocastAsAtForward(const AutocastState& at_forward)
+      : now_(AutocastState::now()), entered_(at_forward.cpu || at_forward.cuda) {
+    at_forward.apply();
+    if (entered_) at::autocast::increment_nesting();
+  }
+  ~AutocastAsAtForward() {
+    if (entered_ && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    now_.apply();
+  }
+  AutocastAsAtForward(const AutocastAsAtForward&) = delete;
+  AutocastAsAtForward& operator=(const AutocastAsAtForward&) = delete;
+
+ private:
+  AutocastState now_;
+  bool entered_;
+};
+
 // What the backward needs besides the input: the segment (a copy: the
-// caller's lambda is gone by then) and the generators' state at the forward.
+// caller's lambda is gone by then), the generators' state at the forward
+// and autocast's.
 struct Segment : torch::CustomClassHolder {
   std::function<at::Tensor(at::Tensor)> run;
   bool input_needs_grad = false;
@@ -33,6 +99,7 @@ struct Segment : torch::CustomClassHolder {
   std::optional<at::Device> device;
   at::Tensor device_rng;
   tensor_parallel::detail::RngStreams tp_rng;  // tensor_parallel_rng.h's streams
+  AutocastState autocast;
 };
 
 at::Tensor rng_state(at::Generator generator) {
@@ -98,6 +165,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
                             const c10::intrusive_ptr<Segment>& segment) {
     ctx->save_for_backward({input});
     ctx->saved_data["segment"] = c10::IValue::make_capsule(segment);
+    segment->autocast = AutocastState::now();
     if (segment->preserve_rng) {
       segment->cpu_rng = rng_state(cpu_generator());
       segment->tp_rng = tensor_parallel::detail::rng_streams();
@@ -117,6 +185,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     at::Tensor out;
     {
       RngAsAtForward rng(s);
+      AutocastAsAtForward autocast(s.autocast);
       at::AutoGradMode enable(true);
       out = run_checked(s, input, "when recomputed in the backward");
     }

@@ -70,20 +70,28 @@ std::vector<ParameterPlacement> VocabParallelEmbeddingImpl::parameter_placements
 }
 
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits_shard, const at::Tensor& target,
-                                        const std::shared_ptr<ProcessGroup>& group) {
+                                        const std::shared_ptr<ProcessGroup>& group,
+                                        const torch::nn::CrossEntropyLossOptions& options) {
   const char* what = "vocab_parallel_cross_entropy";
   auto g = detail::group_or_default(group, what);
   DTRAIN_CHECK_ARG(logits_shard.dim() == 2 && target.dim() == 1 &&
                        target.size(0) == logits_shard.size(0),
                    what, ": logits [N, V / t] and target [N], got ", logits_shard.sizes(), " and ",
                    target.sizes());
+  DTRAIN_CHECK_ARG(!options.weight().defined(), what,
+                   ": class weights (CrossEntropyLossOptions::weight) are not supported");
+  const double smoothing = options.label_smoothing();
+  DTRAIN_CHECK_ARG(smoothing >= 0 && smoothing <= 1, what, ": label_smoothing must be in [0, 1], got ",
+                   smoothing);
   const int64_t part = logits_shard.size(1), vocab = part * g->size();
   const int64_t first = g->rank() * part;
-  if (target.numel() > 0) {
-    const auto lo = target.min().item<int64_t>(), hi = target.max().item<int64_t>();
-    DTRAIN_CHECK_ARG(lo >= 0 && hi < vocab, what, ": targets must be in [0, ", vocab,
-                     ") (", part, " logits on each of the ", g->size(), " ranks of group '",
-                     g->name(), "'), got ", lo < 0 ? lo : hi);
+  const auto kept = target != options.ignore_index();
+  const auto counted = target.masked_select(kept);
+  if (counted.numel() > 0) {
+    const auto lo = counted.min().item<int64_t>(), hi = counted.max().item<int64_t>();
+    DTRAIN_CHECK_ARG(lo >= 0 && hi < vocab, what, ": targets must be in [0, ", vocab, ") or ignore_index ",
+                     options.ignore_index(), " (", part, " logits on each of the ", g->size(),
+                     " ranks of group '", g->name(), "'), got ", lo < 0 ? lo : hi);
   }
   // Shifted by the row's maximum over every rank (a constant for autograd).
   const auto row_max = summed_quietly(*g, std::get<0>(logits_shard.max(1)), ReduceOp::MAX);
@@ -91,13 +99,23 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits_shard, const at
   // The sum of exponentials and the target's logit, each summed over the
   // ranks by a region whose backward is the identity: each rank's gradient
   // is then its slice of softmax - one_hot.
-  const auto sum_exp = reduce_from_region(shifted.exp().sum(1), g);
-  const auto mine = (target >= first) & (target < first + part);
+  const auto log_sum_exp = reduce_from_region(shifted.exp().sum(1), g).log();
+  const auto mine = kept & (target >= first) & (target < first + part);
   const auto local = at::where(mine, target - first, at::zeros_like(target));
   const auto picked = shifted.gather(1, local.unsqueeze(1)).squeeze(1) *
                       mine.to(shifted.scalar_type());
-  const auto target_logit = reduce_from_region(picked, g);
-  return (sum_exp.log() - target_logit).mean();
+  const auto weight = kept.to(shifted.scalar_type());
+  auto loss = (log_sum_exp - reduce_from_region(picked, g)) * weight;
+  if (smoothing > 0) {
+    // The uniform target's part: -mean_j log p_ij = log sum exp - mean_j
+    // of the shifted logits over the whole vocabulary.
+    const auto uniform = (log_sum_exp - reduce_from_region(shifted.sum(1), g) / vocab) * weight;
+    loss = (1 - smoothing) * loss + smoothing * uniform;
+  }
+  const std::string reduction = torch::enumtype::get_enum_name(options.reduction());
+  if (reduction == "kNone") return loss;
+  if (reduction == "kSum") return loss.sum();
+  return loss.sum() / weight.sum();  // the mean over the rows counted (NaN if none, as PyTorch's)
 }
 
 }  // namespace dtrain::tensor_parallel

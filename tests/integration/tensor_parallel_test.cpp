@@ -218,10 +218,78 @@ TEST(TensorParallel, VocabParallelCrossEntropyEqualsTheWholeLoss) {
         EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] {
                     tp::vocab_parallel_cross_entropy(mine, torch::full({6}, 16, torch::kLong), ctx.group);
                   }),
-                  "vocab_parallel_cross_entropy: targets must be in [0, 16) (8 logits on each of "
-                  "the 2 ranks of group 'default'), got 16");
+                  "vocab_parallel_cross_entropy: targets must be in [0, 16) or ignore_index -100 (8 logits on "
+                  "each of the 2 ranks of group 'default'), got 16");
     }));
   }
+}
+
+// F.cross_entropy's options, as loss_parallel keeps them: padded rows
+// (target -100, or another ignore_index) take no part, reduction mean
+// (over the rows counted), sum and none, label smoothing; against
+// libtorch's own cross_entropy on the whole logits, loss and gradient, on
+// 2 and 4 ranks. Before, a padded batch was refused and there was only
+// the mean.
+TEST(TensorParallel, VocabParallelCrossEntropyKeepsCrossEntropysOptions) {
+  namespace F = torch::nn::functional;
+  torch::manual_seed(8);
+  const auto logits = torch::randn({7, 16}) * 3;
+  const auto target = torch::tensor({3, -100, 15, 0, -100, 8, 11}, torch::kLong);
+  struct Case {
+    std::string name;
+    torch::nn::CrossEntropyLossOptions options;
+  };
+  std::vector<Case> cases = {
+      {"padding, mean", torch::nn::CrossEntropyLossOptions()},
+      {"padding, sum", torch::nn::CrossEntropyLossOptions().reduction(torch::kSum)},
+      {"padding, none", torch::nn::CrossEntropyLossOptions().reduction(torch::kNone)},
+      {"padding, smoothing 0.1, mean", torch::nn::CrossEntropyLossOptions().label_smoothing(0.1)},
+      {"padding, smoothing 0.2, none",
+       torch::nn::CrossEntropyLossOptions().label_smoothing(0.2).reduction(torch::kNone)},
+      {"ignore_index 15, smoothing 0.1, sum",
+       torch::nn::CrossEntropyLossOptions().ignore_index(15).label_smoothing(0.1).reduction(torch::kSum)},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    // -100 is an ordinary (refused) target when another id is ignored.
+    const auto t = c.options.ignore_index() == -100 ? target : target.clamp_min(0);
+    auto whole = logits.clone().requires_grad_(true);
+    F::CrossEntropyFuncOptions f;
+    f.ignore_index(c.options.ignore_index()).label_smoothing(c.options.label_smoothing());
+    const std::string reduction = torch::enumtype::get_enum_name(c.options.reduction());
+    if (reduction == "kSum") f.reduction(torch::kSum);
+    if (reduction == "kNone") f.reduction(torch::kNone);
+    const auto want = F::cross_entropy(whole, t, f);
+    const auto upstream = torch::arange(want.numel(), torch::kFloat).view_as(want) * 0.1 + 1;
+    (want * upstream).sum().backward();
+    for (int ranks : {2, 4}) {
+      SCOPED_TRACE("tensor-parallel ranks: " + std::to_string(ranks));
+      testing::expect_no_errors(testing::run_rank_contexts(ranks, [&](RankContext& ctx) {
+        auto mine = shard(logits, 1, ctx.rank, ranks).clone().requires_grad_(true);
+        auto loss = tp::vocab_parallel_cross_entropy(mine, t, ctx.group, c.options);
+        expect_close(loss, want, "the loss");
+        (loss * upstream).sum().backward();
+        expect_close(mine.grad(), shard(whole.grad(), 1, ctx.rank, ranks), "the logits' gradient");
+      }));
+    }
+  }
+  testing::expect_no_errors(testing::run_rank_contexts(2, [&](RankContext& ctx) {
+    const auto mine = shard(logits, 1, ctx.rank, 2);
+    EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] {
+                tp::vocab_parallel_cross_entropy(mine, target, ctx.group,
+                                                 torch::nn::CrossEntropyLossOptions().weight(torch::ones({16})));
+              }),
+              "vocab_parallel_cross_entropy: class weights (CrossEntropyLossOptions::weight) are not supported");
+    EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] {
+                tp::vocab_parallel_cross_entropy(mine, target, ctx.group,
+                                                 torch::nn::CrossEntropyLossOptions().ignore_index(0));
+              }),
+              "vocab_parallel_cross_entropy: targets must be in [0, 16) or ignore_index 0 (8 logits on each of "
+              "the 2 ranks of group 'default'), got -100");
+    // Every row padded: NaN, as PyTorch's mean of nothing.
+    EXPECT_TRUE(std::isnan(
+        tp::vocab_parallel_cross_entropy(mine, torch::full({7}, -100, torch::kLong), ctx.group).item<double>()));
+  }));
 }
 
 }  // namespace
