@@ -27,7 +27,8 @@
 //     (DiLoCo's there is the global model, just synced; Streaming's has
 //     fragments synced up to H steps before, trained on since).
 //     --csv PATH writes the curves (bench/scripts/plot_loss_curves.py draws
-//     them).
+//     them). Printed: each evaluation and the mean of the last 4 (one
+//     evaluation is noisy).
 //
 //   dtrain-bench slow-links [--link-rate 100mbit] [--width 1024] [--blocks 12]
 //                           [--batch 32] [--sync-every 32] [--fragments 4]
@@ -36,6 +37,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -237,6 +239,19 @@ void loss(const Args& a, Args rank_args) {
     if (file) file << step << ',' << step * rows << ',' << l << ',' << d << ',' << s << '\n';
   }
   if (!csv.empty()) std::printf("curves written to %s\n", csv.c_str());
+  // One evaluation is noisy (DDP's moves by 10 % from one to the next):
+  // the mean of the last 4 as well.
+  std::map<std::string, double> tail;
+  for (const char* mode : kModes) {
+    const auto& c = curves[mode];
+    int n = 0;
+    for (auto it = c.rbegin(); it != c.rend() && n < 4; ++it, ++n) tail[mode] += it->second;
+    tail[mode] /= std::max(n, 1);
+  }
+  std::printf("mean of the last 4 evaluations: ddp %.4f, diloco %.4f, streaming %.4f; diloco/ddp %.4f, "
+              "streaming/diloco %.4f\n",
+              tail["ddp"], tail["diloco"], tail["streaming"], tail["diloco"] / tail["ddp"],
+              tail["streaming"] / tail["diloco"]);
 }
 
 }  // namespace slow_links
