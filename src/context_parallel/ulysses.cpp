@@ -44,25 +44,21 @@ at::Tensor sequence_to_heads(const at::Tensor& x, ProcessGroup& g) {
   return exchange(sent, g).permute({1, 0, 2, 3, 4}).reshape({b, c * h, s, d});
 }
 
-struct HeadsToSequence : torch::autograd::Function<HeadsToSequence> {
+// One direction of the exchange as an autograd function: its backward is
+// the other direction.
+template <bool kToSequence>
+struct Exchange : torch::autograd::Function<Exchange<kToSequence>> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group) {
     ctx->saved_data["group"] = group;
-    return heads_to_sequence(x, group_at(group));
+    return kToSequence ? heads_to_sequence(x, group_at(group)) : sequence_to_heads(x, group_at(group));
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    return {sequence_to_heads(grads[0], group_at(ctx->saved_data["group"].toInt())), at::Tensor()};
+    ProcessGroup& g = group_at(ctx->saved_data["group"].toInt());
+    return {kToSequence ? sequence_to_heads(grads[0], g) : heads_to_sequence(grads[0], g), at::Tensor()};
   }
 };
-
-struct SequenceToHeads : torch::autograd::Function<SequenceToHeads> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group) {
-    ctx->saved_data["group"] = group;
-    return sequence_to_heads(x, group_at(group));
-  }
-  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    return {heads_to_sequence(grads[0], group_at(ctx->saved_data["group"].toInt())), at::Tensor()};
-  }
-};
+using HeadsToSequence = Exchange<true>;
+using SequenceToHeads = Exchange<false>;
 
 void check_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const char* what) {
   DTRAIN_CHECK_ARG(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, what,
