@@ -352,10 +352,18 @@ TEST(SerialExecutor, AnUnannouncedOperationIsRunByItsWaiterOrWhenAWaiterBehindIt
   EXPECT_NE(first_on, std::thread::id());
   EXPECT_NE(second_on, std::thread::id());
 
-  auto third = std::make_shared<Work>("third");
-  executor.submit(third, [&] { third_on = std::this_thread::get_id(); }, true, false);
-  third->wait();
-  EXPECT_EQ(third_on, std::this_thread::get_id());
+  // Once the queue is empty again, an operation queued for its waiter runs
+  // on the waiting thread. Up to 5 rounds: on a loaded machine this thread
+  // may be held off longer than the executor's grace between the submit
+  // and the wait, and then the executor rightly takes it.
+  bool ran_here = false;
+  for (int round = 0; round < 5 && !ran_here; ++round) {
+    auto third = std::make_shared<Work>("third " + std::to_string(round));
+    executor.submit(third, [&] { third_on = std::this_thread::get_id(); }, true, false);
+    third->wait();
+    ran_here = third_on == std::this_thread::get_id();
+  }
+  EXPECT_TRUE(ran_here) << "in 5 rounds, no operation queued for its waiter ran on the waiting thread";
 }
 
 // A waiter that comes while the operation ahead of its own still runs on the
