@@ -6,6 +6,11 @@
 # both cores stay busy to the end. A folder that was configured with another
 # generator is reset first (CMake refuses to switch; its objects are rebuilt,
 # from ccache where it has them).
+# RelWithDebInfo here is -O2 with line tables only (-g1): backtraces and
+# sanitizer reports keep their files and lines, and every unit compiles in
+# about two thirds of the time that full debug information (CMake's -g)
+# takes (docs/design/build-and-ci.md). For variables in a debugger, pass
+# -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g -DNDEBUG" after DIR.
 set -euo pipefail
 dir=${1:?usage: scripts/configure.sh DIR [cmake arguments...]}
 shift
@@ -18,4 +23,5 @@ if command -v ninja >/dev/null; then
     rm -rf "$cache" "$dir/CMakeFiles"
   fi
 fi
-cmake -S . -B "$dir" "${generator[@]}" "$@" >/dev/null
+cmake -S . -B "$dir" "${generator[@]}" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
+  -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" "$@" >/dev/null
