@@ -395,6 +395,7 @@ int main(int argc, char** argv) {
     if (cmd == "rank" && argc > 2 && std::string(argv[2]) == "slow-links")
       return slow_links_rank_main(parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2 && is_ep_mode(argv[2])) return ep_rank_main(argv[2], parse(argc, argv, 3));
+    if (cmd == "rank" && argc > 2 && is_cp_mode(argv[2])) return cp_rank_main(parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2 && is_cuda_mode(argv[2])) return cuda_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2 && is_ft_mode(argv[2])) return ft_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2 && is_checkpoint_mode(argv[2]))
@@ -408,6 +409,7 @@ int main(int argc, char** argv) {
     if (cmd == "pipeline") return bench_pipeline(parse(argc, argv, 2));
     if (cmd == "tp") return bench_tp(parse(argc, argv, 2));
     if (cmd == "ep") return bench_ep(parse(argc, argv, 2));
+    if (cmd == "cp") return bench_cp(parse(argc, argv, 2));
     if (cmd == "checkpoint") return bench_checkpoint(parse(argc, argv, 2));
     if (cmd == "composed") return bench_composed(parse(argc, argv, 2));
     if (cmd == "slow-links") return bench_slow_links(parse(argc, argv, 2));
@@ -420,6 +422,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dtrain-bench: %s\n", e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: dtrain-bench ddp|overlap|dp|syncbn|memory|pipeline|tp|ep|checkpoint|composed|slow-links|cuda|ft|collectives [--flag value ...] (see the source header)\n");
+  std::fprintf(stderr, "usage: dtrain-bench ddp|overlap|dp|syncbn|memory|pipeline|tp|ep|cp|checkpoint|composed|slow-links|cuda|ft|collectives [--flag value ...] (see the source header)\n");
   return 2;
 }

@@ -77,6 +77,12 @@ int tp_reference_rank_main(const Args& a);  // tensor_parallel_ref.cpp
 // Writes `t`'s values as raw float32 (what the *_vs_pytorch.py scripts read).
 void write_float32(const std::string& path, const at::Tensor& t);  // tensor_parallel_ref.cpp
 int moe_reference_rank_main(const Args& a);  // moe_ref.cpp
+int cp_reference_rank_main(const Args& a);   // cp_ref.cpp
+
+// dtrain-bench cp (context_parallel.cpp).
+bool is_cp_mode(const std::string& mode);
+int cp_rank_main(const Args& a);
+int bench_cp(const Args& a);
 int local_sgd_reference_rank_main(const Args& a);  // local_sgd_ref.cpp, bench/scripts/local_sgd_vs_pytorch.sh
 int bench_tp(const Args& a);
 

@@ -9,16 +9,17 @@
 #include <limits>
 
 #include "common/enforce.h"
+#include "context_parallel/sharding.h"
 #include "dtrain/context_parallel.h"
 #include "tensor_parallel/group.h"
 
 namespace dtrain::context_parallel {
 namespace {
 
+using tensor_parallel::detail::group_at;
+
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
-
-ProcessGroup& group_at(int64_t address) { return *reinterpret_cast<ProcessGroup*>(address); }
 
 // Sends chunk j of dimension 0 of `x` ([c, ...], contiguous) to rank j;
 // returns [c, ...] with chunk j from rank j.
@@ -60,22 +61,10 @@ struct Exchange : torch::autograd::Function<Exchange<kToSequence>> {
 using HeadsToSequence = Exchange<true>;
 using SequenceToHeads = Exchange<false>;
 
-void check_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const char* what) {
-  DTRAIN_CHECK_ARG(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, what,
-                   ": q, k and v must be [batch, heads, seq, head_dim], got ", q.sizes(), ", ", k.sizes(),
-                   " and ", v.sizes());
-  DTRAIN_CHECK_ARG(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(2) == q.size(2) &&
-                       k.size(3) == q.size(3),
-                   what, ": k and v must be [", q.size(0), ", kv_heads, ", q.size(2), ", ", q.size(3),
-                   "] beside q ", q.sizes(), ", got ", k.sizes(), " and ", v.sizes());
-  DTRAIN_CHECK_ARG(k.size(1) > 0 && q.size(1) % k.size(1) == 0, what, ": q's ", q.size(1),
-                   " heads are not a multiple of k and v's ", k.size(1));
-}
-
 }  // namespace
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
-  check_shapes(q, k, v, "attention");
+  detail::check_attention_shapes(q, k, v, "attention");
   const int64_t group = q.size(1) / k.size(1), s = q.size(2);
   const auto keys = group == 1 ? k : k.repeat_interleave(group, 1);
   const auto values = group == 1 ? v : v.repeat_interleave(group, 1);
@@ -88,22 +77,35 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 }
 
 at::Tensor ulysses_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             const std::shared_ptr<ProcessGroup>& group, bool causal) {
+                             const std::shared_ptr<ProcessGroup>& group, bool causal, Sharding sharding) {
   const char* what = "ulysses_attention";
   auto g = tensor_parallel::detail::group_or_default(group, what);
-  check_shapes(q, k, v, what);
+  detail::check_attention_shapes(q, k, v, what);
   const int64_t c = g->size(), heads = q.size(1), kv_heads = k.size(1);
   DTRAIN_CHECK_ARG(heads % c == 0, what, ": q's ", heads, " heads do not split over the ", c,
                    " ranks of group '", g->name(), "'");
   DTRAIN_CHECK_ARG(kv_heads % c == 0 || c % kv_heads == 0, what, ": k and v's ", kv_heads,
                    " heads neither split over the ", c, " ranks of group '", g->name(),
                    "' nor divide them (each rank needs whole kv heads)");
+  detail::chunk_length(c * q.size(2), c, sharding, what);
   // Fewer kv heads than ranks: each repeated for the ranks whose q heads
   // use it (rank r's q heads [r H/c, (r+1) H/c) read kv head r kv_heads/c).
   const auto widen = [&](const at::Tensor& t) { return kv_heads % c == 0 ? t : t.repeat_interleave(c / kv_heads, 1); };
   const auto address = reinterpret_cast<int64_t>(g.get());
-  const auto out = attention(HeadsToSequence::apply(q, address), HeadsToSequence::apply(widen(k), address),
-                             HeadsToSequence::apply(widen(v), address), causal);
+  // The exchange leaves the sequence in rank order (rank 0's part, rank
+  // 1's, ...): under head-tail sharding it is put in position order for
+  // the mask, and back after.
+  at::Tensor to_positions, to_ranks;
+  if (sharding == Sharding::kHeadTail && causal && c > 1) {
+    to_ranks = at::tensor(detail::gathered_positions(c * q.size(2), c, sharding), at::kLong);
+    to_positions = at::argsort(to_ranks);
+  }
+  const auto gathered = [&](const at::Tensor& t) {
+    auto whole = HeadsToSequence::apply(t, address);
+    return to_positions.defined() ? whole.index_select(2, to_positions.to(whole.device())) : whole;
+  };
+  auto out = attention(gathered(q), gathered(widen(k)), gathered(widen(v)), causal);
+  if (to_ranks.defined()) out = out.index_select(2, to_ranks.to(out.device()));
   return SequenceToHeads::apply(out, address);
 }
 

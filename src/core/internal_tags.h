@@ -3,9 +3,10 @@
 // Point-to-point tags from ProcessGroup::internal_tags_from() up are
 // dtrain's own (the pipeline schedules' activations, gradients and shape
 // headers; rank 0's word to the others during a long step of its own;
-// snapshots' parts): a user's send or recv there is refused, so that it can
-// neither take such a message nor have its own taken. dtrain's own traffic
-// is issued while an InternalTraffic lives on the issuing thread.
+// snapshots' parts; ring attention's blocks): a user's send or recv there
+// is refused, so that it can neither take such a message nor have its own
+// taken. dtrain's own traffic is issued while an InternalTraffic lives on
+// the issuing thread.
 
 namespace dtrain::detail {
 
@@ -13,7 +14,8 @@ namespace dtrain::detail {
 // max_tag(), kTagsAtTheTop of them.
 constexpr int kRank0StepTagFromTop = 0;  // checkpoint/rank0_step.h: rank 0's word
 constexpr int kSnapshotTagFromTop = 1;   // checkpoint::snapshot's parts
-constexpr int kTagsAtTheTop = 2;
+constexpr int kRingAttentionTagFromTop = 2;  // context_parallel::ring_attention's k, v and their gradients
+constexpr int kTagsAtTheTop = 3;
 
 class InternalTraffic {
  public:

@@ -11,18 +11,19 @@
 #include <numeric>
 
 #include "common/enforce.h"
+#include "tensor_parallel/group.h"
 #include "dtrain/expert_parallel.h"
 
 namespace dtrain::expert_parallel {
 namespace {
+
+using tensor_parallel::detail::group_at;
 
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
 // The group travels through the autograd context as its address: the MoE
 // module holds it until backward.
-ProcessGroup& group_at(int64_t address) { return *reinterpret_cast<ProcessGroup*>(address); }
-
 // `t`'s dim-0 rows cut by `splits`: views.
 std::vector<at::Tensor> pieces(const at::Tensor& t, const std::vector<int64_t>& splits) {
   std::vector<at::Tensor> out;

@@ -18,10 +18,10 @@
 namespace dtrain::tensor_parallel {
 namespace {
 
+using detail::group_at;
+
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
-
-ProcessGroup& group_at(int64_t address) { return *reinterpret_cast<ProcessGroup*>(address); }
 
 int64_t sequence_dim(const at::Tensor& x, int64_t dim, const char* what) {
   const int64_t d = dim < 0 ? dim + x.dim() : dim;
