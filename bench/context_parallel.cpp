@@ -36,7 +36,7 @@ double thread_seconds() {
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
-// cp-balance: this rank's thread time per pass; rank 0 prints every rank's.
+// context-balance: this rank's thread time per pass; rank 0 prints every rank's.
 int rank_main(const Args& a) {
   init_process_group(InitOptions().backend("tcp"));
   torch::set_num_threads(1);
@@ -69,7 +69,7 @@ int rank_main(const Args& a) {
 
 }  // namespace cp_balance
 
-bool is_cp_mode(const std::string& mode) { return mode == "cp-balance"; }
+bool is_cp_mode(const std::string& mode) { return mode == "context-balance"; }
 
 int cp_rank_main(const Args& a) { return cp_balance::rank_main(a); }
 
@@ -81,7 +81,7 @@ int bench_cp(const Args& a) {
     for (const std::string sharding : {"contiguous", "head-tail"}) {
       Args args = a;
       args.flags["sharding"] = sharding;
-      const std::string out = run_ranks(world, "cp-balance", args);
+      const std::string out = run_ranks(world, "context-balance", args);
       std::printf("  CP %d %-10s", world, sharding.c_str());
       for (int r = 0; r < world; ++r) std::printf(" %7.3f", field(out, "rank" + std::to_string(r)));
       std::printf("   max/min %.3f\n", field(out, "ratio"));

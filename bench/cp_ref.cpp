@@ -1,4 +1,4 @@
-// dtrain-bench rank cp-ref: ring and Ulysses attention (context_parallel.h)
+// dtrain-bench rank context-ref: ring and Ulysses attention (context_parallel.h)
 // at CP = the world's size, head-tail sharding, on the q, k, v and upstream
 // gradient of bench/scripts/cp_vs_pytorch.py (a formula both compute), which
 // runs F.scaled_dot_product_attention over the whole sequence in one
@@ -36,7 +36,7 @@ int run(const Args& a) {
   torch::set_num_threads(1);
   auto g = default_group();
   const int64_t seq = a.num("seq", 4096);
-  const std::string out = a.get("out", "cp-ref"), dir = out + "/rank" + std::to_string(g->rank());
+  const std::string out = a.get("out", "context-ref"), dir = out + "/rank" + std::to_string(g->rank());
   for (const std::string& d : {out, dir}) mkdir(d.c_str(), 0755);
   const auto part = [&](const at::Tensor& whole) { return cp::shard_sequence(whole, 2, g); };
   const auto upstream = part(formula(3, kHeads, seq));

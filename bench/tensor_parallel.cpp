@@ -216,14 +216,14 @@ void report_ac(const Args& a) {
 
 bool is_tp_mode(const std::string& mode) {
   return mode == "tp-memory" || mode == "tp-ac" || mode == "tp-ref" || mode == "tp-speed" || mode == "moe-ref" ||
-         mode == "cp-ref";
+         mode == "context-ref";
 }
 
 // tp-ref: against PyTorch (tensor_parallel_ref.cpp, bench/scripts/tp_vs_pytorch.sh).
 int tp_rank_main(const std::string& mode, const Args& a) {
   if (mode == "tp-ref") return tp_reference_rank_main(a);
   if (mode == "moe-ref") return moe_reference_rank_main(a);  // moe_ref.cpp, bench/scripts/moe_vs_pytorch.sh
-  if (mode == "cp-ref") return cp_reference_rank_main(a);    // cp_ref.cpp, bench/scripts/cp_vs_pytorch.sh
+  if (mode == "context-ref") return cp_reference_rank_main(a);    // cp_ref.cpp, bench/scripts/cp_vs_pytorch.sh
   if (mode == "tp-speed") return speed_rank(a);
   return mode == "tp-memory" ? memory_rank(a) : ac_rank(a);
 }

@@ -24,7 +24,7 @@ for world in 2 4; do
   pids=()
   for rank in $(seq $((world - 1)) -1 0); do
     env RANK=$rank WORLD_SIZE=$world MASTER_ADDR=127.0.0.1 MASTER_PORT=$port OMP_NUM_THREADS=1 timeout 300 \
-      "$bench" rank cp-ref --seq "$length" --out "$out/dtrain.$world" &
+      "$bench" rank context-ref --seq "$length" --out "$out/dtrain.$world" &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do
