@@ -103,39 +103,65 @@ struct RingForward {
   at::Tensor out, lse;  // [B, H, S, D] in q's dtype, [B, Hkv, G, S] float
 };
 
-// k and v as one tensor [2, B, Hkv, S, D]: one message per hop.
-RingForward ring_forward(const Ring& ring, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  const int64_t kv_heads = k.size(1), chunks = detail::chunks_per_rank(ring.sharding);
-  const int64_t l = q.size(2) / chunks;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-  const auto qf = grouped(q.to(at::kFloat), kv_heads);
+// Every block this rank computes, step by step around the ring: k and v
+// (one tensor [2, B, Hkv, S, D]: one message per hop) are posted on to the
+// next rank, then visit(i, j, how, kv) runs for each q chunk i of this
+// rank and k chunk j held that meet (Ring::meeting), then after(); then
+// the k and v that came in are taken.
+template <typename Visit, typename After>
+void around_the_ring(const Ring& ring, at::Tensor kv, const Visit& visit, const After& after) {
   const auto mine = detail::chunks_of(ring.rank, ring.ranks, ring.sharding);
-  at::Tensor kv = at::stack({k, v}).to(at::kFloat).contiguous(), next;
-  Partial partial{std::vector<at::Tensor>(mine.size()), std::vector<at::Tensor>(mine.size())};
+  at::Tensor next;
   std::vector<WorkPtr> inflight;
   for (int64_t step = 0; step < ring.ranks; ++step) {
-    if (step + 1 < ring.ranks) {
+    const bool more = step + 1 < ring.ranks;
+    if (more) {
       next = at::empty_like(kv);
       inflight = ring.hop(kv, next);
     }
     const auto theirs = detail::chunks_of(ring.source(step), ring.ranks, ring.sharding);
-    for (size_t i = 0; i < mine.size(); ++i) {
-      const auto qi = qf.narrow(3, static_cast<int64_t>(i) * l, l);
-      for (size_t j = 0; j < theirs.size(); ++j) {
-        const int how = ring.meeting(mine[i], theirs[j]);
-        if (how == 0) continue;
-        const auto kj = kv[0].narrow(2, static_cast<int64_t>(j) * l, l).unsqueeze(2);
-        const auto vj = kv[1].narrow(2, static_cast<int64_t>(j) * l, l).unsqueeze(2);
-        const auto s = scores(qi, kj, scale, how == 2);
-        const auto block_lse = at::logsumexp(s, -1);
-        partial.merge(i, at::matmul((s - block_lse.unsqueeze(-1)).exp(), vj), block_lse);
-      }
-    }
-    if (step + 1 < ring.ranks) {
+    for (size_t i = 0; i < mine.size(); ++i)
+      for (size_t j = 0; j < theirs.size(); ++j)
+        if (const int how = ring.meeting(mine[i], theirs[j]))
+          visit(static_cast<int64_t>(i), static_cast<int64_t>(j), how, kv);
+    after();
+    if (more) {
       wait_all(inflight);
       kv = next;
     }
   }
+}
+
+// The sizes every pass needs: chunk length, kv heads, the scale.
+struct Dims {
+  int64_t chunk, kv_heads;
+  double scale;
+  Dims(const Ring& ring, const at::Tensor& q, const at::Tensor& k)
+      : chunk(q.size(2) / detail::chunks_per_rank(ring.sharding)),
+        kv_heads(k.size(1)),
+        scale(1.0 / std::sqrt(static_cast<double>(q.size(3)))) {}
+  // Rows of q chunk i (dimension 3 of [B, Hkv, G, S, ...]) and columns of
+  // k chunk j (dimension 2 of [B, Hkv, S, D]).
+  at::Tensor rows(const at::Tensor& t, int64_t i) const { return t.narrow(3, i * chunk, chunk); }
+  at::Tensor cols(const at::Tensor& t, int64_t j) const { return t.narrow(2, j * chunk, chunk); }
+};
+
+at::Tensor stacked(const at::Tensor& k, const at::Tensor& v) { return at::stack({k, v}).to(at::kFloat).contiguous(); }
+
+RingForward ring_forward(const Ring& ring, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const Dims dims(ring, q, k);
+  const auto qf = grouped(q.to(at::kFloat), dims.kv_heads);
+  const size_t chunks = static_cast<size_t>(detail::chunks_per_rank(ring.sharding));
+  Partial partial{std::vector<at::Tensor>(chunks), std::vector<at::Tensor>(chunks)};
+  around_the_ring(
+      ring, stacked(k, v),
+      [&](int64_t i, int64_t j, int how, const at::Tensor& kv) {
+        const auto kj = dims.cols(kv[0], j).unsqueeze(2), vj = dims.cols(kv[1], j).unsqueeze(2);
+        const auto s = scores(dims.rows(qf, i), kj, dims.scale, how == 2);
+        const auto block_lse = at::logsumexp(s, -1);
+        partial.merge(static_cast<size_t>(i), at::matmul((s - block_lse.unsqueeze(-1)).exp(), vj), block_lse);
+      },
+      [] {});
   const auto out = at::cat(partial.out, 3);
   return {out.reshape(q.sizes()).to(q.scalar_type()), at::cat(partial.lse, 3)};
 }
@@ -143,53 +169,33 @@ RingForward ring_forward(const Ring& ring, const at::Tensor& q, const at::Tensor
 // The gradients of q, k and v given the output's.
 tensor_list ring_backward(const Ring& ring, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out) {
-  const int64_t kv_heads = k.size(1), chunks = detail::chunks_per_rank(ring.sharding);
-  const int64_t l = q.size(2) / chunks;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-  const auto qf = grouped(q.to(at::kFloat), kv_heads);
-  const auto dout = grouped(grad_out.to(at::kFloat), kv_heads);
+  const Dims dims(ring, q, k);
+  const auto qf = grouped(q.to(at::kFloat), dims.kv_heads);
+  const auto dout = grouped(grad_out.to(at::kFloat), dims.kv_heads);
   // D_i = rowsum(dO_i * O_i): the softmax's backward, per query.
-  const auto delta = (dout * grouped(out.to(at::kFloat), kv_heads)).sum(-1);
+  const auto delta = (dout * grouped(out.to(at::kFloat), dims.kv_heads)).sum(-1);
   auto dq = at::zeros_like(qf);
-  const auto mine = detail::chunks_of(ring.rank, ring.ranks, ring.sharding);
-  at::Tensor kv = at::stack({k, v}).to(at::kFloat).contiguous(), next;
-  // The gradients of the k and v held: they travel one hop behind them.
-  at::Tensor dkv = at::zeros_like(kv), dkv_next;
-  std::vector<WorkPtr> inflight, gradients;
-  for (int64_t step = 0; step < ring.ranks; ++step) {
-    if (step + 1 < ring.ranks) {
-      next = at::empty_like(kv);
-      inflight = ring.hop(kv, next);
-    }
-    const auto theirs = detail::chunks_of(ring.source(step), ring.ranks, ring.sharding);
-    for (size_t i = 0; i < mine.size(); ++i) {
-      const auto rows = [&](const at::Tensor& t) { return t.narrow(3, static_cast<int64_t>(i) * l, l); };
-      const auto qi = rows(qf), doi = rows(dout);
-      for (size_t j = 0; j < theirs.size(); ++j) {
-        const int how = ring.meeting(mine[i], theirs[j]);
-        if (how == 0) continue;
-        const auto cols = [&](const at::Tensor& t) { return t.narrow(2, static_cast<int64_t>(j) * l, l); };
-        const auto kj = cols(kv[0]).unsqueeze(2), vj = cols(kv[1]).unsqueeze(2);
-        const auto p = (scores(qi, kj, scale, how == 2) - rows(lse).unsqueeze(-1)).exp();
-        const auto ds = p * (at::matmul(doi, vj.transpose(-2, -1)) - rows(delta).unsqueeze(-1));
-        rows(dq).add_(at::matmul(ds, kj), scale);
-        cols(dkv[0]).add_(at::matmul(ds.transpose(-2, -1), qi).sum(2), scale);
-        cols(dkv[1]).add_(at::matmul(p.transpose(-2, -1), doi).sum(2));
-      }
-    }
-    // These gradients go on to the next rank, which holds these k and v
-    // next; the last hop brings every rank its own.
-    if (ring.ranks > 1) {
-      dkv_next = at::empty_like(dkv);
-      gradients = ring.hop(dkv, dkv_next);
-      wait_all(gradients);
-      dkv = dkv_next;
-    }
-    if (step + 1 < ring.ranks) {
-      wait_all(inflight);
-      kv = next;
-    }
-  }
+  // The gradients of the k and v held: they travel one hop behind them,
+  // and the last hop brings every rank its own.
+  at::Tensor dkv = at::zeros({2, k.size(0), k.size(1), k.size(2), k.size(3)}, k.options().dtype(at::kFloat));
+  around_the_ring(
+      ring, stacked(k, v),
+      [&](int64_t i, int64_t j, int how, const at::Tensor& kv) {
+        const auto qi = dims.rows(qf, i), doi = dims.rows(dout, i);
+        const auto kj = dims.cols(kv[0], j).unsqueeze(2), vj = dims.cols(kv[1], j).unsqueeze(2);
+        const auto p = (scores(qi, kj, dims.scale, how == 2) - dims.rows(lse, i).unsqueeze(-1)).exp();
+        const auto ds = p * (at::matmul(doi, vj.transpose(-2, -1)) - dims.rows(delta, i).unsqueeze(-1));
+        dims.rows(dq, i).add_(at::matmul(ds, kj), dims.scale);
+        dims.cols(dkv[0], j).add_(at::matmul(ds.transpose(-2, -1), qi).sum(2), dims.scale);
+        dims.cols(dkv[1], j).add_(at::matmul(p.transpose(-2, -1), doi).sum(2));
+      },
+      [&] {
+        if (ring.ranks == 1) return;
+        auto in = at::empty_like(dkv);
+        auto works = ring.hop(dkv, in);
+        wait_all(works);
+        dkv = in;
+      });
   return {dq.reshape(q.sizes()).to(q.scalar_type()), dkv[0].to(k.scalar_type()), dkv[1].to(v.scalar_type())};
 }
 
