@@ -23,5 +23,4 @@ if command -v ninja >/dev/null; then
     rm -rf "$cache" "$dir/CMakeFiles"
   fi
 fi
-cmake -S . -B "$dir" "${generator[@]}" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
-  -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" "$@" >/dev/null
+cmake -S . -B "$dir" "${generator[@]}" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" "$@" >/dev/null
