@@ -17,6 +17,7 @@
 
 #include "checkpoint/checkpointer.h"
 #include "checkpoint/storage/peer/peer.h"
+#include "common/decimal.h"
 #include "common/enforce.h"
 #include "common/env.h"
 #include "common/socket.h"
@@ -274,7 +275,10 @@ struct Manager::Impl {
     if (loaded->metadata) {
       auto it = loaded->metadata->find(kSamplesKey);
       DTRAIN_CHECK_ARG(it != loaded->metadata->end(), what("the healing part has no "), kSamplesKey);
-      taken_samples = std::stoll(it->second);
+      const auto count = dtrain::detail::parse_decimal(it->second);
+      DTRAIN_CHECK_ARG(count.has_value(), what("the healing part's "), kSamplesKey, " '", it->second,
+                       "' is not a count");
+      taken_samples = *count;
       loaded->metadata->erase(it);
     }
     ready.value = std::move(loaded);

@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "common/decimal.h"
 #include "common/enforce.h"
 
 namespace dtrain::ft::protocol {
@@ -28,11 +29,11 @@ std::vector<std::pair<std::string, std::string>> lines_of(const std::string& tex
 }
 
 int64_t number(const std::string& s, int64_t lo, int64_t hi, const char* what, const char* field) {
-  DTRAIN_CHECK_ARG(!s.empty() && s.size() <= 19 && s.find_first_not_of("0123456789") == std::string::npos,
-                   what, ": ", field, " '", s, "' is not a number");
-  const long long v = std::stoll(s);
-  DTRAIN_CHECK_ARG(v >= lo && v <= hi, what, ": ", field, " ", v, " is outside [", lo, ", ", hi, "]");
-  return v;
+  const auto v = dtrain::detail::parse_decimal(s);
+  DTRAIN_CHECK_ARG(v || (!s.empty() && s.find_first_not_of("0123456789") == std::string::npos), what, ": ", field,
+                   " '", s, "' is not a number");
+  DTRAIN_CHECK_ARG(v && *v >= lo && *v <= hi, what, ": ", field, " ", s, " is outside [", lo, ", ", hi, "]");
+  return *v;
 }
 
 bool hex_word(const std::string& s, size_t max) {

@@ -48,13 +48,16 @@ QuorumView view_of(const protocol::Answer& answer, const std::string& me, bool i
     v.max_step = std::max(v.max_step, members[i].step);
   }
   DTRAIN_CHECK_ARG(v.replica_rank >= 0, "quorum ", answer.quorum_id, " does not hold replica '", me, "'");
-  v.lineage = winning_lineage(members, v.max_step);
+  // With init_sync at step 0 every member takes the first's state, and
+  // with it the first's history, whatever lineages the others hold.
+  const bool from_first = init_sync && v.max_step == 0;
+  v.lineage = from_first ? members[0].lineage : winning_lineage(members, v.max_step);
   std::vector<int> up, behind;
   for (int i = 0; i < v.replica_world; ++i) {
-    const bool first_at_zero = init_sync && v.max_step == 0 && i > 0;
     const bool same_history = members[i].lineage == v.lineage;
-    (members[i].step == v.max_step && same_history && !first_at_zero ? up : behind).push_back(i);
+    (members[i].step == v.max_step && same_history && !(from_first && i > 0) ? up : behind).push_back(i);
   }
+  DTRAIN_ENFORCE(!up.empty());  // member 0 at step 0, or one holding the winning lineage
   for (size_t j = 0; j < behind.size(); ++j) {
     const int source = up[j % up.size()];
     if (behind[j] == v.replica_rank) v.heal_source = source;

@@ -57,8 +57,8 @@ struct QuorumView {
 // alone) are told apart by their lineage: the one most of them hold wins
 // (a tie: the first member's, in id order; a known lineage over an
 // unknown one), and the others heal as if behind. With init_sync, at
-// step 0 every member but the first takes the first's state, so that
-// replicas started from different values agree. `max_participants` > 0:
+// step 0 every member but the first takes the first's state (and its
+// lineage), so that replicas started from different values agree. `max_participants` > 0:
 // at most that many participants (fixed with spares); 0: all.
 QuorumView view_of(const protocol::Answer& answer, const std::string& me, bool init_sync,
                    bool async_quorum, int max_participants = 0);

@@ -50,6 +50,10 @@ TEST(FtProtocol, RequestsAndAnswersSurviveTheirRoundTripAndHostileTextIsRefusedB
             std::string::npos);
   EXPECT_NE(what_thrown<Error>([] { protocol::parse_answer("quorum q\nquorum r\nmember a 1"); }).find("second quorum"),
             std::string::npos);
+  // A step past int64_t (found by the fuzzer: std::stoll threw out_of_range).
+  EXPECT_NE(what_thrown<Error>([] { protocol::parse_answer("quorum q\nmember a 9999999999999999912"); })
+                .find("step 9999999999999999912 is outside"),
+            std::string::npos);
 
   EXPECT_NE(what_thrown<Error>([] { protocol::parse_request("replica a\nstep -1\nworld 1\nlayout 00\nincarnation 1"); })
                 .find("step '-1' is not a number"),
@@ -132,6 +136,14 @@ TEST(FtQuorumRule, ReplicasBehindHealFromOnesAtTheHighestStepAndInitSyncTakesThe
   protocol::Answer start{"", "q0", {{"a", 0}, {"b", 0}}};
   EXPECT_EQ(view_of(start, "b", true, true).heal_source, 0);
   EXPECT_FALSE(view_of(start, "b", false, true).healing()) << "without init_sync step 0 is taken as equal";
+  // At step 0 with init_sync the first's lineage goes on, even where
+  // another member holds a known one (found by the fuzzer: nobody was up
+  // to date, and the heal source was taken modulo zero).
+  protocol::Answer fresh{"", "q0", {{"b", 0, ""}, {"c", 0, "q9"}}};
+  EXPECT_EQ(view_of(fresh, "c", true, true).heal_source, 0);
+  EXPECT_EQ(view_of(fresh, "c", true, true).lineage, "");
+  EXPECT_EQ(view_of(fresh, "b", true, true).heal_targets, std::vector<int>{1});
+  EXPECT_EQ(view_of(fresh, "b", true, true).participants, 1);
   EXPECT_NE(what_thrown<Error>([&] { view_of(start, "z", true, true); }).find("does not hold replica 'z'"), std::string::npos);
 
   // Forked histories at one step: a replica declared dead by mistake

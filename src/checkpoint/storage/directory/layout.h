@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/decimal.h"
 #include "common/enforce.h"
 #include "common/error_text.h"
 #include "common/paths.h"
@@ -36,13 +37,12 @@ inline std::string data_file(const std::string& dir, const std::string& token, i
   return paths::join(dir, "data-" + token + "-" + std::to_string(rank) + ".dtt");
 }
 
-// A non-negative decimal count of at most 19 digits, or InvalidArgument
+// A non-negative decimal count that fits in int64_t, or InvalidArgument
 // naming `what`.
 inline int64_t parse_count(const std::string& what, const std::string& text) {
-  DTRAIN_CHECK_ARG(!text.empty() && text.size() < 20 &&
-                       text.find_first_not_of("0123456789") == std::string::npos,
-                   what, " is not a count: '", text, "'");
-  return std::stoll(text);
+  const auto v = dtrain::detail::parse_decimal(text);
+  DTRAIN_CHECK_ARG(v.has_value(), what, " is not a count: '", text, "'");
+  return *v;
 }
 
 // "a,b,c" of a list of counts.
