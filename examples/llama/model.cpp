@@ -174,7 +174,8 @@ ep::MoE moe_of(const Config& c, const Layout& l, const Values& v, const std::str
                      .route_norm(true)
                      .load_balance_coeff(c.balance_rate)
                      .shared_expert_hidden_dim(c.shared_expert ? c.hidden : 0)
-                     .ep_group(l.ep);
+                     .ep_group(l.ep)
+                     .name(prefix.substr(0, prefix.size() - 1));  // "layers.3.moe"
   ep::MoE moe(options);
   torch::NoGradGuard no_grad;
   for (const auto& item : moe->named_parameters()) {

@@ -29,6 +29,7 @@
 //    forwards and backwards (the dispatch is a collective): per MoE
 //    forward, one all-to-all of the token counts and one of the routed
 //    rows there and one back; per backward, two of the rows' gradients.
+//    Each is labelled with the layer's name in the flight recorder.
 //  - The ranks of ep_group are data-parallel ranks (each its own tokens,
 //    its loss a mean over them, as under DDP or FSDP). An expert's gradient
 //    then gathers every rank's tokens through the all-to-all; it is divided
@@ -91,6 +92,10 @@ struct MoEOptions {
   DTRAIN_ARG(double, load_balance_coeff) = 0.0;
   // The expert-parallel group; null: every expert on this rank.
   DTRAIN_ARG(std::shared_ptr<ProcessGroup>, ep_group) = nullptr;
+  // What the flight recorder and the timeline call this layer's
+  // all-to-alls ("<name>: dispatch", "<name>: combine, backward", ...):
+  // the layer's place in the model, say "layers.3.moe".
+  DTRAIN_ARG(std::string, name) = "moe";
 };
 
 // What the router decided for T tokens.
@@ -174,8 +179,9 @@ std::vector<std::string> ignored_by_data_parallel(const torch::nn::Module& model
 // The dispatch as a function, for experts of one's own: routes `x`'s rows
 // ([T, dim]) to their experts over `group` (null: none), runs `experts` on
 // this rank's share, and brings the outputs back, weighted and summed per
-// token. An autograd operation.
+// token. An autograd operation; its all-to-alls carry `name` into the
+// flight recorder (MoEOptions::name).
 at::Tensor dispatch_and_combine(const at::Tensor& x, const Routing& routing, GroupedExpertsImpl& experts,
-                                const std::shared_ptr<ProcessGroup>& group);
+                                const std::shared_ptr<ProcessGroup>& group, const std::string& name = "moe");
 
 }  // namespace dtrain::expert_parallel

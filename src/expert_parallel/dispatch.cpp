@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "common/enforce.h"
+#include "diagnostics/op_label.h"
 #include "tensor_parallel/group.h"
 #include "dtrain/expert_parallel.h"
 
@@ -22,8 +23,6 @@ using tensor_parallel::detail::group_at;
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-// The group travels through the autograd context as its address: the MoE
-// module holds it until backward.
 // `t`'s dim-0 rows cut by `splits`: views.
 std::vector<at::Tensor> pieces(const at::Tensor& t, const std::vector<int64_t>& splits) {
   std::vector<at::Tensor> out;
@@ -44,18 +43,36 @@ at::Tensor exchange_rows(const at::Tensor& x, const std::vector<int64_t>& out_sp
   return out;
 }
 
+// The flight recorder's label of one of a layer's all-to-alls: `what`
+// after the layer's name, after the thread's label where it has one (a
+// pipeline stage's microbatch).
+std::string label_of(const std::string& layer, const char* what) {
+  const std::string& outer = dtrain::detail::OpLabel::current();
+  return outer.empty() ? layer + ": " + what : outer + ", " + layer + ": " + what;
+}
+
+// The rows' all-to-all as an autograd function; the backward sends the
+// gradients the other way. The group travels through the autograd context
+// as its address (the MoE module holds it until backward), and the label
+// by name: `what` is "dispatch" or "combine".
 struct AllToAllRows : torch::autograd::Function<AllToAllRows> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, std::vector<int64_t> out_splits,
-                            std::vector<int64_t> in_splits, int64_t group) {
+                            std::vector<int64_t> in_splits, int64_t group, const std::string& layer,
+                            const std::string& what) {
     ctx->saved_data["out"] = out_splits;
     ctx->saved_data["in"] = in_splits;
     ctx->saved_data["group"] = group;
+    ctx->saved_data["label"] = layer + ": " + what + ", backward";
+    dtrain::detail::OpLabel label(label_of(layer, what.c_str()));
     return exchange_rows(x, out_splits, in_splits, group_at(group));
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     const auto out = ctx->saved_data["out"].toIntVector(), in = ctx->saved_data["in"].toIntVector();
+    const std::string& mine = ctx->saved_data["label"].toStringRef();
+    const std::string& outer = dtrain::detail::OpLabel::current();
+    dtrain::detail::OpLabel label(outer.empty() ? mine : outer + ", " + mine);
     return {exchange_rows(grads[0], in, out, group_at(ctx->saved_data["group"].toInt())), at::Tensor(),
-            at::Tensor(), at::Tensor()};
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -71,13 +88,16 @@ at::Tensor index_tensor(const std::vector<int64_t>& v, c10::Device device = c10:
 // The rows this rank routed (sorted by global expert, `counts` per expert)
 // through the experts' ranks and back, in the same order.
 at::Tensor through_ranks(const at::Tensor& routed, const std::vector<int64_t>& counts, GroupedExpertsImpl& experts,
-                         const std::shared_ptr<ProcessGroup>& group) {
+                         const std::shared_ptr<ProcessGroup>& group, const std::string& layer) {
   const int world = group->size();
   const int64_t local = experts.local_experts();
   // How many rows each rank sends each of this rank's experts.
-  const auto received_counts =
-      to_vector(exchange_rows(index_tensor(counts), std::vector<int64_t>(world, local),
-                              std::vector<int64_t>(world, local), *group));
+  std::vector<int64_t> received_counts;
+  {
+    dtrain::detail::OpLabel label(label_of(layer, "counts"));
+    received_counts = to_vector(exchange_rows(index_tensor(counts), std::vector<int64_t>(world, local),
+                                              std::vector<int64_t>(world, local), *group));
+  }
   std::vector<int64_t> in_splits(world, 0), out_splits(world, 0), per_expert(local, 0);
   for (int p = 0; p < world; ++p)
     for (int64_t j = 0; j < local; ++j) {
@@ -88,7 +108,8 @@ at::Tensor through_ranks(const at::Tensor& routed, const std::vector<int64_t>& c
       out_splits[p] += n;
       per_expert[j] += n;
     }
-  at::Tensor received = AllToAllRows::apply(routed, out_splits, in_splits, reinterpret_cast<int64_t>(group.get()));
+  const auto address = reinterpret_cast<int64_t>(group.get());
+  at::Tensor received = AllToAllRows::apply(routed, out_splits, in_splits, address, layer, "dispatch");
   // Received source by source, each expert by expert: regroup expert by
   // expert, each source by source.
   std::vector<int64_t> start(world * local), order;
@@ -104,14 +125,14 @@ at::Tensor through_ranks(const at::Tensor& routed, const std::vector<int64_t>& c
   std::vector<int64_t> back(order.size());
   for (size_t i = 0; i < order.size(); ++i) back[order[i]] = static_cast<int64_t>(i);
   at::Tensor out = experts.forward(received.index_select(0, index_tensor(order, received.device())), per_expert);
-  return AllToAllRows::apply(out.index_select(0, index_tensor(back, out.device())), in_splits, out_splits,
-                             reinterpret_cast<int64_t>(group.get()));
+  return AllToAllRows::apply(out.index_select(0, index_tensor(back, out.device())), in_splits, out_splits, address,
+                             layer, "combine");
 }
 
 }  // namespace
 
 at::Tensor dispatch_and_combine(const at::Tensor& x, const Routing& routing, GroupedExpertsImpl& experts,
-                                const std::shared_ptr<ProcessGroup>& group) {
+                                const std::shared_ptr<ProcessGroup>& group, const std::string& name) {
   const int64_t top_k = routing.experts.size(1);
   const at::Tensor order = std::get<1>(at::sort(routing.experts.reshape(-1), /*stable=*/true, 0, false));
   const at::Tensor token_of = at::div(order, top_k, "floor");
@@ -121,7 +142,7 @@ at::Tensor dispatch_and_combine(const at::Tensor& x, const Routing& routing, Gro
   DTRAIN_CHECK_ARG(std::accumulate(counts.begin(), counts.end(), int64_t{0}) == routed.size(0),
                    "expert_parallel::MoE: the routing counts ", routed.size(0), " rows as ",
                    std::accumulate(counts.begin(), counts.end(), int64_t{0}));
-  const at::Tensor y = spread ? through_ranks(routed, counts, experts, group) : experts.forward(routed, counts);
+  const at::Tensor y = spread ? through_ranks(routed, counts, experts, group, name) : experts.forward(routed, counts);
   const at::Tensor weights = routing.scores.reshape(-1).index_select(0, order).unsqueeze(1).to(y.scalar_type());
   return at::zeros_like(x).index_add(0, token_of, y * weights);
 }

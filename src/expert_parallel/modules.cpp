@@ -149,7 +149,7 @@ at::Tensor MoEImpl::forward(const at::Tensor& x) {
     torch::NoGradGuard no_grad;
     tokens_per_expert.add_(routing.tokens_per_expert.to(tokens_per_expert.scalar_type()));
   }
-  at::Tensor out = dispatch_and_combine(flat, routing, *experts, options_.ep_group());
+  at::Tensor out = dispatch_and_combine(flat, routing, *experts, options_.ep_group(), options_.name());
   if (shared_expert) out = out + shared_expert(flat);
   return out.reshape(x.sizes());
 }

@@ -220,36 +220,46 @@ TEST(ExpertParallel, ExpertsShardedByFsdpOverTheRanksHoldingThemTrainAsOneProces
   testing::expect_no_errors(errors);
 }
 
-// The numel of each flight-recorder entry of `op` in `dtype`.
-std::vector<int64_t> numels(const std::string& text, const std::string& op, const std::string& dtype) {
-  std::vector<int64_t> out;
+// The flight recorder's all-to-alls: per label, the numel of each entry.
+std::map<std::string, std::vector<int64_t>> all_to_alls(const std::string& text) {
+  std::map<std::string, std::vector<int64_t>> out;
   std::istringstream lines(text);
   std::string line;
+  auto field = [&](const std::string& name) {  // the text after "name": up to the next , or }
+    const auto at = line.find("\"" + name + "\": ");
+    if (at == std::string::npos) return std::string();
+    const auto from = at + name.size() + 4;
+    std::string value = line.substr(from, line.find_first_of(",}", from) - from);
+    if (!value.empty() && value.front() == '"') value = value.substr(1, value.size() - 2);
+    return value;
+  };
   while (std::getline(lines, line)) {
-    if (line.find("\"op\": \"" + op + "\"") == std::string::npos ||
-        line.find("\"dtype\": \"" + dtype + "\"") == std::string::npos)
-      continue;
-    const std::string field = "\"numel\": ";
-    const auto at = line.find(field);
-    if (at != std::string::npos) out.push_back(std::stoll(line.substr(at + field.size())));
+    if (field("op") != "all_to_all") continue;
+    const auto label_at = line.find("\"label\": \"");
+    const std::string label =
+        label_at == std::string::npos ? "" : line.substr(label_at + 10, line.find('"', label_at + 10) - label_at - 10);
+    out[label + " " + field("dtype")].push_back(std::stoll(field("numel")));
   }
   return out;
 }
 
-// One MoE forward and backward at EP 2, as the flight recorder saw it (both
-// ranks' groups, in one process). Per rank: forward, one all-to-all of the
-// counts (8 numbers), the routed rows there (tokens x top_k rows of dim
-// floats) and back (the rows its experts got); backward, the same two the
-// other way. So the rows' all-to-alls move, over both ranks, four times
-// every rank's routed rows, whoever got them.
-TEST(ExpertParallel, EachLayersAllToAllsAreCountedAndCarryTheRoutedRows) {
+// Two MoE layers' forward and backward at EP 2, as the flight recorder saw
+// them (both ranks' groups, in one process), each all-to-all labelled with
+// its layer and what it carries. Per rank and layer: forward, one
+// all-to-all of the counts (8 numbers), the routed rows there ("dispatch":
+// tokens x top_k rows of dim floats) and back ("combine": the rows its
+// experts got); backward, the same two the other way. So each layer's rows
+// move, over both ranks, four times every rank's routed rows, whoever got
+// them.
+TEST(ExpertParallel, EachLayersAllToAllsAreLabelledCountedAndCarryTheRoutedRows) {
   testing::TempDir dir;
   std::string path;
   testing::expect_no_errors(run_rank_contexts(2, [&](RankContext& ctx) {
-    ep::MoE moe = seeded_moe(moe_options().ep_group(ctx.group));
+    ep::MoE first = seeded_moe(moe_options().ep_group(ctx.group).name("layers.0.moe"));
+    ep::MoE second = seeded_moe(moe_options().ep_group(ctx.group).name("layers.1.moe"));
     auto [x0, y] = batch(0, ctx.rank);
     auto x = x0.clone().requires_grad_(true);  // (from an earlier layer: the dispatch's backward runs too)
-    loss_of(moe, x, y).backward();
+    (second(first(x)) - y).pow(2).mean().backward();
     ctx.group->barrier()->wait();
     if (ctx.rank == 0) path = dump_flight_recorder(dir.path());
     ctx.group->barrier()->wait();
@@ -257,12 +267,26 @@ TEST(ExpertParallel, EachLayersAllToAllsAreCountedAndCarryTheRoutedRows) {
   std::ifstream in(path);
   std::stringstream text;
   text << in.rdbuf();
-  EXPECT_EQ(numels(text.str(), "all_to_all", "Long"), (std::vector<int64_t>{8, 8})) << text.str();
-  const auto rows = numels(text.str(), "all_to_all", "Float");
-  ASSERT_EQ(rows.size(), 2u * 4u) << text.str();
+  const auto seen = all_to_alls(text.str());
   const int64_t routed = kTokensPerRank * 2 * kDim;  // one rank's rows, in floats
-  EXPECT_GE(std::count(rows.begin(), rows.end(), routed), 4) << "each rank sends its own rows and their gradients";
-  EXPECT_EQ(std::accumulate(rows.begin(), rows.end(), int64_t{0}), 4 * 2 * routed) << text.str();
+  std::vector<std::string> labels;
+  for (const auto& [label, numels] : seen) labels.push_back(label);
+  EXPECT_EQ(labels.size(), 2u * 5u) << text.str();
+  for (const std::string layer : {"layers.0.moe", "layers.1.moe"}) {
+    EXPECT_EQ(seen.count(layer + ": counts Long") ? seen.at(layer + ": counts Long") : std::vector<int64_t>{},
+              (std::vector<int64_t>{8, 8}))
+        << layer;
+    int64_t moved = 0;
+    for (const std::string what : {"dispatch", "combine", "dispatch, backward", "combine, backward"}) {
+      const auto it = seen.find(layer + ": " + what + " Float");
+      ASSERT_NE(it, seen.end()) << layer << ": " << what << "\n" << text.str();
+      ASSERT_EQ(it->second.size(), 2u) << layer << ": " << what << " (one per rank)";
+      moved += it->second[0] + it->second[1];
+      if (what == "dispatch" || what == "combine, backward")
+        EXPECT_EQ(it->second, (std::vector<int64_t>{routed, routed})) << layer << ": each rank sends its own rows";
+    }
+    EXPECT_EQ(moved, 4 * 2 * routed) << layer;
+  }
 }
 
 using Params = testing::NamedTensors;
