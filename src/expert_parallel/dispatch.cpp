@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "common/enforce.h"
+#include "common/rethrow.h"
 #include "diagnostics/op_label.h"
 #include "tensor_parallel/group.h"
 #include "dtrain/expert_parallel.h"
@@ -39,7 +40,13 @@ at::Tensor exchange_rows(const at::Tensor& x, const std::vector<int64_t>& out_sp
   sizes[0] = std::accumulate(out_splits.begin(), out_splits.end(), int64_t{0});
   at::Tensor out = at::empty(sizes, x.options());
   const at::Tensor in = x.contiguous();
-  group.all_to_all(pieces(out, out_splits), pieces(in, in_splits))->wait();
+  try {
+    group.all_to_all(pieces(out, out_splits), pieces(in, in_splits))->wait();
+  } catch (const Error&) {  // which layer's exchange failed: its label
+    const std::string& label = dtrain::detail::OpLabel::current();
+    if (label.empty()) throw;
+    dtrain::detail::rethrow_with(label + ": ");
+  }
   return out;
 }
 

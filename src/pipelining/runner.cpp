@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "common/enforce.h"
+#include "common/rethrow.h"
 #include "core/internal_tags.h"
 #include "diagnostics/op_label.h"
 #include "diagnostics/timeline.h"
@@ -17,6 +18,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using dtrain::detail::cat;
 using dtrain::detail::join;
+using dtrain::detail::rethrow_with;
 
 // Tags of the pipeline's messages: above what programs usually pick, one
 // per receiving stage, direction and microbatch; a stage's first-step shape
@@ -26,24 +28,6 @@ constexpr int kMaxLocalStages = 16;
 
 double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
-
-// Rethrows the exception being handled with `context` in front, keeping
-// its type.
-[[noreturn]] void rethrow_with(const std::string& context) {
-  try {
-    throw;
-  } catch (const TimeoutError& e) {
-    throw TimeoutError(context + e.what());
-  } catch (const NetworkError& e) {
-    throw NetworkError(context + e.what());
-  } catch (const InvalidArgument& e) {
-    throw InvalidArgument(context + e.what());
-  } catch (const CollectiveMismatch& e) {
-    throw CollectiveMismatch(context + e.what());
-  } catch (const Error& e) {
-    throw Error(context + e.what());
-  }
 }
 
 std::string shape_text(const std::vector<int64_t>& sizes, at::ScalarType dtype) {

@@ -388,6 +388,44 @@ TEST(ExpertParallel, BadSizesAreRefusedNamingTheNumbers) {
 // A DDP told to ignore a name the module lacks says so (a typo would
 // otherwise average an expert's parameters over ranks that each hold
 // different experts).
+// A peer whose rows do not match the counts it announced (a bug or a
+// corrupted peer: rank 1 plays it by hand, announcing 5 rows for each of
+// rank 0's experts and sending 3): rank 0's dispatch fails naming the
+// exchange and the sizes, rather than reading rows that never came.
+TEST(ExpertParallel, APeerWhoseRowsDoNotMatchItsAnnouncedCountsFailsTheDispatchByName) {
+  std::string seen;
+  auto errors = run_rank_contexts(2, [&](RankContext& ctx) {
+    if (ctx.rank == 0) {
+      ep::MoE moe = seeded_moe(moe_options().ep_group(ctx.group));
+      const auto x = torch::randn({6, kDim});
+      try {  // (the dispatch alone: the layer's first forward would compare the ranks' layers first)
+        ep::dispatch_and_combine(x, moe->router(x, moe->expert_bias), *moe->experts, ctx.group, "layers.0.moe");
+        ADD_FAILURE() << "rank 0's dispatch took rows that do not match rank 1's counts";
+      } catch (const Error& e) {
+        seen = e.what();
+      }
+      return;
+    }
+    auto counts = torch::full({8}, 5, torch::kLong);  // 5 rows for each expert: 20 for rank 0's four
+    auto got = torch::empty({8}, torch::kLong);
+    ctx.group->all_to_all({got.narrow(0, 0, 4), got.narrow(0, 4, 4)}, {counts.narrow(0, 0, 4), counts.narrow(0, 4, 4)})
+        ->wait();
+    const int64_t back = got.narrow(0, 0, 4).sum().item<int64_t>();  // the rows rank 0 sends rank 1's experts
+    auto mine = torch::zeros({20, kDim});
+    auto rows_in = torch::empty({back + 20, kDim});
+    try {
+      ctx.group->all_to_all({rows_in.narrow(0, 0, back), rows_in.narrow(0, back, 20)},
+                            {torch::zeros({3, kDim}), mine})
+          ->wait();
+    } catch (const Error&) {
+      // (rank 0's failure may fail the group under this rank too)
+    }
+  }, 30s);
+  testing::expect_no_errors(errors);
+  EXPECT_TRUE(testing::Contains(seen, "layers.0.moe: dispatch")) << seen;
+  EXPECT_TRUE(testing::Contains(seen, "sent 96 bytes where this rank expected 640")) << seen;  // 3 rows, not 20
+}
+
 TEST(ExpertParallel, DdpRefusesToIgnoreANameTheModuleLacks) {
   auto errors = run_rank_contexts(2, [&](RankContext& ctx) {
     ep::MoE moe(moe_options().ep_group(ctx.group));
