@@ -20,6 +20,8 @@ namespace llama {
 struct Flags {
   int tp = 1, pp = 1, dp = 0;  // dp 0: what the world size leaves
   int ep = 1;                  // expert-parallel ranks, borrowed from dp (with model.experts)
+  int cp = 1;                  // context-parallel ranks: each a head-tail part of every sequence
+  std::string cp_attention = "ring";  // or "ulysses"
   std::string data_parallel = "ddp";
   // How the replicas meet: ddp (gradients every step, under --data-parallel)
   // or diloco (each replica alone, the replicas' parameters synced every
@@ -42,13 +44,17 @@ struct Flags {
   int64_t crash_at_step = -1;  // test hook: the last rank SIGKILLs itself there (first attempt)
 };
 
-// This rank's part of the layout, built over the default group. The
-// data-parallel ranks of a stage split into ep groups of consecutive ranks
-// (each holding every expert once) and edp groups (the ranks holding the
-// same experts); `stage` is every rank of this pipeline stage (dp x tp).
+// This rank's part of the layout, built over the default group: the mesh
+// (pp, dp, cp, tp). The data-parallel ranks of a stage split into ep
+// groups of consecutive ranks (each holding every expert once) and edp
+// groups (the ranks holding the same experts); `stage` is every rank of
+// this pipeline stage (dp x cp x tp).
 struct Placement {
   int pp_rank = 0, dp_rank = 0, tp_rank = 0;
   std::shared_ptr<dtrain::ProcessGroup> pp, dp, tp, ep, edp, stage;
+  // The context-parallel ranks (parts of the same sequences), and the
+  // ranks whose gradients are averaged: dp x cp (dp without CP).
+  std::shared_ptr<dtrain::ProcessGroup> cp, dp_cp;
   std::shared_ptr<dtrain::ProcessGroup> replica;  // with --sync diloco: this replica's ranks (pp x tp)
   int64_t first_layer = 0, last_layer = 0;
   bool first_stage() const { return pp_rank == 0; }
@@ -96,7 +102,7 @@ class Trainer {
   void balance_experts();
 };
 
-// The mesh (pp, dp, tp) over the default group; checks the sizes.
+// The mesh (pp, dp, cp, tp) over the default group; checks the sizes.
 Placement place(Flags& f);
 
 // A line describing the model, kept in checkpoints to refuse another one.

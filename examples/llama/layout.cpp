@@ -1,4 +1,4 @@
-// dtrain-llama's layout: the (pp, dp, tp) mesh, this rank's stage of the
+// dtrain-llama's layout: the (pp, dp, cp, tp) mesh, this rank's stage of the
 // model, and one training step of it (job.h).
 
 #include <stdexcept>
@@ -16,25 +16,44 @@ void require(bool ok, const std::string& what) {
 
 std::string n(int64_t v) { return std::to_string(v); }
 
+// What context parallelism needs of the other flags.
+void require_context_parallel(const Flags& f) {
+  require(f.cp_attention == "ring" || f.cp_attention == "ulysses", "--cp-attention is ring or ulysses");
+  if (f.cp == 1) return;
+  require(f.model.seq % (2 * f.cp) == 0, "--seq " + n(f.model.seq) + " does not cut into the " + n(2 * f.cp) +
+                                             " chunks of --cp " + n(f.cp) + " (an early and a late one per rank)");
+  require(f.model.dropout == 0, "--dropout with --cp " + n(f.cp) +
+                                    ": context-parallel attention has no dropout on its probabilities");
+  require(f.model.experts == 0, "--experts with --cp " + n(f.cp) +
+                                    ": the experts' gradients are not averaged over the context-parallel ranks");
+  require(f.sync == "ddp", "--sync diloco with --cp " + n(f.cp) +
+                               ": a replica's context-parallel ranks must average their gradients every step");
+  require(f.cp_attention == "ring" || (f.model.heads / f.tp) % f.cp == 0,
+          "--cp-attention ulysses: the " + n(f.model.heads / f.tp) + " heads of a tensor-parallel rank do not "
+          "split over --cp " + n(f.cp));
+}
+
 }  // namespace
 
 Placement place(Flags& f) {
   const int world = dtrain::get_world_size();
-  require(f.tp >= 1 && f.pp >= 1 && f.dp >= 0, "--tp, --pp and --dp must be positive");
+  require(f.tp >= 1 && f.pp >= 1 && f.dp >= 0 && f.cp >= 1, "--tp, --pp, --cp and --dp must be positive");
+  const int model_ranks = f.tp * f.pp * f.cp;  // the ranks of one replica
+  const std::string sizes = "--tp " + n(f.tp) + " x --pp " + n(f.pp) + (f.cp > 1 ? " x --cp " + n(f.cp) : "");
   if (f.dp == 0) {
-    require(world % (f.tp * f.pp) == 0, "--tp " + n(f.tp) + " x --pp " + n(f.pp) + " does not divide the " +
-                                            n(world) + " ranks");
-    f.dp = world / (f.tp * f.pp);
+    require(world % model_ranks == 0, sizes + " does not divide the " + n(world) + " ranks");
+    f.dp = world / model_ranks;
   }
-  require(f.tp * f.pp * f.dp == world, "--tp " + n(f.tp) + " x --pp " + n(f.pp) + " x --dp " + n(f.dp) +
-                                           " is not the " + n(world) + " ranks");
+  require(model_ranks * f.dp == world, sizes + " x --dp " + n(f.dp) + " is not the " + n(world) + " ranks");
+  require_context_parallel(f);
   require(f.model.layers >= f.pp, n(f.model.layers) + " layers cannot make " + n(f.pp) + " pipeline stages");
   require(f.batch % f.dp == 0, "--batch " + n(f.batch) + " does not split over " + n(f.dp) + " replicas");
   require(f.pp == 1 || (f.batch / f.dp) % f.microbatches == 0,
           "--batch " + n(f.batch) + " gives each replica " + n(f.batch / f.dp) +
               " sequences, which --microbatches " + n(f.microbatches) + " does not divide");
-  require(!f.sequence_parallel || f.model.seq % f.tp == 0,
-          "--seq " + n(f.model.seq) + " does not split over --tp " + n(f.tp) + " (sequence parallelism)");
+  require(!f.sequence_parallel || (f.model.seq / f.cp) % f.tp == 0,
+          "--seq " + n(f.model.seq) + (f.cp > 1 ? " over --cp " + n(f.cp) : "") + " does not split over --tp " +
+              n(f.tp) + " (sequence parallelism)");
   require(f.data_parallel == "ddp" || f.data_parallel == "fsdp", "--data-parallel is ddp or fsdp");
   const bool diloco = f.sync == "diloco";
   require(f.sync == "ddp" || diloco, "--sync is ddp or diloco");
@@ -47,9 +66,9 @@ Placement place(Flags& f) {
   require(f.ep >= 1 && f.dp % f.ep == 0, "--ep " + n(f.ep) + " does not divide --dp " + n(f.dp) +
                                             " (expert-parallel ranks are data-parallel ones)");
   require(f.ep == 1 || f.model.experts > 0, "--ep " + n(f.ep) + " without --experts");
-  // (pp, edp, ep, tp): dp is (edp, ep), consecutive data-parallel ranks
-  // sharing their experts.
-  const dtrain::DeviceMesh mesh({f.pp, f.dp / f.ep, f.ep, f.tp}, {"pp", "edp", "ep", "tp"});
+  // (pp, edp, ep, cp, tp): dp is (edp, ep), consecutive data-parallel
+  // ranks sharing their experts.
+  const dtrain::DeviceMesh mesh({f.pp, f.dp / f.ep, f.ep, f.cp, f.tp}, {"pp", "edp", "ep", "cp", "tp"});
   const auto dp = mesh[{"edp", "ep"}].flatten("dp");
   Placement at;
   at.pp_rank = mesh.get_local_rank("pp");
@@ -60,7 +79,12 @@ Placement place(Flags& f) {
   at.tp = mesh.get_group("tp");
   at.ep = mesh.get_group("ep");
   at.edp = mesh.get_group("edp");
-  at.stage = mesh[{"edp", "ep", "tp"}].flatten("stage").get_group("stage");
+  at.cp = mesh.get_group("cp");
+  // The parameters are the same on the ranks of dp and of cp (each its own
+  // tokens): their gradients are averaged over both, as torchtitan's FSDP
+  // over dp_shard x cp.
+  at.dp_cp = f.cp > 1 ? mesh[{"edp", "ep", "cp"}].flatten("dp_cp").get_group("dp_cp") : at.dp;
+  at.stage = mesh[{"edp", "ep", "cp", "tp"}].flatten("stage").get_group("stage");
   if (diloco) {  // each replica checkpoints on its own, in a directory of its own
     at.replica = mesh[{"pp", "tp"}].flatten("replica").get_group("replica");
     f.checkpoint_dir += "/replica-" + n(at.dp_rank);
@@ -73,7 +97,8 @@ Placement place(Flags& f) {
 }
 
 Trainer::Trainer(const Flags& f, const Placement& at) : f_(f), at_(at) {
-  const Layout layout{at.tp, f.sequence_parallel, f.checkpoint_activations, at.ep};
+  const Layout layout{at.tp, f.sequence_parallel, f.checkpoint_activations, at.ep, at.cp,
+                      f.cp_attention == "ulysses"};
   const bool head = at.last_stage(f);
   stage_ = Stage(f.model, layout,
                  initial_values(f.model, f.seed, at.first_layer, at.last_layer, at.first_stage(), head),
@@ -87,12 +112,12 @@ Trainer::Trainer(const Flags& f, const Placement& at) : f_(f), at_(at) {
       if (dynamic_cast<dtrain::expert_parallel::GroupedExpertsImpl*>(item.value().get()) != nullptr)
         experts_over_edp[item.key()] = at.edp;
     fsdp_ = std::make_shared<dtrain::FullyShardedDataParallel<StageImpl>>(
-        stage_.ptr(), dtrain::FSDPOptions().process_group(at.dp).submodule_groups(experts_over_edp));
+        stage_.ptr(), dtrain::FSDPOptions().process_group(at.dp_cp).submodule_groups(experts_over_edp));
     params = fsdp_->parameters();
   } else {
     // The experts are each rank's own: averaged over edp after backward.
     ddp_ = std::make_shared<dtrain::DistributedDataParallel<StageImpl>>(
-        stage_.ptr(), dtrain::DDPOptions().process_group(at.dp).params_and_buffers_to_ignore(
+        stage_.ptr(), dtrain::DDPOptions().process_group(at.dp_cp).params_and_buffers_to_ignore(
                           dtrain::expert_parallel::ignored_by_data_parallel(*stage_)));
     params = stage_->parameters();
   }
@@ -112,7 +137,12 @@ Trainer::Trainer(const Flags& f, const Placement& at) : f_(f), at_(at) {
 Trainer::~Trainer() = default;
 
 at::Tensor Trainer::step(const at::Tensor& rows) {
-  const auto input = rows.narrow(1, 0, f_.model.seq), target = rows.narrow(1, 1, f_.model.seq);
+  // Under CP this rank's head and tail chunks of each sequence, and of
+  // its targets.
+  const auto part = [&](const at::Tensor& t) {
+    return f_.cp > 1 ? dtrain::context_parallel::shard_sequence(t, 1, at_.cp) : t;
+  };
+  const auto input = part(rows.narrow(1, 0, f_.model.seq)), target = part(rows.narrow(1, 1, f_.model.seq));
   optimizer_->zero_grad();
   at::Tensor mean;
   if (!schedule_) {

@@ -89,7 +89,7 @@ at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
 }
 
 AttentionImpl::AttentionImpl(const Config& c, const Layout& l, const Values& v, const std::string& prefix)
-    : c_(c) {
+    : c_(c), cp_(l.cp && l.cp->size() > 1 ? l.cp : nullptr), ulysses_(l.ulysses) {
   const int64_t t = l.tp->size();
   if (c.dim % c.heads != 0 || (c.dim / c.heads) % 2 != 0)
     throw dtrain::InvalidArgument("llama Attention: dim " + std::to_string(c.dim) + " over " +
@@ -114,38 +114,54 @@ AttentionImpl::AttentionImpl(const Config& c, const Layout& l, const Values& v, 
 
 namespace {
 
-// x: [batch, sequence, heads, head_dim], each consecutive pair of features turned.
+// x: [batch, sequence, heads, head_dim], each consecutive pair of features
+// turned by the angles of its position: cos and sin hold one row per
+// element of the sequence.
 at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t s = x.size(1);
   const auto pairs = x.unflatten(-1, {x.size(-1) / 2, 2});
   const auto even = pairs.select(-1, 0), odd = pairs.select(-1, 1);
-  const auto c = cos.narrow(0, 0, s).view({1, s, 1, -1}).to(x.device());
-  const auto n = sin.narrow(0, 0, s).view({1, s, 1, -1}).to(x.device());
+  const auto c = cos.view({1, s, 1, -1}).to(x.device());
+  const auto n = sin.view({1, s, 1, -1}).to(x.device());
   return torch::stack({even * c - odd * n, even * n + odd * c}, -1).flatten(-2);
 }
 
 }  // namespace
 
 at::Tensor AttentionImpl::forward(const at::Tensor& x) {
-  // Each projection gathers the whole sequence under SP; this rank's heads.
+  // Each projection gathers the whole sequence (this rank's part of it
+  // under CP) under SP; this rank's heads.
   auto q = wq_(x), k = wk_(x), v = wv_(x);
   const int64_t b = q.size(0), s = q.size(1), hd = c_.dim / c_.heads;
-  if (s > c_.seq)
-    throw dtrain::InvalidArgument("llama Attention: a sequence of " + std::to_string(s) +
+  const int64_t whole = cp_ ? s * cp_->size() : s;
+  if (whole > c_.seq)
+    throw dtrain::InvalidArgument("llama Attention: a sequence of " + std::to_string(whole) +
                                   " tokens, longer than the model's " + std::to_string(c_.seq));
+  // The angles of the positions this rank holds: the first s, or under CP
+  // its head and tail chunks'.
+  const auto positions = cp_ ? dtrain::context_parallel::sequence_positions(whole, cp_) : torch::arange(s);
+  const auto cos = cos_.index_select(0, positions), sin = sin_.index_select(0, positions);
   auto heads = [&](const at::Tensor& t) { return t.view({b, s, local_heads_, hd}); };
-  q = rotate(heads(q), cos_, sin_).transpose(1, 2);  // [batch, heads, sequence, head_dim]
-  k = rotate(heads(k), cos_, sin_).transpose(1, 2);
+  q = rotate(heads(q), cos, sin).transpose(1, 2);  // [batch, heads, sequence, head_dim]
+  k = rotate(heads(k), cos, sin).transpose(1, 2);
   v = heads(v).transpose(1, 2);
+  return wo_(attend(q, k, v).transpose(1, 2).reshape({b, s, local_heads_ * hd}));
+}
+
+// Causal attention of [batch, heads, sequence, head_dim] parts: here, or
+// over the context-parallel group.
+at::Tensor AttentionImpl::attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  namespace cp = dtrain::context_parallel;
+  if (cp_) return ulysses_ ? cp::ulysses_attention(q, k, v, cp_) : cp::ring_attention(q, k, v, cp_);
+  const int64_t s = q.size(2), hd = q.size(3);
   auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
-  const auto future = torch::ones({s, s}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
+  const auto future = torch::ones({s, s}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
   auto probs = torch::softmax(scores.masked_fill(future, -std::numeric_limits<float>::infinity()), -1);
   if (c_.dropout > 0 && is_training()) {
-    tp::ForkRng own(x.device());  // this rank's heads: a mask of its own
+    tp::ForkRng own(q.device());  // this rank's heads: a mask of its own
     probs = torch::dropout(probs, c_.dropout, true);
   }
-  const auto out = torch::matmul(probs, v).transpose(1, 2).reshape({b, s, local_heads_ * hd});
-  return wo_(out);
+  return torch::matmul(probs, v);
 }
 
 FeedForwardImpl::FeedForwardImpl(const Config& c, const Layout& l, const Values& v, const std::string& prefix) {

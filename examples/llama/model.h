@@ -52,6 +52,11 @@ struct Layout {
   bool sequence_parallel = false;           // between the tensor-parallel layers (Megatron's SP)
   bool checkpoint = false;                  // each layer an activation-checkpointed segment
   std::shared_ptr<dtrain::ProcessGroup> ep;  // the experts' group (null: every expert here)
+  // The context-parallel group (null or one rank: none): each rank holds a
+  // head-tail part of every sequence, and attention runs over the group,
+  // by ring attention or (ulysses) by Ulysses' all-to-alls.
+  std::shared_ptr<dtrain::ProcessGroup> cp;
+  bool ulysses = false;
 };
 
 // The whole parameters' initial values, by name, for layers
@@ -76,11 +81,15 @@ TORCH_MODULE(RMSNorm);
 class AttentionImpl : public torch::nn::Module {
  public:
   AttentionImpl(const Config& c, const Layout& l, const Values& v, const std::string& prefix);
-  // x: [batch, sequence (this rank's shard under SP), dim]
+  // x: [batch, sequence (this rank's part under CP, its shard of that
+  // under SP), dim]
   at::Tensor forward(const at::Tensor& x);
 
  private:
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
   Config c_;
+  std::shared_ptr<dtrain::ProcessGroup> cp_;  // null: the whole sequence here
+  bool ulysses_ = false;
   int64_t local_heads_;
   dtrain::tensor_parallel::ColumnParallelLinear wq_{nullptr}, wk_{nullptr}, wv_{nullptr};
   dtrain::tensor_parallel::RowParallelLinear wo_{nullptr};

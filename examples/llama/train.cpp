@@ -4,7 +4,9 @@
 //   dtrain-run --standalone --nproc-per-node 8 dtrain-llama --tp 2 --pp 2 --dp 2
 //
 // --experts E makes each layer's feed-forward a mixture of E experts (top
-// --top-k per token), split over --ep of the data-parallel ranks.
+// --top-k per token), split over --ep of the data-parallel ranks. --cp
+// splits every sequence over context-parallel ranks (ring attention, or
+// Ulysses with --cp-attention ulysses).
 // --tp splits each layer's matrices (and the vocabulary) over tensor-parallel
 // ranks (with --sequence-parallel, the activations between them too), --pp
 // cuts the layers into pipeline stages (1F1B over --microbatches), --dp
@@ -77,6 +79,10 @@ Flags parse(int argc, char** argv) {
   app.add_flag("--shared-expert", f.model.shared_expert, "A shared expert every token goes through, beside the routed ones");
   app.add_option("--ep", f.ep, "Expert-parallel ranks (taken from the data-parallel ones)")->capture_default_str()
       ->check(positive);
+  app.add_option("--cp", f.cp, "Context-parallel ranks: each holds an early and a late part of every sequence")
+      ->capture_default_str()->check(positive);
+  app.add_option("--cp-attention", f.cp_attention, "Attention over the context-parallel ranks: ring or ulysses")
+      ->capture_default_str()->check(CLI::IsMember({"ring", "ulysses"}));
   app.add_option("--dropout", f.model.dropout, "Dropout on attention and residual branches")->capture_default_str()
       ->check(CLI::Range(0.0, 0.9));
   app.add_option("--lr", f.lr, "AdamW's learning rate")->capture_default_str()->check(positive);
@@ -112,10 +118,11 @@ std::string out_dir_of(const Flags& f) {
   return std::string("runs/llama-") + stamp;
 }
 
-// The loss of the whole step: the last stage's replicas' mean, on every rank.
+// The loss of the whole step: the mean of the last stage's replicas' (and
+// their context-parallel parts', each as many tokens), on every rank.
 double global_loss(const at::Tensor& mine, const llama::Placement& at, const Flags& f) {
   auto t = torch::zeros({1}, torch::kDouble);
-  if (mine.defined() && at.tp_rank == 0) t[0] = mine.item<double>() / f.dp;
+  if (mine.defined() && at.tp_rank == 0) t[0] = mine.item<double>() / (f.dp * f.cp);
   dtrain::all_reduce(t);
   return t.item<double>();
 }
@@ -215,7 +222,8 @@ int main(int argc, char** argv) {
       make_parents(out + "/");
       make_parents(f.checkpoint_dir);  // save() makes the directory itself
       std::cout << "dtrain-llama: " << llama::describe(f.model) << "; " << corpus.size() << " bytes of text from "
-                << corpus.files() << " files; " << world << " ranks: tp " << f.tp << " x pp " << f.pp << " x dp "
+                << corpus.files() << " files; " << world << " ranks: tp " << f.tp << " x pp " << f.pp
+                << (f.cp > 1 ? " x cp " + std::to_string(f.cp) + " (" + f.cp_attention + ")" : "") << " x dp "
                 << f.dp << " (" << (f.sync == "diloco" ? "diloco, sync every " + std::to_string(f.sync_every) : f.data_parallel) << ")" << (f.sequence_parallel ? ", sequence parallel" : "")
                 << (f.checkpoint_activations ? ", activation checkpointing" : "")
                 << (f.model.experts > 0 ? ", experts over ep " + std::to_string(f.ep) : "") << "; batch " << f.batch

@@ -8,6 +8,7 @@
 #include "dtrain/checkpoint/safetensors.h"
 #include "dtrain/checkpoint/snapshot.h"
 #include "dtrain/checkpoint/tensor_file.h"
+#include "dtrain/context_parallel.h"
 #include "dtrain/data/distributed_sampler.h"
 #include "dtrain/data_parallel.h"
 #include "dtrain/ddp.h"

@@ -11,6 +11,8 @@
 # - mixture-of-experts layers at DP 4 x EP 2 and PP 2 x DP 2 (EP 2) x TP 2
 #   with SP have one process's losses; DP 4 x EP 2 killed at step 12
 #   resumes bitwise; the 8-rank checkpoint resumes in one process;
+# - context parallelism at CP 2 (ring and Ulysses), CP 2 x TP 2 + SP,
+#   CP 2 x FSDP 2 and PP 2 x CP 2 has one process's losses within 5e-7;
 # - metrics, plot and sample text are written; bad layouts are named.
 set -euo pipefail
 run=$1 llama=$2
@@ -144,6 +146,31 @@ grep -q "dtrain-llama: --ep 2 without --experts" bad-ep-dense.log || fail "--ep 
 job bad-experts 2 -- --experts 3 --ep 2 && fail "3 experts over EP 2 ran"
 grep -q "3 experts" bad-experts.log || fail "3 experts over EP 2: no error"
 echo "MoE: DP 4 x EP 2 and PP 2 x DP 2 x EP 2 x TP 2 + SP as one process; resumed in one process; bad layouts named"
+
+# Context parallelism: every sequence split head-tail over the CP ranks
+# (ring attention; Ulysses at CP 2), alone and with TP 2 + SP, FSDP 2 and
+# PP 2, within 5e-7 of one process (1.6e-7 measured: the online softmax
+# rounds otherwise); the CP 2 x TP 2 checkpoint resumes in one process.
+job cp2 2 -- --cp 2 || fail "CP 2"
+grep -q "x cp 2 (ring)" cp2.log || fail "CP: the layout line does not name CP"
+expect_close cp2 one 5e-7
+job cp2-ulysses 2 -- --cp 2 --cp-attention ulysses || fail "CP 2, Ulysses"
+expect_close cp2-ulysses one 5e-7
+job cp2-tp2 4 -- --cp 2 --tp 2 --sequence-parallel || fail "CP 2 x TP 2 + SP"
+expect_close cp2-tp2 one 5e-7
+job cp2-fsdp2 4 -- --cp 2 --dp 2 --data-parallel fsdp || fail "CP 2 x FSDP 2"
+expect_close cp2-fsdp2 one 5e-7
+job pp2-cp2 4 -- --pp 2 --cp 2 --checkpoint-activations || fail "PP 2 x CP 2 with AC"
+expect_close pp2-cp2 one 5e-7
+cp -r ck/cp2-tp2 ck/cp-more
+job cp-more 1 -- --resume --steps 25 || fail "resume of CP 2 x TP 2's checkpoint in one process"
+grep -q "resumed from ck/cp-more at step 20 (written by 4 ranks" cp-more.log || fail "CP: no resume line"
+expect_close cp-more one-25 1e-4
+job bad-cp 2 -- --cp 2 --seq 18 && fail "--seq 18 over CP 2 ran"
+grep -q "dtrain-llama: --seq 18 does not cut into the 4 chunks of --cp 2" bad-cp.log || fail "--seq 18 over CP 2: no error"
+job bad-cp-dropout 2 -- --cp 2 --dropout 0.1 && fail "--dropout with CP ran"
+grep -q "dtrain-llama: --dropout with --cp 2" bad-cp-dropout.log || fail "--dropout with CP: no error"
+echo "CP: CP 2 (ring, Ulysses), CP 2 x TP 2 + SP, CP 2 x FSDP 2, PP 2 x CP 2 as one process; resumed in one process"
 
 # DiLoCo (local_sgd.h): 2 replicas alone between syncs every 4 steps, in
 # 2 fragments (layer 0 with the embedding, layer 1 with the head) synced at
