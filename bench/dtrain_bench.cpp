@@ -395,7 +395,7 @@ int main(int argc, char** argv) {
     if (cmd == "rank" && argc > 2 && std::string(argv[2]) == "slow-links")
       return slow_links_rank_main(parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2 && is_ep_mode(argv[2])) return ep_rank_main(argv[2], parse(argc, argv, 3));
-    if (cmd == "rank" && argc > 2 && is_cp_mode(argv[2])) return cp_rank_main(parse(argc, argv, 3));
+    if (cmd == "rank" && argc > 2 && is_cp_mode(argv[2])) return cp_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2 && is_cuda_mode(argv[2])) return cuda_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2 && is_ft_mode(argv[2])) return ft_rank_main(argv[2], parse(argc, argv, 3));
     if (cmd == "rank" && argc > 2 && is_checkpoint_mode(argv[2]))

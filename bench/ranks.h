@@ -81,7 +81,7 @@ int cp_reference_rank_main(const Args& a);   // cp_ref.cpp
 
 // dtrain-bench cp (context_parallel.cpp).
 bool is_cp_mode(const std::string& mode);
-int cp_rank_main(const Args& a);
+int cp_rank_main(const std::string& mode, const Args& a);
 int bench_cp(const Args& a);
 int local_sgd_reference_rank_main(const Args& a);  // local_sgd_ref.cpp, bench/scripts/local_sgd_vs_pytorch.sh
 int bench_tp(const Args& a);

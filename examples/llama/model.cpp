@@ -89,7 +89,7 @@ at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
 }
 
 AttentionImpl::AttentionImpl(const Config& c, const Layout& l, const Values& v, const std::string& prefix)
-    : c_(c), cp_(l.cp && l.cp->size() > 1 ? l.cp : nullptr), ulysses_(l.ulysses) {
+    : c_(c), cp_(l.cp), ulysses_(l.ulysses) {
   const int64_t t = l.tp->size();
   if (c.dim % c.heads != 0 || (c.dim / c.heads) % 2 != 0)
     throw dtrain::InvalidArgument("llama Attention: dim " + std::to_string(c.dim) + " over " +

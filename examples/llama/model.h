@@ -52,9 +52,11 @@ struct Layout {
   bool sequence_parallel = false;           // between the tensor-parallel layers (Megatron's SP)
   bool checkpoint = false;                  // each layer an activation-checkpointed segment
   std::shared_ptr<dtrain::ProcessGroup> ep;  // the experts' group (null: every expert here)
-  // The context-parallel group (null or one rank: none): each rank holds a
-  // head-tail part of every sequence, and attention runs over the group,
-  // by ring attention or (ulysses) by Ulysses' all-to-alls.
+  // The context-parallel group: each rank holds a head-tail part of every
+  // sequence, and attention runs over the group, by ring attention or
+  // (ulysses) by Ulysses' all-to-alls; a group of one rank runs ring
+  // attention's blockwise softmax alone. Null: plain attention, the
+  // scores of the whole sequence kept for the backward.
   std::shared_ptr<dtrain::ProcessGroup> cp;
   bool ulysses = false;
 };
@@ -88,7 +90,7 @@ class AttentionImpl : public torch::nn::Module {
  private:
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
   Config c_;
-  std::shared_ptr<dtrain::ProcessGroup> cp_;  // null: the whole sequence here
+  std::shared_ptr<dtrain::ProcessGroup> cp_;  // null: plain attention over the whole sequence here
   bool ulysses_ = false;
   int64_t local_heads_;
   dtrain::tensor_parallel::ColumnParallelLinear wq_{nullptr}, wk_{nullptr}, wv_{nullptr};
