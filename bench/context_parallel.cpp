@@ -106,8 +106,9 @@ int memory_rank(const Args& a) {
   c.seq = a.num("seq", 4096);
   c.layers = a.num("layers", 2);
   const bool ring = a.get("attention", "ring") == "ring";
-  llama::Stage model(c, llama::Layout{alone, false, false, nullptr, ring ? world : nullptr},
-                     llama::initial_values(c, 0, 0, c.layers, true, true), 0, c.layers, true, true);
+  auto layout = llama::Layout::over(alone);
+  layout.cp = ring ? world : nullptr;
+  llama::Stage model(c, layout, llama::initial_values(c, 0, 0, c.layers, true, true), 0, c.layers, true, true);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
   auto gen = at::detail::createCPUGenerator(5);
   const auto rows = at::randint(c.vocab, {1, c.seq + 1}, gen, torch::kLong);

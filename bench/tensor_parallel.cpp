@@ -142,7 +142,7 @@ int speed_rank(const Args& a) {
   llama::Config c;
   c.seq = a.num("seq", 64);
   const auto g = default_group();
-  llama::Stage model(c, llama::Layout{g, false, false, nullptr}, llama::initial_values(c, 0, 0, c.layers, true, true),
+  llama::Stage model(c, llama::Layout::over(g), llama::initial_values(c, 0, 0, c.layers, true, true),
                      0, c.layers, true, true);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
   auto gen = at::detail::createCPUGenerator(5);

@@ -114,7 +114,9 @@ void run_llama(const std::shared_ptr<ProcessGroup>& g, const std::string& dir, b
     const bool norm = name.size() >= 11 && name.compare(name.size() - 11, 11, "norm.weight") == 0;
     v = formula(k++, v, norm);
   }
-  llama::Layout layout{g, sp, ac, nullptr};
+  auto layout = llama::Layout::over(g);
+  layout.sequence_parallel = sp;
+  layout.checkpoint = ac;
   llama::Stage model(c, layout, values, 0, c.layers, true, true);
   int step = 0;
   Run run{[&] { return model(tokens(step, c.vocab, 0)); },

@@ -52,9 +52,10 @@ struct Flags {
 struct Placement {
   int pp_rank = 0, dp_rank = 0, tp_rank = 0;
   std::shared_ptr<dtrain::ProcessGroup> pp, dp, tp, ep, edp, stage;
-  // The context-parallel ranks (parts of the same sequences), and the
-  // ranks whose gradients are averaged: dp x cp (dp without CP).
-  std::shared_ptr<dtrain::ProcessGroup> cp, dp_cp;
+  // The context-parallel ranks (parts of the same sequences), the ranks
+  // whose gradients are averaged (dp x cp; dp without CP), and those
+  // holding the same experts (edp x cp).
+  std::shared_ptr<dtrain::ProcessGroup> cp, dp_cp, edp_cp;
   std::shared_ptr<dtrain::ProcessGroup> replica;  // with --sync diloco: this replica's ranks (pp x tp)
   int64_t first_layer = 0, last_layer = 0;
   bool first_stage() const { return pp_rank == 0; }

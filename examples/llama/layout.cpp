@@ -24,8 +24,6 @@ void require_context_parallel(const Flags& f) {
                                              " chunks of --cp " + n(f.cp) + " (an early and a late one per rank)");
   require(f.model.dropout == 0, "--dropout with --cp " + n(f.cp) +
                                     ": context-parallel attention has no dropout on its probabilities");
-  require(f.model.experts == 0, "--experts with --cp " + n(f.cp) +
-                                    ": the experts' gradients are not averaged over the context-parallel ranks");
   require(f.sync == "ddp", "--sync diloco with --cp " + n(f.cp) +
                                ": a replica's context-parallel ranks must average their gradients every step");
   require(f.cp_attention == "ring" || (f.model.heads / f.tp) % f.cp == 0,
@@ -84,6 +82,9 @@ Placement place(Flags& f) {
   // tokens): their gradients are averaged over both, as torchtitan's FSDP
   // over dp_shard x cp.
   at.dp_cp = f.cp > 1 ? mesh[{"edp", "ep", "cp"}].flatten("dp_cp").get_group("dp_cp") : at.dp;
+  // An expert lives on the edp ranks of every cp rank: its gradient is
+  // averaged over those.
+  at.edp_cp = f.cp > 1 ? mesh[{"edp", "cp"}].flatten("edp_cp").get_group("edp_cp") : at.edp;
   at.stage = mesh[{"edp", "ep", "cp", "tp"}].flatten("stage").get_group("stage");
   if (diloco) {  // each replica checkpoints on its own, in a directory of its own
     at.replica = mesh[{"pp", "tp"}].flatten("replica").get_group("replica");
@@ -110,7 +111,7 @@ Trainer::Trainer(const Flags& f, const Placement& at) : f_(f), at_(at) {
     dtrain::FSDPOptions::SubmoduleGroups experts_over_edp;
     for (const auto& item : stage_->named_modules("", /*include_self=*/false))
       if (dynamic_cast<dtrain::expert_parallel::GroupedExpertsImpl*>(item.value().get()) != nullptr)
-        experts_over_edp[item.key()] = at.edp;
+        experts_over_edp[item.key()] = at.edp_cp;
     fsdp_ = std::make_shared<dtrain::FullyShardedDataParallel<StageImpl>>(
         stage_.ptr(), dtrain::FSDPOptions().process_group(at.dp_cp).submodule_groups(experts_over_edp));
     params = fsdp_->parameters();
@@ -202,10 +203,11 @@ void Trainer::start_diloco() {
 }
 
 // An expert's gradient holds its ep group's tokens (divided by the group's
-// size as it arrived): the mean over the edp ranks that hold the same
-// expert makes it the whole batch's. One all_reduce of them all.
+// size as it arrived): the mean over the edp (and cp) ranks that hold the
+// same expert makes it the whole batch's. One all_reduce of them all.
 void Trainer::average_expert_gradients() {
-  if (fsdp_ || !at_.edp || at_.edp->size() == 1) return;  // (FSDP averages them over edp itself)
+  const auto& holders = at_.edp_cp;
+  if (fsdp_ || !holders || holders->size() == 1) return;  // (FSDP averages them over edp x cp itself)
   std::vector<at::Tensor> grads, rows;
   for (const auto& moe : stage_->moes())
     for (const auto& p : moe->experts->parameters()) {
@@ -214,8 +216,8 @@ void Trainer::average_expert_gradients() {
     }
   if (grads.empty()) return;
   auto flat = torch::cat(rows);
-  at_.edp->all_reduce(flat)->wait();
-  flat.div_(at_.edp->size());
+  holders->all_reduce(flat)->wait();
+  flat.div_(holders->size());
   int64_t offset = 0;
   for (auto& g : grads) {
     g.copy_(flat.narrow(0, offset, g.numel()).view_as(g));

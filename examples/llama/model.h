@@ -59,6 +59,13 @@ struct Layout {
   // scores of the whole sequence kept for the backward.
   std::shared_ptr<dtrain::ProcessGroup> cp;
   bool ulysses = false;
+
+  // Tensor parallelism over `tp` alone (a group of one rank: the whole model).
+  static Layout over(std::shared_ptr<dtrain::ProcessGroup> tp) {
+    Layout l;
+    l.tp = std::move(tp);
+    return l;
+  }
 };
 
 // The whole parameters' initial values, by name, for layers

@@ -21,7 +21,7 @@ std::string describe(const Config& c) {
 std::string sample(const Flags& f, const std::shared_ptr<dtrain::ProcessGroup>& solo,
                    const std::string& prompt) {
   const Config& c = f.model;
-  Stage whole(c, Layout{solo, false, false, nullptr}, initial_values(c, f.seed, 0, c.layers, true, true), 0,
+  Stage whole(c, Layout::over(solo), initial_values(c, f.seed, 0, c.layers, true, true), 0,
               c.layers, true, true);
   dtrain::checkpoint::DistributedState state;
   dtrain::checkpoint::add_module(state, *whole, "model/");

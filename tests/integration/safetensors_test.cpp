@@ -166,7 +166,7 @@ TEST(Safetensors, TheLlamaModelFromPipelineTimesFsdpEqualsOneProcessAndImportsIn
   llama::Config c;
   c.vocab = 32, c.dim = 16, c.layers = 2, c.heads = 2, c.hidden = 24, c.seq = 8;
   auto stage_of = [&](const std::shared_ptr<ProcessGroup>& tp, int s, uint64_t seed) {
-    return llama::Stage(c, llama::Layout{tp, false, false, nullptr}, llama::initial_values(c, seed, s, s + 1, s == 0, s == 1),
+    return llama::Stage(c, llama::Layout::over(tp), llama::initial_values(c, seed, s, s + 1, s == 0, s == 1),
                         s, s + 1, s == 0, s == 1);
   };
   auto on_mesh = [&](const std::function<void(RankContext&, DeviceMesh&, int)>& body) {
@@ -184,11 +184,11 @@ TEST(Safetensors, TheLlamaModelFromPipelineTimesFsdpEqualsOneProcessAndImportsIn
   });
   Tensors whole;
   one_rank([&](const auto& group) {
-    llama::Stage one(c, llama::Layout{group, false, false, nullptr}, llama::initial_values(c, 3, 0, 2, true, true), 0, 2,
+    llama::Stage one(c, llama::Layout::over(group), llama::initial_values(c, 3, 0, 2, true, true), 0, 2,
                      true, true);
     whole = state_dict_of(*one);
     expect_equal(read_by_the_spec(out + "/model.safetensors"), whole, "PP 2 x FSDP 2's export");
-    llama::Stage fresh(c, llama::Layout{group, false, false, nullptr}, llama::initial_values(c, 9, 0, 2, true, true), 0, 2,
+    llama::Stage fresh(c, llama::Layout::over(group), llama::initial_values(c, 9, 0, 2, true, true), 0, 2,
                        true, true);
     ckpt::DistributedState into;
     ckpt::add_module(into, *fresh);
