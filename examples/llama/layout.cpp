@@ -19,6 +19,7 @@ std::string n(int64_t v) { return std::to_string(v); }
 // What context parallelism needs of the other flags.
 void require_context_parallel(const Flags& f) {
   require(f.cp_attention == "ring" || f.cp_attention == "ulysses", "--cp-attention is ring or ulysses");
+  require(f.cp > 1 || f.cp_attention == "ring", "--cp-attention " + f.cp_attention + " without --cp");
   if (f.cp == 1) return;
   require(f.model.seq % (2 * f.cp) == 0, "--seq " + n(f.model.seq) + " does not cut into the " + n(2 * f.cp) +
                                              " chunks of --cp " + n(f.cp) + " (an early and a late one per rank)");

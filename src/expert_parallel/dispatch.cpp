@@ -51,8 +51,7 @@ at::Tensor exchange_rows(const at::Tensor& x, const std::vector<int64_t>& out_sp
 }
 
 // The flight recorder's label of one of a layer's all-to-alls: `what`
-// after the layer's name, after the thread's label where it has one (a
-// pipeline stage's microbatch).
+// after the layer's name, after the thread's label where it has one.
 std::string label_of(const std::string& layer, const char* what) {
   const std::string& outer = dtrain::detail::OpLabel::current();
   return outer.empty() ? layer + ": " + what : outer + ", " + layer + ": " + what;

@@ -150,9 +150,9 @@ echo "MoE: DP 4 x EP 2 and PP 2 x DP 2 x EP 2 x TP 2 + SP as one process; resume
 # Context parallelism: every sequence split head-tail over the CP ranks
 # (ring attention; Ulysses at CP 2), alone and with TP 2 + SP, FSDP 2 and
 # PP 2, within 5e-7 of one process (1.6e-7 measured: the online softmax
-# rounds otherwise), and with experts (EP 2 within DP 2, each expert's
-# gradient averaged over its edp x cp holders) within 1e-6; the CP 2 x
-# TP 2 checkpoint resumes in one process.
+# rounds otherwise), and with experts (EP 2 within DP 4 and DP 2, each
+# expert's gradient averaged over its edp x cp holders) within 1e-6; the
+# CP 2 x TP 2 checkpoint resumes in one process.
 job cp2 2 -- --cp 2 || fail "CP 2"
 grep -q "x cp 2 (ring)" cp2.log || fail "CP: the layout line does not name CP"
 expect_close cp2 one 5e-7
@@ -164,7 +164,7 @@ job cp2-fsdp2 4 -- --cp 2 --dp 2 --data-parallel fsdp || fail "CP 2 x FSDP 2"
 expect_close cp2-fsdp2 one 5e-7
 job pp2-cp2 4 -- --pp 2 --cp 2 --checkpoint-activations || fail "PP 2 x CP 2 with AC"
 expect_close pp2-cp2 one 5e-7
-job cp2-moe 4 -- "${moe[@]}" --cp 2 --dp 2 --ep 2 --steps 25 || fail "MoE, CP 2 x DP 2 (EP 2)"
+job cp2-moe 8 -- "${moe[@]}" --cp 2 --dp 4 --ep 2 --steps 25 || fail "MoE, CP 2 x DP 4 (EP 2)"
 expect_close cp2-moe moe-one 1e-6
 job cp2-moe-fsdp 4 -- "${moe[@]}" --cp 2 --dp 2 --ep 2 --data-parallel fsdp --steps 25 || fail "MoE, CP 2 x FSDP 2 (EP 2)"
 expect_close cp2-moe-fsdp moe-one 1e-6

@@ -385,13 +385,11 @@ TEST(ExpertParallel, BadSizesAreRefusedNamingTheNumbers) {
   testing::expect_no_errors(errors);
 }
 
-// A DDP told to ignore a name the module lacks says so (a typo would
-// otherwise average an expert's parameters over ranks that each hold
-// different experts).
 // A peer whose rows do not match the counts it announced (a bug or a
 // corrupted peer: rank 1 plays it by hand, announcing 5 rows for each of
 // rank 0's experts and sending 3): rank 0's dispatch fails naming the
-// exchange and the sizes, rather than reading rows that never came.
+// exchange and the sizes, rather than reading rows that never came, and
+// keeps the transport's error type (CollectiveMismatch).
 TEST(ExpertParallel, APeerWhoseRowsDoNotMatchItsAnnouncedCountsFailsTheDispatchByName) {
   std::string seen;
   auto errors = run_rank_contexts(2, [&](RankContext& ctx) {
@@ -401,8 +399,10 @@ TEST(ExpertParallel, APeerWhoseRowsDoNotMatchItsAnnouncedCountsFailsTheDispatchB
       try {  // (the dispatch alone: the layer's first forward would compare the ranks' layers first)
         ep::dispatch_and_combine(x, moe->router(x, moe->expert_bias), *moe->experts, ctx.group, "layers.0.moe");
         ADD_FAILURE() << "rank 0's dispatch took rows that do not match rank 1's counts";
-      } catch (const Error& e) {
+      } catch (const CollectiveMismatch& e) {
         seen = e.what();
+      } catch (const Error& e) {
+        ADD_FAILURE() << "not a CollectiveMismatch: " << e.what();
       }
       return;
     }
@@ -426,6 +426,9 @@ TEST(ExpertParallel, APeerWhoseRowsDoNotMatchItsAnnouncedCountsFailsTheDispatchB
   EXPECT_TRUE(testing::Contains(seen, "sent 96 bytes where this rank expected 640")) << seen;  // 3 rows, not 20
 }
 
+// A DDP told to ignore a name the module lacks says so (a typo would
+// otherwise average an expert's parameters over ranks that each hold
+// different experts).
 TEST(ExpertParallel, DdpRefusesToIgnoreANameTheModuleLacks) {
   auto errors = run_rank_contexts(2, [&](RankContext& ctx) {
     ep::MoE moe(moe_options().ep_group(ctx.group));
