@@ -50,11 +50,11 @@ at::Tensor exchange_rows(const at::Tensor& x, const std::vector<int64_t>& out_sp
   return out;
 }
 
-// The flight recorder's label of one of a layer's all-to-alls: `what`
-// after the layer's name, after the thread's label where it has one.
-std::string label_of(const std::string& layer, const char* what) {
+// The flight recorder's label of one of a layer's all-to-alls ("<layer>:
+// <what>"), after the thread's label where it has one.
+std::string label_of(const std::string& text) {
   const std::string& outer = dtrain::detail::OpLabel::current();
-  return outer.empty() ? layer + ": " + what : outer + ", " + layer + ": " + what;
+  return outer.empty() ? text : outer + ", " + text;
 }
 
 // The rows' all-to-all as an autograd function; the backward sends the
@@ -69,14 +69,13 @@ struct AllToAllRows : torch::autograd::Function<AllToAllRows> {
     ctx->saved_data["in"] = in_splits;
     ctx->saved_data["group"] = group;
     ctx->saved_data["label"] = layer + ": " + what + ", backward";
-    dtrain::detail::OpLabel label(label_of(layer, what.c_str()));
+    dtrain::detail::OpLabel label(label_of(layer + ": " + what));
     return exchange_rows(x, out_splits, in_splits, group_at(group));
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     const auto out = ctx->saved_data["out"].toIntVector(), in = ctx->saved_data["in"].toIntVector();
     const std::string& mine = ctx->saved_data["label"].toStringRef();
-    const std::string& outer = dtrain::detail::OpLabel::current();
-    dtrain::detail::OpLabel label(outer.empty() ? mine : outer + ", " + mine);
+    dtrain::detail::OpLabel label(label_of(mine));
     return {exchange_rows(grads[0], in, out, group_at(ctx->saved_data["group"].toInt())), at::Tensor(),
             at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -100,7 +99,7 @@ at::Tensor through_ranks(const at::Tensor& routed, const std::vector<int64_t>& c
   // How many rows each rank sends each of this rank's experts.
   std::vector<int64_t> received_counts;
   {
-    dtrain::detail::OpLabel label(label_of(layer, "counts"));
+    dtrain::detail::OpLabel label(label_of(layer + ": counts"));
     received_counts = to_vector(exchange_rows(index_tensor(counts), std::vector<int64_t>(world, local),
                                               std::vector<int64_t>(world, local), *group));
   }
