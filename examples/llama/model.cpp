@@ -10,8 +10,14 @@ namespace tp = dtrain::tensor_parallel;
 namespace ep = dtrain::expert_parallel;
 namespace {
 
-tp::ParallelLinearOptions linear_options(const Layout& l) {
-  return tp::ParallelLinearOptions().bias(false).group(l.tp).sequence_parallel(l.sequence_parallel);
+// The column layers take the activations as they lie between the layers
+// (sequence shards under SP); the row layers and the embedding give them
+// back so.
+tp::ParallelLinearOptions column_options(const Layout& l) {
+  return tp::ParallelLinearOptions().bias(false).group(l.tp).input_layout(l.activations());
+}
+tp::ParallelLinearOptions row_options(const Layout& l) {
+  return tp::ParallelLinearOptions().bias(false).group(l.tp).output_layout(l.activations());
 }
 
 // A bias-free Linear holding `weight` ([out, in]), for a parallel layer to take its shard of.
@@ -84,12 +90,12 @@ RMSNormImpl::RMSNormImpl(const at::Tensor& w, double eps) : eps_(eps) {
   weight = register_parameter("weight", w.clone());
 }
 
-at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
-  return x * torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps_) * weight;
+at::Tensor RMSNormImpl::normalize(const at::Tensor& x, const at::Tensor& w) const {
+  return x * torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps_) * w;
 }
 
 AttentionImpl::AttentionImpl(const Config& c, const Layout& l, const Values& v, const std::string& prefix)
-    : c_(c), cp_(l.cp), ulysses_(l.ulysses) {
+    : c_(c), l_(l), cp_(l.cp), ulysses_(l.ulysses) {
   const int64_t t = l.tp->size();
   if (c.dim % c.heads != 0 || (c.dim / c.heads) % 2 != 0)
     throw dtrain::InvalidArgument("llama Attention: dim " + std::to_string(c.dim) + " over " +
@@ -99,11 +105,11 @@ AttentionImpl::AttentionImpl(const Config& c, const Layout& l, const Values& v, 
                                   " heads do not split over a tensor-parallel group of " +
                                   std::to_string(t) + " ranks");
   local_heads_ = c.heads / t;
-  const auto o = linear_options(l);
-  wq_ = register_module("wq", tp::ColumnParallelLinear(linear_of(value(v, prefix + "wq.weight")), o));
-  wk_ = register_module("wk", tp::ColumnParallelLinear(linear_of(value(v, prefix + "wk.weight")), o));
-  wv_ = register_module("wv", tp::ColumnParallelLinear(linear_of(value(v, prefix + "wv.weight")), o));
-  wo_ = register_module("wo", tp::RowParallelLinear(linear_of(value(v, prefix + "wo.weight")), o));
+  const auto column = column_options(l);
+  wq_ = register_module("wq", tp::ColumnParallelLinear(linear_of(value(v, prefix + "wq.weight")), column));
+  wk_ = register_module("wk", tp::ColumnParallelLinear(linear_of(value(v, prefix + "wk.weight")), column));
+  wv_ = register_module("wv", tp::ColumnParallelLinear(linear_of(value(v, prefix + "wv.weight")), column));
+  wo_ = register_module("wo", tp::RowParallelLinear(linear_of(value(v, prefix + "wo.weight")), row_options(l)));
   // Rotary tables: position p turns the pair (2i, 2i + 1) by p / theta^(2i / head_dim).
   const int64_t hd = c.dim / c.heads;
   const auto inverse = 1.0 / torch::pow(c.rope_theta, torch::arange(0, hd, 2, torch::kFloat) / hd);
@@ -129,9 +135,11 @@ at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
 }  // namespace
 
 at::Tensor AttentionImpl::forward(const at::Tensor& x) {
-  // Each projection gathers the whole sequence (this rank's part of it
-  // under CP) under SP; this rank's heads.
-  auto q = wq_(x), k = wk_(x), v = wv_(x);
+  // One entry for the three projections: under SP one all-gather of the
+  // whole sequence (this rank's part of it under CP), and in backward one
+  // reduce-scatter of their summed gradients; this rank's heads.
+  const auto in = tp::enter_column_region(x, l_.tp, l_.activations());
+  auto q = wq_->forward_entered(in), k = wk_->forward_entered(in), v = wv_->forward_entered(in);
   const int64_t b = q.size(0), s = q.size(1), hd = c_.dim / c_.heads;
   const int64_t whole = cp_ ? s * cp_->size() : s;
   if (whole > c_.seq)
@@ -164,19 +172,21 @@ at::Tensor AttentionImpl::attend(const at::Tensor& q, const at::Tensor& k, const
   return torch::matmul(probs, v);
 }
 
-FeedForwardImpl::FeedForwardImpl(const Config& c, const Layout& l, const Values& v, const std::string& prefix) {
+FeedForwardImpl::FeedForwardImpl(const Config& c, const Layout& l, const Values& v, const std::string& prefix)
+    : l_(l) {
   if (c.hidden % l.tp->size() != 0)
     throw dtrain::InvalidArgument("llama FeedForward: hidden " + std::to_string(c.hidden) +
                                   " does not split over a tensor-parallel group of " +
                                   std::to_string(l.tp->size()) + " ranks");
-  const auto o = linear_options(l);
-  w1_ = register_module("w1", tp::ColumnParallelLinear(linear_of(value(v, prefix + "w1.weight")), o));
-  w2_ = register_module("w2", tp::RowParallelLinear(linear_of(value(v, prefix + "w2.weight")), o));
-  w3_ = register_module("w3", tp::ColumnParallelLinear(linear_of(value(v, prefix + "w3.weight")), o));
+  const auto column = column_options(l);
+  w1_ = register_module("w1", tp::ColumnParallelLinear(linear_of(value(v, prefix + "w1.weight")), column));
+  w2_ = register_module("w2", tp::RowParallelLinear(linear_of(value(v, prefix + "w2.weight")), row_options(l)));
+  w3_ = register_module("w3", tp::ColumnParallelLinear(linear_of(value(v, prefix + "w3.weight")), column));
 }
 
 at::Tensor FeedForwardImpl::forward(const at::Tensor& x) {
-  return w2_(torch::silu(w1_(x)) * w3_(x));
+  const auto in = tp::enter_column_region(x, l_.tp, l_.activations());  // gate and up: one entry
+  return w2_(torch::silu(w1_->forward_entered(in)) * w3_->forward_entered(in));
 }
 
 namespace {
@@ -214,14 +224,11 @@ BlockImpl::BlockImpl(const Config& c, const Layout& l, const Values& v, int64_t 
     moe = register_module("moe", moe_of(c, l, v, p + "moe."));
   else
     feed_forward_ = register_module("feed_forward", FeedForward(c, l, v, p + "feed_forward."));
-  if (l.sequence_parallel) {  // the norms see sequence shards: their gradients are summed
-    tp::mark_sequence_parallel(*attention_norm_, l.tp);
-    tp::mark_sequence_parallel(*ffn_norm_, l.tp);
-    // So does the mixture of experts (whole on every TP rank, each routing
-    // its own shard's tokens): every one of its gradients, the experts'
-    // too, is summed over the TP ranks.
-    if (moe) tp::mark_sequence_parallel(*moe, l.tp);
-  }
+  // Under SP the norms see sequence shards: their gradients are summed
+  // over TP, both in one call (forward). So does the mixture of experts
+  // (whole on every TP rank, each routing its own shard's tokens): every
+  // one of its gradients, the experts' too, is summed over the TP ranks.
+  if (l.sequence_parallel && moe) tp::mark_sequence_parallel(*moe, l.tp);
 }
 
 // Whole activations (the same on every tensor-parallel rank) draw the same
@@ -234,30 +241,31 @@ at::Tensor BlockImpl::residual_dropout(const at::Tensor& x) {
 }
 
 at::Tensor BlockImpl::forward(const at::Tensor& x) {
-  const auto h = x + residual_dropout(attention_(attention_norm_(x)));
-  const auto normed = ffn_norm_(h);
+  std::vector<at::Tensor> norms{attention_norm_->weight, ffn_norm_->weight};
+  if (l_.sequence_parallel) norms = tp::sum_gradients_together(norms, l_.tp);
+  const auto h = x + residual_dropout(attention_(attention_norm_->normalize(x, norms[0])));
+  const auto normed = ffn_norm_->normalize(h, norms[1]);
   return h + residual_dropout(moe ? moe(normed) : feed_forward_(normed));
 }
 
 StageImpl::StageImpl(const Config& c, const Layout& l, const Values& initial, int64_t first_layer,
                      int64_t last_layer, bool embedding, bool head)
     : l_(l) {
-  const auto o = linear_options(l);
   if (embedding) {
     torch::nn::Embedding whole(c.vocab, c.dim);
     {
       torch::NoGradGuard no_grad;
       whole->weight.copy_(value(initial, "tok_embeddings.weight"));
     }
-    tok_embeddings_ = register_module("tok_embeddings", tp::VocabParallelEmbedding(whole, o));
+    tok_embeddings_ = register_module("tok_embeddings", tp::VocabParallelEmbedding(whole, row_options(l)));
   }
   auto layers = register_module("layers", std::make_shared<torch::nn::Module>());
   for (int64_t i = first_layer; i < last_layer; ++i)
     layers_.push_back(layers->register_module(std::to_string(i), Block(c, l, initial, i)));
   if (head) {
     norm_ = register_module("norm", RMSNorm(value(initial, "norm.weight"), c.norm_eps));
-    if (l.sequence_parallel) tp::mark_sequence_parallel(*norm_, l.tp);
-    output_ = register_module("output", tp::ColumnParallelLinear(linear_of(value(initial, "output.weight")), o));
+    output_ = register_module("output", tp::ColumnParallelLinear(linear_of(value(initial, "output.weight")),
+                                                                 column_options(l)));
   }
 }
 
@@ -266,7 +274,11 @@ at::Tensor StageImpl::forward(at::Tensor x) {
   for (auto& layer : layers_)
     x = l_.checkpoint ? dtrain::activation_checkpoint([&layer](at::Tensor in) { return layer(in); }, x)
                       : layer(x);
-  if (output_) x = output_(norm_(x));
+  if (output_) {
+    auto w = norm_->weight;  // under SP summed over TP (it meets a sequence shard)
+    if (l_.sequence_parallel) w = tp::sum_gradients_together({w}, l_.tp)[0];
+    x = output_(norm_->normalize(x, w));
+  }
   return x;
 }
 

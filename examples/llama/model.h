@@ -60,6 +60,12 @@ struct Layout {
   std::shared_ptr<dtrain::ProcessGroup> cp;
   bool ulysses = false;
 
+  // How the activations between the tensor-parallel layers lie over tp:
+  // split on the sequence under SP, whole otherwise.
+  dtrain::tensor_parallel::Layout activations() const {
+    return sequence_parallel ? dtrain::tensor_parallel::Shard(1) : dtrain::tensor_parallel::Replicate();
+  }
+
   // Tensor parallelism over `tp` alone (a group of one rank: the whole model).
   static Layout over(std::shared_ptr<dtrain::ProcessGroup> tp) {
     Layout l;
@@ -79,7 +85,9 @@ Values initial_values(const Config& c, uint64_t seed, int64_t first_layer, int64
 class RMSNormImpl : public torch::nn::Module {
  public:
   RMSNormImpl(const at::Tensor& weight, double eps);
-  at::Tensor forward(const at::Tensor& x);
+  at::Tensor forward(const at::Tensor& x) { return normalize(x, weight); }
+  // With `w` in place of weight (weight as sum_gradients_together hands it on).
+  at::Tensor normalize(const at::Tensor& x, const at::Tensor& w) const;
   at::Tensor weight;
 
  private:
@@ -97,6 +105,7 @@ class AttentionImpl : public torch::nn::Module {
  private:
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
   Config c_;
+  Layout l_;
   std::shared_ptr<dtrain::ProcessGroup> cp_;  // null: plain attention over the whole sequence here
   bool ulysses_ = false;
   int64_t local_heads_;
@@ -112,6 +121,7 @@ class FeedForwardImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);
 
  private:
+  Layout l_;
   dtrain::tensor_parallel::ColumnParallelLinear w1_{nullptr}, w3_{nullptr};
   dtrain::tensor_parallel::RowParallelLinear w2_{nullptr};
 };

@@ -14,11 +14,12 @@
 // ColumnParallelLinear(in, out) splits the weight along its output
 // dimension: rank r holds rows [r out/t, (r+1) out/t) of the [out, in]
 // weight (and that slice of the bias), and its output is that slice of the
-// features (the last dimension), or all of them with gather_output.
+// features (the last dimension), or all of them (output layout
+// Replicate()).
 // RowParallelLinear(in, out) splits it along its input dimension: rank r
 // holds columns [r in/t, (r+1) in/t); its input is that slice of the
-// features (input_is_parallel, as a ColumnParallelLinear leaves it) or the
-// whole input, which it slices; the ranks' partial outputs are summed
+// features (input layout Shard(-1), as a ColumnParallelLinear leaves it) or
+// the whole input (Replicate()), which it slices; the ranks' partial outputs are summed
 // (all_reduce) and the whole bias added once. A column layer followed by a
 // row layer, with any elementwise function between, costs one all_reduce
 // forward and one backward.
@@ -46,8 +47,10 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include "dtrain/arg.h"
 #include "dtrain/parameter_placement.h"
@@ -55,29 +58,50 @@
 
 namespace dtrain::tensor_parallel {
 
+// How an activation lies over the ranks of a tensor-parallel group, as
+// PyTorch's placements say it: Replicate() is whole on every rank;
+// Shard(dim) is split evenly along dim, rank r holding the r-th part. The
+// last dimension (-1) is the features; any other is the sequence (1 in
+// [batch, sequence, ...], PyTorch's; 0 in Megatron's [sequence, batch,
+// ...]), and a layer whose input or output is sharded on the sequence
+// runs sequence parallelism (Megatron's SP; PyTorch's SequenceParallel
+// between ColwiseParallel and RowwiseParallel). A negative dim counts from
+// the end of the tensor the layer meets.
+struct Layout {
+  enum class Kind { kReplicate, kShard };
+  Kind kind = Kind::kReplicate;
+  int64_t dim = 0;  // Shard's
+  bool operator==(const Layout& other) const {
+    return kind == other.kind && (kind == Kind::kReplicate || dim == other.dim);
+  }
+  bool operator!=(const Layout& other) const { return !(*this == other); }
+  std::string str() const;  // "Replicate()", "Shard(1)"
+};
+inline Layout Replicate() { return Layout{}; }
+inline Layout Shard(int64_t dim) { return Layout{Layout::Kind::kShard, dim}; }
+
+// Each layer's input and output layouts (unset: the layer's default), and
+// what the layer does for them; a layout not listed is an InvalidArgument
+// naming it.
+//  ColumnParallelLinear, input: Replicate() (default; its gradient is
+//    summed over the group in backward), or Shard(sequence): all-gathered
+//    along the sequence, its gradient reduce-scattered. Output: Shard(-1)
+//    (default; this rank's features) or Replicate() (the features
+//    all-gathered).
+//  RowParallelLinear, input: Shard(-1) (default; this rank's features, as
+//    a column layer leaves them) or Replicate() (sliced here). Output:
+//    Replicate() (default; the ranks' partial sums all-reduced) or
+//    Shard(sequence) (reduce-scattered along the sequence; the bias, whole
+//    on every rank, then meets only this rank's rows and its gradient is
+//    summed over the group).
+//  VocabParallelEmbedding, output: Replicate() (default; all-reduced) or
+//    Shard(sequence) (reduce-scattered); its input, the ids, is whole.
 struct ParallelLinearOptions {
   DTRAIN_ARG(bool, bias) = true;
-  // ColumnParallelLinear: all-gather the output's feature shards, so that
-  // every rank gets the whole output.
-  DTRAIN_ARG(bool, gather_output) = false;
-  // RowParallelLinear: the input is already this rank's slice of the
-  // features (false: the whole input, sliced here).
-  DTRAIN_ARG(bool, input_is_parallel) = true;
   // The tensor-parallel group; null: the default group.
   DTRAIN_ARG(std::shared_ptr<ProcessGroup>, group) = nullptr;
-  // Sequence parallelism (Megatron's; PyTorch's SequenceParallel between
-  // ColwiseParallel and RowwiseParallel): outside the layers, activations
-  // are split along the sequence dimension over the group. A column layer
-  // takes this rank's sequence shard and all-gathers it (reduce-scatter of
-  // the gradient); a row layer reduce-scatters its output along the
-  // sequence (all-gather of the gradient), where without it it would
-  // all-reduce; an embedding reduce-scatters its lookups. Not with
-  // gather_output, and a row layer's input must be parallel.
-  DTRAIN_ARG(bool, sequence_parallel) = false;
-  // Which dimension is the sequence: 1 for [batch, sequence, ...] (PyTorch's
-  // default), 0 for Megatron's [sequence, batch, ...]; negative counts from
-  // the end.
-  DTRAIN_ARG(int64_t, sequence_dim) = 1;
+  DTRAIN_ARG(std::optional<Layout>, input_layout) = std::nullopt;
+  DTRAIN_ARG(std::optional<Layout>, output_layout) = std::nullopt;
 };
 
 // The region operations, each an autograd function over `group`:
@@ -120,6 +144,44 @@ at::Tensor reduce_scatter_to_sequence_region(const at::Tensor& x,
 int64_t mark_sequence_parallel(torch::nn::Module& module,
                                const std::shared_ptr<ProcessGroup>& group = nullptr);
 
+// The same sum in one all_reduce for several parameters together (the
+// norms of a block under SP: Megatron reduces its layernorm gradients
+// bucketed, not one call each): returns `params` themselves (the forward
+// is the identity), to use in their place in this forward; in backward,
+// once every one of them has its gradient, the gradients are flattened
+// into one buffer, summed over `group` in one call, and handed on (to
+// their .grad, and to DDP's or FSDP's reduction after it). Call it in each
+// forward where the parameters are used (for FSDP, inside the unit that
+// holds them); do not also mark them. A parameter this forward does not
+// use gets no gradient, as without it. Every rank calls it alike.
+std::vector<at::Tensor> sum_gradients_together(const std::vector<at::Tensor>& params,
+                                               const std::shared_ptr<ProcessGroup>& group = nullptr);
+
+// An activation entered once into the region of several
+// ColumnParallelLinear layers that read it (q, k and v; gate and up): its
+// all-gather (Shard(sequence)) runs once, not once per layer, and in
+// backward the layers' gradients of it are summed here first and reduced
+// in one call (one reduce-scatter; for Replicate() one all_reduce).
+// Megatron fuses such layers' weights for this; PyTorch's
+// PrepareModuleInput(desired_input_layouts=Replicate()) does it with
+// DTensors. Pass it to each layer's forward_entered, whose input layout
+// and group must be the ones it was entered with.
+class ColumnInput {
+ public:
+  const at::Tensor& whole() const { return whole_; }  // the input as every rank now holds it
+  const Layout& layout() const { return layout_; }    // entered from (its dim resolved)
+  const std::shared_ptr<ProcessGroup>& group() const { return group_; }
+
+ private:
+  friend ColumnInput enter_column_region(const at::Tensor&, const std::shared_ptr<ProcessGroup>&,
+                                         const Layout&);
+  at::Tensor whole_;
+  Layout layout_;
+  std::shared_ptr<ProcessGroup> group_;
+};
+ColumnInput enter_column_region(const at::Tensor& x, const std::shared_ptr<ProcessGroup>& group,
+                                const Layout& layout = Replicate());
+
 class ColumnParallelLinearImpl : public torch::nn::Module, public ShardedParameters {
  public:
   ColumnParallelLinearImpl(int64_t in_features, int64_t out_features,
@@ -130,6 +192,10 @@ class ColumnParallelLinearImpl : public torch::nn::Module, public ShardedParamet
                            const ParallelLinearOptions& options = ParallelLinearOptions());
 
   at::Tensor forward(const at::Tensor& input);
+  // The layer on an input entered once for several layers
+  // (enter_column_region): no communication of its own, its output as
+  // forward's.
+  at::Tensor forward_entered(const ColumnInput& input);
   // weight (and bias): rows [r out/t, (r+1) out/t) of the whole layer's.
   std::vector<ParameterPlacement> parameter_placements() const override;
 
@@ -203,7 +269,7 @@ TORCH_MODULE(VocabParallelEmbedding);
 
 // PyTorch's loss_parallel: F.cross_entropy of logits split along the
 // vocabulary (the last dimension: this rank's [N, V/t] slice, as a
-// ColumnParallelLinear without gather_output gives it) against targets
+// ColumnParallelLinear gives it by default) against targets
 // [N] of ids in [0, V), without gathering the logits: the ranks exchange
 // each row's maximum, its sum of exponentials and its target's logit (three
 // all_reduces of N values; a fourth, the row's sum of logits, with label
@@ -219,19 +285,18 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits_shard, const at
 
 // ---- the plan form (PyTorch's parallelize_module) ---------------------------
 
-// A torch::nn::Linear becomes a ColumnParallelLinear; a torch::nn::Embedding
-// a VocabParallelEmbedding is RowwiseParallel's (as PyTorch's).
+// PyTorch's styles: a torch::nn::Linear becomes a ColumnParallelLinear
+// (ColwiseParallel) or a RowParallelLinear (RowwiseParallel), a
+// torch::nn::Embedding a VocabParallelEmbedding (RowwiseParallel), with
+// these layouts (unset: the layer's defaults, as ParallelLinearOptions
+// lists them).
 struct ColwiseParallel {
-  DTRAIN_ARG(bool, gather_output) = false;
-  DTRAIN_ARG(bool, sequence_parallel) = false;
-  DTRAIN_ARG(int64_t, sequence_dim) = 1;
+  DTRAIN_ARG(std::optional<Layout>, input_layouts) = std::nullopt;
+  DTRAIN_ARG(std::optional<Layout>, output_layouts) = std::nullopt;
 };
-// A torch::nn::Linear becomes a RowParallelLinear; a torch::nn::Embedding a
-// VocabParallelEmbedding.
 struct RowwiseParallel {
-  DTRAIN_ARG(bool, input_is_parallel) = true;
-  DTRAIN_ARG(bool, sequence_parallel) = false;
-  DTRAIN_ARG(int64_t, sequence_dim) = 1;
+  DTRAIN_ARG(std::optional<Layout>, input_layouts) = std::nullopt;
+  DTRAIN_ARG(std::optional<Layout>, output_layouts) = std::nullopt;
 };
 // Any module that runs on sequence shards (a norm): its parameters are
 // marked (mark_sequence_parallel); the module itself stays.

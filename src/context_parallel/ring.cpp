@@ -2,7 +2,9 @@
 // around the ring of ranks one hop per step, and each step's block is
 // merged into the output with an online softmax (log-sum-exp). The
 // backward goes around again, k and v's gradient accumulators travelling
-// with them and arriving home after the last step.
+// one hop behind them (on a tag of their own) and arriving home after the
+// last step; each step's block gradients are computed while the
+// accumulator they join is still on its way.
 //
 // Blocks are taken chunk by chunk (sharding.h): a q chunk attends a k chunk
 // in full when the k chunk comes earlier in the sequence, with the causal
@@ -46,12 +48,18 @@ struct Ring {
   // Posts the hop of `out` and the receive of what comes in its place; wait
   // on both before reading `in`.
   std::vector<WorkPtr> hop(const at::Tensor& out, const at::Tensor& in) const {
-    dtrain::detail::InternalTraffic own;
-    const int tag = g.max_tag() - dtrain::detail::kRingAttentionTagFromTop;
-    std::vector<WorkPtr> works;
-    works.push_back(g.recv(in, static_cast<int>((rank - 1 + ranks) % ranks), tag));
-    works.push_back(g.send(out, static_cast<int>((rank + 1) % ranks), tag));
+    std::vector<WorkPtr> works{receive(in, dtrain::detail::kRingAttentionTagFromTop)};
+    works.push_back(send(out, dtrain::detail::kRingAttentionTagFromTop));
     return works;
+  }
+  // One half of a hop, on the tag `from_top` places below max_tag().
+  WorkPtr receive(const at::Tensor& in, int from_top) const {
+    dtrain::detail::InternalTraffic own;
+    return g.recv(in, static_cast<int>((rank - 1 + ranks) % ranks), g.max_tag() - from_top);
+  }
+  WorkPtr send(const at::Tensor& out, int from_top) const {
+    dtrain::detail::InternalTraffic own;
+    return g.send(out, static_cast<int>((rank + 1) % ranks), g.max_tag() - from_top);
   }
 
   // How q chunk qc meets k chunk kc: 0 not at all, 1 in full, 2 the triangle.
@@ -106,8 +114,8 @@ struct RingForward {
 // Every block this rank computes, step by step around the ring: k and v
 // (one tensor [2, B, Hkv, S, D]: one message per hop) are posted on to the
 // next rank, then visit(i, j, how, kv) runs for each q chunk i of this
-// rank and k chunk j held that meet (Ring::meeting), then after(); then
-// the k and v that came in are taken.
+// rank and k chunk j held that meet (Ring::meeting), then after(step);
+// then the k and v that came in are taken.
 template <typename Visit, typename After>
 void around_the_ring(const Ring& ring, at::Tensor kv, const Visit& visit, const After& after) {
   const auto mine = detail::chunks_of(ring.rank, ring.ranks, ring.sharding);
@@ -124,7 +132,7 @@ void around_the_ring(const Ring& ring, at::Tensor kv, const Visit& visit, const 
       for (size_t j = 0; j < theirs.size(); ++j)
         if (const int how = ring.meeting(mine[i], theirs[j]))
           visit(static_cast<int64_t>(i), static_cast<int64_t>(j), how, kv);
-    after();
+    after(step);
     if (more) {
       wait_all(inflight);
       kv = next;
@@ -161,7 +169,7 @@ RingForward ring_forward(const Ring& ring, const at::Tensor& q, const at::Tensor
         const auto block_lse = at::logsumexp(s, -1);
         partial.merge(static_cast<size_t>(i), at::matmul((s - block_lse.unsqueeze(-1)).exp(), vj), block_lse);
       },
-      [] {});
+      [](int64_t) {});
   const auto out = at::cat(partial.out, 3);
   return {out.reshape(q.sizes()).to(q.scalar_type()), at::cat(partial.lse, 3)};
 }
@@ -175,9 +183,17 @@ tensor_list ring_backward(const Ring& ring, const at::Tensor& q, const at::Tenso
   // D_i = rowsum(dO_i * O_i): the softmax's backward, per query.
   const auto delta = (dout * grouped(out.to(at::kFloat), dims.kv_heads)).sum(-1);
   auto dq = at::zeros_like(qf);
-  // The gradients of the k and v held: they travel one hop behind them,
-  // and the last hop brings every rank its own.
-  at::Tensor dkv = at::zeros({2, k.size(0), k.size(1), k.size(2), k.size(3)}, k.options().dtype(at::kFloat));
+  // The gradients of the k and v held: this step's blocks' (dkv) are
+  // computed while the accumulator of the earlier ranks' (coming from
+  // rank - 1 one hop behind k and v) travels, then added to it and sent on
+  // to rank + 1 while the next step computes. The last hop brings every
+  // rank its own.
+  const auto zeros = [&] {
+    return at::zeros({2, k.size(0), k.size(1), k.size(2), k.size(3)}, k.options().dtype(at::kFloat));
+  };
+  const int tag = dtrain::detail::kRingGradientTagFromTop;
+  at::Tensor dkv = zeros(), arriving, leaving;
+  WorkPtr incoming, outgoing;
   around_the_ring(
       ring, stacked(k, v),
       [&](int64_t i, int64_t j, int how, const at::Tensor& kv) {
@@ -189,13 +205,24 @@ tensor_list ring_backward(const Ring& ring, const at::Tensor& q, const at::Tenso
         dims.cols(dkv[0], j).add_(at::matmul(ds.transpose(-2, -1), qi).sum(2), dims.scale);
         dims.cols(dkv[1], j).add_(at::matmul(p.transpose(-2, -1), doi).sum(2));
       },
-      [&] {
+      [&](int64_t step) {
         if (ring.ranks == 1) return;
-        auto in = at::empty_like(dkv);
-        auto works = ring.hop(dkv, in);
-        wait_all(works);
-        dkv = in;
+        if (step > 0) {  // the earlier ranks' part of these k and v's gradients
+          incoming->wait();
+          dkv.add_(arriving);
+        }
+        if (outgoing) outgoing->wait();  // (the last accumulator sent, before its buffer goes)
+        leaving = dkv;
+        outgoing = ring.send(leaving, tag);
+        arriving = at::empty_like(dkv);
+        incoming = ring.receive(arriving, tag);  // the next step's, or at the end this rank's own
+        if (step + 1 < ring.ranks) dkv = zeros();
       });
+  if (ring.ranks > 1) {
+    incoming->wait();
+    outgoing->wait();
+    dkv = arriving;
+  }
   return {dq.reshape(q.sizes()).to(q.scalar_type()), dkv[0].to(k.scalar_type()), dkv[1].to(v.scalar_type())};
 }
 

@@ -14,8 +14,9 @@ namespace dtrain::detail {
 // max_tag(), kTagsAtTheTop of them.
 constexpr int kRank0StepTagFromTop = 0;  // checkpoint/rank0_step.h: rank 0's word
 constexpr int kSnapshotTagFromTop = 1;   // checkpoint::snapshot's parts
-constexpr int kRingAttentionTagFromTop = 2;  // context_parallel::ring_attention's k, v and their gradients
-constexpr int kTagsAtTheTop = 3;
+constexpr int kRingAttentionTagFromTop = 2;  // context_parallel::ring_attention's k and v
+constexpr int kRingGradientTagFromTop = 3;   // and their gradients' accumulators (backward)
+constexpr int kTagsAtTheTop = 4;
 
 class InternalTraffic {
  public:

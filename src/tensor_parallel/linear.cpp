@@ -7,6 +7,7 @@
 #include "common/enforce.h"
 #include "dtrain/tensor_parallel.h"
 #include "tensor_parallel/group.h"
+#include "tensor_parallel/layouts.h"
 
 namespace dtrain::tensor_parallel {
 namespace {
@@ -29,21 +30,27 @@ void check_features(const at::Tensor& input, int64_t features, const char* modul
                    " (", expected, ")");
 }
 
-// Sequence parallelism's constraints (tensor_parallel.h), at construction.
-void check_sequence_options(const ParallelLinearOptions& o, const char* module) {
-  if (!o.sequence_parallel()) return;
-  DTRAIN_CHECK_ARG(!o.gather_output(), module, ": gather_output with sequence_parallel (the output "
-                   "is this rank's features of the whole sequence; gather it yourself if needed)");
-  DTRAIN_CHECK_ARG(o.input_is_parallel(), module, ": sequence_parallel needs input_is_parallel "
-                   "(its input is this rank's features of the whole sequence)");
-}
-
-// `o` with its group resolved, checked at construction.
-ParallelLinearOptions checked_options(ParallelLinearOptions o, const char* module) {
+// `o` with its group resolved and its layouts checked (unset: the
+// layer's defaults, `in` and `out`), at construction.
+ParallelLinearOptions checked_options(ParallelLinearOptions o, const char* module, const Layout& in,
+                                      detail::Takes in_takes, const Layout& out, detail::Takes out_takes) {
   o.group(detail::group_or_default(o.group(), module));
-  check_sequence_options(o, module);
+  o.input_layout(detail::checked_layout(o.input_layout(), in, in_takes, module, "input"));
+  o.output_layout(detail::checked_layout(o.output_layout(), out, out_takes, module, "output"));
   return o;
 }
+
+ParallelLinearOptions column_options(const ParallelLinearOptions& o) {
+  return checked_options(o, "ColumnParallelLinear", Replicate(), detail::Takes::kReplicateOrSequence,
+                         Shard(-1), detail::Takes::kReplicateOrFeatures);
+}
+
+ParallelLinearOptions row_options(const ParallelLinearOptions& o) {
+  return checked_options(o, "RowParallelLinear", Shard(-1), detail::Takes::kReplicateOrFeatures,
+                         Replicate(), detail::Takes::kReplicateOrSequence);
+}
+
+bool replicated(const std::optional<Layout>& l) { return l->kind == Layout::Kind::kReplicate; }
 
 // Registers this rank's part of `full` as `weight` and `bias` of `m`: the
 // weight's rows (dim 0, a column-parallel layer) or columns (dim 1, a
@@ -62,14 +69,6 @@ void register_shard(torch::nn::Module& m, const torch::nn::Linear& full, int64_t
     o.bias(false);
 }
 
-// options.sequence_dim() for `x`, checked.
-int64_t sequence_dim_of(const at::Tensor& x, const ParallelLinearOptions& o, const char* module) {
-  const int64_t d = o.sequence_dim() < 0 ? o.sequence_dim() + x.dim() : o.sequence_dim();
-  DTRAIN_CHECK_ARG(d >= 0 && d < x.dim() - 1, module, ": sequence_dim ", o.sequence_dim(),
-                   " of an input of shape ", x.sizes(), " (the last dimension is the features)");
-  return d;
-}
-
 }  // namespace
 
 ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t in_features, int64_t out_features,
@@ -78,7 +77,7 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t in_features, int64_t 
 
 ColumnParallelLinearImpl::ColumnParallelLinearImpl(const torch::nn::Linear& full,
                                                    const ParallelLinearOptions& options)
-    : options_(checked_options(options, "ColumnParallelLinear")),
+    : options_(column_options(options)),
       in_(full->options.in_features()),
       out_(full->options.out_features()) {
   take_shard(full);
@@ -89,15 +88,26 @@ void ColumnParallelLinearImpl::take_shard(const torch::nn::Linear& full) {
 }
 
 at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& input) {
-  check_features(input, in_, "ColumnParallelLinear", "in_features");
+  const char* module = "ColumnParallelLinear";
+  check_features(input, in_, module, "in_features");
+  Layout in = *options_.input_layout();
+  if (!replicated(in)) in = Shard(detail::sequence_dim_in(in, input, module, "input"));
+  return forward_entered(enter_column_region(input, options_.group(), in));
+}
+
+at::Tensor ColumnParallelLinearImpl::forward_entered(const ColumnInput& input) {
+  const char* module = "ColumnParallelLinear";
   const auto& g = options_.group();
-  // Sequence parallel: this rank's sequence shard, gathered whole.
-  const auto x = options_.sequence_parallel()
-                     ? gather_from_sequence_region(
-                           input, g, sequence_dim_of(input, options_, "ColumnParallelLinear"))
-                     : copy_to_region(input, g);
+  DTRAIN_CHECK_ARG(input.group() == g, module, ": an input entered for group '", input.group()->name(),
+                   "' where this layer's group is '", g->name(), "'");
+  const auto& x = input.whole();
+  Layout mine = *options_.input_layout();
+  if (!replicated(mine)) mine = Shard(detail::sequence_dim_in(mine, x, module, "input"));
+  DTRAIN_CHECK_ARG(input.layout() == mine, module, ": an input entered from ", input.layout().str(),
+                   " where this layer's input layout is ", mine.str());
+  check_features(x, in_, module, "in_features");
   auto out = torch::nn::functional::linear(x, weight, bias);
-  return options_.gather_output() ? gather_from_region(out, g) : out;
+  return replicated(options_.output_layout()) ? gather_from_region(out, g) : out;
 }
 
 RowParallelLinearImpl::RowParallelLinearImpl(int64_t in_features, int64_t out_features,
@@ -106,7 +116,7 @@ RowParallelLinearImpl::RowParallelLinearImpl(int64_t in_features, int64_t out_fe
 
 RowParallelLinearImpl::RowParallelLinearImpl(const torch::nn::Linear& full,
                                              const ParallelLinearOptions& options)
-    : options_(checked_options(options, "RowParallelLinear")),
+    : options_(row_options(options)),
       in_(full->options.in_features()),
       out_(full->options.out_features()) {
   take_shard(full);
@@ -129,31 +139,28 @@ std::vector<ParameterPlacement> RowParallelLinearImpl::parameter_placements() co
 }
 
 at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
+  const char* module = "RowParallelLinear";
   const auto& g = options_.group();
-  const int64_t part = in_ / g->size();
-  int64_t d = 0;  // the sequence dimension, under sequence parallelism
-  if (options_.sequence_parallel()) {
-    d = sequence_dim_of(input, options_, "RowParallelLinear");
-    DTRAIN_CHECK_ARG(input.size(d) % g->size() == 0, "RowParallelLinear: the sequence (dimension ",
-                     d, ", ", input.size(d), ") does not split over the ", g->size(),
-                     " ranks of group '", g->name(), "'");
-  }
   at::Tensor x = input;
-  if (options_.input_is_parallel()) {
-    check_features(input, part, "RowParallelLinear",
-                "this rank's share of in_features, as input_is_parallel says");
-  } else {
-    check_features(input, in_, "RowParallelLinear", "in_features");
+  if (replicated(options_.input_layout())) {
+    check_features(input, in_, module, "in_features");
     x = scatter_to_region(input, g);
+  } else {
+    check_features(input, in_ / g->size(), module,
+                   "this rank's share of in_features, as its input layout Shard(-1) says");
   }
   const auto partial = torch::nn::functional::linear(x, weight);
-  if (!options_.sequence_parallel()) {
+  if (replicated(options_.output_layout())) {
     const auto out = reduce_from_region(partial, g);
     return bias.defined() ? out + bias : out;
   }
   // This rank's sequence shard of the sum. The bias, whole on every rank,
   // then meets only this shard's rows: its gradient is summed over the
   // group (copy_to_region) to be the whole sequence's.
+  const int64_t d = detail::sequence_dim_in(*options_.output_layout(), partial, module, "output");
+  DTRAIN_CHECK_ARG(partial.size(d) % g->size() == 0, module, ": the sequence (dimension ", d, ", ",
+                   partial.size(d), ") does not split over the ", g->size(), " ranks of group '",
+                   g->name(), "'");
   const auto out = reduce_scatter_to_sequence_region(partial, g, d);
   return bias.defined() ? out + copy_to_region(bias, g) : out;
 }

@@ -35,13 +35,12 @@ torch::nn::AnyModule parallel_form(const std::string& path, const torch::nn::Any
     DTRAIN_CHECK_ARG(linear, kWhat, ": '", path, "' is a ", module->name(),
                      "; ColwiseParallel takes a torch::nn::Linear");
     return torch::nn::AnyModule(ColumnParallelLinear(
-        torch::nn::Linear(linear), ParallelLinearOptions().group(group).gather_output(col->gather_output())
-                                       .sequence_parallel(col->sequence_parallel())
-                                       .sequence_dim(col->sequence_dim())));
+        torch::nn::Linear(linear), ParallelLinearOptions().group(group).input_layout(col->input_layouts())
+                                       .output_layout(col->output_layouts())));
   }
   const auto& row = std::get<RowwiseParallel>(style);
-  const auto options = ParallelLinearOptions().group(group).input_is_parallel(row.input_is_parallel())
-                           .sequence_parallel(row.sequence_parallel()).sequence_dim(row.sequence_dim());
+  const auto options = ParallelLinearOptions().group(group).input_layout(row.input_layouts())
+                           .output_layout(row.output_layouts());
   if (embedding) return torch::nn::AnyModule(VocabParallelEmbedding(torch::nn::Embedding(embedding), options));
   DTRAIN_CHECK_ARG(linear, kWhat, ": '", path, "' is a ", module->name(),
                    "; RowwiseParallel takes a torch::nn::Linear or a torch::nn::Embedding");

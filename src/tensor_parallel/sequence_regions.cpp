@@ -103,6 +103,42 @@ struct ReduceScatterToSequence : torch::autograd::Function<ReduceScatterToSequen
   }
 };
 
+// sum_gradients_together's: the identity forward; the gradients summed
+// over the group in one call, flattened, in backward.
+struct SumTogether : torch::autograd::Function<SumTogether> {
+  // (An at::TensorList, which autograd takes for inputs: a std::vector
+  // would pass as a plain argument, without gradients.)
+  static tensor_list forward(AutogradContext* ctx, at::TensorList params, int64_t group) {
+    ctx->saved_data["group"] = group;
+    ctx->set_materialize_grads(false);  // an unused parameter keeps no gradient
+    std::vector<int64_t> sizes;
+    for (const auto& p : params) sizes.push_back(p.numel());
+    ctx->saved_data["numels"] = sizes;
+    return params.vec();
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    // One buffer of every parameter's numel (zeros where a gradient is
+    // missing: every rank sends the same size), summed in one call.
+    const auto numels = ctx->saved_data["numels"].toIntVector();
+    at::Tensor like;
+    for (const auto& g : grads)
+      if (g.defined()) like = g;
+    tensor_list out(grads.size() + 1);  // and the group's: none
+    if (!like.defined()) return out;    // (no rank reached here with nothing: every rank alike)
+    std::vector<at::Tensor> flat;
+    for (size_t i = 0; i < grads.size(); ++i)
+      flat.push_back(grads[i].defined() ? grads[i].reshape({-1}) : at::zeros({numels[i]}, like.options()));
+    auto sum = at::cat(flat);
+    saved_group(ctx).all_reduce(sum)->wait();
+    int64_t at = 0;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      if (grads[i].defined()) out[i] = sum.narrow(0, at, numels[i]).view(grads[i].sizes());
+      at += numels[i];
+    }
+    return out;
+  }
+};
+
 // The parameters marked so far, and the group each was marked for.
 struct Marked {
   c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> param;
@@ -148,6 +184,36 @@ at::Tensor reduce_scatter_to_sequence_region(const at::Tensor& x,
   auto g = detail::group_or_default(group, "reduce_scatter_to_sequence_region");
   return ReduceScatterToSequence::apply(x, reinterpret_cast<int64_t>(g.get()),
                                         sequence_dim(x, dim, "reduce_scatter_to_sequence_region"));
+}
+
+std::vector<at::Tensor> sum_gradients_together(const std::vector<at::Tensor>& params,
+                                               const std::shared_ptr<ProcessGroup>& group) {
+  const char* what = "sum_gradients_together";
+  auto g = detail::group_or_default(group, what);
+  std::vector<at::Tensor> out = params, summed;
+  std::vector<size_t> where;
+  {
+    std::lock_guard<std::mutex> lock(marked_mutex);
+    for (size_t i = 0; i < params.size(); ++i) {
+      DTRAIN_CHECK_ARG(params[i].defined(), what, ": parameter ", i, " is undefined");
+      DTRAIN_CHECK_ARG(marked_for(params[i]) == nullptr, what, ": parameter ", i, " (", params[i].sizes(),
+                       ") is marked by mark_sequence_parallel too: its gradient would be summed twice");
+      if (!params[i].requires_grad()) continue;
+      if (!summed.empty()) {
+        const auto& first = summed[0];
+        DTRAIN_CHECK_ARG(params[i].scalar_type() == first.scalar_type() && params[i].device() == first.device(),
+                         what, ": parameter ", i, " is ", params[i].scalar_type(), " on ", params[i].device(),
+                         " and parameter ", where[0], " ", first.scalar_type(), " on ", first.device(),
+                         " (one buffer holds their gradients)");
+      }
+      summed.push_back(params[i]);
+      where.push_back(i);
+    }
+  }
+  if (summed.empty()) return out;
+  const auto through = SumTogether::apply(at::TensorList(summed), detail::group_address(*g));
+  for (size_t j = 0; j < where.size(); ++j) out[where[j]] = through[j];
+  return out;
 }
 
 int64_t mark_sequence_parallel(torch::nn::Module& module, const std::shared_ptr<ProcessGroup>& group) {

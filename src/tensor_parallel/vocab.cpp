@@ -6,6 +6,7 @@
 #include "common/enforce.h"
 #include "dtrain/tensor_parallel.h"
 #include "tensor_parallel/group.h"
+#include "tensor_parallel/layouts.h"
 
 namespace dtrain::tensor_parallel {
 namespace {
@@ -27,7 +28,13 @@ VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(int64_t num_embeddings,
 VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(const torch::nn::Embedding& full,
                                                        const ParallelLinearOptions& options)
     : options_(options), num_(full->options.num_embeddings()) {
-  options_.group(detail::group_or_default(options.group(), "VocabParallelEmbedding"));
+  const char* module = "VocabParallelEmbedding";
+  options_.group(detail::group_or_default(options.group(), module));
+  DTRAIN_CHECK_ARG(!options.input_layout() || *options.input_layout() == Replicate(), module,
+                   ": input layout ", options.input_layout() ? options.input_layout()->str() : "",
+                   ": its input, the ids, is whole on every rank (Replicate())");
+  options_.output_layout(detail::checked_layout(options.output_layout(), Replicate(),
+                                                detail::Takes::kReplicateOrSequence, module, "output"));
   take_shard(full);
 }
 
@@ -56,13 +63,11 @@ at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
   // get no gradient here.
   const auto local = at::where(mine, ids - first_, at::zeros_like(ids));
   auto rows = torch::embedding(weight, local) * mine.unsqueeze(-1).to(weight.scalar_type());
-  if (!options_.sequence_parallel()) return reduce_from_region(rows, options_.group());
+  const Layout& out = *options_.output_layout();
+  if (out.kind == Layout::Kind::kReplicate) return reduce_from_region(rows, options_.group());
   // Sequence parallel: this rank's sequence shard of the summed lookups.
-  const int64_t d = options_.sequence_dim() < 0 ? options_.sequence_dim() + ids.dim()
-                                                : options_.sequence_dim();
-  DTRAIN_CHECK_ARG(d >= 0 && d < ids.dim(), "VocabParallelEmbedding: sequence_dim ",
-                   options_.sequence_dim(), " of ids of shape ", ids.sizes());
-  return reduce_scatter_to_sequence_region(rows, options_.group(), d);
+  return reduce_scatter_to_sequence_region(
+      rows, options_.group(), detail::sequence_dim_in(out, rows, "VocabParallelEmbedding", "output"));
 }
 
 std::vector<ParameterPlacement> VocabParallelEmbeddingImpl::parameter_placements() const {

@@ -59,15 +59,29 @@ struct PlainBlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(PlainBlock);
 
+// The up layer's options over `group`: with sequence parallelism its input
+// is split along `sequence_dim` (and the down layer's output so).
+inline tensor_parallel::ParallelLinearOptions block_options(std::shared_ptr<ProcessGroup> group,
+                                                            bool sequence_parallel, int64_t sequence_dim = 1) {
+  return tensor_parallel::ParallelLinearOptions().group(std::move(group)).input_layout(
+      sequence_parallel ? tensor_parallel::Shard(sequence_dim) : tensor_parallel::Replicate());
+}
+
 // With checkpoint, the block runs as one activation-checkpointed segment.
+// `options` are the up layer's; the down layer gives back the layout the
+// up layer takes.
 struct TpBlockImpl : torch::nn::Module {
   TpBlockImpl(const BlockInit& b, const tensor_parallel::ParallelLinearOptions& options,
               bool checkpoint = false)
       : norm(register_module("norm", copy_of_norm(b.norm))),
         up(register_module("up", tensor_parallel::ColumnParallelLinear(b.up, options))),
-        down(register_module("down", tensor_parallel::RowParallelLinear(b.down, options))),
+        down(register_module("down", tensor_parallel::RowParallelLinear(
+                                         b.down, tensor_parallel::ParallelLinearOptions(options)
+                                                     .input_layout(std::nullopt)
+                                                     .output_layout(up->options().input_layout())))),
         checkpoint_(checkpoint) {
-    if (options.sequence_parallel()) tensor_parallel::mark_sequence_parallel(*norm, options.group());
+    if (*up->options().input_layout() != tensor_parallel::Replicate())
+      tensor_parallel::mark_sequence_parallel(*norm, options.group());
   }
   at::Tensor forward(const at::Tensor& x) {
     auto run = [this](at::Tensor h) { return h + down(torch::gelu(up(norm(h)))); };

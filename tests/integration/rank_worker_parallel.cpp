@@ -57,7 +57,7 @@ int tp_equivalence(const std::string& backend, torch::Device device) {
   }
   const auto want = dtrain::testing::one_process(init, xs, ys, dtrain::testing::kAdam);
   dtrain::testing::TpBlock block(
-      init, tp::ParallelLinearOptions().group(dtrain::default_group()).sequence_parallel(true), true);
+      init, dtrain::testing::block_options(dtrain::default_group(), true), true);
   auto adam = dtrain::testing::kAdam(block->parameters());
   for (int step = 0; step < 5; ++step) {
     adam->zero_grad();

@@ -1,6 +1,6 @@
 // Sequence parallelism against one process: a pre-norm MLP block (a
-// LayerNorm on sequence shards, a column and a row layer with
-// sequence_parallel, a residual) over 2 and 4 thread ranks gives each rank
+// LayerNorm on sequence shards, a column layer taking and a row layer
+// giving the sequence sharded, a residual) over 2 and 4 thread ranks gives each rank
 // its sequence shard of the block's output and of the input's gradient,
 // the whole gradients of the replicated norm and bias, the shards of the
 // split weights' gradients, and after 5 Adam steps the same parameters;
@@ -10,9 +10,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <fstream>
 #include <map>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -20,6 +18,7 @@
 #include "dtrain/store/prefix_store.h"
 #include "dtrain/tensor_parallel.h"
 #include "harness/assertions.h"
+#include "harness/flight_counts.h"
 #include "harness/shards.h"
 #include "harness/temp_dir.h"
 #include "harness/thread_ranks.h"
@@ -51,7 +50,7 @@ void expect_block_equals_one_process(int ranks, int64_t dim) {
   const auto want = testing::one_process(init, xs, ys, testing::kAdam);
   testing::expect_no_errors(testing::run_rank_contexts(ranks, [&](RankContext& ctx) {
     const int r = ctx.rank;
-    testing::TpBlock block(init, tp::ParallelLinearOptions().group(ctx.group).sequence_parallel(true).sequence_dim(dim));
+    testing::TpBlock block(init, testing::block_options(ctx.group, true, dim));
     EXPECT_EQ(tp::mark_sequence_parallel(*block->norm, ctx.group), 0);  // marked once, by the block
     auto adam = testing::kAdam(block->parameters());
     for (int step = 0; step < kSpSteps; ++step) {
@@ -119,19 +118,13 @@ TEST(SequenceParallel, VocabParallelEmbeddingGivesThisRanksSequenceShard) {
   want.pow(2).sum().backward();
   testing::expect_no_errors(testing::run_rank_contexts(4, [&](RankContext& ctx) {
     tp::VocabParallelEmbedding embedding(
-        full, tp::ParallelLinearOptions().group(ctx.group).sequence_parallel(true));
+        full, tp::ParallelLinearOptions().group(ctx.group).output_layout(tp::Shard(1)));
     auto out = embedding(ids);
     expect_close(out, shard(want, 1, ctx.rank, 4), "its output");
     out.pow(2).sum().backward();
     expect_close(embedding->weight.grad(), shard(whole->weight.grad(), 0, ctx.rank, 4),
                  "its rows of the table's gradient");
   }));
-}
-
-size_t count(const std::string& text, const std::string& part) {
-  size_t n = 0;
-  for (auto at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
-  return n;
 }
 
 // One forward and backward of the block at 2 ranks, and the collectives
@@ -143,7 +136,7 @@ std::map<std::string, size_t> block_collectives(bool sequence_parallel, bool che
   std::string path;
   testing::expect_no_errors(testing::run_rank_contexts(2, [&](RankContext& ctx) {
     testing::TpBlock block(
-        init, tp::ParallelLinearOptions().group(ctx.group).sequence_parallel(sequence_parallel),
+        init, testing::block_options(ctx.group, sequence_parallel),
         checkpoint);
     auto x = (sequence_parallel ? shard(x0, 1, ctx.rank, 2) : x0).clone().requires_grad_(true);
     block(x).sum().backward();
@@ -151,13 +144,7 @@ std::map<std::string, size_t> block_collectives(bool sequence_parallel, bool che
     if (ctx.rank == 0) path = dump_flight_recorder(dir.path());
     ctx.group->barrier()->wait();
   }));
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  std::map<std::string, size_t> ops;
-  for (const char* op : {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor"})
-    ops[op] = count(text.str(), std::string("\"op\": \"") + op + "\"");
-  return ops;
+  return testing::tensor_parallel_collectives(path);
 }
 
 // Per rank and block: without sequence parallelism one all_reduce forward
@@ -176,30 +163,53 @@ TEST(SequenceParallel, EachBlocksCollectivesAreCounted) {
   EXPECT_EQ(block_collectives(true, true), twice(3, 3, 3));
 }
 
-TEST(SequenceParallel, OptionsThatCannotHoldAndSequencesThatDoNotSplitAreNamed) {
+TEST(SequenceParallel, LayoutsALayerDoesNotTakeAndSequencesThatDoNotSplitAreNamed) {
   testing::expect_no_errors(testing::run_rank_contexts(4, [&](RankContext& ctx) {
-    const auto sp = tp::ParallelLinearOptions().group(ctx.group).sequence_parallel(true);
+    const auto on = tp::ParallelLinearOptions().group(ctx.group);
     EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] {
-                tp::ColumnParallelLinear(8, 16, tp::ParallelLinearOptions(sp).gather_output(true));
+                tp::ColumnParallelLinear(8, 16, tp::ParallelLinearOptions(on).input_layout(tp::Shard(-1)));
               }),
-              "ColumnParallelLinear: gather_output with sequence_parallel (the output is this "
-              "rank's features of the whole sequence; gather it yourself if needed)");
+              "ColumnParallelLinear: input layout Shard(-1): it takes Replicate() or Shard(d) with d the "
+              "sequence (not the features, -1)");
     EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] {
-                tp::RowParallelLinear(16, 8, tp::ParallelLinearOptions(sp).input_is_parallel(false));
+                tp::ColumnParallelLinear(8, 16, tp::ParallelLinearOptions(on).output_layout(tp::Shard(1)));
               }),
-              "RowParallelLinear: sequence_parallel needs input_is_parallel (its input is this "
-              "rank's features of the whole sequence)");
-    tp::RowParallelLinear row(16, 8, sp);
+              "ColumnParallelLinear: output layout Shard(1): it takes Replicate() or Shard(-1) (the features)");
+    EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] {
+                tp::RowParallelLinear(16, 8, tp::ParallelLinearOptions(on).output_layout(tp::Shard(-1)));
+              }),
+              "RowParallelLinear: output layout Shard(-1): it takes Replicate() or Shard(d) with d the "
+              "sequence (not the features, -1)");
+    EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] {
+                tp::VocabParallelEmbedding(8, 4, tp::ParallelLinearOptions(on).input_layout(tp::Shard(-1)));
+              }),
+              "VocabParallelEmbedding: input layout Shard(-1): its input, the ids, is whole on every rank "
+              "(Replicate())");
+    tp::RowParallelLinear row(16, 8, tp::ParallelLinearOptions(on).output_layout(tp::Shard(1)));
     EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] { row(torch::zeros({2, 6, 4})); }),
               "RowParallelLinear: the sequence (dimension 1, 6) does not split over the 4 ranks of "
               "group 'default'");
     EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] { row(torch::zeros({6, 4})); }),
-              "RowParallelLinear: sequence_dim 1 of an input of shape [6, 4] (the last dimension "
-              "is the features)");
+              "RowParallelLinear: output layout Shard(1) of a tensor of shape [6, 8] (the last "
+              "dimension is the features; Shard(1) must name the sequence)");
+    tp::ColumnParallelLinear column(8, 16, tp::ParallelLinearOptions(on).input_layout(tp::Shard(1)));
+    const auto x = torch::zeros({2, 4, 8});
+    EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] {
+                column->forward_entered(tp::enter_column_region(x, ctx.group, tp::Replicate()));
+              }),
+              "ColumnParallelLinear: an input entered from Replicate() where this layer's input layout is "
+              "Shard(1)");
     auto norm = torch::nn::LayerNorm(torch::nn::LayerNormOptions({4}));
     tp::mark_sequence_parallel(*norm, ctx.group);
     auto other = create_process_group("tcp", std::make_shared<PrefixStore>("tp2", ctx.store),
                                       ctx.rank, 4, GroupOptions().name("tp2"));
+    EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] {
+                column->forward_entered(tp::enter_column_region(x, other, tp::Shard(1)));
+              }),
+              "ColumnParallelLinear: an input entered for group 'tp2' where this layer's group is 'default'");
+    EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] { tp::sum_gradients_together({norm->weight}, ctx.group); }),
+              "sum_gradients_together: parameter 0 ([4]) is marked by mark_sequence_parallel too: its "
+              "gradient would be summed twice");
     EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] { tp::mark_sequence_parallel(*norm, other); }),
               "mark_sequence_parallel: parameter 'weight' is already marked for another group "
               "than 'tp2'");

@@ -82,8 +82,7 @@ void expect_layout_equals_one_process(const Layout& layout) {
     const auto mesh = hsdp ? DeviceMesh({2, 2, kCompTp}, {"replicate", "shard", "tp"}, testing::thread_mesh(ctx))
                            : DeviceMesh({2, kCompTp}, {"dp", "tp"}, testing::thread_mesh(ctx));
     const int t = mesh.get_local_rank("tp"), d = data_rank(mesh, layout.wrap);
-    auto options = tp::ParallelLinearOptions().group(mesh.get_group("tp")).sequence_parallel(
-        layout.sequence_parallel);
+    auto options = testing::block_options(mesh.get_group("tp"), layout.sequence_parallel);
     testing::TpBlock block(init, options, layout.checkpoint);
     // This rank's rows of the batch, and with SP its part of the sequence.
     auto mine = [&](const at::Tensor& whole) {
@@ -188,7 +187,7 @@ void expect_pipeline_of_tp_blocks_equals_one_process(bool fsdp, bool sequence_pa
   testing::expect_no_errors(testing::run_rank_contexts(8, [&](RankContext& ctx) {
     const DeviceMesh mesh({2, kDp, kCompTp}, {"pp", "dp", "tp"}, testing::thread_mesh(ctx));
     const int s = mesh.get_local_rank("pp"), d = mesh.get_local_rank("dp"), t = mesh.get_local_rank("tp");
-    auto options = tp::ParallelLinearOptions().group(mesh.get_group("tp")).sequence_parallel(sequence_parallel);
+    auto options = testing::block_options(mesh.get_group("tp"), sequence_parallel);
     testing::TpBlock block(inits[s], options);
     const auto on_pp = pp::PipelineStageOptions().group(mesh.get_group("pp"));
     std::shared_ptr<FullyShardedDataParallel<testing::TpBlockImpl>> sharded;

@@ -109,8 +109,8 @@ TEST(TensorParallelPlan, ANormAndAnMlpWithSequenceParallelismEqualOneProcess) {
   const torch::nn::Sequential model(norm, torch::nn::Linear(8, 16), torch::nn::GELU(),
                                     torch::nn::Linear(16, 8));
   const tp::ParallelizePlan plan = {{"0", tp::SequenceParallel()},
-                                    {"1", tp::ColwiseParallel().sequence_parallel(true)},
-                                    {"3", tp::RowwiseParallel().sequence_parallel(true)}};
+                                    {"1", tp::ColwiseParallel().input_layouts(tp::Shard(1))},
+                                    {"3", tp::RowwiseParallel().output_layouts(tp::Shard(1))}};
   expect_plan_equals_one_process(model, plan, [](const std::string& name) -> int64_t {
     if (name == "1.weight" || name == "1.bias") return 0;
     return name == "3.weight" ? 1 : -1;

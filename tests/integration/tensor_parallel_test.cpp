@@ -106,8 +106,9 @@ TEST(TensorParallel, ColumnThenRowEqualsOneProcessAt2And4Ranks) {
   expect_column_row_equal_one_process(4);
 }
 
-// gather_output, and a row layer that slices a whole input itself: each
-// equals the whole Linear, output and input gradient.
+// A column layer whose output is Replicate() (its features gathered), and
+// a row layer whose input is Replicate() (sliced by it): each equals the
+// whole Linear, output and input gradient.
 TEST(TensorParallel, GatheredOutputsAndWholeInputsEqualTheWholeLayer) {
   torch::manual_seed(4);
   torch::nn::Linear full(12, 8);
@@ -117,14 +118,14 @@ TEST(TensorParallel, GatheredOutputsAndWholeInputsEqualTheWholeLayer) {
   want.pow(2).sum().backward();
   testing::expect_no_errors(testing::run_ranks(4, [&](ProcessGroup& g) {
     auto group = std::shared_ptr<ProcessGroup>(&g, [](ProcessGroup*) {});
-    tp::ColumnParallelLinear column(full, tp::ParallelLinearOptions().group(group).gather_output(true));
+    tp::ColumnParallelLinear column(full, tp::ParallelLinearOptions().group(group).output_layout(tp::Replicate()));
     auto xc = x.clone().requires_grad_(true);
     auto out = column(xc);
-    expect_close(out, want, "ColumnParallelLinear with gather_output");
+    expect_close(out, want, "ColumnParallelLinear with output Replicate()");
     out.pow(2).sum().backward();
     expect_close(xc.grad(), whole_x.grad(), "its input's gradient");
 
-    tp::RowParallelLinear row(full, tp::ParallelLinearOptions().group(group).input_is_parallel(false));
+    tp::RowParallelLinear row(full, tp::ParallelLinearOptions().group(group).input_layout(tp::Replicate()));
     auto xr = x.clone().requires_grad_(true);
     auto out_row = row(xr);
     expect_close(out_row, want, "RowParallelLinear of a whole input");
@@ -167,7 +168,7 @@ TEST(TensorParallel, SizesThatDoNotSplitAndWrongInputsAreNamed) {
     tp::RowParallelLinear row(16, 8, options);
     EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] { row(torch::zeros({2, 16})); }),
               "RowParallelLinear: the input's last dimension is 16, expected 4 (this rank's "
-              "share of in_features, as input_is_parallel says)");
+              "share of in_features, as its input layout Shard(-1) says)");
     tp::ColumnParallelLinear column(16, 8, options);
     EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] { column(torch::zeros({2, 4})); }),
               "ColumnParallelLinear: the input's last dimension is 4, expected 16 (in_features)");
