@@ -193,8 +193,8 @@ class ColumnParallelLinearImpl : public torch::nn::Module, public ShardedParamet
 
   at::Tensor forward(const at::Tensor& input);
   // The layer on an input entered once for several layers
-  // (enter_column_region): no communication of its own, its output as
-  // forward's.
+  // (enter_column_region): the entry's communication not repeated; its
+  // output as forward's (features gathered for output Replicate()).
   at::Tensor forward_entered(const ColumnInput& input);
   // weight (and bias): rows [r out/t, (r+1) out/t) of the whole layer's.
   std::vector<ParameterPlacement> parameter_placements() const override;

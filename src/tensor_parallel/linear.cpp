@@ -98,6 +98,7 @@ at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& input) {
 at::Tensor ColumnParallelLinearImpl::forward_entered(const ColumnInput& input) {
   const char* module = "ColumnParallelLinear";
   const auto& g = options_.group();
+  DTRAIN_CHECK_ARG(input.group() != nullptr, module, ": an input that enter_column_region did not make");
   DTRAIN_CHECK_ARG(input.group() == g, module, ": an input entered for group '", input.group()->name(),
                    "' where this layer's group is '", g->name(), "'");
   const auto& x = input.whole();

@@ -7,6 +7,7 @@
 #include <torch/autograd.h>
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <mutex>
 #include <vector>
@@ -139,27 +140,29 @@ struct SumTogether : torch::autograd::Function<SumTogether> {
   }
 };
 
-// The parameters marked so far, and the group each was marked for.
+// The parameters whose gradients are summed so far: marked (with the
+// group each was marked for), or given to sum_gradients_together
+// (together), so that neither takes the other's.
 struct Marked {
   c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> param;
   const ProcessGroup* group;
+  bool together = false;
 };
 std::mutex marked_mutex;
 std::vector<Marked> marked;
 
-// The group `param` was marked for, or null (forgetting parameters that
-// are gone); under marked_mutex.
-const ProcessGroup* marked_for(const at::Tensor& param) {
-  const ProcessGroup* found = nullptr;
-  for (auto it = marked.begin(); it != marked.end();) {
-    if (it->param.expired()) {
-      it = marked.erase(it);
-      continue;
-    }
-    if (it->param._unsafe_get_target() == param.unsafeGetTensorImpl()) found = it->group;
-    ++it;
-  }
-  return found;
+// `param`'s entry, or null (forgetting parameters that are gone); under
+// marked_mutex.
+const Marked* entry_for(const at::Tensor& param) {
+  marked.erase(std::remove_if(marked.begin(), marked.end(), [](const Marked& m) { return m.param.expired(); }),
+               marked.end());
+  for (const auto& m : marked)
+    if (m.param._unsafe_get_target() == param.unsafeGetTensorImpl()) return &m;
+  return nullptr;
+}
+
+c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> weak(const at::Tensor& p) {
+  return c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(p.getIntrusivePtr());
 }
 
 }  // namespace
@@ -196,8 +199,13 @@ std::vector<at::Tensor> sum_gradients_together(const std::vector<at::Tensor>& pa
     std::lock_guard<std::mutex> lock(marked_mutex);
     for (size_t i = 0; i < params.size(); ++i) {
       DTRAIN_CHECK_ARG(params[i].defined(), what, ": parameter ", i, " is undefined");
-      DTRAIN_CHECK_ARG(marked_for(params[i]) == nullptr, what, ": parameter ", i, " (", params[i].sizes(),
+      for (size_t j = 0; j < i; ++j)
+        DTRAIN_CHECK_ARG(!params[j].is_same(params[i]), what, ": parameters ", j, " and ", i,
+                         " are the same tensor: its gradient would be summed twice");
+      const Marked* entry = entry_for(params[i]);
+      DTRAIN_CHECK_ARG(entry == nullptr || entry->together, what, ": parameter ", i, " (", params[i].sizes(),
                        ") is marked by mark_sequence_parallel too: its gradient would be summed twice");
+      if (entry == nullptr) marked.push_back({weak(params[i]), g.get(), true});
       if (!params[i].requires_grad()) continue;
       if (!summed.empty()) {
         const auto& first = summed[0];
@@ -222,7 +230,10 @@ int64_t mark_sequence_parallel(torch::nn::Module& module, const std::shared_ptr<
   std::vector<at::Tensor> fresh;
   for (const auto& item : module.named_parameters()) {
     const auto& p = item.value();
-    const ProcessGroup* before = marked_for(p);
+    const Marked* entry = entry_for(p);
+    DTRAIN_CHECK_ARG(entry == nullptr || !entry->together, "mark_sequence_parallel: parameter '", item.key(),
+                     "' is given to sum_gradients_together: its gradient would be summed twice");
+    const ProcessGroup* before = entry ? entry->group : nullptr;
     DTRAIN_CHECK_ARG(before == nullptr || before == g.get(), "mark_sequence_parallel: parameter '",
                      item.key(), "' is already marked for another group than '", g->name(), "'");
     if (before == nullptr && p.requires_grad()) fresh.push_back(p);
@@ -234,9 +245,7 @@ int64_t mark_sequence_parallel(torch::nn::Module& module, const std::shared_ptr<
       g->all_reduce(sum)->wait();
       return sum;
     });
-    marked.push_back({c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
-                          p.getIntrusivePtr()),
-                      g.get()});
+    marked.push_back({weak(p), g.get()});
   }
   return static_cast<int64_t>(fresh.size());
 }

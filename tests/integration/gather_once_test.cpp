@@ -76,8 +76,10 @@ std::map<std::string, size_t> run_block(bool sequence_parallel, bool entered) {
     auto b = rms(h, n2);
     auto y = h + w.w2(torch::silu(w.w1(b)) * w.w3(b));
     y.pow(2).sum().backward();
-    want = {{"y", y.detach()}, {"x", x.grad()}, {"n1", n1.grad()}, {"n2", n2.grad()},
-            {"q", w.q->weight.grad()}, {"o", w.o->weight.grad()}, {"w2", w.w2->weight.grad()}};
+    want = {{"y", y.detach()}, {"x", x.grad()}, {"n1", n1.grad()}, {"n2", n2.grad()}};
+    for (auto [name, layer] : {std::pair<const char*, torch::nn::Linear>{"q", w.q}, {"k", w.k}, {"v", w.v},
+                               {"o", w.o}, {"w1", w.w1}, {"w3", w.w3}, {"w2", w.w2}})
+      want[name] = layer->weight.grad();
   }
   const tp::Layout between = sequence_parallel ? tp::Shard(1) : tp::Replicate();
   testing::TempDir dir;
@@ -113,7 +115,9 @@ std::map<std::string, size_t> run_block(bool sequence_parallel, bool entered) {
     expect_close(x.grad(), mine(want.at("x")), "the input's gradient");
     expect_close(norms->n1.grad(), want.at("n1"), "the first norm's gradient");
     expect_close(norms->n2.grad(), want.at("n2"), "the second norm's gradient");
-    expect_close(q->weight.grad(), shard(want.at("q"), 0, r, kRanks), "q's rows of the gradient");
+    for (auto [name, layer] : {std::pair<const char*, tp::ColumnParallelLinear>{"q", q}, {"k", k}, {"v", v},
+                               {"w1", w1}, {"w3", w3}})
+      expect_close(layer->weight.grad(), shard(want.at(name), 0, r, kRanks), std::string(name) + "'s rows of the gradient");
     expect_close(o->weight.grad(), shard(want.at("o"), 1, r, kRanks), "o's columns of the gradient");
     expect_close(w2->weight.grad(), shard(want.at("w2"), 1, r, kRanks), "w2's columns of the gradient");
     g->barrier()->wait();
@@ -163,12 +167,50 @@ TEST(GatherOnce, GradientsSummedTogetherEqualEachSummedAloneAndSkipAnUnusedOne) 
     EXPECT_TRUE(at::equal(together->n2.grad(), alone->n2.grad()));
     EXPECT_TRUE(at::equal(together->n2.grad(), torch::full({2, 2}, 6.0))) << together->n2.grad();
     EXPECT_FALSE(unused.grad().defined());
+    EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] { tp::sum_gradients_together({together->n1, together->n1}, g); }),
+              "sum_gradients_together: parameters 0 and 1 are the same tensor: its gradient would be summed twice");
+    EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] { tp::mark_sequence_parallel(*together, g); }),
+              "mark_sequence_parallel: parameter 'n1' is given to sum_gradients_together: its gradient would be "
+              "summed twice");
     g->barrier()->wait();
     if (ctx.rank == 0) path = dump_flight_recorder(dir.path());
     g->barrier()->wait();
   }));
   // Per rank: two alone, one together.
   EXPECT_EQ(testing::tensor_parallel_collectives(path).at("all_reduce"), static_cast<size_t>(kRanks * 3));
+}
+
+// The two pairs of layouts the bools of earlier versions refused, with the
+// sequence counted from the end (Shard(-2) of [batch, sequence, features]):
+// a column layer from sequence shards to the whole output, and a row layer
+// from a whole input to sequence shards; each equals the whole Linear.
+TEST(GatherOnce, ColumnFromSequenceShardsToAWholeOutputAndRowFromAWholeInputToSequenceShards) {
+  torch::manual_seed(41);
+  torch::nn::Linear up(kDim, kInner), down(kInner, kDim);
+  const auto x0 = torch::randn({kBatch, kSeq, kDim}), m0 = torch::randn({kBatch, kSeq, kInner});
+  auto x = x0.clone().requires_grad_(true), m = m0.clone().requires_grad_(true);
+  const auto up_out = up(x), down_out = down(m);
+  up_out.pow(2).sum().backward();
+  down_out.pow(2).sum().backward();
+  testing::expect_no_errors(testing::run_rank_contexts(kRanks, [&](RankContext& ctx) {
+    const int r = ctx.rank;
+    const auto on = tp::ParallelLinearOptions().group(ctx.group);
+    tp::ColumnParallelLinear column(up, tp::ParallelLinearOptions(on).input_layout(tp::Shard(-2)).output_layout(tp::Replicate()));
+    auto xs = shard(x0, 1, r, kRanks).clone().requires_grad_(true);
+    const auto whole = column(xs);
+    expect_close(whole, up_out, "the column layer's whole output");
+    whole.pow(2).sum().backward();  // the whole loss on every rank: each rank's features' part of it reaches x
+    expect_close(xs.grad(), shard(x.grad(), 1, r, kRanks), "its input's gradient, this rank's sequence shard");
+    expect_close(column->weight.grad(), shard(up->weight.grad(), 0, r, kRanks), "its rows of the weight's gradient");
+    tp::RowParallelLinear row(down, tp::ParallelLinearOptions(on).input_layout(tp::Replicate()).output_layout(tp::Shard(-2)));
+    auto mw = m0.clone().requires_grad_(true);
+    const auto part = row(mw);
+    expect_close(part, shard(down_out, 1, r, kRanks), "the row layer's sequence shard");
+    part.pow(2).sum().backward();
+    expect_close(mw.grad(), m.grad(), "its whole input's gradient");
+    expect_close(row->weight.grad(), shard(down->weight.grad(), 1, r, kRanks), "its columns of the weight's gradient");
+    expect_close(row->bias.grad(), down->bias.grad(), "its bias's gradient, summed over the sequence shards");
+  }));
 }
 
 }  // namespace

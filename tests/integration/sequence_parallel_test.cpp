@@ -199,6 +199,8 @@ TEST(SequenceParallel, LayoutsALayerDoesNotTakeAndSequencesThatDoNotSplitAreName
               }),
               "ColumnParallelLinear: an input entered from Replicate() where this layer's input layout is "
               "Shard(1)");
+    EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] { column->forward_entered(tp::ColumnInput()); }),
+              "ColumnParallelLinear: an input that enter_column_region did not make");
     auto norm = torch::nn::LayerNorm(torch::nn::LayerNormOptions({4}));
     tp::mark_sequence_parallel(*norm, ctx.group);
     auto other = create_process_group("tcp", std::make_shared<PrefixStore>("tp2", ctx.store),
