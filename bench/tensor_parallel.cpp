@@ -8,11 +8,12 @@
 //           RowParallelLinear(4w, w)) at TP 2 and 4 (ranks are processes),
 //           as a ratio to the same blocks unsharded in one process.
 //   ac      one process, one intra-op thread: the blocks at --seq tokens
-//           (--batch sequences) with and without activation checkpointing
-//           around each block; activation peak (peak RSS in a step minus
+//           (--batch sequences) without activation checkpointing, with it
+//           around each block, and with a selective one there (keeping
+//           both multiplies' outputs); activation peak (peak RSS in a step minus
 //           the RSS before it, with large blocks returned to the kernel
 //           when freed) and median step time over --steps (without), in
-//           --runs alternating processes of each, as AC's ratio to no AC.
+//           --runs alternating processes of each, as ratios to no AC.
 //
 //   speed   the Llama example's model (examples/llama, its default size)
 //           at TP 2 over auto (a process per rank, one thread each)
@@ -52,11 +53,13 @@ struct BlockImpl : torch::nn::Module {
       down = register_module("down", torch::nn::Linear(4 * width, width));
     }
   }
+  // dtrain::linear (linear computed as dtrain computes it) so that a
+  // selective checkpoint sees the multiplies.
   at::Tensor forward(at::Tensor x) {
     auto h = norm(x);
-    h = col ? col(h) : up(h);
+    h = col ? col(h) : dtrain::linear(h, up->weight, up->bias);
     h = torch::gelu(h);
-    return x + (row ? row(h) : down(h));
+    return x + (row ? row(h) : dtrain::linear(h, down->weight, down->bias));
   }
   torch::nn::LayerNorm norm;
   torch::nn::Linear up{nullptr}, down{nullptr};
@@ -102,10 +105,13 @@ int memory_rank(const Args& a) {
 }
 
 // tp-ac: --steps steps of the blocks, each block a checkpointed segment
-// with --checkpoint 1; prints the activation peak and the median step.
+// with --checkpoint 1, a selective one keeping both multiplies' outputs
+// with --checkpoint 2; prints the activation peak and the median step.
 int ac_rank(const Args& a) {
   torch::set_num_threads(1);
-  const bool checkpoint = a.num("checkpoint", 0) == 1;
+  const bool checkpoint = a.num("checkpoint", 0) >= 1;
+  ActivationCheckpointOptions options;
+  if (a.num("checkpoint", 0) == 2) options.policy(keep_matmul_outputs());
   auto blocks = make_blocks(a, nullptr);
   torch::optim::Adam adam(parameters_of(blocks), torch::optim::AdamOptions(1e-3));
   const auto x = torch::randn({a.num("batch", 1), a.num("seq", 2048), a.num("width", 512)});
@@ -113,7 +119,7 @@ int ac_rank(const Args& a) {
     adam.zero_grad();
     at::Tensor h = x;
     for (auto& b : blocks)
-      h = checkpoint ? activation_checkpoint([b](at::Tensor in) mutable { return b->forward(in); }, h)
+      h = checkpoint ? activation_checkpoint([b](at::Tensor in) mutable { return b->forward(in); }, h, options)
                      : b->forward(h);
     h.pow(2).mean().backward();
     adam.step();
@@ -194,9 +200,10 @@ void report_memory(const Args& a) {
 // and the next step's peak looks like no growth); the step times without
 // that, since it makes every large tensor fault its pages in afresh.
 void report_ac(const Args& a) {
-  std::vector<double> act[2], ms[2];
+  const char* names[] = {"no AC", "AC", "selective"};
+  std::vector<double> act[3], ms[3];
   for (int run = 0; run < a.num("runs", 3); ++run)
-    for (int c : {0, 1}) {  // alternating, so that drift hits both
+    for (int c : {0, 1, 2}) {  // alternating, so that drift hits all three
       Args args = a;
       args.flags["checkpoint"] = std::to_string(c);
       act[c].push_back(field(run_ranks(1, "tp-ac", args, nullptr, "MALLOC_MMAP_THRESHOLD_=65536"), "activations"));
@@ -205,11 +212,13 @@ void report_ac(const Args& a) {
   std::printf("activation checkpointing: %d blocks of width %d, %d x %d tokens, one thread, medians of %d "
               "runs\n", a.num("blocks", 8), a.num("width", 512), a.num("batch", 1), a.num("seq", 2048),
               a.num("runs", 3));
-  std::printf("  %-8s %14s %10s\n", "", "activations", "step");
-  for (int c : {0, 1})
-    std::printf("  %-8s %10.1f MiB %8.1f ms\n", c ? "AC" : "no AC", median(act[c]) / (1 << 20), median(ms[c]));
+  std::printf("  %-10s %14s %10s\n", "", "activations", "step");
+  for (int c : {0, 1, 2})
+    std::printf("  %-10s %10.1f MiB %8.1f ms\n", names[c], median(act[c]) / (1 << 20), median(ms[c]));
   std::printf("  AC / no AC: activations %.3fx, step time %.3fx (theory: one more forward, 4/3 = 1.333x)\n",
               median(act[1]) / median(act[0]), median(ms[1]) / median(ms[0]));
+  std::printf("  selective (both multiplies' outputs kept) / no AC: activations %.3fx, step time %.3fx\n",
+              median(act[2]) / median(act[0]), median(ms[2]) / median(ms[0]));
 }
 
 }  // namespace

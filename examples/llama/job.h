@@ -29,7 +29,7 @@ struct Flags {
   std::string sync = "ddp";
   int64_t sync_every = 32, fragments = 1, sync_delay = 0;
   double mixing = 0, outer_lr = 0.7, outer_momentum = 0.9;
-  bool sequence_parallel = false, checkpoint_activations = false;
+  bool sequence_parallel = false, checkpoint_activations = false, keep_matmul_outputs = false;
   int64_t steps = 200, batch = 16, microbatches = 4;  // batch: sequences per step, all ranks together
   Config model;
   double lr = 2e-3;

@@ -100,7 +100,7 @@ Placement place(Flags& f) {
 
 Trainer::Trainer(const Flags& f, const Placement& at) : f_(f), at_(at) {
   const Layout layout{at.tp, f.sequence_parallel, f.checkpoint_activations, at.ep, f.cp > 1 ? at.cp : nullptr,
-                      f.cp_attention == "ulysses"};
+                      f.cp_attention == "ulysses", f.keep_matmul_outputs};
   const bool head = at.last_stage(f);
   stage_ = Stage(f.model, layout,
                  initial_values(f.model, f.seed, at.first_layer, at.last_layer, at.first_stage(), head),

@@ -271,8 +271,10 @@ StageImpl::StageImpl(const Config& c, const Layout& l, const Values& initial, in
 
 at::Tensor StageImpl::forward(at::Tensor x) {
   if (tok_embeddings_) x = tok_embeddings_(x);
+  dtrain::ActivationCheckpointOptions checkpoint;
+  if (l_.keep_matmul_outputs) checkpoint.policy(dtrain::keep_matmul_outputs());
   for (auto& layer : layers_)
-    x = l_.checkpoint ? dtrain::activation_checkpoint([&layer](at::Tensor in) { return layer(in); }, x)
+    x = l_.checkpoint ? dtrain::activation_checkpoint([&layer](at::Tensor in) { return layer(in); }, x, checkpoint)
                       : layer(x);
   if (output_) {
     auto w = norm_->weight;  // under SP summed over TP (it meets a sequence shard)

@@ -59,6 +59,9 @@ struct Layout {
   // scores of the whole sequence kept for the backward.
   std::shared_ptr<dtrain::ProcessGroup> cp;
   bool ulysses = false;
+  // With checkpoint: selective, each layer keeping its tensor-parallel
+  // layers' outputs (dtrain::keep_matmul_outputs); the rest is recomputed.
+  bool keep_matmul_outputs = false;
 
   // How the activations between the tensor-parallel layers lie over tp:
   // split on the sequence under SP, whole otherwise.

@@ -62,6 +62,9 @@ Flags parse(int argc, char** argv) {
       ->capture_default_str()->check(CLI::Range(0.0, 1.0));
   app.add_flag("--sequence-parallel", f.sequence_parallel, "Split the activations between TP layers along the sequence");
   app.add_flag("--checkpoint-activations", f.checkpoint_activations, "Recompute each layer's activations in the backward");
+  app.add_flag("--keep-matmul-outputs", f.keep_matmul_outputs,
+               "With --checkpoint-activations: keep the matrix multiplies' outputs, recompute the rest (selective)")
+      ->needs("--checkpoint-activations");
   app.add_option("--steps", f.steps, "Optimizer steps")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--batch", f.batch, "Sequences per step, all ranks together")->capture_default_str()->check(positive);
   app.add_option("--microbatches", f.microbatches, "Microbatches per step with --pp > 1")->capture_default_str()->check(positive);

@@ -35,19 +35,59 @@
 // backward: what it captures must still exist then. Capture loop indices
 // and other locals by value; `[&]` is right for objects that outlive the
 // backward (the modules, a range-for's reference to one, as above).
+//
+// Selective checkpointing (PyTorch's create_selective_checkpoint_contexts):
+// with a policy, the segment keeps the outputs of the matrix multiplies the
+// policy chooses, and the recomputation hands them back instead of
+// computing them again; the element-wise work between them is recomputed.
+// The gradients are bitwise those of the segment run plainly.
+//
+//   x = dtrain::activation_checkpoint(run_block, x,
+//       dtrain::ActivationCheckpointOptions().policy(dtrain::keep_matmul_outputs()));
+//
+// libtorch has no C++ dispatch mode to watch every operation with, so the
+// policy sees the matrix multiplies that dtrain runs: dtrain::linear below
+// (use it where the model calls torch::nn::functional::linear or a
+// torch::nn::Linear) and the tensor-parallel layers. A RowParallelLinear's
+// kept output is its reduced one, so its collective is not run again
+// either. Every other operation is recomputed.
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <functional>
 
 #include "dtrain/arg.h"
 
 namespace dtrain {
 
+// A matrix multiply that a selective checkpoint's policy is asked about.
+struct CheckpointedOp {
+  // "linear" (dtrain::linear), "ColumnParallelLinear" or "RowParallelLinear".
+  const char* kind;
+  // Its place among the segment's matrix multiplies, counting from 0.
+  int64_t index;
+};
+
+// True: keep the op's output for the backward; false: recompute it.
+using CheckpointPolicy = std::function<bool(const CheckpointedOp&)>;
+
+// Keeps every matrix multiply's output (torchtitan's "op" policy without
+// its every-other-one rule: write a CheckpointPolicy for that).
+CheckpointPolicy keep_matmul_outputs();
+
+// torch::nn::functional::linear(input, weight, bias): input @ weight^T +
+// bias, computed as one matrix multiply over the input folded to 2-D. A
+// selective checkpoint's policy sees it; elsewhere it is plain linear.
+at::Tensor linear(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias = {});
+
 struct ActivationCheckpointOptions {
   // Put the CPU's and the input's CUDA device's generators back to their
   // state at the forward while the segment is recomputed.
   DTRAIN_ARG(bool, preserve_rng_state) = true;
+  // Selective checkpointing: which matrix multiplies' outputs to keep.
+  // Unset: none, the whole segment is recomputed.
+  DTRAIN_ARG(CheckpointPolicy, policy) = nullptr;
 };
 
 // segment(input), keeping only `input` for the backward.

@@ -1,7 +1,8 @@
 // Activation checkpointing (activation_checkpoint.h) as one autograd
 // function: its forward runs the segment without recording a graph and keeps
-// the input; its backward runs the segment again with a graph, then a
-// backward through that graph (reentrant, as PyTorch's use_reentrant=True).
+// the input (and, with a policy, the outputs it chooses: kept_outputs.h);
+// its backward runs the segment again with a graph, then a backward through
+// that graph (reentrant, as PyTorch's use_reentrant=True).
 
 #include "dtrain/activation_checkpoint.h"
 
@@ -11,12 +12,14 @@
 #include <torch/autograd.h>
 #include <torch/version.h>
 
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <utility>
 
 #include "common/end_of_backward.h"
 #include "common/enforce.h"
+#include "tensor_parallel/kept_outputs.h"
 #include "tensor_parallel/rng_streams.h"
 
 namespace dtrain {
@@ -100,6 +103,7 @@ struct Segment : torch::CustomClassHolder {
   at::Tensor device_rng;
   tensor_parallel::detail::RngStreams tp_rng;  // tensor_parallel_rng.h's streams
   AutocastState autocast;
+  std::unique_ptr<detail::KeptOutputs> kept;  // a selective segment's (null without a policy)
 };
 
 at::Tensor rng_state(at::Generator generator) {
@@ -174,6 +178,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
         segment->device_rng = rng_state(at::globalContext().defaultGenerator(input.device()));
       }
     }
+    detail::KeptOutputsScope scope(segment->kept.get(), /*recomputing=*/false);
     return run_checked(*segment, input, "in the forward");
   }
 
@@ -187,7 +192,9 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       RngAsAtForward rng(s);
       AutocastAsAtForward autocast(s.autocast);
       at::AutoGradMode enable(true);
+      detail::KeptOutputsScope scope(s.kept.get(), /*recomputing=*/true);
       out = run_checked(s, input, "when recomputed in the backward");
+      if (s.kept) detail::finish_recomputation(*s.kept);
     }
     DTRAIN_CHECK_ARG(out.sizes() == grads[0].sizes(),
                      "activation_checkpoint: the segment returned ", out.sizes(),
@@ -208,11 +215,20 @@ at::Tensor activation_checkpoint(const std::function<at::Tensor(at::Tensor)>& se
                                  const ActivationCheckpointOptions& options) {
   DTRAIN_CHECK_ARG(static_cast<bool>(segment), "activation_checkpoint: no segment to run");
   DTRAIN_CHECK_ARG(input.defined(), "activation_checkpoint: the input is an undefined tensor");
-  if (!at::GradMode::is_enabled()) return segment(input);
+  if (!at::GradMode::is_enabled()) {
+    // Its multiplies are its own, not an enclosing selective segment's
+    // (whose recomputation runs this one as a segment of its own).
+    detail::KeptOutputsScope scope(nullptr, false);
+    return segment(input);
+  }
   auto s = c10::make_intrusive<Segment>();
   s->run = segment;
   s->input_needs_grad = input.requires_grad();
   s->preserve_rng = options.preserve_rng_state();
+  if (options.policy()) {
+    s->kept = std::make_unique<detail::KeptOutputs>();
+    s->kept->policy = options.policy();
+  }
   const auto anchor = at::empty({0}, input.options().dtype(at::kFloat)).requires_grad_(true);
   return CheckpointFunction::apply(input, anchor, s);
 }

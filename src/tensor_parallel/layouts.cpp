@@ -27,12 +27,17 @@ Layout checked_layout(const std::optional<Layout>& given, const Layout& fallback
   return l;
 }
 
-int64_t sequence_dim_in(const Layout& layout, const at::Tensor& t, const char* module, const char* which) {
-  const int64_t d = layout.dim < 0 ? layout.dim + t.dim() : layout.dim;
-  DTRAIN_CHECK_ARG(d >= 0 && d < t.dim() - 1, module, ": ", which, " layout ", layout.str(),
-                   " of a tensor of shape ", t.sizes(), " (the last dimension is the features; ",
+int64_t sequence_dim_in(const Layout& layout, at::IntArrayRef sizes, const char* module, const char* which) {
+  const auto dims = static_cast<int64_t>(sizes.size());
+  const int64_t d = layout.dim < 0 ? layout.dim + dims : layout.dim;
+  DTRAIN_CHECK_ARG(d >= 0 && d < dims - 1, module, ": ", which, " layout ", layout.str(),
+                   " of a tensor of shape ", sizes, " (the last dimension is the features; ",
                    layout.str(), " must name the sequence)");
   return d;
+}
+
+int64_t sequence_dim_in(const Layout& layout, const at::Tensor& t, const char* module, const char* which) {
+  return sequence_dim_in(layout, t.sizes(), module, which);
 }
 
 }  // namespace detail

@@ -29,5 +29,7 @@ Layout checked_layout(const std::optional<Layout>& given, const Layout& fallback
 // checked to be neither outside `t` nor its last (the features).
 int64_t sequence_dim_in(const Layout& layout, const at::Tensor& t, const char* module,
                         const char* which);
+int64_t sequence_dim_in(const Layout& layout, at::IntArrayRef sizes, const char* module,
+                        const char* which);
 
 }  // namespace dtrain::tensor_parallel::detail

@@ -1,12 +1,13 @@
 // ColumnParallelLinear and RowParallelLinear (tensor_parallel.h).
 
-#include <torch/nn/functional/linear.h>
 #include <torch/nn/options/linear.h>
 #include <torch/torch.h>
 
 #include "common/enforce.h"
 #include "dtrain/tensor_parallel.h"
 #include "tensor_parallel/group.h"
+#include "tensor_parallel/kept_outputs.h"
+#include "tensor_parallel/kept_regions.h"
 #include "tensor_parallel/layouts.h"
 
 namespace dtrain::tensor_parallel {
@@ -107,7 +108,7 @@ at::Tensor ColumnParallelLinearImpl::forward_entered(const ColumnInput& input) {
   DTRAIN_CHECK_ARG(input.layout() == mine, module, ": an input entered from ", input.layout().str(),
                    " where this layer's input layout is ", mine.str());
   check_features(x, in_, module, "in_features");
-  auto out = torch::nn::functional::linear(x, weight, bias);
+  auto out = dtrain::detail::checkpointed_linear(module, x, weight, bias);
   return replicated(options_.output_layout()) ? gather_from_region(out, g) : out;
 }
 
@@ -150,20 +151,34 @@ at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
     check_features(input, in_ / g->size(), module,
                    "this rank's share of in_features, as its input layout Shard(-1) says");
   }
-  const auto partial = torch::nn::functional::linear(x, weight);
-  if (replicated(options_.output_layout())) {
-    const auto out = reduce_from_region(partial, g);
-    return bias.defined() ? out + bias : out;
+  // One matrix multiply for a selective checkpoint (kept_outputs.h): its
+  // kept output is the reduced one, so the recomputation runs neither the
+  // multiply nor the collective.
+  dtrain::detail::MatmulSite site(module);
+  auto sizes = x.sizes().vec();
+  sizes.back() = weight.size(0);
+  int64_t d = -1;  // the output's sequence dimension, when it is a shard
+  if (!replicated(options_.output_layout())) {
+    d = detail::sequence_dim_in(*options_.output_layout(), sizes, module, "output");
+    DTRAIN_CHECK_ARG(sizes[d] % g->size() == 0, module, ": the sequence (dimension ", d, ", ", sizes[d],
+                     ") does not split over the ", g->size(), " ranks of group '", g->name(), "'");
+    sizes[d] /= g->size();
   }
-  // This rank's sequence shard of the sum. The bias, whole on every rank,
-  // then meets only this shard's rows: its gradient is summed over the
-  // group (copy_to_region) to be the whole sequence's.
-  const int64_t d = detail::sequence_dim_in(*options_.output_layout(), partial, module, "output");
-  DTRAIN_CHECK_ARG(partial.size(d) % g->size() == 0, module, ": the sequence (dimension ", d, ", ",
-                   partial.size(d), ") does not split over the ", g->size(), " ranks of group '",
-                   g->name(), "'");
-  const auto out = reduce_scatter_to_sequence_region(partial, g, d);
-  return bias.defined() ? out + copy_to_region(bias, g) : out;
+  at::Tensor out = site.take_kept(sizes);
+  if (out.defined()) {
+    const auto partial = dtrain::detail::linear_never_read(x, weight, out.scalar_type());
+    out = d < 0 ? detail::reduce_from_region_kept(partial, g, out)
+                : detail::reduce_scatter_to_sequence_region_kept(partial, g, d, out);
+  } else {
+    const auto partial = dtrain::detail::folded_linear(x, weight, at::Tensor());
+    out = d < 0 ? reduce_from_region(partial, g) : reduce_scatter_to_sequence_region(partial, g, d);
+    site.offer(out);
+  }
+  if (!bias.defined()) return out;
+  // A sequence shard of the sum meets the bias (whole on every rank) in
+  // this shard's rows only: its gradient is summed over the group
+  // (copy_to_region) to be the whole sequence's.
+  return d < 0 ? out + bias : out + copy_to_region(bias, g);
 }
 
 }  // namespace dtrain::tensor_parallel

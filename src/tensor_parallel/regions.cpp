@@ -9,6 +9,7 @@
 
 #include "common/enforce.h"
 #include "dtrain/tensor_parallel.h"
+#include "tensor_parallel/kept_regions.h"
 
 namespace dtrain::tensor_parallel {
 namespace {
@@ -60,12 +61,14 @@ struct CopyToRegion : torch::autograd::Function<CopyToRegion> {
   }
 };
 
+// With `kept` (a selective checkpoint's, kept_outputs.h), the sum is not
+// taken again: the forward's is handed back.
 struct ReduceFromRegion : torch::autograd::Function<ReduceFromRegion> {
-  static at::Tensor forward(AutogradContext*, const at::Tensor& x, int64_t group) {
-    return region_sum(*reinterpret_cast<ProcessGroup*>(group), x);
+  static at::Tensor forward(AutogradContext*, const at::Tensor& x, int64_t group, const at::Tensor* kept) {
+    return kept ? *kept : region_sum(*reinterpret_cast<ProcessGroup*>(group), x);
   }
   static tensor_list backward(AutogradContext*, tensor_list grads) {
-    return {grads[0], at::Tensor()};
+    return {grads[0], at::Tensor(), at::Tensor()};
   }
 };
 
@@ -95,7 +98,7 @@ at::Tensor copy_to_region(const at::Tensor& x, const std::shared_ptr<ProcessGrou
   return CopyToRegion::apply(x, group_address(group));
 }
 at::Tensor reduce_from_region(const at::Tensor& x, const std::shared_ptr<ProcessGroup>& group) {
-  return ReduceFromRegion::apply(x, group_address(group));
+  return ReduceFromRegion::apply(x, group_address(group), nullptr);
 }
 at::Tensor gather_from_region(const at::Tensor& x, const std::shared_ptr<ProcessGroup>& group) {
   return GatherFromRegion::apply(x, group_address(group));
@@ -104,4 +107,12 @@ at::Tensor scatter_to_region(const at::Tensor& x, const std::shared_ptr<ProcessG
   return ScatterToRegion::apply(x, group_address(group));
 }
 
+namespace detail {
+
+at::Tensor reduce_from_region_kept(const at::Tensor& x, const std::shared_ptr<ProcessGroup>& group,
+                                   const at::Tensor& kept) {
+  return ReduceFromRegion::apply(x, group_address(group), &kept);
+}
+
+}  // namespace detail
 }  // namespace dtrain::tensor_parallel

@@ -15,6 +15,7 @@
 #include "common/enforce.h"
 #include "dtrain/tensor_parallel.h"
 #include "tensor_parallel/group.h"
+#include "tensor_parallel/kept_regions.h"
 
 namespace dtrain::tensor_parallel {
 namespace {
@@ -94,13 +95,18 @@ struct GatherFromSequence : torch::autograd::Function<GatherFromSequence> {
   }
 };
 
+// With `kept` (a selective checkpoint's, kept_outputs.h), the sum is not
+// taken again: the forward's shard of it is handed back.
 struct ReduceScatterToSequence : torch::autograd::Function<ReduceScatterToSequence> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group, int64_t dim) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group, int64_t dim,
+                            const at::Tensor* kept) {
     save(ctx, group, dim);
+    if (kept) return *kept;
     return sequence_reduce_scatter(group_at(group), x, dim, "reduce_scatter_to_sequence_region");
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    return {sequence_gather(saved_group(ctx), grads[0], saved_dim(ctx)), at::Tensor(), at::Tensor()};
+    return {sequence_gather(saved_group(ctx), grads[0], saved_dim(ctx)), at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -186,7 +192,13 @@ at::Tensor reduce_scatter_to_sequence_region(const at::Tensor& x,
                                              int64_t dim) {
   auto g = detail::group_or_default(group, "reduce_scatter_to_sequence_region");
   return ReduceScatterToSequence::apply(x, reinterpret_cast<int64_t>(g.get()),
-                                        sequence_dim(x, dim, "reduce_scatter_to_sequence_region"));
+                                        sequence_dim(x, dim, "reduce_scatter_to_sequence_region"), nullptr);
+}
+
+at::Tensor detail::reduce_scatter_to_sequence_region_kept(const at::Tensor& x,
+                                                         const std::shared_ptr<ProcessGroup>& group,
+                                                         int64_t dim, const at::Tensor& kept) {
+  return ReduceScatterToSequence::apply(x, detail::group_address(*group), dim, &kept);
 }
 
 std::vector<at::Tensor> sum_gradients_together(const std::vector<at::Tensor>& params,

@@ -2,7 +2,8 @@
 # dtrain-llama end to end under dtrain-run, on a tiny model (2 layers, width
 # 32, 16-byte sequences, batch 8, 20 steps):
 # - every layout of the same batch has one process's per-step losses within
-#   1e-4 relative: TP 2, TP 2 with SP and activation checkpointing, PP 2,
+#   1e-4 relative: TP 2, TP 2 with SP and activation checkpointing (and
+#   selective checkpointing, the same losses as full), PP 2,
 #   DP 2 under FSDP, TP 2 x DP 2 under FSDP with SP, PP 2 x DP 2 x TP 2;
 # - a run killed at step 12 and restarted by dtrain-run resumes from its
 #   step-10 checkpoint with the uninterrupted run's losses, bit for bit, with
@@ -55,6 +56,12 @@ job tp2 2 -- --tp 2 || fail "TP 2"
 expect_close tp2 one 1e-4
 job tp2-sp-ac 2 -- --tp 2 --sequence-parallel --checkpoint-activations || fail "TP 2, SP, AC"
 expect_close tp2-sp-ac one 1e-4
+# Selective checkpointing: bitwise the gradients of full checkpointing (both
+# are the plain run's), so the same printed losses.
+job tp2-sp-sac 2 -- --tp 2 --sequence-parallel --checkpoint-activations --keep-matmul-outputs ||
+  fail "TP 2, SP, selective AC"
+[ "$(losses tp2-sp-sac)" = "$(losses tp2-sp-ac)" ] || fail "tp2-sp-sac: losses differ from tp2-sp-ac"
+echo "tp2-sp-sac: the same losses as tp2-sp-ac"
 job pp2 2 -- --pp 2 || fail "PP 2"
 expect_close pp2 one 1e-4
 job fsdp2 2 -- --dp 2 --data-parallel fsdp || fail "FSDP 2"

@@ -67,25 +67,27 @@ inline tensor_parallel::ParallelLinearOptions block_options(std::shared_ptr<Proc
       sequence_parallel ? tensor_parallel::Shard(sequence_dim) : tensor_parallel::Replicate());
 }
 
-// With checkpoint, the block runs as one activation-checkpointed segment.
+// With checkpoint, the block runs as one activation-checkpointed segment
+// (selective with a policy in `checkpoint_options`).
 // `options` are the up layer's; the down layer gives back the layout the
 // up layer takes.
 struct TpBlockImpl : torch::nn::Module {
   TpBlockImpl(const BlockInit& b, const tensor_parallel::ParallelLinearOptions& options,
-              bool checkpoint = false)
+              bool checkpoint = false, ActivationCheckpointOptions checkpoint_options = {})
       : norm(register_module("norm", copy_of_norm(b.norm))),
         up(register_module("up", tensor_parallel::ColumnParallelLinear(b.up, options))),
         down(register_module("down", tensor_parallel::RowParallelLinear(
                                          b.down, tensor_parallel::ParallelLinearOptions(options)
                                                      .input_layout(std::nullopt)
                                                      .output_layout(up->options().input_layout())))),
-        checkpoint_(checkpoint) {
+        checkpoint_(checkpoint),
+        checkpoint_options_(std::move(checkpoint_options)) {
     if (*up->options().input_layout() != tensor_parallel::Replicate())
       tensor_parallel::mark_sequence_parallel(*norm, options.group());
   }
   at::Tensor forward(const at::Tensor& x) {
     auto run = [this](at::Tensor h) { return h + down(torch::gelu(up(norm(h)))); };
-    return checkpoint_ ? activation_checkpoint(run, x) : run(x);
+    return checkpoint_ ? activation_checkpoint(run, x, checkpoint_options_) : run(x);
   }
   torch::nn::LayerNorm norm;
   tensor_parallel::ColumnParallelLinear up;
@@ -93,6 +95,7 @@ struct TpBlockImpl : torch::nn::Module {
 
  private:
   bool checkpoint_;
+  ActivationCheckpointOptions checkpoint_options_;
 };
 TORCH_MODULE(TpBlock);
 

@@ -3,10 +3,8 @@
 // in the graph, integer inputs and inputs without gradients, DDP over a
 // model that checkpoints its blocks equal to one process, and bad use named.
 
-#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
-#include <torch/version.h>
 
 #include <functional>
 #include <string>
@@ -17,12 +15,14 @@
 #include "dtrain/errors.h"
 #include "dtrain/fsdp.h"
 #include "harness/assertions.h"
+#include "harness/cpu_autocast.h"
 #include "harness/thread_ranks.h"
 
 namespace dtrain {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::CpuAutocast;
 using testing::RankContext;
 
 // Blocks, then a head; each block may run as a checkpointed segment. With
@@ -120,31 +120,6 @@ TEST(ActivationCheckpoint, TheBackwardLeavesTheRandomNumberGeneratorAsItFoundIt)
   out2.sum().backward();
   EXPECT_TRUE(at::equal(torch::randn({16}), before));
 }
-
-// An autocast region on the CPU in bfloat16, entered and left as
-// torch.autocast("cpu") is (its casts cached until the outermost one ends).
-class CpuAutocast {
- public:
-  CpuAutocast() {
-    set(true);
-    at::autocast::increment_nesting();
-  }
-  ~CpuAutocast() {
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    set(false);
-  }
-
- private:
-  static void set(bool on) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-    at::autocast::set_autocast_enabled(at::kCPU, on);
-    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-#else
-    at::autocast::set_cpu_enabled(on);
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
-#endif
-  }
-};
 
 // The forward under autocast, the loss and backward outside it, as a
 // training loop runs them: the recomputation runs under the forward's
