@@ -9,8 +9,9 @@
 //           as a ratio to the same blocks unsharded in one process.
 //   ac      one process, one intra-op thread: the blocks at --seq tokens
 //           (--batch sequences) without activation checkpointing, with it
-//           around each block, and with a selective one there (keeping
-//           both multiplies' outputs); activation peak (peak RSS in a step minus
+//           around each block, with a selective one there (keeping both
+//           multiplies' outputs), and mixed (selective but for the first
+//           --full-blocks, checkpointed whole); activation peak (peak RSS in a step minus
 //           the RSS before it, with large blocks returned to the kernel
 //           when freed) and median step time over --steps (without), in
 //           --runs alternating processes of each, as ratios to no AC.
@@ -22,7 +23,7 @@
 //           --run speed; memory and ac take their own).
 //
 //   dtrain-bench tp [--width 512] [--blocks 8] [--seq 2048] [--batch 1]
-//                   [--steps 4] [--runs 3] [--run memory,ac,speed]
+//                   [--steps 4] [--runs 3] [--full-blocks 2] [--run memory,ac,speed]
 
 #include <torch/torch.h>
 
@@ -106,21 +107,25 @@ int memory_rank(const Args& a) {
 
 // tp-ac: --steps steps of the blocks, each block a checkpointed segment
 // with --checkpoint 1, a selective one keeping both multiplies' outputs
-// with --checkpoint 2; prints the activation peak and the median step.
+// with --checkpoint 2, and with --checkpoint 3 selective but for the first
+// --full-blocks (2), checkpointed whole; prints the activation peak and the
+// median step.
 int ac_rank(const Args& a) {
   torch::set_num_threads(1);
-  const bool checkpoint = a.num("checkpoint", 0) >= 1;
-  ActivationCheckpointOptions options;
-  if (a.num("checkpoint", 0) == 2) options.policy(keep_matmul_outputs());
+  const int mode = a.num("checkpoint", 0);
+  const int full_blocks = mode == 3 ? a.num("full-blocks", 2) : mode == 1 ? a.num("blocks", 8) : 0;
+  const auto selective = ActivationCheckpointOptions().policy(keep_matmul_outputs());
   auto blocks = make_blocks(a, nullptr);
   torch::optim::Adam adam(parameters_of(blocks), torch::optim::AdamOptions(1e-3));
   const auto x = torch::randn({a.num("batch", 1), a.num("seq", 2048), a.num("width", 512)});
   auto step = [&] {
     adam.zero_grad();
     at::Tensor h = x;
-    for (auto& b : blocks)
-      h = checkpoint ? activation_checkpoint([b](at::Tensor in) mutable { return b->forward(in); }, h, options)
-                     : b->forward(h);
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      auto run = [b = blocks[i]](at::Tensor in) mutable { return b->forward(in); };
+      if (mode == 0) h = run(h);
+      else h = activation_checkpoint(run, h, static_cast<int>(i) < full_blocks ? ActivationCheckpointOptions() : selective);
+    }
     h.pow(2).mean().backward();
     adam.step();
   };
@@ -200,25 +205,27 @@ void report_memory(const Args& a) {
 // and the next step's peak looks like no growth); the step times without
 // that, since it makes every large tensor fault its pages in afresh.
 void report_ac(const Args& a) {
-  const char* names[] = {"no AC", "AC", "selective"};
-  std::vector<double> act[3], ms[3];
+  const char* names[] = {"no AC", "AC", "selective", "mixed"};
+  std::vector<double> act[4], ms[4];
   for (int run = 0; run < a.num("runs", 3); ++run)
-    for (int c : {0, 1, 2}) {  // alternating, so that drift hits all three
+    for (int c : {0, 1, 2, 3}) {  // alternating, so that drift hits all four
       Args args = a;
       args.flags["checkpoint"] = std::to_string(c);
-      act[c].push_back(field(run_ranks(1, "tp-ac", args, nullptr, "MALLOC_MMAP_THRESHOLD_=65536"), "activations"));
       ms[c].push_back(field(run_ranks(1, "tp-ac", args), "step_ms"));
+      args.flags["steps"] = "1";  // the peak is the same each step
+      act[c].push_back(field(run_ranks(1, "tp-ac", args, nullptr, "MALLOC_MMAP_THRESHOLD_=65536"), "activations"));
     }
   std::printf("activation checkpointing: %d blocks of width %d, %d x %d tokens, one thread, medians of %d "
               "runs\n", a.num("blocks", 8), a.num("width", 512), a.num("batch", 1), a.num("seq", 2048),
               a.num("runs", 3));
-  std::printf("  %-10s %14s %10s\n", "", "activations", "step");
-  for (int c : {0, 1, 2})
-    std::printf("  %-10s %10.1f MiB %8.1f ms\n", names[c], median(act[c]) / (1 << 20), median(ms[c]));
-  std::printf("  AC / no AC: activations %.3fx, step time %.3fx (theory: one more forward, 4/3 = 1.333x)\n",
-              median(act[1]) / median(act[0]), median(ms[1]) / median(ms[0]));
-  std::printf("  selective (both multiplies' outputs kept) / no AC: activations %.3fx, step time %.3fx\n",
-              median(act[2]) / median(act[0]), median(ms[2]) / median(ms[0]));
+  std::printf("  %-10s %14s %10s %12s %6s\n", "", "activations", "step", "activations", "step");
+  for (int c : {0, 1, 2, 3})
+    std::printf("  %-10s %10.1f MiB %8.1f ms %11.3fx %5.3fx\n", names[c], median(act[c]) / (1 << 20),
+                median(ms[c]), median(act[c]) / median(act[0]), median(ms[c]) / median(ms[0]));
+  std::printf("  AC: every block checkpointed whole (theory: one more forward, 4/3 = 1.333x step time)\n"
+              "  selective: every block keeping both multiplies' outputs (keep_matmul_outputs)\n"
+              "  mixed: selective, but the first %d blocks checkpointed whole (--full-blocks)\n",
+              a.num("full-blocks", 2));
 }
 
 }  // namespace
