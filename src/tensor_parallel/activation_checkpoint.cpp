@@ -178,8 +178,13 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
         segment->device_rng = rng_state(at::globalContext().defaultGenerator(input.device()));
       }
     }
-    detail::KeptOutputsScope scope(segment->kept.get(), /*recomputing=*/false);
-    return run_checked(*segment, input, "in the forward");
+    at::Tensor out;
+    {
+      detail::KeptOutputsScope scope(segment->kept.get(), /*recomputing=*/false);
+      out = run_checked(*segment, input, "in the forward");
+    }
+    if (segment->kept) detail::forget_aliases_of(*segment->kept, out);
+    return out;
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {

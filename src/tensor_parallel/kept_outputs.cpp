@@ -45,18 +45,28 @@ at::Tensor mat2_gradient(const at::Tensor& grad, const at::Tensor& mat1, at::Int
   return mat1.t().conj().mm(grad);
 }
 
+// As AddmmBackward0 and MmBackward0 do: mat1 only for mat2's gradient,
+// mat2 only for mat1's; both shapes and strides (the gradient's
+// orientation depends on them).
+void save_matrices(AutogradContext* ctx, const at::Tensor& mat1, const at::Tensor& mat2) {
+  ctx->save_for_backward({mat2.requires_grad() ? mat1 : at::Tensor(), mat1.requires_grad() ? mat2 : at::Tensor()});
+  ctx->saved_data["mat1_sizes"] = mat1.sizes().vec();
+  ctx->saved_data["mat1_strides"] = mat1.strides().vec();
+  ctx->saved_data["mat2_sizes"] = mat2.sizes().vec();
+  ctx->saved_data["mat2_strides"] = mat2.strides().vec();
+}
+
 // The gradients AddmmBackward0 and MmBackward0 give mat1 and mat2 for the
 // output's `grad`, those a node does not need undefined.
 std::pair<at::Tensor, at::Tensor> matmul_gradients(AutogradContext* ctx, const at::Tensor& grad,
                                                    size_t mat1_input) {
   const auto saved = ctx->get_saved_variables();
-  const at::Tensor& mat1 = saved[0];
-  const at::Tensor& mat2 = saved[1];
+  auto ints = [&](const char* key) { return ctx->saved_data[key].toIntVector(); };
   at::Tensor mat1_grad, mat2_grad;
   if (ctx->needs_input_grad(mat1_input))
-    mat1_grad = mat1_gradient(grad, mat2, mat1.sizes(), mat1.strides());
+    mat1_grad = mat1_gradient(grad, saved[1], ints("mat1_sizes"), ints("mat1_strides"));
   if (ctx->needs_input_grad(mat1_input + 1))
-    mat2_grad = mat2_gradient(grad, mat1, mat2.sizes(), mat2.strides());
+    mat2_grad = mat2_gradient(grad, saved[0], ints("mat2_sizes"), ints("mat2_strides"));
   return {mat1_grad, mat2_grad};
 }
 
@@ -65,7 +75,7 @@ std::pair<at::Tensor, at::Tensor> matmul_gradients(AutogradContext* ctx, const a
 struct KeptMm : torch::autograd::Function<KeptMm> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& mat1, const at::Tensor& mat2,
                             const Kept& kept) {
-    ctx->save_for_backward({mat1, mat2});
+    save_matrices(ctx, mat1, mat2);
     return kept.out;
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
@@ -80,7 +90,7 @@ struct KeptMm : torch::autograd::Function<KeptMm> {
 struct KeptAddmm : torch::autograd::Function<KeptAddmm> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor&, const at::Tensor& mat1,
                             const at::Tensor& mat2, const Kept& kept) {
-    ctx->save_for_backward({mat1, mat2});
+    save_matrices(ctx, mat1, mat2);
     return kept.out;
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
@@ -128,8 +138,13 @@ void finish_recomputation(KeptOutputs& kept) {
   const size_t ran = kept.next;
   kept.next = 0;
   DTRAIN_CHECK_ARG(ran == kept.entries.size(), "activation_checkpoint: the segment ran ", ran,
-                   " matrix multiplies when recomputed but ", kept.entries.size(),
-                   " in the forward; it must compute the same thing twice");
+                   ran == 1 ? " matrix multiply" : " matrix multiplies", " when recomputed but ",
+                   kept.entries.size(), " in the forward; it must compute the same thing twice");
+}
+
+void forget_aliases_of(KeptOutputs& kept, const at::Tensor& segment_output) {
+  for (auto& entry : kept.entries)
+    if (entry.out.defined() && entry.out.is_alias_of(segment_output)) entry.out = at::Tensor();
 }
 
 MatmulSite::MatmulSite(const char* kind) : kept_(current) {
@@ -170,18 +185,27 @@ void MatmulSite::offer(const at::Tensor& out) {
   if (!kept_ || kept_->recomputing) return;
   auto& entry = kept_->entries[index_];
   if (!kept_->policy({entry.kind, static_cast<int64_t>(index_)})) return;
-  entry.out = out;
+  // Detached: the same storage and version counter, but none of the
+  // autograd history that the recomputation's node will give it.
+  entry.out = out.detach();
   entry.version = out._version();
 }
 
 namespace {
 
 at::Tensor folded(const at::Tensor& x, const at::Tensor& w) {
-  DTRAIN_CHECK_ARG(x.dim() >= 1 && w.dim() == 2 && x.size(-1) == w.size(1), "linear: an input of shape ",
-                   x.sizes(), " for a weight of shape ", w.sizes(),
-                   " (the input's last dimension must be the weight's second)");
+  DTRAIN_CHECK_ARG(w.dim() == 2, "linear: a weight of shape ", w.sizes(), " (it must be 2-D: [out, in])");
+  DTRAIN_CHECK_ARG(x.dim() >= 1, "linear: an input of no dimensions (it needs a last one of ", w.size(1),
+                   " features)");
+  DTRAIN_CHECK_ARG(x.size(-1) == w.size(1), "linear: an input of shape ", x.sizes(), " for a weight of shape ",
+                   w.sizes(), " (the input's last dimension must be the weight's second)");
   return x.dim() == 2 ? x : x.reshape({-1, x.size(-1)});
 }
+
+// The weight as the multiply takes it: transposed, after autocast's cast
+// of the weight itself (a parameter, so cached for the autocast region;
+// its transpose, a view, would be cast again at every call).
+at::Tensor transposed(const at::Tensor& w) { return as_autocast_would(w).t(); }
 
 at::Tensor unfolded(const at::Tensor& out, const at::Tensor& x) {
   if (x.dim() == 2) return out;
@@ -191,16 +215,15 @@ at::Tensor unfolded(const at::Tensor& out, const at::Tensor& x) {
 }
 
 at::Tensor kept_matmul(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& b, at::Tensor kept) {
-  if (!b.defined()) return KeptMm::apply(as_autocast_would(x2), as_autocast_would(w.t()), Kept{std::move(kept)});
-  return KeptAddmm::apply(as_autocast_would(b), as_autocast_would(x2), as_autocast_would(w.t()),
-                          Kept{std::move(kept)});
+  if (!b.defined()) return KeptMm::apply(as_autocast_would(x2), transposed(w), Kept{std::move(kept)});
+  return KeptAddmm::apply(as_autocast_would(b), as_autocast_would(x2), transposed(w), Kept{std::move(kept)});
 }
 
 }  // namespace
 
 at::Tensor folded_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   const auto x2 = folded(x, w);
-  return unfolded(b.defined() ? at::addmm(b, x2, w.t()) : at::mm(x2, w.t()), x);
+  return unfolded(b.defined() ? at::addmm(b, x2, transposed(w)) : at::mm(x2, transposed(w)), x);
 }
 
 at::Tensor checkpointed_linear(const char* kind, const at::Tensor& x, const at::Tensor& w,
@@ -209,7 +232,7 @@ at::Tensor checkpointed_linear(const char* kind, const at::Tensor& x, const at::
   MatmulSite site(kind);
   at::Tensor out = site.take_kept({x2.size(0), w.size(0)});
   if (out.defined()) return unfolded(kept_matmul(x2, w, b, std::move(out)), x);
-  out = b.defined() ? at::addmm(b, x2, w.t()) : at::mm(x2, w.t());
+  out = b.defined() ? at::addmm(b, x2, transposed(w)) : at::mm(x2, transposed(w));
   site.offer(out);
   return unfolded(out, x);
 }

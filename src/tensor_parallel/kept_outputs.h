@@ -47,6 +47,12 @@ class KeptOutputsScope {
 // recomputes the ones handed back already).
 void finish_recomputation(KeptOutputs& kept);
 
+// After the forward: outputs that are (or share storage with) the
+// segment's own output are not kept but recomputed. The caller holds that
+// output and may change it in place, which is allowed of a checkpoint's
+// output; handed back, the change would show.
+void forget_aliases_of(KeptOutputs& kept, const at::Tensor& segment_output);
+
 // A matrix multiply of the current segment, given its place at
 // construction (nothing outside a selective segment).
 class MatmulSite {

@@ -129,6 +129,90 @@ TEST(SelectiveCheckpoint, GradientsEqualTheBlocksRunPlainlyBitwiseOver30Steps) {
   }
 }
 
+// Counts the matrix multiplies (aten::mm and aten::addmm) this thread runs
+// while it lives, the backward's included.
+class MatmulCount {
+ public:
+  MatmulCount()
+      : handle_(at::addThreadLocalCallback(at::RecordFunctionCallback(&on_start))) { count() = 0; }
+  ~MatmulCount() { at::removeCallback(handle_); }
+  MatmulCount(const MatmulCount&) = delete;
+  MatmulCount& operator=(const MatmulCount&) = delete;
+  static int64_t& count() {
+    static thread_local int64_t n = 0;
+    return n;
+  }
+
+ private:
+  static std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+    const std::string name = fn.name();
+    if (name == "aten::mm" || name == "aten::addmm") ++count();
+    return nullptr;
+  }
+  at::CallbackHandle handle_;
+};
+
+// One kept linear, the segment ending in tanh (so its output is kept, not
+// the segment's own): the input's, weight's and bias's gradients bitwise the
+// plain ones, for inputs of 1 to 4 dimensions (column-major, not
+// contiguous) and each of them frozen in turn; the multiply not run again.
+TEST(SelectiveCheckpoint, EachGradientOfAKeptLinearIsThePlainOneBitwise) {
+  torch::manual_seed(4);
+  const std::vector<std::pair<const char*, at::Tensor>> inputs = {
+      {"2-D", torch::randn({5, 4})},
+      {"2-D, column-major", torch::randn({4, 5}).t()},
+      {"1-D", torch::randn({4})},
+      {"3-D, not contiguous", torch::randn({3, 2, 4}).transpose(0, 1)},
+      {"4-D", torch::randn({2, 3, 2, 4})}};
+  const auto w0 = torch::randn({6, 4}), b0 = torch::randn({6});
+  struct Needs {
+    bool x, w, b, bias;
+  };
+  for (const auto& [name, x0] : inputs)
+    for (const auto& n : {Needs{true, true, true, true}, Needs{true, false, false, true}, Needs{false, true, true, true},
+                          Needs{false, false, true, true}, Needs{true, true, false, false},
+                          Needs{false, true, false, false}}) {
+      SCOPED_TRACE(std::string(name) + ": gradients for the input " + (n.x ? "yes" : "no") + ", the weight " +
+                   (n.w ? "yes" : "no") + ", the bias " + (n.bias ? (n.b ? "yes" : "no") : "none"));
+      std::vector<at::Tensor> got[2];
+      int64_t matmuls[2];
+      for (const bool selective : {false, true}) {
+        auto x = x0.clone().requires_grad_(n.x);
+        auto w = w0.clone().requires_grad_(n.w);
+        auto b = n.bias ? b0.clone().requires_grad_(n.b) : at::Tensor();
+        auto run = [w, b](at::Tensor h) { return torch::tanh(dtrain::linear(h, w, b)); };
+        MatmulCount counted;
+        auto y = selective ? activation_checkpoint(run, x, ActivationCheckpointOptions().policy(keep_matmul_outputs()))
+                           : run(x);
+        y.pow(2).sum().backward();
+        matmuls[selective] = MatmulCount::count();
+        for (const auto& t : {x, w, b}) got[selective].push_back(t.defined() ? t.grad() : at::Tensor());
+      }
+      EXPECT_EQ(matmuls[1], matmuls[0]) << "the kept multiply ran again";
+      for (size_t i = 0; i < got[0].size(); ++i) {
+        ASSERT_EQ(got[1][i].defined(), got[0][i].defined()) << "gradient #" << i;
+        if (got[0][i].defined()) EXPECT_TRUE(at::equal(got[1][i], got[0][i])) << "gradient #" << i;
+      }
+    }
+}
+
+// A checkpoint's output may be changed in place by its caller: an output
+// that is the segment's own is recomputed, not kept (kept, the change
+// would be handed back, and refused).
+TEST(SelectiveCheckpoint, TheSegmentsOwnOutputIsRecomputedSoItsCallerMayChangeIt) {
+  torch::manual_seed(4);
+  const auto w = torch::randn({4, 4}, torch::requires_grad());
+  const auto x = torch::randn({3, 4});
+  auto y = activation_checkpoint([&](at::Tensor h) { return dtrain::linear(h, w); }, x,
+                                 ActivationCheckpointOptions().policy(keep_matmul_outputs()));
+  y.mul_(3);
+  y.sum().backward();
+  const auto got = w.grad().clone();
+  w.mutable_grad().reset();
+  (dtrain::linear(x, w) * 3).sum().backward();
+  EXPECT_TRUE(at::equal(got, w.grad()));
+}
+
 // The forward under CPU autocast in bfloat16 (the loss and backward outside
 // it): the kept outputs are the bfloat16 ones and the node handing them
 // back saves the casts autocast made; every gradient equals the plain run's
@@ -156,29 +240,6 @@ TEST(SelectiveCheckpoint, UnderAutocastTheGradientsAreThoseOfTheForwardThatRan) 
   }
   expect_bitwise(got[1], got[0]);
 }
-
-// Counts the matrix multiplies (aten::mm and aten::addmm) this thread runs
-// while it lives, the backward's included.
-class MatmulCount {
- public:
-  MatmulCount()
-      : handle_(at::addThreadLocalCallback(at::RecordFunctionCallback(&on_start))) { count() = 0; }
-  ~MatmulCount() { at::removeCallback(handle_); }
-  MatmulCount(const MatmulCount&) = delete;
-  MatmulCount& operator=(const MatmulCount&) = delete;
-  static int64_t& count() {
-    static thread_local int64_t n = 0;
-    return n;
-  }
-
- private:
-  static std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
-    const std::string name = fn.name();
-    if (name == "aten::mm" || name == "aten::addmm") ++count();
-    return nullptr;
-  }
-  at::CallbackHandle handle_;
-};
 
 int64_t matmuls_in_a_step(Checkpointing mode, CheckpointPolicy policy) {
   Stack model(mode, std::move(policy));
@@ -248,6 +309,10 @@ TEST(SelectiveCheckpoint, DtrainLinearIsLinear) {
   EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] { dtrain::linear(torch::ones({2, 3}), w); }),
             "linear: an input of shape [2, 3] for a weight of shape [5, 4] (the input's last dimension must be "
             "the weight's second)");
+  EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] { dtrain::linear(torch::ones({}), w); }),
+            "linear: an input of no dimensions (it needs a last one of 4 features)");
+  EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] { dtrain::linear(torch::ones({2, 4}), b); }),
+            "linear: a weight of shape [5] (it must be 2-D: [out, in])");
 }
 
 TEST(SelectiveCheckpoint, BadUseIsNamed) {
@@ -255,9 +320,9 @@ TEST(SelectiveCheckpoint, BadUseIsNamed) {
   const auto w = torch::randn({4, 4}, torch::requires_grad());
   const auto options = ActivationCheckpointOptions().policy(keep_matmul_outputs());
   auto x = torch::randn({2, 4}, torch::requires_grad());
-  // A kept output changed in place in the forward: handing it back would
-  // give the changed values.
-  auto y = activation_checkpoint([&](at::Tensor h) { return dtrain::linear(h, w).mul_(2); }, x, options);
+  // A kept output changed in place in the segment's forward: handing it
+  // back would give the changed values.
+  auto y = activation_checkpoint([&](at::Tensor h) { return torch::tanh(dtrain::linear(h, w).mul_(2)); }, x, options);
   EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] { y.sum().backward(); }),
             "activation_checkpoint: the output of the linear (matrix multiply #0 of the segment) that the policy "
             "kept was changed in place after it was kept; make that operation out of place, or leave this "
@@ -271,7 +336,7 @@ TEST(SelectiveCheckpoint, BadUseIsNamed) {
       },
       x, options);
   EXPECT_EQ(testing::what_thrown<InvalidArgument>([&] { y.sum().backward(); }),
-            "activation_checkpoint: the segment ran 1 matrix multiplies when recomputed but 2 in the forward; it "
+            "activation_checkpoint: the segment ran 1 matrix multiply when recomputed but 2 in the forward; it "
             "must compute the same thing twice");
 }
 
