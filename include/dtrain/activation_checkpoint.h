@@ -69,7 +69,11 @@ struct CheckpointedOp {
   int64_t index;
 };
 
-// True: keep the op's output for the backward; false: recompute it.
+// True: keep the op's output for the backward; false: recompute it. Under
+// tensor parallelism it must decide alike on every rank of the group (a
+// RowParallelLinear recomputed on one rank only would run its collective
+// there alone). An output that is the segment's own is recomputed whatever
+// the policy says: the caller may change it in place.
 using CheckpointPolicy = std::function<bool(const CheckpointedOp&)>;
 
 // Keeps every matrix multiply's output (torchtitan's "op" policy without
@@ -77,8 +81,11 @@ using CheckpointPolicy = std::function<bool(const CheckpointedOp&)>;
 CheckpointPolicy keep_matmul_outputs();
 
 // torch::nn::functional::linear(input, weight, bias): input @ weight^T +
-// bias, computed as one matrix multiply over the input folded to 2-D. A
-// selective checkpoint's policy sees it; elsewhere it is plain linear.
+// bias, computed as one matrix multiply (addmm) over the input folded to
+// 2-D, as the tensor-parallel layers compute theirs (at::linear does the
+// same for 2-D inputs and contiguous 3-D ones with a bias; for other
+// shapes the last bits can differ from it). A selective checkpoint's
+// policy sees it; elsewhere it is plain linear.
 at::Tensor linear(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias = {});
 
 struct ActivationCheckpointOptions {
