@@ -159,7 +159,11 @@ Wrapped wrap(Mlp net, const Flags& f, const dtrain::CommHook& hook, const dtrain
 // one): --die-after-steps (SIGKILL, first life, once it has committed that
 // many steps) and --die-every (SIGKILL, every life, that long after its
 // first commit) before a step's quorum; --stop-at-step (SIGSTOP, once, at
-// the first step at or past it: a replica may heal past it) after it.
+// the first step at or past it whose quorum holds another replica and is
+// the previous step's, so that its silence holds up a replica already
+// training with it, not one healing from it: a replica may heal past the
+// step, and one that started alone may commit steps in a quorum of its own
+// first) after it.
 // Counted in this replica's own steps and time, so that where it joined the
 // job does not matter.
 struct Faults {
@@ -169,6 +173,7 @@ struct Faults {
   bool first_life;
   int64_t committed = 0;
   std::optional<std::chrono::steady_clock::time_point> first_commit;
+  std::string last_quorum;  // the previous step's, for --stop-at-step
 
   bool mine() const { return f.faulty_replica.empty() || f.faulty_replica == replica; }
   void committed_one() {
@@ -185,8 +190,10 @@ struct Faults {
               << (steps_up ? " (--die-after-steps)" : " (--die-every)") << std::endl;
     std::raise(SIGKILL);
   }
-  void after_quorum(int64_t step) const {
-    if (!mine() || f.stop_at_step < 0 || step < f.stop_at_step) return;
+  void after_quorum(int64_t step, const dtrain::ft::QuorumInfo& q) {
+    const bool steady = q.id == last_quorum;
+    last_quorum = q.id;
+    if (!mine() || f.stop_at_step < 0 || step < f.stop_at_step || q.members.size() < 2 || !steady) return;
     f.stop_at_step = -1;
     std::cout << replica << " rank " << rank << ": going silent at step " << step << " (--stop-at-step)" << std::endl;
     std::raise(SIGSTOP);
@@ -207,7 +214,7 @@ int run_replica(Flags f, const dtrain::FashionMNIST& train) {
   const std::string replica = std::getenv("DTRAIN_FT_REPLICA_ID") ? std::getenv("DTRAIN_FT_REPLICA_ID")
                                                                    : "replica-" + std::to_string(f.replica_index);
   const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  Faults faults{f, replica, rank, !restarts || std::string(restarts) == "0", 0, std::nullopt};
+  Faults faults{f, replica, rank, !restarts || std::string(restarts) == "0", 0, std::nullopt, {}};
   const std::string commit_log = replace_all(f.commit_log, "%r", replica);
   torch::manual_seed(f.replica_index);  // replicas start apart: the first quorum syncs them (init_sync)
   Mlp net;
@@ -234,7 +241,7 @@ int run_replica(Flags f, const dtrain::FashionMNIST& train) {
     const int64_t step = manager.current_step();
     faults.before_quorum(step);
     manager.start_quorum();
-    faults.after_quorum(manager.current_step());
+    faults.after_quorum(manager.current_step(), manager.quorum());
     const auto samples = manager.step_samples(f.batch);
     // A spare's share is empty: its gradients count as zeros, any batch will do.
     auto [x, y] = order.batch(samples.first, samples.count > 0 ? samples.count : f.batch);
@@ -330,7 +337,8 @@ int main(int argc, char** argv) {
                  "(for dtrain-run --replicas, where every replica gets the same flags)");
   app.add_option("--stop-at-step", f.stop_at_step,
                  "fault injection: every worker of this replica stops itself (SIGSTOP) once its quorum formed, at the "
-                 "first step at or past this one, once; SIGCONT resumes it");
+                 "first step at or past this one whose quorum holds another replica and was the previous step's, once; "
+                 "SIGCONT resumes it");
   app.add_option("--step-ms", f.step_ms, "pad each step to at least this many milliseconds (to watch it live)")
       ->check(CLI::Range(0, 60000));
   app.add_option("--log-every", f.log_every, "a progress line every this many steps")->check(CLI::Range(1, 1 << 30));

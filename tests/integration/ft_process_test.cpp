@@ -201,22 +201,38 @@ TEST(FaultToleranceProcesses, ASignalToTheOneLauncherStopsEveryReplica) {
 // within about that, not its operations' 60 s timeout. Let go 5 s later,
 // the silent one finds its groups closed, heals and commits with the other
 // to the end. Before the verdict, the other waited in its all-reduce for
-// the whole 5 s (for a host that never came back, the 60 s timeout).
+// the whole 5 s (for a host that never came back, the 60 s timeout). The
+// silent one starts first and trains past its stop step alone: it stops
+// only in a quorum with the other, one step after the other healed from it
+// (in CI, where the other started late, it once stopped in a quorum of its
+// own and held no one up; stopping in the heal's step left the other with
+// no commit before the stall to measure it from).
 TEST(FaultToleranceProcesses, AReplicaThatGoesSilentIsDeclaredDeadAndTheOtherGoesOnWithinTheHeartbeatTimeout) {
   TempDir dir;
   ProcessRanks procs;
   const int lighthouse_port = free_port();
   auto& lighthouse = start_lighthouse(procs, lighthouse_port);
-  constexpr int kSteps = 500, kStopAt = 30;  // (the other outlasts the stop: 20 ms steps)
-  std::vector<RankProcess*> runs;
-  for (int k = 0; k < 2; ++k) {
+  constexpr int kSteps = 800, kStopAt = 30;  // (the other outlasts the stop: 20 ms steps)
+  std::vector<RankProcess*> runs(2);
+  const auto log_of = [&](int k) { return dir.path() + "/replica-" + std::to_string(k) + ".log"; };
+  for (int k : {1, 0}) {
     std::vector<std::string> argv{DTRAIN_RUN_EXECUTABLE, "--nproc-per-node", "2", "--master-port",
                                   std::to_string(free_port()), DTRAIN_FT_EXAMPLE, "--replica-index", std::to_string(k),
                                   "--lighthouse", "127.0.0.1:" + std::to_string(lighthouse_port), "--steps",
                                   std::to_string(kSteps), "--step-ms", "20", "--log-every", "50", "--commit-log",
-                                  dir.path() + "/replica-" + std::to_string(k) + ".log"};
+                                  log_of(k)};
     if (k == 1) argv.insert(argv.end(), {"--stop-at-step", std::to_string(kStopAt)});
-    runs.push_back(&procs.spawn(argv, {{"DTRAIN_TIMEOUT", "60"}}));
+    runs[k] = &procs.spawn(argv, {{"DTRAIN_TIMEOUT", "60"}});
+    if (k == 0) break;
+    const auto alone = std::chrono::steady_clock::now() + 60s;
+    auto log = commits_of(log_of(1));
+    while ((log.empty() || log.rbegin()->first < kStopAt + 5) && std::chrono::steady_clock::now() < alone) {
+      std::this_thread::sleep_for(10ms);
+      log = commits_of(log_of(1));
+    }
+    ASSERT_TRUE(!log.empty() && log.rbegin()->first >= kStopAt + 5)
+        << "alone, the silent replica trains past its stop step:\n"
+        << describe(*runs[1]);
   }
   const auto deadline = std::chrono::steady_clock::now() + 120s;
   std::vector<std::pair<pid_t, bool>> workers;
@@ -233,14 +249,14 @@ TEST(FaultToleranceProcesses, AReplicaThatGoesSilentIsDeclaredDeadAndTheOtherGoe
     ASSERT_TRUE(procs.wait(*run, std::chrono::steady_clock::now() + 180s)) << describe(*run);
     EXPECT_EQ(run->exit_code, 0) << describe(*run);
   }
-  std::vector<std::map<int64_t, Commit>> logs{commits_of(dir.path() + "/replica-0.log"),
-                                              commits_of(dir.path() + "/replica-1.log")};
+  std::vector<std::map<int64_t, Commit>> logs{commits_of(log_of(0)), commits_of(log_of(1))};
   expect_one_history(logs, kSteps);
   ASSERT_FALSE(logs[0].empty());
   EXPECT_EQ(logs[0].size(), static_cast<size_t>(kSteps - logs[0].begin()->first + 1))
       << "replica 0 committed every step from its first to the end";
   const int64_t longest = longest_wait(logs[0]);
   std::printf("the other replica's longest wait between commits: %lld ms\n", static_cast<long long>(longest));
+  EXPECT_GE(longest, 1000) << "the stall, measured from a commit before it, lasts at least the heartbeat timeout";
   EXPECT_LT(longest, 3500) << "the heartbeat timeout (1 s), the verdict and a new group, with slack: not the 5 s stop";
   EXPECT_EQ(logs[1].rbegin()->first, kSteps) << "the silent replica came back and committed to the end";
   EXPECT_NE(lighthouse.output().find("replica 'replica-1' (no heartbeat for"), std::string::npos)
