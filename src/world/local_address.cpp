@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 
+#include "common/decimal.h"
 #include "common/enforce.h"
 #include "transport/shm/node.h"
 #include "common/socket.h"
@@ -33,11 +34,9 @@ std::optional<Net> parse_net(const std::string& s) {
   const auto slash = s.find('/');
   n.text = s.substr(0, slash);
   if (slash != std::string::npos) {
-    try {
-      n.prefix = std::stoi(s.substr(slash + 1));
-    } catch (const std::exception&) {
-      return std::nullopt;
-    }
+    const auto prefix = detail::parse_decimal(s.substr(slash + 1));
+    if (!prefix || *prefix > 128) return std::nullopt;
+    n.prefix = static_cast<int>(*prefix);
   }
   if (inet_pton(AF_INET, n.text.c_str(), n.bytes) == 1) {
     n.family = AF_INET;

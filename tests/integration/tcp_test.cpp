@@ -383,6 +383,23 @@ TEST(TcpTransport, AStrangerWithABadHelloIsTurnedAwayAndTheGroupStillForms) {
   EXPECT_EQ(in, 7);
 }
 
+// The group id rank 0 publishes comes from the store, which other programs
+// may write to: one that is not a number fails the other ranks naming it
+// (it failed as std::stoull's bare "stoull", or took a sign as a number).
+TEST(TcpTransport, AMalformedGroupIdInTheStoreFailsNamingIt) {
+  for (const std::string bad : {"bogus", "-1", " 7", "18446744073709551616", ""}) {
+    HashStore store(10s);
+    store.set("tcp/id", bad);
+    transport::TcpOptions options;
+    options.streams = 1;
+    options.timeout = 10s;
+    const auto what = what_thrown<InvalidArgument>([&] {
+      transport::connect(store, 1, transport::Topology::host_per_rank(2), transport::FabricOptions{options});
+    });
+    EXPECT_TRUE(testing::Contains(what, "tcp: the store holds a malformed group id: '" + bad + "'"));
+  }
+}
+
 // A group over two hosts (backend auto) joins ranks across hosts by TCP and
 // ranks of one host by rings: a connection that claims to come from a rank
 // of the acceptor's own host is refused (it cannot be that rank), and the

@@ -24,5 +24,14 @@ TEST(DecimalText, RefusesValuesPastInt64AndAnythingButDigits) {
     EXPECT_FALSE(parse_decimal(bad).has_value()) << "'" << bad << "'";
 }
 
+TEST(DecimalText, Uint64ReadsUpToItsLargestAndRefusesPastIt) {
+  EXPECT_EQ(parse_decimal_u64("0"), 0u);
+  EXPECT_EQ(parse_decimal_u64("9223372036854775808"), 9223372036854775808ULL);
+  EXPECT_EQ(parse_decimal_u64("18446744073709551615"), UINT64_MAX);
+  for (const char* bad : {"18446744073709551616", "99999999999999999999", "000000000000000000001", "", "-1", "+1",
+                          " 1", "1 ", "1e3", "0x10"})
+    EXPECT_FALSE(parse_decimal_u64(bad).has_value()) << "'" << bad << "'";
+}
+
 }  // namespace
 }  // namespace dtrain::detail

@@ -1,5 +1,6 @@
 // shm::Segment ownership: moving hands over the name, mapping, descriptor
 // and liveness lock; move-assignment releases what the target held first.
+// Attaching: what rank 0 published in the store is checked before use.
 
 #include <gtest/gtest.h>
 
@@ -14,7 +15,11 @@
 #include <utility>
 
 #include "dtrain/errors.h"
+#include "dtrain/store/hash_store.h"
+#include "harness/assertions.h"
 #include "harness/scoped_env.h"
+#include "transport/shm/attach.h"
+#include "transport/shm/node.h"
 #include "transport/shm/segment.h"
 #include "transport/shm/slots.h"
 
@@ -117,6 +122,24 @@ TEST(ShmChunkBytes, AutoSizesByRanksAndANumberIsTakenAsItIs) {
   EXPECT_EQ(Slots::chunk_bytes(16), 4096u);
   testing::ScopedEnv word("DTRAIN_SHM_CHUNK_BYTES", "big");
   EXPECT_THROW(Slots::chunk_bytes(2), InvalidArgument);
+}
+
+// The segment's name and size that rank 0 publishes come from the store,
+// which other programs may write to: a value that is not "<name> <bytes>"
+// fails naming the key and the value (it failed as std::stoull's bare
+// "stoull", or an internal assertion when it had no space).
+TEST(ShmAttach, AMalformedSegmentInTheStoreFailsNamingIt) {
+  SegmentPlan plan;
+  plan.what = "shm: setting up group 'g' (rank 1/2)";
+  for (const std::string bad : {"bogus", "/dtrain-x abc", "/dtrain-x -5", "/dtrain-x 99999999999999999999",
+                                "/dtrain-x ", "/dtrain-x 12 "}) {
+    HashStore store(std::chrono::seconds(10));
+    store.set("shm/node/0", node_key());
+    store.set("shm/segment", bad);
+    const auto what = testing::what_thrown<InvalidArgument>([&] { attach_segment(store, 1, 2, plan); });
+    EXPECT_TRUE(testing::Contains(what, plan.what + ": the store's 'shm/segment' is '" + bad +
+                                            "', not a segment's name and size"));
+  }
 }
 
 }  // namespace dtrain::shm

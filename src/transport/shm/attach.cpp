@@ -1,7 +1,9 @@
 #include "transport/shm/attach.h"
 
+#include <optional>
 #include <vector>
 
+#include "common/decimal.h"
 #include "common/enforce.h"
 #include "transport/shm/node.h"
 
@@ -63,8 +65,10 @@ Segment attach_segment(Store& store, int rank, int n, const SegmentPlan& plan) {
   } else {
     const auto published = store.get_string("shm/segment");
     const auto space = published.find(' ');
-    DTRAIN_ENFORCE(space != std::string::npos);
-    segment = Segment::open(published.substr(0, space), std::stoull(published.substr(space + 1)));
+    const auto bytes = space == std::string::npos ? std::nullopt : detail::parse_decimal(published.substr(space + 1));
+    DTRAIN_CHECK_ARG(bytes.has_value(), plan.what, ": the store's 'shm/segment' is '", published,
+                     "', not a segment's name and size (a store other programs write to?)");
+    segment = Segment::open(published.substr(0, space), static_cast<size_t>(*bytes));
     check_header(segment, n, plan);
     segment.lock_slot(rank);
   }

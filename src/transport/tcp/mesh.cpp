@@ -16,6 +16,7 @@
 #include <cstring>
 #include <optional>
 
+#include "common/decimal.h"
 #include "common/enforce.h"
 #include "common/logging.h"
 #include "transport/engine/engine.h"
@@ -55,6 +56,13 @@ Endpoint parse_endpoint(const std::string& text, int peer) {
                    peer, ": '", text, "'");
   return {text.substr(0, nl), net::parse_port(text.substr(nl + 1), "tcp: port of rank " +
                                                                       std::to_string(peer))};
+}
+
+// The group's id, as rank 0 published it in the store.
+uint64_t parse_group_id(const std::string& text) {
+  const auto id = detail::parse_decimal_u64(text);
+  DTRAIN_CHECK_ARG(id.has_value(), "tcp: the store holds a malformed group id: '", text, "'");
+  return *id;
 }
 
 // Descriptors open in this process now.
@@ -205,7 +213,7 @@ class MeshBuilder {
       store_.set("tcp/id", std::to_string(id_));
     }
     store_.set("tcp/addr/" + std::to_string(rank_), host + "\n" + std::to_string(port));
-    if (rank_ != 0) id_ = std::stoull(store_.get_string("tcp/id"));
+    if (rank_ != 0) id_ = parse_group_id(store_.get_string("tcp/id"));
   }
 
   bool has_token() const { return !options_.token.empty(); }
