@@ -1,5 +1,6 @@
 // The MoE modules of expert_parallel.h: the router, this rank's experts,
-// the shared expert, and the layer that joins them.
+// the shared expert, and the layer that joins them. Their multiplies go
+// through dtrain::linear, so that a selective checkpoint can keep them.
 
 #include <torch/torch.h>
 
@@ -7,6 +8,7 @@
 
 #include "common/enforce.h"
 #include "ddp/model_sync.h"
+#include "dtrain/activation_checkpoint.h"
 #include "dtrain/distributed.h"
 #include "dtrain/expert_parallel.h"
 
@@ -43,7 +45,7 @@ TokenChoiceTopKRouterImpl::TokenChoiceTopKRouterImpl(const MoEOptions& options) 
 }
 
 Routing TokenChoiceTopKRouterImpl::forward(const at::Tensor& x, const at::Tensor& expert_bias) {
-  const at::Tensor logits = gate(x).to(at::kFloat);
+  const at::Tensor logits = dtrain::linear(x, gate->weight).to(at::kFloat);
   const at::Tensor scores =
       options_.score_func() == ScoreFunction::kSigmoid ? torch::sigmoid(logits) : torch::softmax(logits, 1);
   Routing r;
@@ -92,8 +94,8 @@ at::Tensor GroupedExpertsImpl::forward(const at::Tensor& x, const std::vector<in
   for (int64_t j = 0; j < local_; ++j) {  // every expert, tokens or none: a zero gradient, never an undefined one
     const at::Tensor rows = x.narrow(0, at_row, counts[j]);
     at_row += counts[j];
-    const at::Tensor hidden = torch::silu(rows.matmul(w1[j].t())) * rows.matmul(w3[j].t());
-    outs.push_back(hidden.matmul(w2[j].t()));
+    const at::Tensor hidden = torch::silu(dtrain::linear(rows, w1[j])) * dtrain::linear(rows, w3[j]);
+    outs.push_back(dtrain::linear(hidden, w2[j]));
   }
   DTRAIN_CHECK_ARG(at_row == x.size(0), kModule, ": the expert counts add up to ", at_row, " rows, the input has ",
                    x.size(0));
@@ -111,7 +113,9 @@ FeedForwardImpl::FeedForwardImpl(int64_t dim, int64_t hidden_dim) {
   w3 = register_module("w3", linear(dim, hidden_dim));
 }
 
-at::Tensor FeedForwardImpl::forward(const at::Tensor& x) { return w2(torch::silu(w1(x)) * w3(x)); }
+at::Tensor FeedForwardImpl::forward(const at::Tensor& x) {
+  return dtrain::linear(torch::silu(dtrain::linear(x, w1->weight)) * dtrain::linear(x, w3->weight), w2->weight);
+}
 
 MoEImpl::MoEImpl(const MoEOptions& options) : options_(checked(options)) {
   router = register_module("router", TokenChoiceTopKRouter(options_));

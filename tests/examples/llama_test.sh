@@ -10,7 +10,8 @@
 #   dropout on; so does FSDP 2 x PP 2; checkpoints resume in other layouts
 #   (8 ranks' in one process, TP 2 x FSDP 2's at PP 2 x DDP 2);
 # - mixture-of-experts layers at DP 4 x EP 2 and PP 2 x DP 2 (EP 2) x TP 2
-#   with SP have one process's losses; DP 4 x EP 2 killed at step 12
+#   with SP have one process's losses (selective checkpointing: the same
+#   losses as none); DP 4 x EP 2 killed at step 12
 #   resumes bitwise; the 8-rank checkpoint resumes in one process;
 # - context parallelism at CP 2 (ring and Ulysses), CP 2 x TP 2 + SP,
 #   CP 2 x FSDP 2 and PP 2 x CP 2 has one process's losses within 5e-7;
@@ -110,6 +111,11 @@ expect_close more-pp one-25 1e-4
 moe=(--experts 4 --top-k 2 --shared-expert)
 job moe-one 1 -- "${moe[@]}" --steps 25 || fail "MoE, one process"
 grep -q '^\[0\]:step 20 expert load: min [0-9.]*, max [0-9.]* of the mean' moe-one.log || fail "MoE: no load line"
+# Selective checkpointing keeps the router's, experts' and shared expert's
+# multiplies too: bitwise the plain run's gradients, so the same losses.
+job moe-sac 1 -- "${moe[@]}" --steps 25 --checkpoint-activations --keep-matmul-outputs || fail "MoE, selective AC"
+[ "$(losses moe-sac)" = "$(losses moe-one)" ] || fail "moe-sac: losses differ from moe-one"
+echo "moe-sac: the same losses as moe-one"
 # TP 2 without SP: the MoE whole on both TP ranks, routing the same tokens;
 # its gradients are each rank's own, not summed over TP.
 job moe-tp2 2 -- "${moe[@]}" --tp 2 || fail "MoE, TP 2"

@@ -3,7 +3,8 @@
 // and non-contiguous inputs, with and without a bias, under autocast; the
 // tensor-parallel layers with and without sequence parallelism), the kept
 // multiplies not run again and the kept row layers' collectives not run
-// again (both counted), and bad use named.
+// again (both counted), the mixture-of-experts layer's multiplies kept,
+// and bad use named.
 
 #include <ATen/record_function.h>
 #include <gtest/gtest.h>
@@ -11,12 +12,14 @@
 
 #include <functional>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "dtrain/activation_checkpoint.h"
 #include "dtrain/distributed.h"
 #include "dtrain/errors.h"
+#include "dtrain/expert_parallel.h"
 #include "dtrain/tensor_parallel.h"
 #include "harness/assertions.h"
 #include "harness/cpu_autocast.h"
@@ -418,6 +421,73 @@ TEST(SelectiveCheckpoint, TensorParallelBlocksGiveThePlainGradientsAndRunNoKeptC
     EXPECT_EQ(plain.collectives, sp ? times(3, 2, 2) : times(2, 0, 0));
     EXPECT_EQ(full.collectives, sp ? times(3, 3, 3) : times(3, 0, 0));
     EXPECT_EQ(selective.collectives, sp ? times(3, 3, 2) : times(2, 0, 0));
+  }
+}
+
+// --- Mixture of experts: the router, 8 experts and a shared expert ---
+
+struct MoeRun {
+  std::vector<std::vector<at::Tensor>> grads[kRanks];  // per step: the parameters' and the input's
+  int64_t matmuls[kRanks] = {};                          // per rank, in its last step
+};
+
+// One MoE layer as a segment (or not) as `mode` says, its experts split
+// over `ranks` thread ranks (1: all on one), 3 Adam steps.
+MoeRun run_moe(int ranks, Checkpointing mode) {
+  namespace ep = expert_parallel;
+  MoeRun run;
+  torch::manual_seed(23);  // drawn here: the ranks are threads sharing one generator
+  std::vector<at::Tensor> xs;
+  for (int i = 0; i < kSteps * ranks; ++i) xs.push_back(torch::randn({2, 3, kWidth}));
+  std::mutex building;
+  testing::expect_no_errors(testing::run_rank_contexts(ranks, [&](testing::RankContext& ctx) {
+    const auto options = ep::MoEOptions(kWidth, 16, 8).top_k(2).shared_expert_hidden_dim(12).ep_group(ctx.group);
+    ep::MoE moe{nullptr};
+    {
+      std::lock_guard<std::mutex> lock(building);  // every rank draws the same whole experts
+      torch::manual_seed(29);
+      moe = ep::MoE(options);
+    }
+    ActivationCheckpointOptions checkpoint;
+    if (mode == Checkpointing::kSelective) checkpoint.policy(keep_matmul_outputs());
+    torch::optim::Adam adam(moe->parameters(), torch::optim::AdamOptions(1e-2));
+    for (int step = 0; step < kSteps; ++step) {
+      auto x = xs[step * ranks + ctx.rank].clone().requires_grad_(true);
+      adam.zero_grad();
+      MatmulCount counted;
+      auto layer = [&moe](at::Tensor h) { return moe->forward(h); };
+      const at::Tensor y = mode == Checkpointing::kNone ? layer(x) : activation_checkpoint(layer, x, checkpoint);
+      (y + x).pow(2).mean().backward();
+      run.matmuls[ctx.rank] = MatmulCount::count();
+      std::vector<at::Tensor> grads;
+      for (const auto& p : moe->parameters()) grads.push_back(p.grad().clone());
+      grads.push_back(x.grad().clone());
+      run.grads[ctx.rank].push_back(grads);
+      adam.step();
+    }
+  }));
+  return run;
+}
+
+// The MoE's multiplies (router, experts, shared expert) go through
+// dtrain::linear: a policy keeping them all gives bitwise the gradients of
+// the layer run plainly, in one process and with the experts over 2 ranks
+// (the dispatch's all-to-alls run again in the recomputation), and runs no
+// multiply twice; full checkpointing runs each forward one again.
+TEST(SelectiveCheckpoint, MixtureOfExpertsKeepsItsMultipliesAndGivesThePlainGradients) {
+  for (const int ranks : {1, 2}) {
+    SCOPED_TRACE("EP " + std::to_string(ranks));
+    const auto plain = run_moe(ranks, Checkpointing::kNone);
+    const auto full = run_moe(ranks, Checkpointing::kFull);
+    const auto selective = run_moe(ranks, Checkpointing::kSelective);
+    for (int r = 0; r < ranks; ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      expect_bitwise(full.grads[r], plain.grads[r]);
+      expect_bitwise(selective.grads[r], plain.grads[r]);
+      EXPECT_EQ(selective.matmuls[r], plain.matmuls[r]);
+      // Router, shared expert (3) and 3 per expert of this rank's (8 / ranks).
+      EXPECT_EQ(full.matmuls[r], plain.matmuls[r] + 4 + 3 * 8 / ranks);
+    }
   }
 }
 
