@@ -325,19 +325,27 @@ int64_t registrations(const Lighthouse& lighthouse) {
 // Until replica `id`'s Heartbeat, started when there were `before`
 // registrations, has made it live and registered it: under load its thread
 // may start after the others ask, and a quorum then forms without it,
-// leaving it to wait for a next one the test never asks for.
+// leaving it to wait for a next one the test never asks for. The Heartbeat
+// sets its presence key, then adds a registration; the lighthouse reads
+// registrations in order at each tick and deletes each key as it reads it.
+// So: the presence key, then the newest registration past `before` gone
+// from the store (read). (Looking for the registration's own key missed it
+// under load, the lighthouse's tick having read and deleted it first: the
+// helper then waited out its 10 s.)
 void await_heartbeat(const Lighthouse& lighthouse, const std::string& id, int64_t before) {
   TcpStore look(TcpStoreOptions().host(lighthouse.host()).port(lighthouse.port()));
   const auto deadline = std::chrono::steady_clock::now() + 10s;
-  for (int64_t n = before + 1;; std::this_thread::sleep_for(5ms)) {
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << id << "'s heartbeat never registered it";
-    if (!look.check({protocol::registration_key(n)})) continue;
-    const auto v = look.get(protocol::registration_key(n));
-    if (std::string(v.begin(), v.end()) == id) break;
-    ++n;
+  while (!look.check({protocol::present_key(id)})) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << id << "'s heartbeat never made it present";
+    std::this_thread::sleep_for(5ms);
   }
-  EXPECT_TRUE(look.check({protocol::present_key(id)})) << id << ": no presence key";
-  std::this_thread::sleep_for(60ms);  // the lighthouse's next tick reads it
+  for (;; std::this_thread::sleep_for(5ms)) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << id << "'s heartbeat never registered it";
+    const int64_t newest = look.add(protocol::kRegistrationsKey, 0);
+    if (newest <= before || look.check({protocol::registration_key(newest)})) continue;
+    std::this_thread::sleep_for(60ms);  // (a key added but not yet set: set and read by then)
+    if (!look.check({protocol::registration_key(newest)})) break;
+  }
 }
 
 TEST(FtLighthouse, AReplicaWhoseHeartbeatConnectionClosesIsDeclaredDeadAtOnce) {
