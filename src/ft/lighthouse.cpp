@@ -224,13 +224,16 @@ struct Lighthouse::Impl {
       return text;
     }());
     warn_of_fork(a);
+    // The old quorum's verdict goes before the answers: whoever waited on it
+    // has asked since, and a member that reads its answer finds it gone (it
+    // was deleted after them, and a member could look in between).
+    if (id != previous_id && !declared.empty()) {
+      store->delete_key(protocol::dead_key(previous_id));
+      declared.clear();
+    }
     for (const auto& m : members) {
       answer(asking.at(m).n, a);
       asking.erase(m);
-    }
-    if (id != previous_id && !declared.empty()) {  // whoever waited on that verdict has asked since
-      store->delete_key(protocol::dead_key(previous_id));
-      declared.clear();
     }
     previous = members;
     previous_incarnations = std::move(incarnations);
